@@ -1,0 +1,3 @@
+"""The package version (one place, read by pyproject and the manifest)."""
+
+__version__ = "0.1.0"

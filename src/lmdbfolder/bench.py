@@ -1,0 +1,138 @@
+"""Timing harness shared by ``lmdbfolder demo``/``bench`` and ``benchmarks/``.
+
+Each function measures one contestant on one workload and returns a
+``Measurement``; callers alternate contestants in one run and report ratios,
+because absolute numbers on a shared machine drift. torch is imported only by
+the functions that need a DataLoader.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from lmdbfolder.reader import Reader
+
+__all__ = [
+    "Measurement",
+    "time_raw_files",
+    "time_raw_pack",
+    "time_loader",
+    "train_transform",
+    "ratio",
+]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """``images`` read (``nbytes`` bytes) in ``seconds`` by ``contestant`` on ``workload``."""
+
+    contestant: str
+    workload: str
+    workers: int
+    images: int
+    nbytes: int
+    seconds: float
+
+    @property
+    def images_per_second(self) -> float:
+        """Throughput in images per second."""
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_second(self) -> float:
+        """Throughput in megabytes (10**6 bytes) per second."""
+        return self.nbytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def ratio(a: Measurement, b: Measurement) -> float:
+    """How many times faster ``a`` is than ``b`` (images/s)."""
+    return a.images_per_second / b.images_per_second if b.images_per_second > 0 else float("inf")
+
+
+def _order(n: int, shuffle: bool, seed: int) -> list[int]:
+    order = list(range(n))
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    return order
+
+
+def time_raw_files(paths: Sequence[str], *, shuffle: bool = True, seed: int = 0) -> Measurement:
+    """Read every file's bytes (open, read, close), no decoding."""
+    nbytes = 0
+    start = time.perf_counter()
+    for i in _order(len(paths), shuffle, seed):
+        with open(paths[i], "rb", buffering=0) as f:
+            nbytes += len(f.readall())
+    return Measurement("files", "raw read", 0, len(paths), nbytes, time.perf_counter() - start)
+
+
+def time_raw_pack(path: str, *, shuffle: bool = True, seed: int = 0, readahead: bool = True) -> Measurement:
+    """Touch every record's payload through ``Reader.get``, no decoding.
+
+    The payload is summed a byte per page so the pages are really read, as a
+    decoder would read them, without copying them.
+    """
+    reader = Reader(path, readahead=readahead)
+    nbytes = 0
+    try:
+        start = time.perf_counter()
+        for i in _order(len(reader), shuffle, seed):
+            payload = reader.get(i).payload
+            nbytes += len(payload)
+            sum(payload[::4096])
+        seconds = time.perf_counter() - start
+    finally:
+        reader.close()
+    return Measurement("lmdbfolder", "raw read", 0, len(reader), nbytes, seconds)
+
+
+def train_transform(size: int = 224) -> Any:
+    """The training pipeline used in comparisons: RandomResizedCrop, flip, PILToTensor."""
+    from torchvision import transforms as T
+
+    return T.Compose([T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+
+def time_loader(
+    dataset: Any,
+    *,
+    contestant: str,
+    workers: int,
+    batch_size: int = 64,
+    epochs: int = 1,
+    multiprocessing_context: str | None = None,
+) -> Measurement:
+    """Iterate ``dataset`` through a shuffling DataLoader for ``epochs`` epochs.
+
+    Worker start-up is included (it is part of what a user waits for); use
+    ``epochs > 1`` with persistent workers to see the steady state.
+    """
+    import torch
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        multiprocessing_context=multiprocessing_context if workers > 0 else None,
+        generator=torch.Generator().manual_seed(0),
+    )
+    images = 0
+    start = time.perf_counter()
+    for _ in range(epochs):
+        for batch, _target in loader:
+            images += len(batch)
+    seconds = time.perf_counter() - start
+    del loader
+    return Measurement(contestant, "train pipeline", workers, images, 0, seconds)
+
+
+def pack_size(path: str) -> int:
+    """Bytes on disk of a pack directory."""
+    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))

@@ -1,0 +1,246 @@
+"""The ``lmdbfolder`` command line: pack, info, verify, demo.
+
+``main(argv) -> int`` is the whole interface: it parses, runs one subcommand
+and turns every lmdbfolder error into one message on stderr and an exit code
+(see EXIT_CODES). Subcommands import what they need when they run, so
+``lmdbfolder info`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any, Callable, Sequence
+
+from lmdbfolder._version import __version__
+from lmdbfolder.errors import (
+    LmdbFolderError,
+    NotAPackError,
+    OutputExistsError,
+    PackError,
+    SourceError,
+)
+
+__all__ = ["main", "EXIT_CODES"]
+
+#: Exit status of each outcome; documented in the README.
+EXIT_CODES = {
+    "ok": 0,
+    "problems found": 1,
+    "usage": 2,
+    "not a pack": 3,
+    "output exists": 4,
+    "source error": 5,
+    "pack failed": 6,
+    "other error": 7,
+    "interrupted": 130,
+}
+
+
+def _exit_code(exc: LmdbFolderError) -> int:
+    if isinstance(exc, NotAPackError):
+        return EXIT_CODES["not a pack"]
+    if isinstance(exc, OutputExistsError):
+        return EXIT_CODES["output exists"]
+    if isinstance(exc, SourceError):
+        return EXIT_CODES["source error"]
+    if isinstance(exc, PackError):
+        return EXIT_CODES["pack failed"]
+    return EXIT_CODES["other error"]
+
+
+def _print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, ensure_ascii=False, default=str)
+    sys.stdout.write("\n")
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+# -- pack ---------------------------------------------------------------------
+def _add_pack(sub: Any) -> None:
+    p = sub.add_parser(
+        "pack",
+        help="pack an image folder (or a list file) into an LMDB",
+        description="Pack SRC into a new pack directory DST. SRC is an ImageFolder tree "
+        "(SRC/<class>/**/<image>) unless --flat or --list says otherwise.",
+    )
+    p.add_argument("src", help="source folder (for --list: the folder the list's paths start from)")
+    p.add_argument("dst", help="pack directory to create")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--list", metavar="FILE", dest="list_file", help="read `relative/path label` lines from FILE")
+    layout.add_argument("--flat", action="store_true", help="SRC is a folder of unlabelled images")
+    p.add_argument(
+        "--store",
+        choices=("encoded", "raw"),
+        default="encoded",
+        help="encoded: keep the original file bytes (default); raw: decoded RGB pixels",
+    )
+    p.add_argument("--commit-every", type=int, default=None, metavar="N", help="samples per transaction (default 2000)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
+    p.add_argument("--allow-empty", action="store_true", help="keep class folders that hold no image")
+    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=_run_pack)
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    from lmdbfolder.writer import DEFAULT_COMMIT_EVERY, pack
+
+    result = pack(
+        args.src,
+        args.dst,
+        layout="flat" if args.flat else "imagefolder",
+        list_file=args.list_file,
+        store=args.store,
+        commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
+        overwrite=args.overwrite,
+        allow_empty=args.allow_empty,
+        progress=False if args.no_progress or args.json else None,
+    )
+    if args.json:
+        _print_json(result.as_dict())
+    else:
+        print(
+            f"packed {result.count:,} images ({_mb(result.input_bytes)}) into {result.path} "
+            f"in {result.seconds:.1f} s: {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
+        )
+    return 0
+
+
+# -- info ---------------------------------------------------------------------
+def _add_info(sub: Any) -> None:
+    p = sub.add_parser("info", help="describe a pack (count, classes, size, encodings, version)")
+    p.add_argument("pack", help="pack directory")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=_run_info)
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    from lmdbfolder.reader import pack_info
+
+    info = pack_info(args.pack)
+    if args.json:
+        _print_json(info)
+        return 0
+    classes = info["classes"]
+    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+    encodings = ", ".join(f"{k} {v:,}" for k, v in info["encodings"].items()) or "-"
+    source = info.get("source") or {}
+    rows = [
+        ("pack", info["path"]),
+        ("format", f"{info['format']} version {info['format_version']}"),
+        ("samples", f"{info['count']:,}"),
+        ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
+        ("store", info["store"]),
+        ("encodings", encodings),
+        ("payload", _mb(info["payload_bytes"] or 0)),
+        ("size on disk", _mb(info["size_on_disk"])),
+        ("source", f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"),
+        ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key + ':':<{width + 2}}{value}")
+    return 0
+
+
+# -- verify -------------------------------------------------------------------
+def _add_verify(sub: Any) -> None:
+    p = sub.add_parser("verify", help="check every record's checksum, the count and the keys")
+    p.add_argument("pack", help="pack directory")
+    p.add_argument("--decode", action="store_true", help="also decode every image")
+    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from lmdbfolder.verify import verify
+
+    report = verify(args.pack, decode=args.decode, progress=False if args.no_progress or args.json else None)
+    if args.json:
+        _print_json(report.as_dict())
+    else:
+        for problem in report.problems:
+            print(problem, file=sys.stderr)
+        what = "checksums" + (" and decoding" if report.decoded else "")
+        status = "OK" if report.ok else f"{len(report.problems)} problem(s) in {len(report.bad_indices)} record(s)"
+        print(
+            f"{report.path}: {report.checked:,} of {report.count:,} records checked ({what}), "
+            f"{_mb(report.payload_bytes)} in {report.seconds:.1f} s: {status}"
+        )
+    return 0 if report.ok else EXIT_CODES["problems found"]
+
+
+# -- demo ---------------------------------------------------------------------
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="generate a small image dataset, pack it, verify it and compare it with plain files",
+    )
+    p.add_argument("--dir", help="work folder to keep (default: a temporary folder, removed afterwards)")
+    p.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
+    p.add_argument("--per-class", type=int, default=100, help="images per class (default 100)")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader worker counts (default 0 2)")
+    p.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from lmdbfolder.demo import run_demo
+
+    workdir = args.dir or tempfile.mkdtemp(prefix="lmdbfolder-demo-")
+    try:
+        return run_demo(
+            workdir,
+            classes=args.classes,
+            per_class=args.per_class,
+            workers=args.workers,
+            as_json=args.json,
+        )
+    finally:
+        if args.dir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+# -- main -----------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``lmdbfolder`` command."""
+    parser = argparse.ArgumentParser(
+        prog="lmdbfolder",
+        description="Pack image datasets into LMDB and read them from PyTorch as an ImageFolder.",
+    )
+    parser.add_argument("--version", action="version", version=f"lmdbfolder {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (_add_pack, _add_info, _add_verify, _add_demo):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``lmdbfolder`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help, --version and usage errors
+        return int(exc.code or 0)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except LmdbFolderError as exc:
+        print(f"lmdbfolder {args.command}: error: {exc}", file=sys.stderr)
+        return _exit_code(exc)
+    except KeyboardInterrupt:
+        print(f"lmdbfolder {args.command}: interrupted", file=sys.stderr)
+        return EXIT_CODES["interrupted"]
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

@@ -1,0 +1,155 @@
+"""Identify encoded images cheaply, and turn stored payloads back into RGB images.
+
+``sniff`` reads only the first bytes of a file (magic numbers and the header
+fields that give the size) in pure Python: it never decodes pixels and never
+raises, so the writer can record the format and shape of every image at
+almost no cost. ``decode_rgb`` is the read side: it reproduces
+torchvision's default loader (``Image.open(f).convert("RGB")``) exactly.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from typing import NamedTuple
+
+from PIL import Image
+
+__all__ = ["ImageInfo", "sniff", "decode_rgb", "raw_rgb"]
+
+
+class ImageInfo(NamedTuple):
+    """Format and shape read from an image's header; 0 means unknown."""
+
+    encoding: str
+    width: int
+    height: int
+    channels: int
+
+
+_UNKNOWN = ImageInfo("other", 0, 0, 0)
+# SOFn markers that carry the frame size (not DHT=C4, JPG=C8, DAC=CC).
+_JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_JPEG_STANDALONE = frozenset({0x01, 0xD8, *range(0xD0, 0xD8)})
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+
+
+def sniff(data: bytes | memoryview) -> ImageInfo:
+    """Return the encoding and, where the header gives them, width, height, channels.
+
+    ``channels`` counts the components as stored (1 for grey or palette
+    images, 3 for RGB/YCbCr, 4 for RGBA or CMYK). Unknown or damaged input
+    gives ``ImageInfo("other", 0, 0, 0)``; this function never raises.
+    """
+    head = bytes(data[:64])
+    try:
+        if head[:3] == b"\xff\xd8\xff":
+            return _sniff_jpeg(data)
+        if head[:8] == b"\x89PNG\r\n\x1a\n":
+            width, height = struct.unpack_from(">II", head, 16)
+            return ImageInfo("png", width, height, _PNG_CHANNELS.get(head[25], 0))
+        if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+            return _sniff_webp(head)
+        if head[:2] == b"BM":
+            return _sniff_bmp(head)
+        if head[:4] in (b"II*\x00", b"MM\x00*"):
+            return ImageInfo("tiff", 0, 0, 0)
+        if head[:6] in (b"GIF87a", b"GIF89a"):
+            width, height = struct.unpack_from("<HH", head, 6)
+            return ImageInfo("gif", width, height, 1)
+        if head[:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
+            return _sniff_pnm(head)
+    except (struct.error, IndexError, ValueError):
+        pass
+    return _UNKNOWN
+
+
+def _sniff_jpeg(data: bytes | memoryview) -> ImageInfo:
+    # Walk the marker segments up to the first SOF; APPn/EXIF segments are skipped
+    # by their length, so this touches a few hundred bytes of a typical JPEG.
+    n = len(data)
+    i = 2
+    while i + 3 < n:
+        if data[i] != 0xFF:
+            return ImageInfo("jpeg", 0, 0, 0)
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _JPEG_STANDALONE:
+            i += 2
+            continue
+        if marker == 0xD9 or marker == 0xDA:  # end of image / start of scan before any SOF
+            break
+        (seglen,) = struct.unpack_from(">H", data, i + 2)
+        if marker in _JPEG_SOF:
+            height, width = struct.unpack_from(">HH", data, i + 5)
+            return ImageInfo("jpeg", width, height, data[i + 9])
+        i += 2 + seglen
+    return ImageInfo("jpeg", 0, 0, 0)
+
+
+def _sniff_webp(head: bytes) -> ImageInfo:
+    chunk = head[12:16]
+    if chunk == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+        width, height = struct.unpack_from("<HH", head, 26)
+        return ImageInfo("webp", width & 0x3FFF, height & 0x3FFF, 3)
+    if chunk == b"VP8L" and head[20] == 0x2F:
+        (bits,) = struct.unpack_from("<I", head, 21)
+        width = (bits & 0x3FFF) + 1
+        height = ((bits >> 14) & 0x3FFF) + 1
+        return ImageInfo("webp", width, height, 4 if bits >> 28 & 1 else 3)
+    if chunk == b"VP8X":
+        flags = head[20]
+        width = int.from_bytes(head[24:27], "little") + 1
+        height = int.from_bytes(head[27:30], "little") + 1
+        return ImageInfo("webp", width, height, 4 if flags & 0x10 else 3)
+    return ImageInfo("webp", 0, 0, 0)
+
+
+def _sniff_bmp(head: bytes) -> ImageInfo:
+    (dib_size,) = struct.unpack_from("<I", head, 14)
+    if dib_size == 12:
+        width, height, _, bpp = struct.unpack_from("<HHHH", head, 18)
+    elif dib_size >= 40:
+        width, height, _, bpp = struct.unpack_from("<iiHH", head, 18)
+    else:
+        return ImageInfo("bmp", 0, 0, 0)
+    channels = {32: 4, 24: 3, 16: 3}.get(bpp, 1)
+    return ImageInfo("bmp", abs(width), abs(height), channels)
+
+
+def _sniff_pnm(head: bytes) -> ImageInfo:
+    kind = head[1:2]
+    tokens: list[bytes] = []
+    for line in head[2:].split(b"\n"):
+        line = line.split(b"#", 1)[0]
+        tokens.extend(line.split())
+        if len(tokens) >= 2:
+            break
+    channels = 3 if kind in (b"3", b"6") else 1
+    if len(tokens) >= 2:
+        return ImageInfo("pnm", int(tokens[0]), int(tokens[1]), channels)
+    return ImageInfo("pnm", 0, 0, channels)
+
+
+def raw_rgb(data: bytes | memoryview) -> tuple[bytes, int, int]:
+    """Decode an encoded image to RGB bytes (height x width x 3) as the loader would."""
+    with Image.open(io.BytesIO(data)) as img:
+        rgb = img.convert("RGB")
+    return rgb.tobytes(), rgb.width, rgb.height
+
+
+def decode_rgb(payload: bytes | memoryview, encoding: str, width: int, height: int) -> Image.Image:
+    """Return the RGB ``PIL.Image`` for a stored payload.
+
+    Encoded images go through ``Image.open(...).convert("RGB")``, which is what
+    ``torchvision.datasets.folder.pil_loader`` does, so grayscale, CMYK,
+    palette and alpha images come out pixel-identical to ImageFolder. Raw
+    payloads are copied into a new image, so the result never points into the
+    memory map.
+    """
+    if encoding == "raw":
+        return Image.frombytes("RGB", (width, height), payload)
+    img = Image.open(io.BytesIO(payload))
+    return img.convert("RGB")

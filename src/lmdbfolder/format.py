@@ -1,0 +1,328 @@
+"""The on-disk format of an lmdbfolder pack: the single source of truth.
+
+Every constant, key and ``struct`` layout described in ``FORMAT.md`` lives here
+and nowhere else. The writer and the reader share only this module (and
+``errors``), so a layout change is a change to this file, pinned by the
+golden-bytes tests in ``tests/test_format.py``.
+
+This module needs only the standard library and never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import struct
+import sys
+import zlib
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from lmdbfolder.errors import CorruptRecordError, FormatVersionError, NotAPackError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "RECORD_VERSION",
+    "RECORD_MAGIC",
+    "RECORD_HEADER",
+    "KEY",
+    "MAX_INDEX",
+    "META_KEY",
+    "LABELS_KEY",
+    "PATHS_KEY",
+    "RESERVED_PREFIX",
+    "ENCODINGS",
+    "ENCODING_IDS",
+    "NO_LABEL",
+    "DATA_FILE",
+    "LOCK_FILE",
+    "PARTIAL_SUFFIX",
+    "RecordHeader",
+    "encode_key",
+    "decode_key",
+    "checksum",
+    "encode_record",
+    "decode_record",
+    "encode_meta",
+    "decode_meta",
+    "encode_labels",
+    "decode_labels",
+    "encode_paths",
+    "path_at",
+    "decode_paths",
+]
+
+FORMAT_NAME = "lmdbfolder"
+#: Version of the pack as a whole (metadata keys and their meaning). A reader
+#: refuses any other value; see "Version rules" in FORMAT.md.
+FORMAT_VERSION = 1
+#: Version of the per-record header layout below.
+RECORD_VERSION = 1
+RECORD_MAGIC = b"LF"
+
+#: Record header, little-endian, 32 bytes, naturally aligned:
+#: magic, record version, encoding id, channels, flags, reserved,
+#: width, height, label, crc32 of the payload, payload length.
+RECORD_HEADER = struct.Struct("<2sBBBBHIIiIQ")
+
+#: Sample keys: the index as 8 bytes big-endian, so byte order == numeric order
+#: and the writer can append.
+KEY = struct.Struct(">Q")
+#: Record keys start with a 0x00 byte, reserved keys with "__" (0x5f).
+MAX_INDEX = (1 << 56) - 1
+RESERVED_PREFIX = b"__"
+META_KEY = b"__meta__"
+LABELS_KEY = b"__labels__"
+PATHS_KEY = b"__paths__"
+
+#: Encoding ids stored in the record header. ``raw`` means uint8 pixels,
+#: row-major height x width x channels (always RGB, 3 channels, in version 1).
+#: ``other`` is an encoded image whose format was not recognised by the
+#: writer's sniffer; readers hand it to Pillow like any other encoded image.
+ENCODINGS: dict[int, str] = {
+    0: "raw",
+    1: "jpeg",
+    2: "png",
+    3: "webp",
+    4: "bmp",
+    5: "tiff",
+    6: "pnm",
+    7: "gif",
+    255: "other",
+}
+ENCODING_IDS: dict[str, int] = {name: i for i, name in ENCODINGS.items()}
+
+#: Label of a sample that has none (flat folders).
+NO_LABEL = -1
+
+DATA_FILE = "data.mdb"
+LOCK_FILE = "lock.mdb"
+#: An unfinished pack is built in ``<dst>.partial`` and renamed when complete.
+PARTIAL_SUFFIX = ".partial"
+
+_LABEL = struct.Struct("<i")
+_OFFSET = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class RecordHeader:
+    """The fixed header in front of every record's payload."""
+
+    encoding: str
+    channels: int
+    width: int
+    height: int
+    label: int
+    crc32: int
+    payload_len: int
+
+
+def encode_key(index: int) -> bytes:
+    """Return the LMDB key of sample ``index`` (8 bytes, big-endian)."""
+    if not 0 <= index <= MAX_INDEX:
+        raise ValueError(f"sample index must be in 0..{MAX_INDEX}, got {index}")
+    return KEY.pack(index)
+
+
+def decode_key(key: bytes | memoryview) -> int:
+    """Return the sample index of a record key; ValueError for a reserved key."""
+    if len(key) != KEY.size or bytes(key[:1]) != b"\x00":
+        raise ValueError(f"not a record key: {bytes(key)!r}")
+    return KEY.unpack(key)[0]
+
+
+def checksum(payload: bytes | memoryview) -> int:
+    """CRC-32 (zlib, ISO-HDLC polynomial) of ``payload``, as stored in headers."""
+    return zlib.crc32(payload) & 0xFFFFFFFF
+
+
+def encode_record(
+    payload: bytes | memoryview,
+    *,
+    label: int,
+    encoding: str,
+    width: int = 0,
+    height: int = 0,
+    channels: int = 0,
+) -> bytes:
+    """Return header + payload for one sample.
+
+    ``width``, ``height`` and ``channels`` are 0 when unknown. The payload is
+    copied once, because an LMDB value must be one contiguous buffer.
+    """
+    if encoding not in ENCODING_IDS:
+        raise ValueError(f"unknown encoding {encoding!r}; expected one of {sorted(ENCODING_IDS)}")
+    if not -(1 << 31) <= label < (1 << 31):
+        raise ValueError(f"label {label} does not fit in a signed 32-bit integer")
+    if not (0 <= width < 1 << 32 and 0 <= height < 1 << 32 and 0 <= channels < 256):
+        raise ValueError(f"bad image shape {width}x{height}x{channels}")
+    header = RECORD_HEADER.pack(
+        RECORD_MAGIC,
+        RECORD_VERSION,
+        ENCODING_IDS[encoding],
+        channels,
+        0,
+        0,
+        width,
+        height,
+        label,
+        checksum(payload),
+        len(payload),
+    )
+    return b"".join((header, payload))
+
+
+def decode_record(
+    value: bytes | memoryview, *, index: int | None = None, verify: bool = False
+) -> tuple[RecordHeader, memoryview]:
+    """Split a stored value into its header and a zero-copy payload view.
+
+    Raises CorruptRecordError (naming ``index``) for a value that is too short,
+    has the wrong magic, an unknown record version, encoding or flags, a
+    length that disagrees with the header, or (with ``verify=True``) a payload
+    whose CRC-32 does not match.
+    """
+    view = value if isinstance(value, memoryview) else memoryview(value)
+    if len(view) < RECORD_HEADER.size:
+        raise CorruptRecordError(
+            index, f"value is {len(view)} bytes, shorter than the {RECORD_HEADER.size}-byte header"
+        )
+    (magic, version, enc_id, channels, flags, reserved, width, height, label, crc, length) = (
+        RECORD_HEADER.unpack_from(view)
+    )
+    if magic != RECORD_MAGIC:
+        raise CorruptRecordError(index, f"bad record magic {magic!r}, expected {RECORD_MAGIC!r}")
+    if version != RECORD_VERSION:
+        raise CorruptRecordError(
+            index, f"record header version {version}, this reader understands {RECORD_VERSION}"
+        )
+    encoding = ENCODINGS.get(enc_id)
+    if encoding is None:
+        raise CorruptRecordError(index, f"unknown encoding id {enc_id}")
+    if flags or reserved:
+        raise CorruptRecordError(index, f"reserved header bits set (flags={flags}, reserved={reserved})")
+    payload = view[RECORD_HEADER.size :]
+    if len(payload) != length:
+        raise CorruptRecordError(
+            index, f"payload is {len(payload)} bytes but the header says {length}"
+        )
+    if verify and checksum(payload) != crc:
+        raise CorruptRecordError(
+            index, f"payload CRC-32 is {checksum(payload):08x}, header says {crc:08x}"
+        )
+    header = RecordHeader(encoding, channels, width, height, label, crc, length)
+    return header, payload
+
+
+def encode_meta(meta: Mapping[str, Any]) -> bytes:
+    """Serialise the manifest: canonical JSON (sorted keys, ASCII, no spaces).
+
+    ASCII escapes keep class names that are not valid UTF-8 (undecodable file
+    names, held as lone surrogates by Python) lossless.
+    """
+    return json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def decode_meta(blob: bytes | memoryview | None, *, where: str) -> dict[str, Any]:
+    """Parse and validate the manifest stored under ``META_KEY``.
+
+    ``where`` names the pack in error messages. Raises NotAPackError for a
+    missing or malformed manifest and FormatVersionError for a version this
+    reader does not understand.
+    """
+    if blob is None:
+        raise NotAPackError(
+            where,
+            "it is an LMDB but has no lmdbfolder manifest (key __meta__)",
+            "if it was made by another tool, convert it with a fresh `lmdbfolder pack` from the source images",
+        )
+    raw = bytes(blob)
+    if not raw.startswith(b"{"):
+        raise NotAPackError(where, "its manifest (key __meta__) is not a JSON object")
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotAPackError(where, f"its manifest (key __meta__) is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise NotAPackError(where, f"its manifest does not say format={FORMAT_NAME!r}")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise FormatVersionError(where, version, FORMAT_VERSION)
+    _check_meta_fields(meta, where)
+    return meta
+
+
+def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
+    count = meta.get("count")
+    classes = meta.get("classes")
+    class_to_idx = meta.get("class_to_idx")
+    problems = []
+    if not isinstance(count, int) or count < 0:
+        problems.append(f"count={count!r} is not a non-negative integer")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        problems.append("classes is not a list of strings")
+    if not isinstance(class_to_idx, dict) or not all(isinstance(v, int) for v in class_to_idx.values()):
+        problems.append("class_to_idx is not a mapping of strings to integers")
+    if meta.get("store") not in ("encoded", "raw"):
+        problems.append(f"store={meta.get('store')!r} is neither 'encoded' nor 'raw'")
+    if problems:
+        raise NotAPackError(where, "its manifest is invalid: " + "; ".join(problems))
+
+
+def encode_labels(labels: Sequence[int]) -> bytes:
+    """Labels of all samples as consecutive little-endian int32."""
+    return struct.pack(f"<{len(labels)}i", *labels)
+
+
+def decode_labels(blob: bytes | memoryview, count: int, *, where: str) -> array.array:
+    """Inverse of encode_labels: a compact ``array('i')`` (4 bytes a sample).
+
+    A compact array rather than a list of ints keeps a million-sample pack's
+    labels at 4 MB and out of the way of copy-on-write after fork.
+    """
+    if len(blob) != count * _LABEL.size:
+        raise NotAPackError(
+            where, f"{LABELS_KEY.decode()} holds {len(blob)} bytes, expected {count * _LABEL.size}"
+        )
+    labels = array.array("i")
+    labels.frombytes(bytes(blob))
+    if sys.byteorder != "little":
+        labels.byteswap()
+    return labels
+
+
+def encode_paths(paths: Iterable[str]) -> bytes:
+    """Relative paths: (count + 1) little-endian u64 offsets, then the names.
+
+    Names are the file system's bytes (``os.fsencode``, UTF-8 on Linux), so
+    any file name round-trips, including names that are not valid UTF-8.
+    Path ``i`` is ``names[offsets[i]:offsets[i + 1]]``.
+    """
+    encoded = [os.fsencode(p) for p in paths]
+    offsets = [0]
+    for name in encoded:
+        offsets.append(offsets[-1] + len(name))
+    return struct.pack(f"<{len(offsets)}Q", *offsets) + b"".join(encoded)
+
+
+def path_at(blob: bytes | memoryview, count: int, index: int) -> str:
+    """Return relative path ``index`` from an encode_paths blob without parsing the rest."""
+    start, end = struct.unpack_from("<2Q", blob, index * _OFFSET.size)
+    base = (count + 1) * _OFFSET.size
+    return os.fsdecode(bytes(blob[base + start : base + end]))
+
+
+def decode_paths(blob: bytes | memoryview, count: int, *, where: str) -> list[str]:
+    """Inverse of encode_paths, with bounds checks (NotAPackError if malformed)."""
+    base = (count + 1) * _OFFSET.size
+    if len(blob) < base:
+        raise NotAPackError(where, f"{PATHS_KEY.decode()} is too short for {count} samples")
+    offsets = struct.unpack_from(f"<{count + 1}Q", blob)
+    if offsets[0] != 0 or base + offsets[-1] != len(blob) or any(
+        a > b for a, b in zip(offsets, offsets[1:])
+    ):
+        raise NotAPackError(where, f"{PATHS_KEY.decode()} has inconsistent offsets")
+    names = bytes(blob[base:])
+    return [os.fsdecode(names[a:b]) for a, b in zip(offsets, offsets[1:])]

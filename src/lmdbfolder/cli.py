@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from typing import Any, Callable, Sequence
@@ -81,9 +82,22 @@ def _add_pack(sub: Any) -> None:
         default="encoded",
         help="encoded: keep the original file bytes (default); raw: decoded RGB pixels",
     )
+    p.add_argument(
+        "--check",
+        choices=("header", "decode", "none"),
+        default="header",
+        help="how to check each source file: header (Pillow reads the header; default), "
+        "decode (decode every image once), none (trust the files)",
+    )
+    p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
     p.add_argument("--commit-every", type=int, default=None, metavar="N", help="samples per transaction (default 2000)")
+    p.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="reader threads (default: 2x CPUs, at least 4)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
+    p.add_argument("--restart", action="store_true", help="discard an unfinished pack at DST instead of resuming it")
     p.add_argument("--allow-empty", action="store_true", help="keep class folders that hold no image")
+    p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
     p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=_run_pack)
@@ -98,18 +112,30 @@ def _run_pack(args: argparse.Namespace) -> int:
         layout="flat" if args.flat else "imagefolder",
         list_file=args.list_file,
         store=args.store,
+        check=args.check,
+        strict=args.strict,
         commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
+        workers=args.workers,
         overwrite=args.overwrite,
+        restart=args.restart,
         allow_empty=args.allow_empty,
+        space_check=not args.no_space_check,
         progress=False if args.no_progress or args.json else None,
     )
     if args.json:
         _print_json(result.as_dict())
-    else:
-        print(
-            f"packed {result.count:,} images ({_mb(result.input_bytes)}) into {result.path} "
-            f"in {result.seconds:.1f} s: {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
-        )
+        return 0
+    resumed = f" (resumed after {result.resumed_from:,} files)" if result.resumed_from else ""
+    print(
+        f"packed {result.count:,} images into {result.path}{resumed}: {_mb(result.input_bytes)} read "
+        f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
+    )
+    if result.skipped:
+        print(f"skipped {len(result.skipped):,} file(s) (listed in {os.path.join(result.path, 'skipped.txt')}):")
+        for path, reason in result.skipped[:20]:
+            print(f"  {path}: {reason}")
+        if len(result.skipped) > 20:
+            print(f"  ... and {len(result.skipped) - 20:,} more")
     return 0
 
 
@@ -231,16 +257,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help, --version and usage errors
         return int(exc.code or 0)
     run: Callable[[argparse.Namespace], int] = args.run
+    previous = _terminate_as_interrupt()
     try:
         return run(args)
     except LmdbFolderError as exc:
         print(f"lmdbfolder {args.command}: error: {exc}", file=sys.stderr)
         return _exit_code(exc)
     except KeyboardInterrupt:
-        print(f"lmdbfolder {args.command}: interrupted", file=sys.stderr)
+        hint = "; run the same command again to resume" if args.command == "pack" else ""
+        print(f"lmdbfolder {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_CODES["interrupted"]
     except BrokenPipeError:
         # Output piped into `head` and the like: not an error of ours.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _terminate_as_interrupt() -> Any:
+    """Treat SIGTERM like Ctrl-C (only possible in the main thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:
+        return None

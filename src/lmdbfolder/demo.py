@@ -68,7 +68,10 @@ def run_demo(workdir: str, *, classes: int, per_class: int, workers: Sequence[in
     files_ds = ImageFolder(src)
     packed_ds = LMDBFolder(dst)
     same = _same_as_imagefolder(files_ds, packed_ds, limit=50)
-    _say(as_json, f"4. LMDBFolder == ImageFolder (classes, targets, pixels of {min(50, n)} samples): {'yes' if same else 'NO'}")
+    _say(
+        as_json,
+        f"4. LMDBFolder == ImageFolder (classes, targets, pixels of {min(50, n)} samples): {'yes' if same else 'NO'}",
+    )
     if not same:
         return 1
 

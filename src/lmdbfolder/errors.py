@@ -58,9 +58,7 @@ class FormatVersionError(NotAPackError):
             hint = "it was written by a newer lmdbfolder: upgrade with `pip install -U lmdbfolder`"
         else:
             hint = "repack it from the source images with this version of lmdbfolder"
-        super().__init__(
-            path, f"format version {found!r}, this lmdbfolder reads version {expected}", hint
-        )
+        super().__init__(path, f"format version {found!r}, this lmdbfolder reads version {expected}", hint)
 
 
 class CorruptRecordError(LmdbFolderError):
@@ -83,7 +81,7 @@ class CorruptRecordError(LmdbFolderError):
             where += f" in {self.pack}"
         return f"{where} is corrupt: {self.why}"
 
-    def locate(self, path: str | None, pack: str | None) -> "CorruptRecordError":
+    def locate(self, path: str | None, pack: str | None) -> CorruptRecordError:
         """Fill in the original file path and the pack, once the caller knows them."""
         self.path, self.pack = path, pack
         self.message = self._describe()

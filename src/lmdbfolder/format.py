@@ -32,6 +32,7 @@ __all__ = [
     "META_KEY",
     "LABELS_KEY",
     "PATHS_KEY",
+    "PROGRESS_KEY",
     "RESERVED_PREFIX",
     "ENCODINGS",
     "ENCODING_IDS",
@@ -44,9 +45,12 @@ __all__ = [
     "decode_key",
     "checksum",
     "encode_record",
+    "encode_header_into",
     "decode_record",
     "encode_meta",
     "decode_meta",
+    "encode_progress",
+    "decode_progress",
     "encode_labels",
     "decode_labels",
     "encode_paths",
@@ -76,6 +80,9 @@ RESERVED_PREFIX = b"__"
 META_KEY = b"__meta__"
 LABELS_KEY = b"__labels__"
 PATHS_KEY = b"__paths__"
+#: Only in unfinished packs: how far the writer got (JSON), committed in the
+#: same transaction as the batch it describes. Deleted when the pack finishes.
+PROGRESS_KEY = b"__progress__"
 
 #: Encoding ids stored in the record header. ``raw`` means uint8 pixels,
 #: row-major height x width x channels (always RGB, 3 channels, in version 1).
@@ -138,6 +145,15 @@ def checksum(payload: bytes | memoryview) -> int:
     return zlib.crc32(payload) & 0xFFFFFFFF
 
 
+def _check_header_args(label: int, encoding: str, width: int, height: int, channels: int) -> None:
+    if encoding not in ENCODING_IDS:
+        raise ValueError(f"unknown encoding {encoding!r}; expected one of {sorted(ENCODING_IDS)}")
+    if not -(1 << 31) <= label < (1 << 31):
+        raise ValueError(f"label {label} does not fit in a signed 32-bit integer")
+    if not (0 <= width < 1 << 32 and 0 <= height < 1 << 32 and 0 <= channels < 256):
+        raise ValueError(f"bad image shape {width}x{height}x{channels}")
+
+
 def encode_record(
     payload: bytes | memoryview,
     *,
@@ -150,14 +166,10 @@ def encode_record(
     """Return header + payload for one sample.
 
     ``width``, ``height`` and ``channels`` are 0 when unknown. The payload is
-    copied once, because an LMDB value must be one contiguous buffer.
+    copied once, because an LMDB value must be one contiguous buffer; see
+    ``encode_header_into`` to avoid that copy.
     """
-    if encoding not in ENCODING_IDS:
-        raise ValueError(f"unknown encoding {encoding!r}; expected one of {sorted(ENCODING_IDS)}")
-    if not -(1 << 31) <= label < (1 << 31):
-        raise ValueError(f"label {label} does not fit in a signed 32-bit integer")
-    if not (0 <= width < 1 << 32 and 0 <= height < 1 << 32 and 0 <= channels < 256):
-        raise ValueError(f"bad image shape {width}x{height}x{channels}")
+    _check_header_args(label, encoding, width, height, channels)
     header = RECORD_HEADER.pack(
         RECORD_MAGIC,
         RECORD_VERSION,
@@ -172,6 +184,41 @@ def encode_record(
         len(payload),
     )
     return b"".join((header, payload))
+
+
+def encode_header_into(
+    value: bytearray,
+    *,
+    label: int,
+    encoding: str,
+    width: int = 0,
+    height: int = 0,
+    channels: int = 0,
+) -> bytearray:
+    """Fill in the header of a record whose payload is already at ``value[32:]``.
+
+    The writer reads each file straight into such a buffer, so the payload is
+    never copied on its way to LMDB. Returns ``value``.
+    """
+    _check_header_args(label, encoding, width, height, channels)
+    payload = memoryview(value)[RECORD_HEADER.size :]
+    RECORD_HEADER.pack_into(
+        value,
+        0,
+        RECORD_MAGIC,
+        RECORD_VERSION,
+        ENCODING_IDS[encoding],
+        channels,
+        0,
+        0,
+        width,
+        height,
+        label,
+        checksum(payload),
+        len(payload),
+    )
+    payload.release()
+    return value
 
 
 def decode_record(
@@ -189,15 +236,13 @@ def decode_record(
         raise CorruptRecordError(
             index, f"value is {len(view)} bytes, shorter than the {RECORD_HEADER.size}-byte header"
         )
-    (magic, version, enc_id, channels, flags, reserved, width, height, label, crc, length) = (
-        RECORD_HEADER.unpack_from(view)
+    (magic, version, enc_id, channels, flags, reserved, width, height, label, crc, length) = RECORD_HEADER.unpack_from(
+        view
     )
     if magic != RECORD_MAGIC:
         raise CorruptRecordError(index, f"bad record magic {magic!r}, expected {RECORD_MAGIC!r}")
     if version != RECORD_VERSION:
-        raise CorruptRecordError(
-            index, f"record header version {version}, this reader understands {RECORD_VERSION}"
-        )
+        raise CorruptRecordError(index, f"record header version {version}, this reader understands {RECORD_VERSION}")
     encoding = ENCODINGS.get(enc_id)
     if encoding is None:
         raise CorruptRecordError(index, f"unknown encoding id {enc_id}")
@@ -205,13 +250,9 @@ def decode_record(
         raise CorruptRecordError(index, f"reserved header bits set (flags={flags}, reserved={reserved})")
     payload = view[RECORD_HEADER.size :]
     if len(payload) != length:
-        raise CorruptRecordError(
-            index, f"payload is {len(payload)} bytes but the header says {length}"
-        )
+        raise CorruptRecordError(index, f"payload is {len(payload)} bytes but the header says {length}")
     if verify and checksum(payload) != crc:
-        raise CorruptRecordError(
-            index, f"payload CRC-32 is {checksum(payload):08x}, header says {crc:08x}"
-        )
+        raise CorruptRecordError(index, f"payload CRC-32 is {checksum(payload):08x}, header says {crc:08x}")
     header = RecordHeader(encoding, channels, width, height, label, crc, length)
     return header, payload
 
@@ -254,6 +295,22 @@ def decode_meta(blob: bytes | memoryview | None, *, where: str) -> dict[str, Any
     return meta
 
 
+def encode_progress(progress: Mapping[str, Any]) -> bytes:
+    """Serialise the writer's checkpoint (same canonical JSON as the manifest)."""
+    return encode_meta(progress)
+
+
+def decode_progress(blob: bytes | memoryview, *, where: str) -> dict[str, Any]:
+    """Parse a checkpoint written by encode_progress; NotAPackError if malformed."""
+    try:
+        progress = json.loads(bytes(blob))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotAPackError(where, f"its checkpoint (key __progress__) is not valid JSON: {exc}") from None
+    if not isinstance(progress, dict) or not isinstance(progress.get("next_source"), int):
+        raise NotAPackError(where, "its checkpoint (key __progress__) is malformed")
+    return progress
+
+
 def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
     count = meta.get("count")
     classes = meta.get("classes")
@@ -283,9 +340,7 @@ def decode_labels(blob: bytes | memoryview, count: int, *, where: str) -> array.
     labels at 4 MB and out of the way of copy-on-write after fork.
     """
     if len(blob) != count * _LABEL.size:
-        raise NotAPackError(
-            where, f"{LABELS_KEY.decode()} holds {len(blob)} bytes, expected {count * _LABEL.size}"
-        )
+        raise NotAPackError(where, f"{LABELS_KEY.decode()} holds {len(blob)} bytes, expected {count * _LABEL.size}")
     labels = array.array("i")
     labels.frombytes(bytes(blob))
     if sys.byteorder != "little":
@@ -320,9 +375,7 @@ def decode_paths(blob: bytes | memoryview, count: int, *, where: str) -> list[st
     if len(blob) < base:
         raise NotAPackError(where, f"{PATHS_KEY.decode()} is too short for {count} samples")
     offsets = struct.unpack_from(f"<{count + 1}Q", blob)
-    if offsets[0] != 0 or base + offsets[-1] != len(blob) or any(
-        a > b for a, b in zip(offsets, offsets[1:])
-    ):
+    if offsets[0] != 0 or base + offsets[-1] != len(blob) or any(a > b for a, b in zip(offsets, offsets[1:])):
         raise NotAPackError(where, f"{PATHS_KEY.decode()} has inconsistent offsets")
     names = bytes(blob[base:])
     return [os.fsdecode(names[a:b]) for a, b in zip(offsets, offsets[1:])]

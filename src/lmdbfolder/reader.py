@@ -23,7 +23,8 @@ from __future__ import annotations
 import array
 import os
 import threading
-from typing import Any, Iterator, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Iterator, cast
 
 import lmdb
 from PIL import Image
@@ -47,7 +48,8 @@ from lmdbfolder.format import (
 __all__ = ["Record", "Reader", "resolve_pack_path", "pack_info"]
 
 
-class Record(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Record:
     """One stored sample. ``payload`` is a zero-copy view into the memory map,
     valid until the Reader that returned it is closed."""
 
@@ -173,9 +175,7 @@ class Reader:
         ...     print(len(r), r.classes[rec.label], rec.encoding, rec.width, rec.height)
     """
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = False
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = False) -> None:
         self.path = resolve_pack_path(path)
         self.readahead = readahead
         self.verify_checksums = verify_checksums
@@ -228,11 +228,34 @@ class Reader:
     def path_of(self, index: int) -> str:
         """Original relative path of sample ``index``."""
         i = self._check_index(index)
-        return path_at(self._txn().get(PATHS_KEY), self._count, i)
+        return path_at(self._paths_blob(), self._count, i)
 
     def paths(self) -> list[str]:
         """Original relative paths of all samples, in index order."""
-        return decode_paths(self._txn().get(PATHS_KEY), self._count, where=self.path)
+        return decode_paths(self._paths_blob(), self._count, where=self.path)
+
+    def _paths_blob(self) -> memoryview:
+        blob = self._txn().get(PATHS_KEY)
+        if blob is None:
+            raise NotAPackError(self.path, "its path table (key __paths__) is missing")
+        return cast(memoryview, blob)
+
+    def index_of(self, relpath: str) -> int:
+        """Index of the sample packed from ``relpath`` (first one, if listed twice).
+
+        Builds a path -> index table on first use (kept in this process only).
+        Raises KeyError if no sample has that path.
+        """
+        table = self.__dict__.get("_index_by_path")
+        if table is None:
+            table = {}
+            for i, p in enumerate(self.paths()):
+                table.setdefault(p, i)
+            self._index_by_path = table
+        try:
+            return table[relpath]
+        except KeyError:
+            raise KeyError(f"no sample was packed from {relpath!r} in {self.path}") from None
 
     # -- samples ---------------------------------------------------------------
     def get(self, index: int) -> Record:
@@ -249,10 +272,8 @@ class Reader:
                 raise CorruptRecordError(i, "the record is missing from the database")
             header, payload = decode_record(value, index=i, verify=self.verify_checksums)
         except CorruptRecordError as exc:
-            raise exc.locate(path_at(txn.get(PATHS_KEY), self._count, i), self.path) from None
-        return Record(
-            i, header.label, header.encoding, header.width, header.height, header.channels, payload
-        )
+            raise exc.locate(path_at(self._paths_blob(), self._count, i), self.path) from None
+        return Record(i, header.label, header.encoding, header.width, header.height, header.channels, payload)
 
     def read_bytes(self, index: int) -> bytes:
         """The stored payload of sample ``index`` as an independent ``bytes`` copy."""
@@ -279,7 +300,7 @@ class Reader:
         cursor = self._txn().cursor()
         try:
             for key, value in cursor:
-                yield bytes(key), value
+                yield bytes(key), cast(memoryview, value)
         finally:
             cursor.close()
 
@@ -324,7 +345,7 @@ class Reader:
                 _REGISTRY.release(self.path)
         self._reset_handles()
 
-    def __enter__(self) -> "Reader":
+    def __enter__(self) -> Reader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -332,7 +353,7 @@ class Reader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_pid", "_local", "_txns", "_handle_lock"):
+        for name in ("_pid", "_local", "_txns", "_handle_lock", "_index_by_path"):
             state.pop(name, None)
         return state
 

@@ -94,9 +94,7 @@ def _is_image(name: str, extensions: tuple[str, ...]) -> bool:
     return name.lower().endswith(extensions)
 
 
-def scan_imagefolder(
-    root: str, *, extensions: Sequence[str] = IMG_EXTENSIONS, allow_empty: bool = False
-) -> SourceList:
+def scan_imagefolder(root: str, *, extensions: Sequence[str] = IMG_EXTENSIONS, allow_empty: bool = False) -> SourceList:
     """List an ImageFolder tree exactly as ``torchvision.datasets.ImageFolder`` does."""
     root = _check_root(root)
     exts = tuple(e.lower() for e in extensions)
@@ -189,10 +187,10 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
     else:
         names = list(classes)
         if len(names) < n_classes:
-            raise SourceError(list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given")
-    return SourceList(
-        root, "list", relpaths, labels, names, {c: i for i, c in enumerate(names)}, list_file=list_file
-    )
+            raise SourceError(
+                list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given"
+            )
+    return SourceList(root, "list", relpaths, labels, names, {c: i for i, c in enumerate(names)}, list_file=list_file)
 
 
 def scan(

@@ -34,17 +34,21 @@ class SyntheticSpec:
     seed: int = 0
 
 
-def synthetic_jpeg(rng: np.random.Generator, width: int, height: int, *, quality: int = 90, noise: float = 13.0) -> bytes:
+def synthetic_jpeg(
+    rng: np.random.Generator, width: int, height: int, *, quality: int = 90, noise: float = 13.0
+) -> bytes:
     """One JPEG of ``width`` x ``height``: a smooth colour field plus noise."""
     cells = rng.integers(0, 256, (height // 25 + 2, width // 25 + 2, 3), dtype=np.uint8)
-    base = np.asarray(Image.fromarray(cells).resize((width, height), Image.BICUBIC), dtype=np.int16)
+    base = np.asarray(Image.fromarray(cells).resize((width, height), Image.Resampling.BICUBIC), dtype=np.int16)
     pixels = np.clip(base + rng.normal(0.0, noise, (height, width, 1)), 0, 255).astype(np.uint8)
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, "JPEG", quality=quality)
     return out.getvalue()
 
 
-def make_imagefolder(root: str | os.PathLike[str], spec: SyntheticSpec = SyntheticSpec(), *, progress: bool | None = None) -> int:
+def make_imagefolder(
+    root: str | os.PathLike[str], spec: SyntheticSpec = SyntheticSpec(), *, progress: bool | None = None
+) -> int:
     """Write ``spec.classes`` x ``spec.per_class`` JPEGs as ``root/class_XXX/img_XXXXX.jpg``.
 
     Existing files with the right names are kept, so a second call is free.

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import torch.utils.data
 
+from lmdbfolder.codecs import decode_rgb
 from lmdbfolder.errors import DecodeError
 from lmdbfolder.reader import Reader
-from lmdbfolder.codecs import decode_rgb
 
 __all__ = ["LMDBFolder"]
 
@@ -45,8 +45,9 @@ class LMDBFolder(torch.utils.data.Dataset):
         >>> from torch.utils.data import DataLoader
         >>> from torchvision import transforms as T
         >>> from lmdbfolder.torch import LMDBFolder
-        >>> ds = LMDBFolder("train.lmdb", transform=T.Compose([T.RandomResizedCrop(224), T.ToTensor()]))  # doctest: +SKIP
-        >>> loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=8, persistent_workers=True)  # doctest: +SKIP
+        >>> tf = T.Compose([T.RandomResizedCrop(224), T.ToTensor()])
+        >>> ds = LMDBFolder("train.lmdb", transform=tf)  # doctest: +SKIP
+        >>> loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=8)  # doctest: +SKIP
     """
 
     def __init__(

@@ -142,7 +142,9 @@ def _check_one(
             Problem("label", f"header label {header.label} differs from the label table's {label}", index, path)
         )
     if not (header.label == NO_LABEL or 0 <= header.label < n_classes):
-        report.problems.append(Problem("label", f"label {header.label} is not a class index (0..{n_classes - 1})", index, path))
+        report.problems.append(
+            Problem("label", f"label {header.label} is not a class index (0..{n_classes - 1})", index, path)
+        )
     if decode:
         try:
             decode_rgb(payload, header.encoding, header.width, header.height).load()

@@ -1,0 +1,154 @@
+"""Turn one source file into one record value, or into a reason to skip it.
+
+This runs in the writer's reader threads (see ``pipeline``), so it is a pure
+function of its inputs, never raises for bad input (bad input becomes a
+``Skipped``), and leaves most of the time to GIL-free work (``read``,
+``zlib.crc32``, Pillow's decoders). A file is read straight into the buffer
+that becomes its LMDB value, behind room for the record header, so the
+payload is not copied on its way to the database.
+
+Checks (``check=``):
+
+* ``"header"`` (default): Pillow identifies the format and reads the size
+  from the header, and the pixel count must be within Pillow's
+  ``Image.MAX_IMAGE_PIXELS`` (decompression-bomb limit). No pixels decoded.
+* ``"decode"``: the image is fully decoded once (catches truncated files).
+* ``"none"``: trust the input; only unreadable and zero-byte files are skipped.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from dataclasses import dataclass
+
+from PIL import Image, UnidentifiedImageError
+
+from lmdbfolder.codecs import sniff
+from lmdbfolder.format import RECORD_HEADER, encode_header_into, encode_record
+
+__all__ = ["CHECKS", "Loaded", "Skipped", "load_sample", "read_into_record"]
+
+CHECKS = ("none", "header", "decode")
+_HEAD = RECORD_HEADER.size
+# Pillow reads only the headers when it opens an image; most fit in the first
+# 64 KB, so only that much is handed to it (files with bigger EXIF/ICC blocks
+# are retried with the whole file).
+_HEADER_PREFIX = 64 << 10
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A record ready to be stored."""
+
+    value: bytearray | bytes
+    encoding: str
+    source_bytes: int
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A source file that was not stored, and why."""
+
+    reason: str
+
+
+def _read_error(exc: OSError, path: str) -> str:
+    if exc.errno == errno.ENOENT:
+        if os.path.islink(path):
+            return "broken symbolic link (its target does not exist)"
+        return "file not found (it vanished, or the listed path is wrong)"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if exc.errno == errno.EISDIR:
+        return "is a directory, not a file"
+    return f"cannot read it: {exc.strerror or exc}"
+
+
+def read_into_record(path: str) -> bytearray:
+    """The file's bytes at offset 32 of a new buffer (room for the record header).
+
+    Raises OSError like ``open``/``read``.
+    """
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = bytearray(_HEAD + size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = f.readinto(view[_HEAD + got :])
+            if not n:
+                break
+            got += n
+        view.release()
+        if got < size:  # the file shrank while we read it
+            del buf[_HEAD + got :]
+        rest = f.read()  # the file grew: keep what is there now
+        if rest:
+            buf += rest
+    return buf
+
+
+def _open_image(buf: bytearray) -> Image.Image:
+    end = min(len(buf), _HEAD + _HEADER_PREFIX)
+    try:
+        return Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:end])))
+    except Exception:
+        if end == len(buf):
+            raise
+    return Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
+
+
+def load_sample(path: str, label: int, *, store: str, check: str, max_pixels: int | None) -> Loaded | Skipped:
+    """Read ``path`` and build its record, applying ``check``.
+
+    ``max_pixels`` is the decompression-bomb limit (None: no limit).
+    """
+    try:
+        buf = read_into_record(path)
+    except OSError as exc:
+        return Skipped(_read_error(exc, path))
+    size = len(buf) - _HEAD
+    if size == 0:
+        return Skipped("empty file (0 bytes)")
+    info = sniff(memoryview(buf)[_HEAD:])
+    if check == "none" and store == "encoded":
+        encode_header_into(
+            buf, label=label, encoding=info.encoding, width=info.width, height=info.height, channels=info.channels
+        )
+        return Loaded(buf, info.encoding, size)
+    try:
+        if check == "header" and store == "encoded":
+            img = _open_image(buf)
+        else:
+            img = Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
+    except Image.DecompressionBombError as exc:
+        return Skipped(f"decompression bomb: {exc}")
+    except UnidentifiedImageError:
+        return Skipped("not an image Pillow can identify (wrong content for its extension?)")
+    except Exception as exc:  # Pillow raises many exception types for bad headers
+        return Skipped(f"unreadable image header: {type(exc).__name__}: {exc}")
+    with img:
+        width, height = img.size
+        bands = len(img.getbands())
+        if width <= 0 or height <= 0:
+            return Skipped(f"image header says {width}x{height} pixels")
+        if max_pixels is not None and width * height > max_pixels:
+            return Skipped(
+                f"{width}x{height} = {width * height:,} pixels is over the decompression-bomb limit of "
+                f"{max_pixels:,} (PIL.Image.MAX_IMAGE_PIXELS)"
+            )
+        try:
+            if store == "raw":
+                pixels = img.convert("RGB").tobytes()
+            elif check == "decode":
+                img.load()
+        except Exception as exc:  # truncated or corrupt data; Pillow raises OSError, SyntaxError, ...
+            return Skipped(f"cannot be decoded: {type(exc).__name__}: {exc}")
+    if store == "raw":
+        value = encode_record(pixels, label=label, encoding="raw", width=width, height=height, channels=3)
+        return Loaded(value, "raw", size)
+    channels = info.channels if info.encoding != "other" else bands
+    encode_header_into(buf, label=label, encoding=info.encoding, width=width, height=height, channels=channels)
+    return Loaded(buf, info.encoding, size)

@@ -1,0 +1,175 @@
+"""Shared fixtures: small image trees generated under tmp_path, and packs of them.
+
+Every image is generated here with Pillow; no test data is stored in the repo.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lmdbfolder.writer import pack
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow (soak tests)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow (make test-all)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def _noise(rng: np.random.Generator, w: int, h: int, channels: int) -> np.ndarray:
+    shape = (h, w) if channels == 1 else (h, w, channels)
+    return rng.integers(0, 256, shape, dtype=np.uint8)
+
+
+def image_bytes(kind: str, rng: np.random.Generator, w: int = 23, h: int = 17) -> tuple[bytes, str]:
+    """Encoded bytes and file extension of one small image of the given kind."""
+    out = io.BytesIO()
+    if kind == "rgb_jpeg":
+        Image.fromarray(_noise(rng, w, h, 3)).save(out, "JPEG", quality=90)
+        ext = ".jpg"
+    elif kind == "gray_jpeg":
+        Image.fromarray(_noise(rng, w, h, 1), "L").save(out, "JPEG")
+        ext = ".jpeg"
+    elif kind == "cmyk_jpeg":
+        Image.fromarray(_noise(rng, w, h, 4), "CMYK").save(out, "JPEG")
+        ext = ".jpg"
+    elif kind == "rgba_png":
+        Image.fromarray(_noise(rng, w, h, 4), "RGBA").save(out, "PNG")
+        ext = ".png"
+    elif kind == "palette_png":
+        img = Image.fromarray(_noise(rng, w, h, 3)).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+        img.info["transparency"] = 0
+        img.save(out, "PNG", transparency=0)
+        ext = ".png"
+    elif kind == "gray_png":
+        Image.fromarray(_noise(rng, w, h, 1), "L").save(out, "PNG")
+        ext = ".png"
+    elif kind == "la_png":
+        Image.fromarray(_noise(rng, w, h, 2), "LA").save(out, "PNG")
+        ext = ".png"
+    elif kind == "bmp":
+        Image.fromarray(_noise(rng, w, h, 3)).save(out, "BMP")
+        ext = ".bmp"
+    elif kind == "webp":
+        Image.fromarray(_noise(rng, w, h, 3)).save(out, "WEBP", quality=80)
+        ext = ".webp"
+    elif kind == "webp_lossless_alpha":
+        Image.fromarray(_noise(rng, w, h, 4), "RGBA").save(out, "WEBP", lossless=True)
+        ext = ".webp"
+    elif kind == "ppm":
+        Image.fromarray(_noise(rng, w, h, 3)).save(out, "PPM")
+        ext = ".ppm"
+    elif kind == "pgm":
+        Image.fromarray(_noise(rng, w, h, 1), "L").save(out, "PPM")
+        ext = ".pgm"
+    elif kind == "tiff":
+        Image.fromarray(_noise(rng, w, h, 3)).save(out, "TIFF")
+        ext = ".tif"
+    elif kind == "gif":
+        Image.fromarray(_noise(rng, w, h, 3)).convert("P").save(out, "GIF")
+        ext = ".gif"
+    elif kind == "progressive_jpeg":
+        Image.fromarray(_noise(rng, w, h, 3)).save(out, "JPEG", progressive=True, quality=80)
+        ext = ".jpg"
+    elif kind == "exif_jpeg":
+        exif = Image.Exif()
+        exif[0x0112] = 6  # orientation: rotated; ImageFolder ignores it and so must we
+        Image.fromarray(_noise(rng, w, h, 3)).save(out, "JPEG", exif=exif)
+        ext = ".jpg"
+    else:
+        raise ValueError(kind)
+    return out.getvalue(), ext
+
+
+ODD_KINDS = [
+    "rgb_jpeg",
+    "gray_jpeg",
+    "cmyk_jpeg",
+    "rgba_png",
+    "palette_png",
+    "gray_png",
+    "la_png",
+    "bmp",
+    "webp",
+    "webp_lossless_alpha",
+    "ppm",
+    "pgm",
+    "tiff",
+    "progressive_jpeg",
+    "exif_jpeg",
+]
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def make_small_tree(root: Path, classes: int = 3, per_class: int = 4, seed: int = 0) -> Path:
+    """``classes`` x ``per_class`` distinct RGB JPEGs of varying size."""
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        for k in range(per_class):
+            data, _ = image_bytes("rgb_jpeg", rng, w=20 + k, h=15 + c)
+            write(root / f"class{c}" / f"img{k}.jpg", data)
+    return root
+
+
+def make_odd_tree(root: Path, seed: int = 1) -> Path:
+    """An ImageFolder tree with every colour mode and format ImageFolder accepts,
+    upper-case extensions, nested and symlinked folders, odd file names and
+    files ImageFolder ignores."""
+    rng = np.random.default_rng(seed)
+    for n, kind in enumerate(ODD_KINDS):
+        data, ext = image_bytes(kind, rng, w=17 + n, h=11 + n % 5)
+        write(root / "alpha" / f"{n:02d}_{kind}{ext}", data)
+    data, _ = image_bytes("rgb_jpeg", rng)
+    write(root / "beta" / "UPPER.JPG", data)
+    data, _ = image_bytes("rgba_png", rng)
+    write(root / "beta" / "Mixed.PnG", data)
+    data, _ = image_bytes("rgb_jpeg", rng)
+    write(root / "beta" / "nested" / "deeper" / "x.jpeg", data)
+    data, _ = image_bytes("gray_png", rng)
+    write(root / "beta" / "nested" / "a b" / "with space.png", data)
+    data, _ = image_bytes("rgb_jpeg", rng)
+    write(root / "beta" / "ñandú_猫 é.jpg", data)
+    data, _ = image_bytes("gif", rng)
+    write(root / "beta" / "ignored.gif", data)  # not an ImageFolder extension
+    write(root / "beta" / "notes.txt", b"not an image")
+    data, _ = image_bytes("bmp", rng)
+    write(root / "Gamma class" / "img.bmp", data)
+    data, _ = image_bytes("rgb_jpeg", rng)
+    write(root / "z_target" / "linked.jpg", data)
+    os.symlink(root / "z_target", root / "beta" / "linkdir")  # followed, as os.walk(followlinks=True)
+    return root
+
+
+@pytest.fixture
+def small_tree(tmp_path: Path) -> Path:
+    return make_small_tree(tmp_path / "small")
+
+
+@pytest.fixture
+def odd_tree(tmp_path: Path) -> Path:
+    return make_odd_tree(tmp_path / "odd")
+
+
+@pytest.fixture
+def small_pack(small_tree: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "small.lmdb"
+    pack(small_tree, out, progress=False)
+    return out

@@ -1,0 +1,150 @@
+"""The command line, through main(argv) and as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from lmdbfolder.cli import EXIT_CODES, main
+from lmdbfolder.format import KEY, META_KEY
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "lmdbfolder", *argv], capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_pack_info_verify_json(small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p"
+    assert main(["pack", str(small_tree), str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["count"] == 12 and summary["path"] == str(out)
+    assert main(["info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["count"] == 12 and info["num_classes"] == 3 and info["format_version"] == 1
+    assert info["encodings"] == {"jpeg": 12} and info["size_on_disk"] > 0
+    assert main(["verify", str(out), "--json", "--decode"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["checked"] == 12
+
+
+def test_human_output(small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p"
+    assert main(["pack", str(small_tree), str(out), "--no-progress"]) == 0
+    assert "packed 12 images" in capsys.readouterr().out
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "samples:" in text and "12" in text and "class0, class1, class2" in text
+    assert main(["verify", str(out), "--no-progress"]) == 0
+    assert "12 of 12 records checked" in capsys.readouterr().out
+
+
+def test_pack_options(small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    listing = tmp_path / "l.txt"
+    listing.write_text("class1/img1.jpg 1\n")
+    assert main(["pack", str(small_tree), str(tmp_path / "l"), "--list", str(listing), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 1
+    args = ["pack", str(small_tree), str(tmp_path / "f"), "--flat", "--store", "raw", "--commit-every", "5", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["store"] == "raw"
+    assert main(["pack", str(small_tree), str(tmp_path / "f"), "--overwrite", "--json"]) == 0
+
+
+def test_errors_go_to_stderr_with_exit_codes(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "p"
+    assert main(["pack", str(small_tree), str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["pack", str(small_tree), str(out)]) == EXIT_CODES["output exists"]
+    err = capsys.readouterr().err
+    assert err.startswith("lmdbfolder pack: error: ") and "already exists" in err and "--overwrite" in err
+    assert main(["info", str(tmp_path / "nothing")]) == EXIT_CODES["not a pack"]
+    assert "no such file" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path / "nosrc"), str(tmp_path / "q")]) == EXIT_CODES["source error"]
+    assert "does not exist" in capsys.readouterr().err
+    bad_list = tmp_path / "bad.txt"
+    bad_list.write_text("a.jpg zero\n")
+    assert main(["pack", str(small_tree), str(tmp_path / "q"), "--list", str(bad_list)]) == EXIT_CODES["source error"]
+    assert f"{bad_list}:1" in capsys.readouterr().err
+    assert main(["pack", str(small_tree)]) == EXIT_CODES["usage"]
+    assert main(["frobnicate"]) == EXIT_CODES["usage"]
+
+
+def test_verify_exit_code_on_damage(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = lmdb.open(str(small_pack), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(KEY.pack(2)))
+        value[-1] ^= 0xFF
+        txn.put(KEY.pack(2), bytes(value))
+    env.close()
+    assert main(["verify", str(small_pack), "--no-progress"]) == EXIT_CODES["problems found"]
+    captured = capsys.readouterr()
+    assert "checksum: record 2 (class0/img2.jpg)" in captured.err
+    assert "1 problem(s) in 1 record(s)" in captured.out
+    assert main(["verify", str(small_pack), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["bad_indices"] == [2]
+
+
+def test_wrong_version_message(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = lmdb.open(str(small_pack), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        meta = json.loads(txn.get(META_KEY))
+        meta["format_version"] = 2
+        txn.put(META_KEY, json.dumps(meta).encode())
+    env.close()
+    assert main(["info", str(small_pack)]) == EXIT_CODES["not a pack"]
+    assert "format version 2, this lmdbfolder reads version 1" in capsys.readouterr().err
+
+
+def test_subprocess_module_and_console_script(small_tree: Path, tmp_path: Path) -> None:
+    code, out, err = run("pack", str(small_tree), str(tmp_path / "p"), "--no-progress")
+    assert code == 0, err
+    assert "packed 12 images" in out
+    code, out, err = run("info", str(tmp_path / "p"), "--json")
+    assert code == 0 and json.loads(out)["count"] == 12
+    code, out, err = run("info", str(tmp_path / "missing"))
+    assert code == EXIT_CODES["not a pack"] and "hint:" in err and out == ""
+    script = shutil.which("lmdbfolder", path=os.path.dirname(sys.executable))
+    assert script, "the console script is installed next to the interpreter"
+    proc = subprocess.run([script, "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("lmdbfolder ")
+
+
+def test_progress_bar_on_request(small_tree: Path, tmp_path: Path) -> None:
+    # A pack command shows a tqdm bar with img/s and MB/s; forced on here via the library call.
+    from lmdbfolder.writer import pack
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from lmdbfolder.writer import pack; pack({str(small_tree)!r}, {str(tmp_path / 'p')!r}, progress=True)",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "12/12" in proc.stderr and "img/s" in proc.stderr and "MB/s" in proc.stderr
+    del pack
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    code, out, err = run(
+        "demo", "--dir", str(tmp_path / "demo"), "--classes", "2", "--per-class", "6", "--workers", "0"
+    )
+    assert code == 0, err
+    assert "verified 12 records" in out
+    assert "LMDBFolder == ImageFolder" in out and ": yes" in out
+    assert "ImageFolder" in out and "ratio" in out and "train pipeline" in out
+    code, out, err = run("demo", "--classes", "2", "--per-class", "3", "--workers", "0", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["verified"] and result["same_as_imagefolder"] and result["images"] == 6

@@ -1,0 +1,107 @@
+"""The header sniffer against Pillow, and decoding against torchvision's loader."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from conftest import ODD_KINDS, image_bytes
+from lmdbfolder.codecs import decode_rgb, raw_rgb, sniff
+
+EXPECTED_ENCODING = {
+    "rgb_jpeg": "jpeg",
+    "gray_jpeg": "jpeg",
+    "cmyk_jpeg": "jpeg",
+    "progressive_jpeg": "jpeg",
+    "exif_jpeg": "jpeg",
+    "rgba_png": "png",
+    "palette_png": "png",
+    "gray_png": "png",
+    "la_png": "png",
+    "bmp": "bmp",
+    "webp": "webp",
+    "webp_lossless_alpha": "webp",
+    "ppm": "pnm",
+    "pgm": "pnm",
+    "tiff": "tiff",
+    "gif": "gif",
+}
+EXPECTED_CHANNELS = {
+    "rgb_jpeg": 3,
+    "gray_jpeg": 1,
+    "cmyk_jpeg": 4,
+    "progressive_jpeg": 3,
+    "exif_jpeg": 3,
+    "rgba_png": 4,
+    "palette_png": 1,
+    "gray_png": 1,
+    "la_png": 2,
+    "bmp": 3,
+    "webp": 3,
+    "webp_lossless_alpha": 4,
+    "ppm": 3,
+    "pgm": 1,
+    "gif": 1,
+}
+
+
+@pytest.mark.parametrize("kind", ODD_KINDS + ["gif"])
+def test_sniff_agrees_with_pillow(kind: str) -> None:
+    data, _ = image_bytes(kind, np.random.default_rng(3), w=37, h=21)
+    info = sniff(data)
+    assert info.encoding == EXPECTED_ENCODING[kind]
+    if kind == "tiff":
+        assert (info.width, info.height) == (0, 0)  # not parsed: unknown is allowed
+        return
+    with Image.open(io.BytesIO(data)) as img:
+        assert (info.width, info.height) == img.size
+    assert info.channels == EXPECTED_CHANNELS[kind]
+
+
+def test_sniff_large_dimensions() -> None:
+    img = Image.new("RGB", (1000, 40000))
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    assert sniff(out.getvalue())[:3] == ("png", 1000, 40000)
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"RIFF\x00\x00\x00\x00WEBP", b"BM", b"P6\n", b"hello"]
+)
+def test_sniff_never_raises_on_fragments(data: bytes) -> None:
+    info = sniff(data)
+    assert info.width == 0 or info.encoding != "other"
+
+
+@settings(max_examples=300)
+@given(
+    st.binary(max_size=80),
+    st.sampled_from(
+        [b"", b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"RIFF\x10\x00\x00\x00WEBPVP8 ", b"BM", b"GIF89a", b"P5 "]
+    ),
+)
+def test_sniff_never_raises_on_garbage(tail: bytes, prefix: bytes) -> None:
+    sniff(prefix + tail)
+
+
+@pytest.mark.parametrize("kind", ODD_KINDS)
+def test_decode_matches_pil_loader(kind: str) -> None:
+    data, _ = image_bytes(kind, np.random.default_rng(4))
+    expected = Image.open(io.BytesIO(data)).convert("RGB")
+    got = decode_rgb(data, sniff(data).encoding, 0, 0)
+    assert got.mode == "RGB" and got.size == expected.size
+    assert got.tobytes() == expected.tobytes()
+    pixels, w, h = raw_rgb(data)
+    assert decode_rgb(memoryview(pixels), "raw", w, h).tobytes() == expected.tobytes()
+
+
+def test_raw_decode_owns_its_pixels() -> None:
+    pixels = bytearray(b"\x01\x02\x03" * 4)
+    img = decode_rgb(memoryview(pixels), "raw", 2, 2)
+    pixels[:3] = b"\x00\x00\x00"
+    assert img.getpixel((0, 0)) == (1, 2, 3)

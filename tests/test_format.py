@@ -1,0 +1,190 @@
+"""The byte layout, pinned: any change here must come with a format version bump."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lmdbfolder import format as fmt
+from lmdbfolder.errors import CorruptRecordError, FormatVersionError, NotAPackError
+
+GOLDEN_RECORD = bytes.fromhex(
+    "4c46"  # magic "LF"
+    "01"  # record version
+    "01"  # encoding id 1 = jpeg
+    "03"  # channels
+    "00"  # flags
+    "0000"  # reserved
+    "02000000"  # width 2
+    "03000000"  # height 3
+    "07000000"  # label 7
+    "c2412435"  # crc32(b"abc") = 0x352441c2
+    "0300000000000000"  # payload length 3
+    "616263"  # payload
+)
+
+GOLDEN_META = (
+    b'{"class_to_idx":{"cat":0,"\\u00f1":1},"classes":["cat","\\u00f1"],"count":2,'
+    b'"format":"lmdbfolder","format_version":1,"store":"encoded"}'
+)
+META = {
+    "format": "lmdbfolder",
+    "format_version": 1,
+    "count": 2,
+    "classes": ["cat", "ñ"],
+    "class_to_idx": {"cat": 0, "ñ": 1},
+    "store": "encoded",
+}
+
+
+def test_header_is_32_bytes_little_endian() -> None:
+    assert fmt.RECORD_HEADER.size == 32
+    assert fmt.RECORD_HEADER.format.startswith("<")
+
+
+def test_golden_record() -> None:
+    assert fmt.encode_record(b"abc", label=7, encoding="jpeg", width=2, height=3, channels=3) == GOLDEN_RECORD
+    header, payload = fmt.decode_record(GOLDEN_RECORD, verify=True)
+    assert header == fmt.RecordHeader("jpeg", 3, 2, 3, 7, 0x352441C2, 3)
+    assert bytes(payload) == b"abc"
+
+
+def test_golden_meta() -> None:
+    assert fmt.encode_meta(META) == GOLDEN_META
+    assert fmt.decode_meta(GOLDEN_META, where="x") == META
+
+
+def test_golden_keys_sort_numerically() -> None:
+    assert fmt.encode_key(258) == bytes.fromhex("0000000000000102")
+    keys = [fmt.encode_key(i) for i in (0, 1, 255, 256, 65535, 1 << 40)]
+    assert keys == sorted(keys)
+    # Reserved keys sort after every record key.
+    assert all(k < fmt.META_KEY and k < fmt.LABELS_KEY and k < fmt.PATHS_KEY for k in keys)
+    assert fmt.decode_key(fmt.encode_key(12345)) == 12345
+    with pytest.raises(ValueError):
+        fmt.decode_key(fmt.META_KEY)
+    with pytest.raises(ValueError):
+        fmt.encode_key(-1)
+
+
+def test_golden_labels_and_paths() -> None:
+    assert fmt.encode_labels([0, 1, -1]) == bytes.fromhex("00000000 01000000 ffffffff")
+    assert list(fmt.decode_labels(fmt.encode_labels([0, 1, -1]), 3, where="x")) == [0, 1, -1]
+    blob = fmt.encode_paths(["a/x.jpg", "ñ.png"])
+    assert blob == struct.pack("<3Q", 0, 7, 13) + b"a/x.jpg" + "ñ.png".encode()
+    assert fmt.decode_paths(blob, 2, where="x") == ["a/x.jpg", "ñ.png"]
+    assert fmt.path_at(blob, 2, 1) == "ñ.png"
+
+
+def test_paths_keep_undecodable_file_names() -> None:
+    name = os.fsdecode(b"bad\xff\xfename.jpg")  # not UTF-8: a lone surrogate in Python
+    blob = fmt.encode_paths([name])
+    assert fmt.decode_paths(blob, 1, where="x") == [name]
+    assert b"bad\xff\xfename.jpg" in blob
+    # and the manifest (class names) keeps them too, through ASCII escapes
+    meta = dict(META, classes=[name], class_to_idx={name: 0})
+    assert fmt.decode_meta(fmt.encode_meta(meta), where="x")["classes"] == [name]
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda b: b[:10], "shorter than the 32-byte header"),
+        (lambda b: b"XX" + b[2:], "bad record magic"),
+        (lambda b: b[:2] + b"\x02" + b[3:], "record header version 2"),
+        (lambda b: b[:3] + b"\x63" + b[4:], "unknown encoding id 99"),
+        (lambda b: b[:5] + b"\x01" + b[6:], "reserved header bits"),
+        (lambda b: b + b"d", "payload is 4 bytes but the header says 3"),
+        (lambda b: b[:-1] + b"x", "CRC-32"),
+    ],
+)
+def test_decode_record_rejects(mutate, message) -> None:
+    bad = mutate(GOLDEN_RECORD)
+    with pytest.raises(CorruptRecordError, match=message) as info:
+        fmt.decode_record(bad, index=5, verify=True)
+    assert "record 5" in str(info.value)
+    assert "lmdbfolder verify" in str(info.value)  # the hint
+
+
+def test_crc_is_only_checked_when_asked() -> None:
+    bad = GOLDEN_RECORD[:-1] + b"x"
+    header, payload = fmt.decode_record(bad)
+    assert bytes(payload) == b"abx"
+
+
+@pytest.mark.parametrize(
+    "blob, error, message",
+    [
+        (None, NotAPackError, "no lmdbfolder manifest"),
+        (b"[1, 2]", NotAPackError, "not a JSON object"),
+        (b"{not json", NotAPackError, "not valid JSON"),
+        (b'{"format": "other"}', NotAPackError, "format='lmdbfolder'"),
+        (GOLDEN_META.replace(b'"format_version":1', b'"format_version":2'), FormatVersionError, "format version 2"),
+        (GOLDEN_META.replace(b'"count":2', b'"count":-1'), NotAPackError, "count=-1"),
+        (GOLDEN_META.replace(b'"store":"encoded"', b'"store":"pickle"'), NotAPackError, "store='pickle'"),
+    ],
+)
+def test_decode_meta_rejects(blob, error, message) -> None:
+    with pytest.raises(error, match=message):
+        fmt.decode_meta(blob, where="/some/pack")
+
+
+def test_newer_version_says_upgrade() -> None:
+    with pytest.raises(FormatVersionError) as info:
+        fmt.decode_meta(GOLDEN_META.replace(b'"format_version":1', b'"format_version":7'), where="p")
+    assert "upgrade" in info.value.hint
+
+
+def test_bad_label_and_shape_arguments() -> None:
+    with pytest.raises(ValueError, match="32-bit"):
+        fmt.encode_record(b"", label=1 << 31, encoding="png")
+    with pytest.raises(ValueError, match="unknown encoding"):
+        fmt.encode_record(b"", label=0, encoding="heic")
+
+
+@given(
+    payload=st.binary(max_size=300),
+    label=st.integers(-(1 << 31), (1 << 31) - 1),
+    encoding=st.sampled_from(sorted(fmt.ENCODING_IDS)),
+    width=st.integers(0, (1 << 32) - 1),
+    height=st.integers(0, (1 << 32) - 1),
+    channels=st.integers(0, 255),
+)
+def test_record_round_trip(payload, label, encoding, width, height, channels) -> None:
+    value = fmt.encode_record(payload, label=label, encoding=encoding, width=width, height=height, channels=channels)
+    header, view = fmt.decode_record(value, verify=True)
+    assert (header.label, header.encoding, header.width, header.height, header.channels) == (
+        label,
+        encoding,
+        width,
+        height,
+        channels,
+    )
+    assert bytes(view) == payload
+
+
+@given(
+    st.lists(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))), max_size=20)
+)
+def test_paths_round_trip(paths) -> None:
+    blob = fmt.encode_paths(paths)
+    assert fmt.decode_paths(blob, len(paths), where="x") == paths
+    for i, p in enumerate(paths):
+        assert fmt.path_at(blob, len(paths), i) == p
+
+
+def test_format_md_matches_constants() -> None:
+    """FORMAT.md quotes the struct strings and keys; keep it in step with format.py."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "FORMAT.md"), encoding="utf-8") as f:
+        doc = f.read()
+    assert fmt.RECORD_HEADER.format in doc
+    assert fmt.KEY.format in doc
+    for key in (fmt.META_KEY, fmt.LABELS_KEY, fmt.PATHS_KEY):
+        assert key.decode() in doc
+    for enc_id, name in fmt.ENCODINGS.items():
+        assert f"| {enc_id} | `{name}` |" in doc
+    assert GOLDEN_RECORD.hex() in doc.replace(" ", "").replace("\n", "")

@@ -1,0 +1,95 @@
+"""verify(): finds exactly the damaged records, and says which."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from lmdbfolder.format import KEY, LABELS_KEY, encode_labels, encode_record
+from lmdbfolder.verify import verify
+from lmdbfolder.writer import pack
+
+
+def _edit(pack_dir: Path, edit) -> None:
+    env = lmdb.open(str(pack_dir), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        edit(txn)
+    env.close()
+    (pack_dir / "lock.mdb").unlink()
+
+
+def test_clean_pack_verifies(small_pack: Path) -> None:
+    report = verify(small_pack, decode=True, progress=False)
+    assert report.ok and report.checked == 12 and report.decoded
+    assert report.as_dict()["ok"] is True
+
+
+def test_flipped_bytes_are_found_exactly(small_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    pack(small_tree, out, progress=False)
+    rng = random.Random(7)
+    victims = sorted(rng.sample(range(12), 4))
+
+    def flip(txn) -> None:
+        for i in victims:
+            value = bytearray(txn.get(KEY.pack(i)))
+            pos = rng.randrange(32, len(value))  # somewhere in the payload
+            value[pos] ^= 1 << rng.randrange(8)
+            txn.put(KEY.pack(i), bytes(value))
+
+    _edit(out, flip)
+    report = verify(out, progress=False)
+    assert not report.ok
+    assert report.bad_indices == victims
+    assert {p.kind for p in report.problems} == {"checksum"}
+    assert all(p.path and p.path.startswith("class") for p in report.problems)
+
+
+def test_missing_extra_and_mislabelled_records(small_pack: Path) -> None:
+    def damage(txn) -> None:
+        txn.delete(KEY.pack(3))
+        txn.put(KEY.pack(40), encode_record(b"x", label=0, encoding="other"))
+        txn.put(b"__surprise__", b"1")
+        value = bytearray(txn.get(KEY.pack(5)))
+        value[16:20] = (2).to_bytes(4, "little")  # header label, no longer matching the table
+        txn.put(KEY.pack(5), bytes(value))
+        txn.put(KEY.pack(6), b"short")
+
+    _edit(small_pack, damage)
+    report = verify(small_pack, progress=False)
+    kinds = {(p.kind, p.index) for p in report.problems}
+    assert ("missing", 3) in kinds
+    assert ("extra", 40) in kinds
+    assert ("extra", None) in kinds
+    assert ("label", 5) in kinds
+    assert ("header", 6) in kinds
+    assert report.bad_indices == [3, 5, 6, 40]
+
+
+def test_label_out_of_class_range(small_pack: Path) -> None:
+    def damage(txn) -> None:
+        value = bytearray(txn.get(KEY.pack(0)))
+        value[16:20] = (9).to_bytes(4, "little")
+        txn.put(KEY.pack(0), bytes(value))
+        labels = [9] + [0] * 3 + [1] * 4 + [2] * 4
+        txn.put(LABELS_KEY, encode_labels(labels))
+
+    _edit(small_pack, damage)
+    report = verify(small_pack, progress=False)
+    assert [(p.kind, p.index) for p in report.problems] == [("label", 0)]
+    assert "not a class index" in report.problems[0].message
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_undecodable_image_needs_decode(small_tree: Path, tmp_path: Path, decode: bool) -> None:
+    data = (small_tree / "class0" / "img1.jpg").read_bytes()
+    (small_tree / "class0" / "img1.jpg").write_bytes(data[: len(data) // 2])  # truncated JPEG
+    pack(small_tree, tmp_path / "p", check="none", progress=False)  # trust the input: it gets in
+    report = verify(tmp_path / "p", decode=decode, progress=False)
+    if decode:
+        assert [(p.kind, p.index, p.path) for p in report.problems] == [("decode", 1, "class0/img1.jpg")]
+    else:
+        assert report.ok

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Generator, Sequence, TypeVar
 
 __all__ = ["ordered_map", "default_workers"]
 
@@ -30,7 +30,7 @@ def default_workers() -> int:
 
 def ordered_map(
     fn: Callable[[T], R], items: Sequence[T], *, workers: int, max_inflight: int, chunk: int = 8
-) -> Iterator[R]:
+) -> Generator[R, None, None]:
     """Yield ``fn(item)`` for each item, in order, computed by ``workers`` threads.
 
     At most about ``max_inflight`` results are computed ahead of the consumer.

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import lmdb
 from PIL import Image
@@ -219,8 +219,15 @@ def pack_sources(
     restart: bool = False,
     space_check: bool = True,
     progress: bool | None = None,
+    loader: Callable[[int], Loaded | Skipped] | None = None,
+    mean_size: float | None = None,
 ) -> PackResult:
-    """Pack an already built sample list (see ``sources.scan``) into ``dst``; see ``pack``."""
+    """Pack an already built sample list (see ``sources.scan``) into ``dst``; see ``pack``.
+
+    ``loader(i)`` replaces reading ``sources.abspath(i)`` from disk (used by
+    ``lmdbfolder import``, whose samples come from another database); then
+    ``mean_size``, the expected bytes per sample, sizes the map.
+    """
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
     if check not in CHECKS:
@@ -232,13 +239,14 @@ def pack_sources(
     start_time = time.perf_counter()
     partial = _prepare_output(dst, overwrite=overwrite, restart=restart)
     fingerprint = _fingerprint(sources, store, check)
-    mean_size = _mean_source_size(sources)
+    if mean_size is None:
+        mean_size = _mean_source_size(sources)
     expansion = _RAW_EXPANSION if store == "raw" else 1
     state = _open_partial(partial, fingerprint, int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP)
     if space_check:
         _check_free_space(partial, mean_size * expansion * (len(sources) - state.next_source))
 
-    run = _Run(sources, state, store, check, strict, commit_every, commit_bytes)
+    run = _Run(sources, state, store, check, strict, commit_every, commit_bytes, loader)
     try:
         with _keep_freed_memory():
             run.write_all(workers, mean_size * expansion, progress)
@@ -302,7 +310,7 @@ class _Partial:
             }
         )
 
-    def commit(self, batch: list[tuple[bytes, bytes]], extra: dict[bytes, bytes | None]) -> None:
+    def commit(self, batch: list[tuple[bytes, bytes | bytearray]], extra: dict[bytes, bytes | None]) -> None:
         """Append ``batch`` and put ``extra`` (None deletes) in one transaction.
 
         On MDB_MAP_FULL the transaction is aborted, the map doubled and the
@@ -364,8 +372,10 @@ class _Run:
         strict: bool,
         commit_every: int,
         commit_bytes: int,
+        loader: Callable[[int], Loaded | Skipped] | None,
     ) -> None:
         self.sources = sources
+        self.loader = loader
         self.state = state
         self.store = store
         self.check = check
@@ -373,7 +383,7 @@ class _Run:
         self.commit_every = commit_every
         self.commit_bytes = commit_bytes
         self.input_bytes = 0
-        self.batch: list[tuple[bytes, bytes]] = []
+        self.batch: list[tuple[bytes, bytes | bytearray]] = []
         self.batch_bytes = 0
         self.max_pixels = Image.MAX_IMAGE_PIXELS
 
@@ -392,6 +402,8 @@ class _Run:
     def _load(self, s: int) -> Loaded | Skipped:
         with self.state.gate:  # wait while the writer copies a batch into the map
             pass
+        if self.loader is not None:
+            return self.loader(s)
         return load_sample(
             self.sources.abspath(s),
             self.sources.labels[s],

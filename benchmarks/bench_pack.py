@@ -64,12 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         mb = result.input_bytes / 1e6
         cat_s, pack_s = statistics.median(cats), statistics.median(packs)
         print(f"tree: {tree} ({result.count:,} files, {mb:,.0f} MB), page cache warm, median of {args.repeat}")
-        print(
-            f"cat (find | xargs cat > /dev/null): {cat_s:6.2f} s  {result.count / cat_s:8,.0f} files/s  {mb / cat_s:6,.0f} MB/s"
-        )
-        print(
-            f"lmdbfolder pack:                    {pack_s:6.2f} s  {result.count / pack_s:8,.0f} files/s  {mb / pack_s:6,.0f} MB/s"
-        )
+        for name, secs in (("cat (find | xargs cat > /dev/null)", cat_s), ("lmdbfolder pack", pack_s)):
+            print(f"{name + ':':<36}{secs:6.2f} s  {result.count / secs:8,.0f} files/s  {mb / secs:6,.0f} MB/s")
         print(f"pack throughput / cat throughput:   {cat_s / pack_s:.2f}")
         print(f"verify: {'OK' if report.ok else 'FAILED'} ({report.checked:,} records)")
         print(f"all runs (s): cat {[round(x, 2) for x in cats]}  pack {[round(x, 2) for x in packs]}")

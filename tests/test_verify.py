@@ -93,3 +93,25 @@ def test_undecodable_image_needs_decode(small_tree: Path, tmp_path: Path, decode
         assert [(p.kind, p.index, p.path) for p in report.problems] == [("decode", 1, "class0/img1.jpg")]
     else:
         assert report.ok
+
+
+def test_verify_against_the_source(small_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    pack(small_tree, out, progress=False)
+    assert verify(out, against=small_tree, progress=False).ok
+    # same size, different bytes
+    target = small_tree / "class1" / "img2.jpg"
+    data = bytearray(target.read_bytes())
+    data[-3] ^= 0xFF
+    target.write_bytes(bytes(data))
+    (small_tree / "class2" / "extra.jpg").write_bytes((small_tree / "class0" / "img0.jpg").read_bytes())
+    report = verify(out, against=small_tree, progress=False)
+    kinds = {(p.kind, p.index, p.message.split(" ")[0]) for p in report.problems}
+    assert ("source", 6, "differs") in kinds
+    assert any(p.message.startswith("class2/extra.jpg is in the source but not in the pack") for p in report.problems)
+
+
+def test_verify_against_raw_pack_and_skips(small_tree: Path, tmp_path: Path) -> None:
+    (small_tree / "class0" / "empty.jpg").write_bytes(b"")
+    pack(small_tree, tmp_path / "raw", store="raw", progress=False)
+    assert verify(tmp_path / "raw", against=small_tree, progress=False).ok  # the skipped file is not "missing"

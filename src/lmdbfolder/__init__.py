@@ -22,7 +22,9 @@ from lmdbfolder.errors import (
     OutputExistsError,
     PackError,
     SourceError,
+    UnsafePickleError,
 )
+from lmdbfolder.legacy import import_legacy
 from lmdbfolder.reader import Reader, Record, pack_info
 from lmdbfolder.sources import IMG_EXTENSIONS, SourceList, scan
 from lmdbfolder.verify import Problem, VerifyReport, verify
@@ -44,8 +46,10 @@ __all__ = [
     "Record",
     "SourceError",
     "SourceList",
+    "UnsafePickleError",
     "VerifyReport",
     "__version__",
+    "import_legacy",
     "pack",
     "pack_info",
     "pack_sources",

@@ -169,10 +169,13 @@ def _run_info(args: argparse.Namespace) -> int:
         ("size on disk", _mb(info["size_on_disk"])),
         ("source", f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"),
         ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
+        ("skipped", f"{len(info['skipped']):,} source file(s)" + (" (listed below)" if info["skipped"] else "")),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key + ':':<{width + 2}}{value}")
+    for item in info["skipped"]:
+        print(f"  {item.get('path')}: {item.get('reason')}")
     return 0
 
 
@@ -181,6 +184,8 @@ def _add_verify(sub: Any) -> None:
     p = sub.add_parser("verify", help="check every record's checksum, the count and the keys")
     p.add_argument("pack", help="pack directory")
     p.add_argument("--decode", action="store_true", help="also decode every image")
+    p.add_argument("--against", metavar="SRC", help="compare with the source folder: same files, labels and bytes")
+    p.add_argument("--list", metavar="FILE", dest="list_file", help="with --against: the list file to compare with")
     p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=_run_verify)
@@ -189,19 +194,73 @@ def _add_verify(sub: Any) -> None:
 def _run_verify(args: argparse.Namespace) -> int:
     from lmdbfolder.verify import verify
 
-    report = verify(args.pack, decode=args.decode, progress=False if args.no_progress or args.json else None)
+    report = verify(
+        args.pack,
+        decode=args.decode,
+        against=args.against,
+        list_file=args.list_file,
+        progress=False if args.no_progress or args.json else None,
+    )
     if args.json:
         _print_json(report.as_dict())
     else:
         for problem in report.problems:
             print(problem, file=sys.stderr)
-        what = "checksums" + (" and decoding" if report.decoded else "")
+        what = (
+            "checksums"
+            + (", decoding" if report.decoded else "")
+            + (f", against {args.against}" if args.against else "")
+        )
         status = "OK" if report.ok else f"{len(report.problems)} problem(s) in {len(report.bad_indices)} record(s)"
         print(
             f"{report.path}: {report.checked:,} of {report.count:,} records checked ({what}), "
             f"{_mb(report.payload_bytes)} in {report.seconds:.1f} s: {status}"
         )
     return 0 if report.ok else EXIT_CODES["problems found"]
+
+
+# -- import -------------------------------------------------------------------
+def _add_import(sub: Any) -> None:
+    p = sub.add_parser(
+        "import",
+        help="convert an LMDB made by a blog recipe (pickled samples, BasicSR arrays) into a pack",
+        description="Convert OLD (folder2lmdb-style pickled (image_bytes, label) values with __len__/__keys__, "
+        "or BasicSR-style images with meta_info.txt/.pkl) into the new pack NEW. Pickles are read "
+        "with a restricted unpickler: nothing in OLD can run code.",
+    )
+    p.add_argument("old", help="the recipe's LMDB directory")
+    p.add_argument("new", help="pack directory to create")
+    p.add_argument(
+        "--channel-order",
+        choices=("bgr", "rgb"),
+        default="bgr",
+        help="channel order of raw arrays in OLD (default bgr, as OpenCV writes them); packs are RGB",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing pack at NEW")
+    p.add_argument("--restart", action="store_true", help="discard an unfinished import instead of resuming it")
+    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=_run_import)
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from lmdbfolder.legacy import import_legacy
+
+    result = import_legacy(
+        args.old,
+        args.new,
+        channel_order=args.channel_order,
+        overwrite=args.overwrite,
+        restart=args.restart,
+        progress=False if args.no_progress or args.json else None,
+    )
+    if args.json:
+        _print_json(result.as_dict())
+    else:
+        print(f"imported {result.count:,} samples ({result.store}) into {result.path} in {result.seconds:.1f} s")
+        for path, reason in result.skipped[:20]:
+            print(f"  skipped {path}: {reason}")
+    return 0
 
 
 # -- demo ---------------------------------------------------------------------
@@ -244,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lmdbfolder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_pack, _add_info, _add_verify, _add_demo):
+    for add in (_add_pack, _add_info, _add_verify, _add_import, _add_demo):
         add(sub)
     return parser
 

@@ -17,6 +17,7 @@ __all__ = [
     "CorruptRecordError",
     "SourceError",
     "ListFileError",
+    "UnsafePickleError",
     "OutputExistsError",
     "DecodeError",
     "PackError",
@@ -106,6 +107,16 @@ class ListFileError(SourceError):
         self.lineno = lineno
         self.line = line
         super().__init__(f"{path}:{lineno}", f"{why}: {line!r}")
+
+
+class UnsafePickleError(SourceError):
+    """A pickle (in a recipe LMDB being imported) asked for more than plain data."""
+
+    hint = (
+        "lmdbfolder reads only pickles of plain tuples/lists/dicts/str/bytes/numbers, so opening a file "
+        "never runs code from it; re-export the data without custom classes or numpy arrays, "
+        "or repack from the source images"
+    )
 
 
 class OutputExistsError(LmdbFolderError):

@@ -392,4 +392,5 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         "source": meta.get("source"),
         "created_by": meta.get("created_by"),
         "created_at": meta.get("created_at"),
+        "skipped": meta.get("skipped", []),
     }

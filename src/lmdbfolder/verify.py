@@ -12,11 +12,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lmdbfolder.codecs import decode_rgb
+from lmdbfolder.codecs import decode_rgb, raw_rgb
 from lmdbfolder.errors import CorruptRecordError
 from lmdbfolder.format import LABELS_KEY, META_KEY, NO_LABEL, PATHS_KEY, RESERVED_PREFIX, decode_key, decode_record
 from lmdbfolder.progress import Progress
 from lmdbfolder.reader import Reader
+from lmdbfolder.sources import scan
 
 __all__ = ["Problem", "VerifyReport", "verify", "KNOWN_RESERVED_KEYS"]
 
@@ -67,14 +68,25 @@ class VerifyReport:
         return out
 
 
-def verify(path: str | os.PathLike[str], *, decode: bool = False, progress: bool | None = None) -> VerifyReport:
+def verify(
+    path: str | os.PathLike[str],
+    *,
+    decode: bool = False,
+    against: str | os.PathLike[str] | None = None,
+    list_file: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+) -> VerifyReport:
     """Check every record of the pack at ``path``.
 
     Checks: the manifest parses and its version is supported; the keys are
     exactly ``0..count-1`` plus the known reserved keys; every record header
     is well formed, its payload length and CRC-32 match, and its label agrees
     with the label table and the class list. With ``decode=True`` every image
-    is also decoded (as ImageFolder would load it).
+    is also decoded (as ImageFolder would load it). With ``against=SRC`` the
+    source folder is scanned again (same layout; ``list_file`` overrides the
+    recorded list file) and the pack must hold the same files (minus those
+    the pack skipped), with the same labels and the same bytes (for raw
+    packs: the same decoded pixels).
 
     Returns:
         A VerifyReport; ``report.ok`` is False if anything is wrong.
@@ -88,14 +100,53 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, progress: bool
     reader = Reader(path, readahead=True)
     report = VerifyReport(reader.path, len(reader), decoded=decode)
     try:
-        _check_records(reader, report, decode, progress)
+        sources = None
+        if against is not None:
+            sources = _source_files(reader, report, os.fspath(against), list_file)
+        _check_records(reader, report, decode, progress, sources)
     finally:
         reader.close()
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _check_records(reader: Reader, report: VerifyReport, decode: bool, progress: bool | None) -> None:
+def _source_files(
+    reader: Reader, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None
+) -> dict[str, tuple[str, int]] | None:
+    """Relative path -> (file, label) of the source, compared as a list with the pack's paths."""
+    recorded = reader.meta.get("source") or {}
+    layout = recorded.get("layout")
+    if layout not in ("imagefolder", "flat", "list"):
+        report.problems.append(
+            Problem("source", f"cannot compare with a source folder: the pack's layout is {layout!r}")
+        )
+        return None
+    listing = os.fspath(list_file) if list_file is not None else recorded.get("list_file")
+    sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True)
+    skipped = {item.get("path") for item in reader.meta.get("skipped", []) if isinstance(item, dict)}
+    expected = [p for p in sources.relpaths if p not in skipped]
+    packed = reader.paths()
+    if expected != packed:
+        in_pack = set(packed)
+        in_source = set(expected)
+        for p in expected:
+            if p not in in_pack:
+                report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
+        for i, p in enumerate(packed):
+            if p not in in_source:
+                report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
+        if in_pack == in_source:
+            report.problems.append(Problem("source", "the pack holds the source's files in a different order"))
+    return {p: (sources.abspath(i), sources.labels[i]) for i, p in enumerate(sources.relpaths)}
+
+
+def _check_records(
+    reader: Reader,
+    report: VerifyReport,
+    decode: bool,
+    progress: bool | None,
+    sources: dict[str, tuple[str, int]] | None = None,
+) -> None:
     count = len(reader)
     labels = reader.labels
     n_classes = len(reader.classes)
@@ -124,6 +175,8 @@ def _check_records(reader: Reader, report: VerifyReport, decode: bool, progress:
             report.payload_bytes += len(value)
             bar.update(1, len(value))
             _check_one(report, index, value, paths[index], labels[index], n_classes, decode)
+            if sources is not None and paths[index] in sources:
+                _check_source(report, index, value, paths[index], *sources[paths[index]], reader.store)
         for missing in range(expected, count):
             report.problems.append(Problem("missing", "record is missing", missing, paths[missing]))
 
@@ -150,3 +203,33 @@ def _check_one(
             decode_rgb(payload, header.encoding, header.width, header.height).load()
         except Exception as exc:  # Pillow raises many exception types for bad data
             report.problems.append(Problem("decode", f"{type(exc).__name__}: {exc}", index, path))
+
+
+def _check_source(
+    report: VerifyReport, index: int, value: memoryview, path: str, source: str, label: int, store: str
+) -> None:
+    try:
+        header, payload = decode_record(value, index=index)
+    except CorruptRecordError:
+        return  # already reported by _check_one
+    if header.label != label:
+        report.problems.append(
+            Problem("source", f"label {header.label} differs from the source's {label}", index, path)
+        )
+    try:
+        with open(source, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        report.problems.append(Problem("source", f"cannot read the source file {source}: {exc.strerror}", index, path))
+        return
+    if store == "raw":
+        try:
+            pixels, width, height = raw_rgb(data)
+        except Exception as exc:  # Pillow raises many exception types for bad data
+            report.problems.append(Problem("source", f"the source file no longer decodes: {exc}", index, path))
+            return
+        same = (width, height) == (header.width, header.height) and pixels == payload
+    else:
+        same = data == payload
+    if not same:
+        report.problems.append(Problem("source", f"differs from the source file {source}", index, path))

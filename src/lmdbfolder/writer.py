@@ -47,6 +47,7 @@ from lmdbfolder.format import (
     PARTIAL_SUFFIX,
     PATHS_KEY,
     PROGRESS_KEY,
+    decode_meta,
     decode_progress,
     encode_key,
     encode_labels,
@@ -242,15 +243,16 @@ def pack_sources(
     if mean_size is None:
         mean_size = _mean_source_size(sources)
     expansion = _RAW_EXPANSION if store == "raw" else 1
-    state = _open_partial(partial, fingerprint, int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP)
-    if space_check:
-        _check_free_space(partial, mean_size * expansion * (len(sources) - state.next_source))
-
+    map_size = int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP
+    state = _open_partial(partial, fingerprint, map_size, sources.relpaths)
     run = _Run(sources, state, store, check, strict, commit_every, commit_bytes, loader)
     try:
-        with _keep_freed_memory():
-            run.write_all(workers, mean_size * expansion, progress)
-            run.finish()
+        if not state.finished:  # else: written before, stopped before it was published
+            if space_check:
+                _check_free_space(partial, mean_size * expansion * (len(sources) - state.next_source))
+            with _keep_freed_memory():
+                run.write_all(workers, mean_size * expansion, progress)
+                run.finish()
     finally:
         state.close()
     compacted = _compact_if_needed(partial, force=state.resumed_from > 0 or state.grew)
@@ -296,6 +298,7 @@ class _Partial:
         self.payload_bytes: int = progress.get("payload_bytes", 0)
         self.grew: bool = bool(progress.get("grew", False))
         self.resumed_from = self.next_source
+        self.finished: bool = bool(progress.get("finished", False))
 
     def checkpoint(self) -> bytes:
         return encode_progress(
@@ -489,6 +492,7 @@ class _Run:
             "payload_bytes": state.payload_bytes,
             "checksum": "crc32",
             "source": sources.describe(),
+            "fingerprint": state.fingerprint,
             "skipped": [{"path": sources.relpaths[s], "reason": r} for s, r in state.skipped],
             "created_by": f"lmdbfolder {__version__}",
             "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -667,7 +671,7 @@ def _open_env(partial: str, map_size: int) -> lmdb.Environment:
         ) from None
 
 
-def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int) -> _Partial:
+def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int, relpaths: list[str]) -> _Partial:
     """Open ``<dst>.partial``; resume its checkpoint if it has one that matches."""
     env = _open_env(partial, map_size)
     try:
@@ -681,7 +685,9 @@ def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int) -> _
         env.close()
         raise
     if blob is None:
-        if has_meta or has_records:
+        if has_meta:
+            return _finished_partial(partial, env, fingerprint, relpaths)
+        if has_records:
             env.close()
             raise OutputExistsError(
                 partial, "holds records but no checkpoint to resume from", "pass --restart to start over"
@@ -696,6 +702,34 @@ def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int) -> _
             + _describe_change(progress.get("fingerprint") or {}, fingerprint),
             "rerun with the original sources and options to resume it, or pass --restart to start over",
         )
+    return _Partial(partial, env, fingerprint, progress)
+
+
+def _finished_partial(
+    partial: str, env: lmdb.Environment, fingerprint: dict[str, Any], relpaths: list[str]
+) -> _Partial:
+    """A partial pack whose last transaction (the manifest) committed, but which
+    was not published (for example the disk filled up while compacting it)."""
+    with env.begin() as txn:
+        meta = decode_meta(txn.get(META_KEY), where=partial)
+    if meta.get("fingerprint") != fingerprint:
+        env.close()
+        raise OutputExistsError(
+            partial,
+            "holds a finished but unpublished pack of different sources or options: "
+            + _describe_change(meta.get("fingerprint") or {}, fingerprint),
+            "pass --restart to start over",
+        )
+    position = {p: i for i, p in enumerate(relpaths)}  # same sources: the fingerprint matched
+    progress = {
+        "next_source": len(relpaths),
+        "next_index": meta["count"],
+        "skipped": [[position[item["path"]], item.get("reason", "")] for item in meta.get("skipped", [])],
+        "encodings": meta.get("encodings", {}),
+        "payload_bytes": meta.get("payload_bytes", 0),
+        "grew": True,  # compact it on the way out, whatever happened before
+        "finished": True,
+    }
     return _Partial(partial, env, fingerprint, progress)
 
 
@@ -718,9 +752,11 @@ def _compact_if_needed(partial: str, *, force: bool) -> bool:
         os.mkdir(tmp)
         try:
             env.copy(tmp, compact=True)
-        except lmdb.Error as exc:
+        except lmdb.Error:
+            # No room for the compacted copy (it needs as much space as the
+            # pack): publish the pack as it is; it is complete, just not dense.
             shutil.rmtree(tmp, ignore_errors=True)
-            raise _write_error(partial, exc) from exc
+            return False
     finally:
         env.close()
     _fsync_path(os.path.join(tmp, DATA_FILE))
@@ -772,9 +808,17 @@ _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 def _write_error(path: str, exc: lmdb.Error) -> PackError:
     text = str(exc)
     code = getattr(exc, "errno", None)
-    if code in _DISK_FULL or "No space left" in text or "File too large" in text or "quota" in text.lower():
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        free = -1
+    full = code in _DISK_FULL or any(w in text for w in ("No space left", "File too large", "Disk quota"))
+    if full or "Input/output error" in text:
+        # LMDB reports a short write (what a filling disk produces) as EIO.
+        what = "the disk is full" if full else "a write failed (a full or failing disk)"
         return PackError(
-            f"the disk holding {path} is full ({text}); everything committed so far is kept",
+            f"cannot write {path}: {what} ({text}; {max(free, 0) / 1e9:,.2f} GB free); "
+            "everything committed so far is kept",
             "free some space and run the same command again: it resumes where it stopped",
         )
     return PackError(

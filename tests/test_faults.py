@@ -1,0 +1,84 @@
+"""Fault injection: kill a real `lmdbfolder pack` with SIGKILL at random moments.
+
+Every kill must leave a partial pack that the same command resumes, and the
+pack that finally appears must equal an uninterrupted pack of the same tree.
+The default run tries a few kills; `--run-slow` (make test-all) runs a soak.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import image_bytes, write
+from lmdbfolder.verify import verify
+from test_robust import pack_contents
+
+
+def _tree(root: Path, n: int) -> Path:
+    rng = np.random.default_rng(11)
+    for i in range(n):
+        data, ext = image_bytes("rgb_jpeg" if i % 7 else "palette_png", rng, w=32 + i % 9, h=24 + i % 5)
+        write(root / f"class{i % 5}" / f"img{i:04d}{ext}", data)
+    write(root / "class1" / "zero.jpg", b"")  # a skip, to check skips survive kills too
+    return root
+
+
+def _cmd(src: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "lmdbfolder", "pack", str(src), str(out), "--commit-every", "3", "--no-progress"]
+
+
+def kill_and_resume(src: Path, out: Path, kills: int, full_run: float, seed: int) -> dict:
+    """Start the pack and SIGKILL it at a random moment of a full run's duration,
+    `kills` times (or until a run finishes first), then let it finish."""
+    rng = random.Random(seed)
+    stats = {"tried": 0, "landed": 0}
+    while stats["tried"] < kills:
+        proc = subprocess.Popen(_cmd(src, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.05, 0.7) * full_run)
+        stats["tried"] += 1
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate()
+        if proc.returncode == -signal.SIGKILL:
+            stats["landed"] += 1  # killed mid-run
+            continue
+        assert proc.returncode == 0, err.decode()
+        return stats  # it finished before the kill: nothing left to do
+    proc = subprocess.run(_cmd(src, out), capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return stats
+
+
+def _check(tmp_path: Path, kills: int, n: int, seed: int) -> dict:
+    src = _tree(tmp_path / "src", n)
+    start = time.perf_counter()
+    subprocess.run(_cmd(src, tmp_path / "ref"), check=True, capture_output=True, timeout=300)
+    full_run = time.perf_counter() - start
+    stats = kill_and_resume(src, tmp_path / "out", kills, full_run, seed)
+    assert (tmp_path / "out").is_dir() and not (tmp_path / "out.partial").exists()
+    assert verify(tmp_path / "out", progress=False).ok
+    assert pack_contents(tmp_path / "out") == pack_contents(tmp_path / "ref")
+    print(
+        f"\nSIGKILLs sent {stats['tried']}, landed mid-pack {stats['landed']}, all resumed; result equals the reference"
+    )
+    return stats
+
+
+def test_sigkill_at_random_points_then_resume(tmp_path: Path) -> None:
+    stats = _check(tmp_path, kills=6, n=1500, seed=int(os.environ.get("LMDBFOLDER_FAULT_SEED", "1")))
+    assert stats["landed"] >= 3
+
+
+@pytest.mark.slow
+def test_sigkill_soak(tmp_path: Path) -> None:
+    kills = int(os.environ.get("LMDBFOLDER_SOAK_KILLS", "100"))
+    stats = _check(tmp_path, kills=kills, n=20000, seed=int(os.environ.get("LMDBFOLDER_FAULT_SEED", "2")))
+    assert stats["landed"] >= kills // 2

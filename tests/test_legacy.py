@@ -1,0 +1,145 @@
+"""lmdbfolder import: recipe LMDBs converted, and pickles that would run code refused."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import image_bytes
+from lmdbfolder.cli import EXIT_CODES, main
+from lmdbfolder.errors import SourceError, UnsafePickleError
+from lmdbfolder.legacy import RestrictedUnpickler, detect_legacy, import_legacy, safe_loads
+from lmdbfolder.reader import Reader
+from lmdbfolder.verify import verify
+
+
+def _write_lmdb(path: Path, items: dict[bytes, bytes]) -> None:
+    env = lmdb.open(str(path), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for k, v in items.items():
+            txn.put(k, v)
+    env.close()
+
+
+def folder2lmdb(path: Path, n: int, *, with_keys: bool) -> list[tuple[bytes, int]]:
+    """The Efficient-PyTorch recipe, pyarrow swapped for pickle (its most common fork)."""
+    rng = np.random.default_rng(0)
+    samples = [(image_bytes("rgb_jpeg", rng, w=20 + i)[0], i % 3) for i in range(n)]
+    items = {str(i).encode(): pickle.dumps(s) for i, s in enumerate(samples)}
+    items[b"__len__"] = pickle.dumps(n)
+    if with_keys:
+        items[b"__keys__"] = pickle.dumps([str(i).encode() for i in range(n)])
+    _write_lmdb(path, items)
+    return samples
+
+
+@pytest.mark.parametrize("with_keys", [True, False])
+def test_import_pickled_recipe(tmp_path: Path, with_keys: bool) -> None:
+    samples = folder2lmdb(tmp_path / "old", 12, with_keys=with_keys)  # 12 keys: "10" sorts before "2"
+    result = import_legacy(tmp_path / "old", tmp_path / "new", progress=False)
+    assert result.count == 12
+    with Reader(tmp_path / "new") as r:
+        assert [bytes(rec.payload) for rec in r] == [s[0] for s in samples]
+        assert list(r.labels) == [s[1] for s in samples]
+        assert r.classes == ["0", "1", "2"]
+        assert r.paths() == [str(i) for i in range(12)]
+    assert verify(tmp_path / "new", decode=True, progress=False).ok
+
+
+def test_malicious_pickle_does_not_run(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    payload = pickle.dumps((Exploit(), 1))
+    with pytest.raises(UnsafePickleError, match=r"posix.system|os.system"):
+        safe_loads(payload, where="x")
+    assert not marker.exists()
+    _write_lmdb(tmp_path / "old", {b"0": payload, b"__len__": pickle.dumps(1)})
+    with pytest.raises(UnsafePickleError) as info:
+        import_legacy(tmp_path / "old", tmp_path / "new", progress=False)
+    assert "key 0" in str(info.value) and "could run code" in str(info.value) and info.value.hint
+    assert not marker.exists()
+    assert main(["import", str(tmp_path / "old"), str(tmp_path / "new2")]) == EXIT_CODES["source error"]
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [np.zeros(3), Image.new("RGB", (1, 1)), {1, 2}],
+)
+def test_restricted_unpickler_refuses_non_plain_objects(obj) -> None:
+    with pytest.raises(UnsafePickleError):
+        safe_loads(pickle.dumps(obj), where="x")
+
+
+def test_restricted_unpickler_reads_plain_data() -> None:
+    data = {"a": [1, 2.5, None, True], "b": (b"x", "y")}
+    assert safe_loads(pickle.dumps(data), where="x") == data
+    assert RestrictedUnpickler.find_class is not pickle.Unpickler.find_class
+
+
+def test_pyarrow_values_are_reported(tmp_path: Path) -> None:
+    _write_lmdb(tmp_path / "old", {b"0": b"ARROW1\x00\x00garbage", b"__len__": b"1"})
+    with pytest.raises(SourceError, match="not a pickle"):
+        import_legacy(tmp_path / "old", tmp_path / "new", progress=False)
+
+
+def _basicsr(path: Path, *, meta: str, encoded: bool) -> list[np.ndarray]:
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(0, 256, (5 + i, 7, 3), dtype=np.uint8) for i in range(4)]  # BGR, as cv2 reads
+    names = [f"img_{i:03d}.png" for i in range(4)]
+    items = {}
+    for name, bgr in zip(names, arrays):
+        key = os.path.splitext(name)[0].encode()
+        if encoded:
+            out = __import__("io").BytesIO()
+            Image.fromarray(bgr[:, :, ::-1]).save(out, "PNG")
+            items[key] = out.getvalue()
+        else:
+            items[key] = bgr.tobytes()
+    _write_lmdb(path, items)
+    if meta == "txt":
+        lines = [f"{n} ({a.shape[0]},{a.shape[1]},{a.shape[2]}) 1" for n, a in zip(names, arrays)]
+        (path / "meta_info.txt").write_text("\n".join(lines) + "\n")
+    else:
+        resolution = [f"{a.shape[2]}_{a.shape[0]}_{a.shape[1]}" for a in arrays]
+        (path / "meta_info.pkl").write_bytes(pickle.dumps({"keys": names, "resolution": resolution}))
+    return arrays
+
+
+@pytest.mark.parametrize("meta", ["txt", "pkl"])
+def test_import_basicsr_raw_arrays_bgr_to_rgb(tmp_path: Path, meta: str) -> None:
+    arrays = _basicsr(tmp_path / "old", meta=meta, encoded=False)
+    assert detect_legacy(str(tmp_path / "old")).kind == "basicsr"
+    result = import_legacy(tmp_path / "old", tmp_path / "new", progress=False)
+    assert result.store == "raw" and result.count == 4
+    with Reader(tmp_path / "new") as r:
+        for i, bgr in enumerate(arrays):
+            assert np.array_equal(np.asarray(r.image(i)), bgr[:, :, ::-1])
+        assert r.paths()[0] == "img_000.png" and set(r.labels) == {-1}
+    import_legacy(tmp_path / "old", tmp_path / "rgb", channel_order="rgb", progress=False)
+    with Reader(tmp_path / "rgb") as r:
+        assert np.array_equal(np.asarray(r.image(0)), arrays[0])
+
+
+def test_import_basicsr_encoded_values(tmp_path: Path) -> None:
+    arrays = _basicsr(tmp_path / "old", meta="txt", encoded=True)
+    assert main(["import", str(tmp_path / "old"), str(tmp_path / "new"), "--no-progress"]) == 0
+    with Reader(tmp_path / "new") as r:
+        assert r.store == "encoded" and r.get(0).encoding == "png"
+        assert np.array_equal(np.asarray(r.image(3)), arrays[3][:, :, ::-1])
+
+
+def test_unrecognised_lmdb(tmp_path: Path) -> None:
+    _write_lmdb(tmp_path / "old", {b"alpha": b"1", b"beta": b"2"})
+    with pytest.raises(SourceError, match="not a recognised recipe LMDB"):
+        import_legacy(tmp_path / "old", tmp_path / "new", progress=False)

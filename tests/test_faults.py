@@ -41,7 +41,9 @@ def kill_and_resume(src: Path, out: Path, kills: int, full_run: float, seed: int
     `kills` times (or until a run finishes first), then let it finish."""
     rng = random.Random(seed)
     stats = {"tried": 0, "landed": 0}
-    while stats["tried"] < kills:
+    # Keep going until `kills` kills landed mid-pack (a busy machine can make a
+    # kill come too early or too late), within a bound.
+    while stats["landed"] < kills and stats["tried"] < 3 * kills:
         proc = subprocess.Popen(_cmd(src, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(rng.uniform(0.05, 0.7) * full_run)
         stats["tried"] += 1
@@ -73,7 +75,7 @@ def _check(tmp_path: Path, kills: int, n: int, seed: int) -> dict:
 
 
 def test_sigkill_at_random_points_then_resume(tmp_path: Path) -> None:
-    stats = _check(tmp_path, kills=6, n=1500, seed=int(os.environ.get("LMDBFOLDER_FAULT_SEED", "1")))
+    stats = _check(tmp_path, kills=5, n=1500, seed=int(os.environ.get("LMDBFOLDER_FAULT_SEED", "1")))
     assert stats["landed"] >= 3
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 
 import pytest
 from hypothesis import given
@@ -21,9 +22,9 @@ GOLDEN_RECORD = bytes.fromhex(
     "0000"  # reserved
     "02000000"  # width 2
     "03000000"  # height 3
-    "07000000"  # label 7
-    "c2412435"  # crc32(b"abc") = 0x352441c2
     "0300000000000000"  # payload length 3
+    "07000000"  # label 7
+    "5a5d6b3a"  # crc32 of the 28 header bytes before it, then of the payload = 0x3a6b5d5a
     "616263"  # payload
 )
 
@@ -49,7 +50,8 @@ def test_header_is_32_bytes_little_endian() -> None:
 def test_golden_record() -> None:
     assert fmt.encode_record(b"abc", label=7, encoding="jpeg", width=2, height=3, channels=3) == GOLDEN_RECORD
     header, payload = fmt.decode_record(GOLDEN_RECORD, verify=True)
-    assert header == fmt.RecordHeader("jpeg", 3, 2, 3, 7, 0x352441C2, 3)
+    assert header == fmt.RecordHeader("jpeg", 3, 2, 3, 7, 0x3A6B5D5A, 3)
+    assert zlib.crc32(b"abc", zlib.crc32(GOLDEN_RECORD[:28])) == 0x3A6B5D5A
     assert bytes(payload) == b"abc"
 
 
@@ -100,6 +102,9 @@ def test_paths_keep_undecodable_file_names() -> None:
         (lambda b: b[:5] + b"\x01" + b[6:], "reserved header bits"),
         (lambda b: b + b"d", "payload is 4 bytes but the header says 3"),
         (lambda b: b[:-1] + b"x", "CRC-32"),
+        (lambda b: b[:8] + b"\x09" + b[9:], "CRC-32"),  # the width: headers are covered too
+        (lambda b: b[:3] + b"\x02" + b[4:], "CRC-32"),  # another valid encoding id
+        (lambda b: b[:24] + b"\x08" + b[25:], "CRC-32"),  # the label
     ],
 )
 def test_decode_record_rejects(mutate, message) -> None:

@@ -99,7 +99,7 @@ def test_corrupt_record_names_index_and_path(small_pack: Path) -> None:
     with Reader(small_pack) as r:
         r.get(4)  # checksums are not checked by default
     with Reader(small_pack, verify_checksums=True) as r:
-        with pytest.raises(CorruptRecordError, match=r"record 4 \(class1/img0.jpg\) in .* is corrupt: payload CRC-32"):
+        with pytest.raises(CorruptRecordError, match=r"record 4 \(class1/img0.jpg\) in .* is corrupt: record CRC-32"):
             r.get(4)
         r.get(5)
 

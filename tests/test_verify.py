@@ -8,7 +8,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from lmdbfolder.format import KEY, LABELS_KEY, encode_labels, encode_record
+from lmdbfolder.format import KEY, LABELS_KEY, decode_record, encode_labels, encode_record
 from lmdbfolder.verify import verify
 from lmdbfolder.writer import pack
 
@@ -19,6 +19,19 @@ def _edit(pack_dir: Path, edit) -> None:
         edit(txn)
     env.close()
     (pack_dir / "lock.mdb").unlink()
+
+
+def relabel(value: bytes, label: int) -> bytes:
+    """A well-formed record (valid CRC) with another label."""
+    header, payload = decode_record(value)
+    return encode_record(
+        payload,
+        label=label,
+        encoding=header.encoding,
+        width=header.width,
+        height=header.height,
+        channels=header.channels,
+    )
 
 
 def test_clean_pack_verifies(small_pack: Path) -> None:
@@ -53,9 +66,7 @@ def test_missing_extra_and_mislabelled_records(small_pack: Path) -> None:
         txn.delete(KEY.pack(3))
         txn.put(KEY.pack(40), encode_record(b"x", label=0, encoding="other"))
         txn.put(b"__surprise__", b"1")
-        value = bytearray(txn.get(KEY.pack(5)))
-        value[16:20] = (2).to_bytes(4, "little")  # header label, no longer matching the table
-        txn.put(KEY.pack(5), bytes(value))
+        txn.put(KEY.pack(5), relabel(txn.get(KEY.pack(5)), 2))  # no longer matching the label table
         txn.put(KEY.pack(6), b"short")
 
     _edit(small_pack, damage)
@@ -71,9 +82,7 @@ def test_missing_extra_and_mislabelled_records(small_pack: Path) -> None:
 
 def test_label_out_of_class_range(small_pack: Path) -> None:
     def damage(txn) -> None:
-        value = bytearray(txn.get(KEY.pack(0)))
-        value[16:20] = (9).to_bytes(4, "little")
-        txn.put(KEY.pack(0), bytes(value))
+        txn.put(KEY.pack(0), relabel(txn.get(KEY.pack(0)), 9))
         labels = [9] + [0] * 3 + [1] * 4 + [2] * 4
         txn.put(LABELS_KEY, encode_labels(labels))
 

@@ -68,8 +68,11 @@ RECORD_MAGIC = b"LF"
 
 #: Record header, little-endian, 32 bytes, naturally aligned:
 #: magic, record version, encoding id, channels, flags, reserved,
-#: width, height, label, crc32 of the payload, payload length.
-RECORD_HEADER = struct.Struct("<2sBBBBHIIiIQ")
+#: width, height, payload length, label, crc32. The CRC-32 covers the 28
+#: header bytes before it and then the payload, so no bit of a record can
+#: change unnoticed.
+RECORD_HEADER = struct.Struct("<2sBBBBHIIQiI")
+_CRC_OFFSET = 28
 
 #: Sample keys: the index as 8 bytes big-endian, so byte order == numeric order
 #: and the writer can append.
@@ -140,9 +143,9 @@ def decode_key(key: bytes | memoryview) -> int:
     return KEY.unpack(key)[0]
 
 
-def checksum(payload: bytes | memoryview) -> int:
-    """CRC-32 (zlib, ISO-HDLC polynomial) of ``payload``, as stored in headers."""
-    return zlib.crc32(payload) & 0xFFFFFFFF
+def checksum(payload: bytes | memoryview, start: int = 0) -> int:
+    """CRC-32 (zlib, ISO-HDLC polynomial) of ``payload``, continuing from ``start``."""
+    return zlib.crc32(payload, start) & 0xFFFFFFFF
 
 
 def _check_header_args(label: int, encoding: str, width: int, height: int, channels: int) -> None:
@@ -152,6 +155,30 @@ def _check_header_args(label: int, encoding: str, width: int, height: int, chann
         raise ValueError(f"label {label} does not fit in a signed 32-bit integer")
     if not (0 <= width < 1 << 32 and 0 <= height < 1 << 32 and 0 <= channels < 256):
         raise ValueError(f"bad image shape {width}x{height}x{channels}")
+
+
+def _pack_header(
+    buf: bytearray, payload: bytes | memoryview, label: int, encoding: str, width: int, height: int, channels: int
+) -> None:
+    """Write the header into ``buf[:32]``, CRC last (it covers the header and the payload)."""
+    _check_header_args(label, encoding, width, height, channels)
+    RECORD_HEADER.pack_into(
+        buf,
+        0,
+        RECORD_MAGIC,
+        RECORD_VERSION,
+        ENCODING_IDS[encoding],
+        channels,
+        0,
+        0,
+        width,
+        height,
+        len(payload),
+        label,
+        0,
+    )
+    crc = checksum(payload, checksum(memoryview(buf)[:_CRC_OFFSET]))
+    struct.pack_into("<I", buf, _CRC_OFFSET, crc)
 
 
 def encode_record(
@@ -169,20 +196,8 @@ def encode_record(
     copied once, because an LMDB value must be one contiguous buffer; see
     ``encode_header_into`` to avoid that copy.
     """
-    _check_header_args(label, encoding, width, height, channels)
-    header = RECORD_HEADER.pack(
-        RECORD_MAGIC,
-        RECORD_VERSION,
-        ENCODING_IDS[encoding],
-        channels,
-        0,
-        0,
-        width,
-        height,
-        label,
-        checksum(payload),
-        len(payload),
-    )
+    header = bytearray(RECORD_HEADER.size)
+    _pack_header(header, payload, label, encoding, width, height, channels)
     return b"".join((header, payload))
 
 
@@ -200,24 +215,11 @@ def encode_header_into(
     The writer reads each file straight into such a buffer, so the payload is
     never copied on its way to LMDB. Returns ``value``.
     """
-    _check_header_args(label, encoding, width, height, channels)
     payload = memoryview(value)[RECORD_HEADER.size :]
-    RECORD_HEADER.pack_into(
-        value,
-        0,
-        RECORD_MAGIC,
-        RECORD_VERSION,
-        ENCODING_IDS[encoding],
-        channels,
-        0,
-        0,
-        width,
-        height,
-        label,
-        checksum(payload),
-        len(payload),
-    )
-    payload.release()
+    try:
+        _pack_header(value, payload, label, encoding, width, height, channels)
+    finally:
+        payload.release()
     return value
 
 
@@ -228,15 +230,15 @@ def decode_record(
 
     Raises CorruptRecordError (naming ``index``) for a value that is too short,
     has the wrong magic, an unknown record version, encoding or flags, a
-    length that disagrees with the header, or (with ``verify=True``) a payload
-    whose CRC-32 does not match.
+    length that disagrees with the header, or (with ``verify=True``) a CRC-32
+    (over header and payload) that does not match.
     """
     view = value if isinstance(value, memoryview) else memoryview(value)
     if len(view) < RECORD_HEADER.size:
         raise CorruptRecordError(
             index, f"value is {len(view)} bytes, shorter than the {RECORD_HEADER.size}-byte header"
         )
-    (magic, version, enc_id, channels, flags, reserved, width, height, label, crc, length) = RECORD_HEADER.unpack_from(
+    (magic, version, enc_id, channels, flags, reserved, width, height, length, label, crc) = RECORD_HEADER.unpack_from(
         view
     )
     if magic != RECORD_MAGIC:
@@ -251,8 +253,10 @@ def decode_record(
     payload = view[RECORD_HEADER.size :]
     if len(payload) != length:
         raise CorruptRecordError(index, f"payload is {len(payload)} bytes but the header says {length}")
-    if verify and checksum(payload) != crc:
-        raise CorruptRecordError(index, f"payload CRC-32 is {checksum(payload):08x}, header says {crc:08x}")
+    if verify:
+        actual = checksum(payload, checksum(view[:_CRC_OFFSET]))
+        if actual != crc:
+            raise CorruptRecordError(index, f"record CRC-32 is {actual:08x}, header says {crc:08x}")
     header = RecordHeader(encoding, channels, width, height, label, crc, length)
     return header, payload
 

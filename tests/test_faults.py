@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,18 +61,31 @@ def kill_and_resume(src: Path, out: Path, kills: int, full_run: float, seed: int
 
 
 def _check(tmp_path: Path, kills: int, n: int, seed: int) -> dict:
+    """Pack the tree again and again, killing each run at random moments, until
+    `kills` kills have landed mid-pack; every finished pack must equal the reference."""
     src = _tree(tmp_path / "src", n)
     start = time.perf_counter()
     subprocess.run(_cmd(src, tmp_path / "ref"), check=True, capture_output=True, timeout=300)
     full_run = time.perf_counter() - start
-    stats = kill_and_resume(src, tmp_path / "out", kills, full_run, seed)
-    assert (tmp_path / "out").is_dir() and not (tmp_path / "out.partial").exists()
-    assert verify(tmp_path / "out", progress=False).ok
-    assert pack_contents(tmp_path / "out") == pack_contents(tmp_path / "ref")
+    reference = pack_contents(tmp_path / "ref")
+    total = {"tried": 0, "landed": 0, "packs": 0}
+    while total["landed"] < kills:
+        out = tmp_path / f"out{total['packs']}"
+        stats = kill_and_resume(src, out, kills - total["landed"], full_run, seed + total["packs"])
+        assert out.is_dir() and not Path(f"{out}.partial").exists()
+        assert verify(out, progress=False).ok
+        assert pack_contents(out) == reference
+        total["tried"] += stats["tried"]
+        total["landed"] += stats["landed"]
+        total["packs"] += 1
+        shutil.rmtree(out)
+        if stats["landed"] == 0 and total["packs"] > 3:
+            break  # the machine is too fast or too slow for the kill timing: report what happened
     print(
-        f"\nSIGKILLs sent {stats['tried']}, landed mid-pack {stats['landed']}, all resumed; result equals the reference"
+        f"\nSIGKILLs sent {total['tried']}, landed mid-pack {total['landed']}, over {total['packs']} packs: "
+        "every one resumed, every pack equals the uninterrupted reference"
     )
-    return stats
+    return total
 
 
 def test_sigkill_at_random_points_then_resume(tmp_path: Path) -> None:
@@ -82,5 +96,5 @@ def test_sigkill_at_random_points_then_resume(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_sigkill_soak(tmp_path: Path) -> None:
     kills = int(os.environ.get("LMDBFOLDER_SOAK_KILLS", "100"))
-    stats = _check(tmp_path, kills=kills, n=20000, seed=int(os.environ.get("LMDBFOLDER_FAULT_SEED", "2")))
-    assert stats["landed"] >= kills // 2
+    stats = _check(tmp_path, kills=kills, n=3000, seed=int(os.environ.get("LMDBFOLDER_FAULT_SEED", "2")))
+    assert stats["landed"] >= kills

@@ -1,0 +1,47 @@
+"""Compare LMDBFolder with torchvision's ImageFolder on every sample of a tree.
+
+Usage:
+    python benchmarks/check_identical.py TREE PACK
+
+Checks classes, class_to_idx, targets, the sample paths, and that every image
+is pixel-identical (same mode, size and bytes). Exit code 1 on any difference.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from torchvision.datasets import ImageFolder
+
+from lmdbfolder.torch import LMDBFolder
+
+
+def main(argv: list[str] | None = None) -> int:
+    tree, packed = (argv if argv is not None else sys.argv[1:])[:2]
+    start = time.perf_counter()
+    theirs = ImageFolder(tree)
+    ours = LMDBFolder(packed)
+    problems = []
+    if ours.classes != theirs.classes or ours.class_to_idx != theirs.class_to_idx:
+        problems.append("classes differ")
+    if ours.targets != theirs.targets:
+        problems.append("targets differ")
+    if [os.path.join(tree, p) for p, _ in ours.samples] != [p for p, _ in theirs.samples]:
+        problems.append("sample paths differ")
+    for i in range(len(theirs)):
+        a, ta = ours[i]
+        b, tb = theirs[i]
+        if ta != tb or a.mode != b.mode or a.size != b.size or a.tobytes() != b.tobytes():
+            problems.append(f"sample {i} ({theirs.samples[i][0]}) differs")
+    seconds = time.perf_counter() - start
+    status = "identical" if not problems else f"{len(problems)} difference(s)"
+    print(f"{len(theirs):,} samples, {len(theirs.classes)} classes compared pixel for pixel in {seconds:.0f} s: {status}")
+    for p in problems[:20]:
+        print("  " + p)
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,7 +25,7 @@ class Progress:
         self._bar: Any = None
         self._bytes = 0
         self._start = time.perf_counter()
-        self._last_postfix = 0.0
+        self._last_postfix = self._start  # first rate once there is half a second to average
         if enabled:
             from tqdm import tqdm
 

@@ -50,11 +50,11 @@ def kill_and_resume(src: Path, out: Path, kills: int, full_run: float, seed: int
         stats["tried"] += 1
         proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate()
-        if proc.returncode == -signal.SIGKILL:
-            stats["landed"] += 1  # killed mid-run
-            continue
-        assert proc.returncode == 0, err.decode()
-        return stats  # it finished before the kill: nothing left to do
+        if out.is_dir():  # it finished (and maybe died on its way out): nothing left to do
+            assert proc.returncode in (0, -signal.SIGKILL), err.decode()
+            return stats
+        assert proc.returncode == -signal.SIGKILL, err.decode()
+        stats["landed"] += 1  # killed mid-pack
     proc = subprocess.run(_cmd(src, out), capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()
     return stats

@@ -40,10 +40,11 @@ def run_demo(workdir: str, *, classes: int, per_class: int, workers: Sequence[in
     """Run the demo in ``workdir``; print a table (or JSON); return an exit code."""
     src = os.path.join(workdir, "images")
     dst = os.path.join(workdir, "images.lmdb")
-    n = make_imagefolder(src, SyntheticSpec(classes=classes, per_class=per_class), progress=not as_json)
+    bars = None if not as_json else False  # bars on a terminal only
+    n = make_imagefolder(src, SyntheticSpec(classes=classes, per_class=per_class), progress=bars)
     _say(as_json, f"1. generated {n:,} JPEGs ({classes} classes) in {src}")
 
-    result = pack(src, dst, overwrite=True, progress=not as_json)
+    result = pack(src, dst, overwrite=True, progress=bars)
     _say(
         as_json,
         f"2. packed them into {dst}: {result.input_bytes / 1e6:,.1f} MB in {result.seconds:.2f} s "

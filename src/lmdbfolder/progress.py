@@ -48,8 +48,7 @@ class Progress:
         now = time.perf_counter()
         if now - self._last_postfix > 0.5:
             self._last_postfix = now
-            mb_s = self._bytes / max(now - self._start, 1e-9) / 1e6
-            self._bar.set_postfix_str(f"{mb_s:.0f} MB/s", refresh=False)
+            self._set_rate(now)
 
     def write(self, message: str) -> None:
         """Print a line without breaking the bar."""
@@ -57,10 +56,16 @@ class Progress:
             self._bar.write(message, file=sys.stderr)
 
     def close(self) -> None:
-        """Finish the bar (leaves the final line on screen)."""
+        """Finish the bar (leaves the final line on screen, with the overall MB/s)."""
         if self._bar is not None:
+            self._set_rate(time.perf_counter())
             self._bar.close()
             self._bar = None
+
+    def _set_rate(self, now: float) -> None:
+        if self._bytes:  # callers that count no bytes get no MB/s
+            mb_s = self._bytes / max(now - self._start, 1e-9) / 1e6
+            self._bar.set_postfix_str(f"{mb_s:.0f} MB/s", refresh=False)
 
     def __enter__(self) -> Progress:
         return self

@@ -138,7 +138,7 @@ def resolve_pack_path(path: str | os.PathLike[str]) -> str:
 
 def _open_env(path: str, readahead: bool) -> lmdb.Environment:
     try:
-        return lmdb.open(
+        env = lmdb.open(
             path,
             subdir=True,
             readonly=True,
@@ -152,6 +152,26 @@ def _open_env(path: str, readahead: bool) -> lmdb.Environment:
         raise NotAPackError(path, "data.mdb is not an LMDB file") from None
     except lmdb.Error as exc:
         raise NotAPackError(path, f"LMDB cannot open it: {exc}") from None
+    try:
+        _check_not_truncated(path, env)
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
+    # A data.mdb cut short (an interrupted copy or download) still opens, but
+    # touching a page past its end kills the process with SIGBUS. The meta
+    # pages at the front say how many pages the database uses: check first.
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = os.path.getsize(os.path.join(path, DATA_FILE))
+    if size < needed:
+        raise NotAPackError(
+            path,
+            f"data.mdb is truncated: it holds {size:,} bytes but the database needs {needed:,}",
+            "the file was cut short (an interrupted copy?): copy it again with `lmdbfolder copy`, or repack it",
+        )
 
 
 class Reader:

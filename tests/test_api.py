@@ -11,6 +11,7 @@ import lmdbfolder.torch
 
 def test_public_api_snapshot() -> None:
     assert sorted(lmdbfolder.__all__) == [
+        "CopyResult",
         "CorruptRecordError",
         "DecodeError",
         "FormatVersionError",
@@ -24,15 +25,20 @@ def test_public_api_snapshot() -> None:
         "Problem",
         "Reader",
         "Record",
+        "ShardedPackResult",
+        "ShardedReader",
         "SourceError",
         "SourceList",
         "VerifyReport",
         "__version__",
+        "copy_pack",
         "pack",
         "pack_info",
+        "pack_sharded",
         "pack_sources",
         "scan",
         "verify",
+        "write_index",
     ]
     assert lmdbfolder.torch.__all__ == ["LMDBFolder"]
     for name in lmdbfolder.__all__:

@@ -16,7 +16,7 @@ from lmdbfolder.codecs import decode_rgb
 from lmdbfolder.errors import CorruptRecordError
 from lmdbfolder.format import LABELS_KEY, META_KEY, NO_LABEL, PATHS_KEY, RESERVED_PREFIX, decode_key, decode_record
 from lmdbfolder.progress import Progress
-from lmdbfolder.reader import Reader
+from lmdbfolder.reader import Reader, is_sharded
 
 __all__ = ["Problem", "VerifyReport", "verify", "KNOWN_RESERVED_KEYS"]
 
@@ -83,7 +83,14 @@ def verify(path: str | os.PathLike[str], *, decode: bool = False, progress: bool
         >>> report = verify("train.lmdb")  # doctest: +SKIP
         >>> report.ok, report.checked  # doctest: +SKIP
         (True, 1281167)
+
+    A sharded pack is checked shard by shard and against its index
+    (``lmdbfolder.shards.verify_sharded``).
     """
+    if is_sharded(path):
+        from lmdbfolder.shards import verify_sharded
+
+        return verify_sharded(path, decode=decode, progress=progress)
     start = time.perf_counter()
     reader = Reader(path, readahead=True)
     report = VerifyReport(reader.path, len(reader), decoded=decode)

@@ -192,42 +192,24 @@ def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
 class Reader:
     """Random access to the samples of a pack.
 
-        Args:
-            path: the pack directory (or its ``data.mdb``).
-            readahead: let the kernel read ahead around each access. True suits
-                image-sized records (cold random reads of ~100 KB records are
-                several times faster); set False for tiny records larger than RAM.
-            verify_checksums: check every payload's CRC-32 on read
-                (CorruptRecordError on mismatch).
+    Args:
+        path: the pack directory (or its ``data.mdb``). For a sharded pack
+            (a directory holding ``index.json``) the result is a
+            ``lmdbfolder.shards.ShardedReader`` with the same API.
+        readahead: let the kernel read ahead around each access. True suits
+            image-sized records (cold random reads of ~100 KB records are
+            several times faster); set False for tiny records larger than RAM.
+        verify_checksums: check every payload's CRC-32 on read
+            (CorruptRecordError on mismatch).
 
-        The constructor reads the manifest and labels and closes the environment
-        again; samples are read through a lazily opened, per-process handle.
-        try:
-            _check_not_truncated(path, env)
-        except BaseException:
-            env.close()
-            raise
-        return env
+    The constructor reads the manifest and labels and closes the environment
+    again; samples are read through a lazily opened, per-process handle.
 
-
-    def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
-        # A data.mdb cut short (an interrupted copy or download) still opens, but
-        # touching a page past its end kills the process with SIGBUS. The meta
-        # pages at the front say how many pages the database uses: check first.
-        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-        size = os.path.getsize(os.path.join(path, DATA_FILE))
-        if size < needed:
-            raise NotAPackError(
-                path,
-                f"data.mdb is truncated: it holds {size:,} bytes but the database needs {needed:,}",
-                "the file was cut short (an interrupted copy?): copy it again with `lmdbfolder copy`, or repack it",
-            )
-
-        Example:
-            >>> from lmdbfolder import Reader
-            >>> with Reader("train.lmdb") as r:  # doctest: +SKIP
-            ...     rec = r.get(0)
-            ...     print(len(r), r.classes[rec.label], rec.encoding, rec.width, rec.height)
+    Example:
+        >>> from lmdbfolder import Reader
+        >>> with Reader("train.lmdb") as r:  # doctest: +SKIP
+        ...     rec = r.get(0)
+        ...     print(len(r), r.classes[rec.label], rec.encoding, rec.width, rec.height)
     """
 
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Reader:

@@ -51,7 +51,6 @@ from lmdbfolder.format import (
     LABELS_KEY,
     LOCK_FILE,
     META_KEY,
-    PARTIAL_SUFFIX,
     PATHS_KEY,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
@@ -280,14 +279,19 @@ class ShardedPackResult:
 
 
 # -- the output directory --------------------------------------------------------
+#: Suffixes of shard directories on their way: being packed, being copied in
+#: (``staging``), or being replaced (``overwrite``).
+_TRANSIENT = re.compile(r"(\.partial|\.copying|\.old-[0-9]+)$")
+
+
 def _shard_entries(dst: str) -> dict[str, tuple[str, int, int, bool]]:
     """Entries of ``dst`` that are shards: name -> (prefix, index, num_shards, finished)."""
     found = {}
     for name in os.listdir(dst):
-        finished = not name.endswith(PARTIAL_SUFFIX)
-        parsed = parse_shard_name(name if finished else name[: -len(PARTIAL_SUFFIX)])
+        base = _TRANSIENT.sub("", name)
+        parsed = parse_shard_name(base)
         if parsed is not None and os.path.isdir(os.path.join(dst, name)):
-            found[name] = (*parsed, finished)
+            found[name] = (*parsed, base == name)
     return found
 
 
@@ -316,7 +320,7 @@ def prepare_sharded_output(
     """
     dst = os.path.abspath(os.fspath(dst))
     if not os.path.lexists(dst):
-        os.makedirs(dst)
+        os.makedirs(dst, exist_ok=True)  # array jobs may all get here at once
         return dst
     if os.path.islink(dst) or not os.path.isdir(dst):
         raise OutputExistsError(dst, "exists and is not a directory", "choose another output path")

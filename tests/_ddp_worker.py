@@ -16,10 +16,12 @@ appends one JSON line per (configuration, epoch) to the result file.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
 import sys
+import threading
 import zlib
 from collections import Counter
 from datetime import timedelta
@@ -48,8 +50,22 @@ class Indexed(Dataset):
         return i, zlib.crc32(image.tobytes()), target
 
 
+def _settle_threads() -> None:
+    # The queues of the loader torn down just before still have feeder threads
+    # on their way out. Forking while a Python thread is being deleted can hang
+    # the child inside CPython's after-fork handler (seen once in a few hundred
+    # worker starts here: PyOS_AfterFork_Child -> _PyThreadState_DeleteExcept
+    # waiting on a lock). Let them finish before the next loader forks.
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+
 def _loader(ds: Indexed, sampler: ExactDistributedSampler, cfg: dict[str, Any]) -> StatefulDataLoader:
     workers = cfg["workers"]
+    if workers and cfg.get("context") == "fork":
+        gc.collect()  # tears down a loader that is no longer referenced, and its queues
+        _settle_threads()
     return StatefulDataLoader(
         ds,
         batch_size=cfg["batch"],

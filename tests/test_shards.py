@@ -123,7 +123,9 @@ def test_skipped_files_shift_counts_and_the_index_follows(tmp_path: Path) -> Non
     _same_as_single(tmp_path / "single", tmp_path / "sh")
 
 
-def test_slurm_style_one_shard_per_job_then_index(small_tree: Path, tmp_path: Path, capsys) -> None:
+def test_slurm_style_one_shard_per_job_then_index(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     dst = tmp_path / "sh"
     base = ["pack", str(small_tree), str(dst), "--shards", "3", "--no-progress"]
     for i in (2, 0):  # jobs finish in any order
@@ -187,7 +189,9 @@ def test_interrupted_sharded_pack_resumes_and_keeps_finished_shards(tmp_path: Pa
         pack_sharded(tree, tmp_path / "junk", shards=2, overwrite=True, progress=False)
 
 
-def test_missing_truncated_and_replaced_shards_are_named(small_tree: Path, tmp_path: Path, capsys) -> None:
+def test_missing_truncated_and_replaced_shards_are_named(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pack_sharded(small_tree, tmp_path / "sh", shards=3, commit_every=1, progress=False)
     dst = tmp_path / "sh"
     # replaced by a shard with other content under the same name
@@ -222,7 +226,9 @@ def test_missing_truncated_and_replaced_shards_are_named(small_tree: Path, tmp_p
     assert name2 in capsys.readouterr().err
 
 
-def test_info_verify_and_copy_of_a_sharded_pack(small_tree: Path, tmp_path: Path, capsys) -> None:
+def test_info_verify_and_copy_of_a_sharded_pack(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["pack", str(small_tree), str(tmp_path / "sh"), "--shards", "2", "--no-progress"]) == 0
     assert "as 2 shards" in capsys.readouterr().out
     info = pack_info(tmp_path / "sh")

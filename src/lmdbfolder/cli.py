@@ -318,11 +318,9 @@ def _run_copy(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result.as_dict())
         return 0
-    shards = (
-        f" ({result.shards} shards)"
-        if result.shards > 1 or os.path.isfile(os.path.join(result.dst, "index.json"))
-        else ""
-    )
+    from lmdbfolder.reader import is_sharded
+
+    shards = f" ({result.shards} shards)" if is_sharded(result.dst) else ""
     print(
         f"copied {result.count:,} images{shards} to {result.dst} in {result.seconds:.1f} s: "
         f"{_mb(result.bytes_before)} -> {_mb(result.bytes_after)}" + (", verified" if args.verify else "")

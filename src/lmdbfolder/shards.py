@@ -636,7 +636,6 @@ def write_index(
     dst: str | os.PathLike[str],
     *,
     prefix: str | None = None,
-    digests: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index.
 
@@ -645,8 +644,6 @@ def write_index(
     without gaps. Missing or unfinished shards are named in the error.
     ``prefix`` selects the shards named ``<prefix>-*`` when several splits
     share ``dst``. The index is written atomically (a temporary file renamed).
-    ``digests`` (shard name -> ``tables_sha256``) is accepted only as a
-    cross-check: every shard's tables are read and hashed here.
 
     Example:
         >>> index = write_index("train-sharded")  # doctest: +SKIP
@@ -704,8 +701,6 @@ def write_index(
             if meta[key] != first[key]:
                 raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
         digest = tables_digest(meta_blob, labels_blob, paths_blob)
-        if digests is not None and name in digests and digests[name] != digest:
-            raise NotAPackError(path, "it changed after it was packed (its tables do not match the packer's report)")
         for enc, n in (meta.get("encodings") or {}).items():
             encodings[enc] = encodings.get(enc, 0) + n
         entries.append(

@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"sample {i} ({theirs.samples[i][0]}) differs")
     seconds = time.perf_counter() - start
     status = "identical" if not problems else f"{len(problems)} difference(s)"
-    print(f"{len(theirs):,} samples, {len(theirs.classes)} classes compared pixel for pixel in {seconds:.0f} s: {status}")
+    print(
+        f"{len(theirs):,} samples, {len(theirs.classes)} classes compared pixel for pixel in {seconds:.0f} s: {status}"
+    )
     for p in problems[:20]:
         print("  " + p)
     return 0 if not problems else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +22,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Ray tests last: once a Ray cluster runs in this process (gRPC threads), no
+    # other test should fork DataLoader workers from it.
+    items.sort(key=lambda item: "ray" in item.keywords)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow (make test-all)")
@@ -156,6 +160,16 @@ def make_odd_tree(root: Path, seed: int = 1) -> Path:
     write(root / "z_target" / "linked.jpg", data)
     os.symlink(root / "z_target", root / "beta" / "linkdir")  # followed, as os.walk(followlinks=True)
     return root
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """One local Ray cluster (2 CPUs) for the whole session; tests using it carry the `ray` marker."""
+    ray = pytest.importorskip("ray")
+    os.environ.pop("RAY_ADDRESS", None)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
 
 
 @pytest.fixture

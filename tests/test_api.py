@@ -11,6 +11,7 @@ import lmdbfolder.torch
 
 def test_public_api_snapshot() -> None:
     assert sorted(lmdbfolder.__all__) == [
+        "CopyResult",
         "CorruptRecordError",
         "DecodeError",
         "FormatVersionError",
@@ -24,17 +25,22 @@ def test_public_api_snapshot() -> None:
         "Problem",
         "Reader",
         "Record",
+        "ShardedPackResult",
+        "ShardedReader",
         "SourceError",
         "SourceList",
         "UnsafePickleError",
         "VerifyReport",
         "__version__",
+        "copy_pack",
         "import_legacy",
         "pack",
         "pack_info",
+        "pack_sharded",
         "pack_sources",
         "scan",
         "verify",
+        "write_index",
     ]
     assert lmdbfolder.torch.__all__ == ["LMDBFolder"]
     for name in lmdbfolder.__all__:
@@ -43,8 +49,8 @@ def test_public_api_snapshot() -> None:
 
 def test_core_import_does_not_import_torch_or_tqdm() -> None:
     code = (
-        "import sys, lmdbfolder, lmdbfolder.cli\n"
-        "print(sorted(m for m in ('torch', 'torchvision', 'tqdm') if m in sys.modules))"
+        "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.shards, lmdbfolder.copying, lmdbfolder.ray\n"
+        "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -61,3 +67,18 @@ def test_py_typed_is_shipped() -> None:
     from importlib.resources import files
 
     assert files("lmdbfolder").joinpath("py.typed").is_file()
+
+
+def test_new_modules_declare_their_api() -> None:
+    import lmdbfolder.copying
+    import lmdbfolder.ray
+    import lmdbfolder.sampler
+    import lmdbfolder.shards
+
+    assert lmdbfolder.sampler.__all__ == ["ExactDistributedSampler", "ORDERS"]
+    assert lmdbfolder.ray.__all__ == ["pack_ray"]
+    for module in (lmdbfolder.shards, lmdbfolder.copying, lmdbfolder.ray, lmdbfolder.sampler):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if callable(obj):
+                assert obj.__doc__ and obj.__doc__.strip(), f"{module.__name__}.{name}"

@@ -176,3 +176,34 @@ def test_threads_read_concurrently(small_pack: Path) -> None:
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda i: r.read_bytes(i % 12), range(400)))
         assert got == [expected[i % 12] for i in range(400)]
+
+
+def test_truncated_data_file_is_refused_not_a_crash(small_tree: Path, tmp_path: Path) -> None:
+    # Reading a page past the end of a cut-short data.mdb would kill the
+    # process with SIGBUS; the reader checks the size against the meta page.
+    from lmdbfolder.writer import pack
+
+    pack(small_tree, tmp_path / "p", commit_every=2, progress=False)
+    data = tmp_path / "p" / "data.mdb"
+    size = data.stat().st_size
+    os.truncate(data, size // 2)
+    with pytest.raises(NotAPackError, match="data.mdb is truncated") as info:
+        Reader(tmp_path / "p")
+    assert str(tmp_path / "p") in str(info.value) and "lmdbfolder copy" in str(info.value)
+
+
+def test_errors_survive_pickling() -> None:
+    # Errors cross process boundaries (Ray tasks, DataLoader workers) pickled.
+    from lmdbfolder.errors import OutputExistsError, SourceError
+
+    errors = [
+        NotAPackError("/p", "why", "do this"),
+        FormatVersionError("/p", 9, 1),
+        CorruptRecordError(3, "bad crc").locate("a/b.jpg", "/p"),
+        SourceError("/src/x.jpg", "truncated", "fix it"),
+        OutputExistsError("/out"),
+    ]
+    for error in errors:
+        clone = pickle.loads(pickle.dumps(error))
+        assert type(clone) is type(error)
+        assert str(clone) == str(error) and clone.__dict__ == error.__dict__

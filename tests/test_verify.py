@@ -124,3 +124,14 @@ def test_verify_against_raw_pack_and_skips(small_tree: Path, tmp_path: Path) -> 
     (small_tree / "class0" / "empty.jpg").write_bytes(b"")
     pack(small_tree, tmp_path / "raw", store="raw", progress=False)
     assert verify(tmp_path / "raw", against=small_tree, progress=False).ok  # the skipped file is not "missing"
+
+
+def test_verify_against_a_sharded_pack(small_tree: Path, tmp_path: Path) -> None:
+    from lmdbfolder.shards import pack_sharded
+
+    (small_tree / "class2" / "empty.jpg").write_bytes(b"")
+    pack_sharded(small_tree, tmp_path / "sh", shards=3, progress=False)
+    assert verify(tmp_path / "sh", against=small_tree, progress=False).ok
+    (small_tree / "class2" / "img0.jpg").write_bytes(b"changed")
+    report = verify(tmp_path / "sh", against=small_tree, progress=False)
+    assert [(p.kind, p.path) for p in report.problems] == [("source", "class2/img0.jpg")]

@@ -9,9 +9,11 @@ Example:
     >>> report = lmdbfolder.verify("train.lmdb")  # doctest: +SKIP
     >>> from lmdbfolder.torch import LMDBFolder
     >>> ds = LMDBFolder("train.lmdb")  # doctest: +SKIP
+    >>> lmdbfolder.pack_sharded("imagenet/train", "train-sharded", shard_size="4GB")  # doctest: +SKIP
 """
 
 from lmdbfolder._version import __version__
+from lmdbfolder.copying import CopyResult, copy_pack
 from lmdbfolder.errors import (
     CorruptRecordError,
     DecodeError,
@@ -26,11 +28,13 @@ from lmdbfolder.errors import (
 )
 from lmdbfolder.legacy import import_legacy
 from lmdbfolder.reader import Reader, Record, pack_info
+from lmdbfolder.shards import ShardedPackResult, ShardedReader, pack_sharded, write_index
 from lmdbfolder.sources import IMG_EXTENSIONS, SourceList, scan
 from lmdbfolder.verify import Problem, VerifyReport, verify
 from lmdbfolder.writer import PackResult, pack, pack_sources
 
 __all__ = [
+    "CopyResult",
     "CorruptRecordError",
     "DecodeError",
     "FormatVersionError",
@@ -44,15 +48,20 @@ __all__ = [
     "Problem",
     "Reader",
     "Record",
+    "ShardedPackResult",
+    "ShardedReader",
     "SourceError",
     "SourceList",
     "UnsafePickleError",
     "VerifyReport",
     "__version__",
+    "copy_pack",
     "import_legacy",
     "pack",
     "pack_info",
+    "pack_sharded",
     "pack_sources",
     "scan",
     "verify",
+    "write_index",
 ]

@@ -1,4 +1,4 @@
-"""The ``lmdbfolder`` command line: pack, info, verify, demo.
+"""The ``lmdbfolder`` command line: pack, info, verify, index, copy, demo.
 
 ``main(argv) -> int`` is the whole interface: it parses, runs one subcommand
 and turns every lmdbfolder error into one message on stderr and an exit code
@@ -100,11 +100,15 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
     p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_shard_options(p)
     p.set_defaults(run=_run_pack)
 
 
 def _run_pack(args: argparse.Namespace) -> int:
     from lmdbfolder.writer import DEFAULT_COMMIT_EVERY, pack
+
+    if _wants_shards(args):
+        return _run_pack_sharded(args)
 
     result = pack(
         args.src,
@@ -136,6 +140,191 @@ def _run_pack(args: argparse.Namespace) -> int:
             print(f"  {path}: {reason}")
         if len(result.skipped) > 20:
             print(f"  ... and {len(result.skipped) - 20:,} more")
+    return 0
+
+
+# -- pack: shards, a Slurm array, Ray ------------------------------------------------
+def _add_shard_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("shards and clusters")
+    g.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="write N shards DST/<prefix>-00000-of-0000N.lmdb ... (a contiguous split) and DST/index.json",
+    )
+    g.add_argument(
+        "--shard-size", metavar="SIZE", help="as many shards as needed for about SIZE each (4GB, 500MB, 2GiB)"
+    )
+    g.add_argument(
+        "--shard-index",
+        type=int,
+        metavar="I",
+        help="pack only shard I of --shards N (one job of a Slurm array); afterwards run `lmdbfolder index DST`",
+    )
+    g.add_argument("--shard-prefix", default="train", metavar="NAME", help="shard name prefix (default: train)")
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="pack the shards in parallel on a Ray cluster, one task per shard. ADDRESS: `auto`, `ray://HOST:10001`; "
+        "without it, the cluster in RAY_ADDRESS or a new local one. Put it after SRC DST (or write --ray=ADDRESS)",
+    )
+    g.add_argument(
+        "--task-cpus", type=float, default=1.0, metavar="C", help="CPUs Ray reserves per shard task (default 1)"
+    )
+    g.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="build each shard in DIR (a node-local disk) and copy it into DST when finished; "
+        "for a DST on a network file system, where LMDB must not be written",
+    )
+
+
+def _wants_shards(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.shards, args.shard_size, args.shard_index, args.ray, args.staging))
+
+
+def _usage(command: str, message: str) -> int:
+    print(f"lmdbfolder {command}: error: {message}", file=sys.stderr)
+    return EXIT_CODES["usage"]
+
+
+def _run_pack_sharded(args: argparse.Namespace) -> int:
+    from lmdbfolder.shards import pack_sharded
+    from lmdbfolder.writer import DEFAULT_COMMIT_EVERY
+
+    if (args.shards is None) == (args.shard_size is None):
+        return _usage("pack", "pass one of --shards N and --shard-size SIZE")
+    if args.shard_index is not None and args.shards is None:
+        return _usage("pack", "--shard-index needs --shards N (the same N for every job)")
+    if args.shard_index is not None and args.ray is not None:
+        return _usage("pack", "--ray packs every shard; do not combine it with --shard-index")
+    if args.shard_index is not None and not 0 <= args.shard_index < args.shards:
+        return _usage("pack", f"--shard-index must be in 0..{args.shards - 1}")
+    if args.shards is not None and args.shards < 1:
+        return _usage("pack", "--shards must be at least 1")
+    if args.shard_size is not None:
+        from lmdbfolder.shards import parse_size
+
+        try:
+            parse_size(args.shard_size)
+        except ValueError as exc:
+            return _usage("pack", str(exc))
+    options: dict[str, Any] = dict(
+        shards=args.shards,
+        shard_size=args.shard_size,
+        prefix=args.shard_prefix,
+        layout="flat" if args.flat else "imagefolder",
+        list_file=args.list_file,
+        allow_empty=args.allow_empty,
+        store=args.store,
+        check=args.check,
+        strict=args.strict,
+        commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        restart=args.restart,
+        space_check=not args.no_space_check,
+        staging=args.staging,
+        progress=False if args.no_progress or args.json else None,
+    )
+    if args.ray is not None:
+        from lmdbfolder.ray import pack_ray
+
+        result = pack_ray(args.src, args.dst, address=args.ray or None, task_cpus=args.task_cpus, **options)
+    else:
+        result = pack_sharded(args.src, args.dst, shard_index=args.shard_index, **options)
+    if args.json:
+        _print_json(result.as_dict())
+        return 0
+    kept = sum(s.kept for s in result.shards)
+    resumed = sum(1 for s in result.shards if s.resumed_from)
+    notes = [f"{kept} already packed"] if kept else []
+    notes += [f"{resumed} resumed"] if resumed else []
+    note = f" ({', '.join(notes)})" if notes else ""
+    speed = f"{result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
+    if args.shard_index is not None:
+        shard = result.shards[0]
+        print(
+            f"packed shard {shard.index} of {args.shards}: {shard.count:,} images into {shard.path}{note} "
+            f"in {result.seconds:.1f} s, {speed}\n"
+            f"when every shard is packed, run: lmdbfolder index {result.path}"
+        )
+    else:
+        print(
+            f"packed {result.count:,} images into {result.path} as {len(result.shards)} shards{note}: "
+            f"{_mb(result.input_bytes)} read in {result.seconds:.1f} s, {speed}"
+        )
+    skipped = result.skipped
+    if skipped:
+        print(f"skipped {len(skipped):,} file(s) (listed in each shard's skipped.txt):")
+        for path, reason in skipped[:20]:
+            print(f"  {path}: {reason}")
+        if len(skipped) > 20:
+            print(f"  ... and {len(skipped) - 20:,} more")
+    return 0
+
+
+# -- index ----------------------------------------------------------------------
+def _add_index(sub: Any) -> None:
+    p = sub.add_parser(
+        "index",
+        help="write DST/index.json once every shard of a sharded pack is packed",
+        description="Check the shards in DST (all present, finished, from one split) and write DST/index.json.",
+    )
+    p.add_argument("dst", help="the directory holding the shards")
+    p.add_argument("--prefix", help="use the shards named PREFIX-* (when several splits share DST)")
+    p.add_argument("--json", action="store_true", help="print the index as JSON")
+    p.set_defaults(run=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from lmdbfolder.shards import write_index
+
+    index = write_index(args.dst, prefix=args.prefix)
+    if args.json:
+        _print_json(index)
+        return 0
+    print(
+        f"wrote {os.path.join(os.path.abspath(args.dst), 'index.json')}: {index['count']:,} images "
+        f"in {index['num_shards']} shards, {len(index['classes']):,} classes"
+        + (f", {index['skipped']:,} source file(s) skipped" if index["skipped"] else "")
+    )
+    return 0
+
+
+# -- copy -----------------------------------------------------------------------
+def _add_copy(sub: Any) -> None:
+    p = sub.add_parser(
+        "copy",
+        help="copy a pack (or sharded pack) safely: LMDB's consistent copy, compacted",
+        description="Copy the pack SRC to the new path DST with LMDB's consistent copy (compacted); "
+        "a sharded pack is copied shard by shard with its index. DST appears only when complete.",
+    )
+    p.add_argument("src", help="pack or sharded pack directory")
+    p.add_argument("dst", help="path of the copy")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
+    p.add_argument("--verify", action="store_true", help="check every record of the copy before publishing it")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=_run_copy)
+
+
+def _run_copy(args: argparse.Namespace) -> int:
+    from lmdbfolder.copying import copy_pack
+
+    result = copy_pack(args.src, args.dst, overwrite=args.overwrite, verify=args.verify)
+    if args.json:
+        _print_json(result.as_dict())
+        return 0
+    from lmdbfolder.reader import is_sharded
+
+    shards = f" ({result.shards} shards)" if is_sharded(result.dst) else ""
+    print(
+        f"copied {result.count:,} images{shards} to {result.dst} in {result.seconds:.1f} s: "
+        f"{_mb(result.bytes_before)} -> {_mb(result.bytes_after)}" + (", verified" if args.verify else "")
+    )
     return 0
 
 
@@ -171,6 +360,10 @@ def _run_info(args: argparse.Namespace) -> int:
         ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
         ("skipped", f"{len(info['skipped']):,} source file(s)" + (" (listed below)" if info["skipped"] else "")),
     ]
+    if "shards" in info:
+        names = [s["name"] for s in info["shards"]]
+        shown_shards = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
+        rows.insert(3, ("shards", f"{info['num_shards']:,} ({shown_shards})"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key + ':':<{width + 2}}{value}")
@@ -303,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lmdbfolder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_pack, _add_info, _add_verify, _add_import, _add_demo):
+    for add in (_add_pack, _add_info, _add_verify, _add_import, _add_index, _add_copy, _add_demo):
         add(sub)
     return parser
 

@@ -38,6 +38,20 @@ class LmdbFolderError(Exception):
     def __str__(self) -> str:
         return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The subclasses take structured arguments, so the default
+        # ``cls(*args)`` cannot rebuild them; rebuild from the attributes instead.
+        # Errors cross process boundaries (Ray tasks, DataLoader workers) pickled.
+        return (_rebuild_error, (type(self), self.__dict__.copy()))
+
+
+def _rebuild_error(cls: type[LmdbFolderError], state: dict[str, Any]) -> LmdbFolderError:
+    """Unpickle an lmdbfolder error without calling its ``__init__``."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, state.get("message", ""))
+    error.__dict__.update(state)
+    return error
+
 
 class NotAPackError(LmdbFolderError):
     """The path is not a (finished) lmdbfolder pack."""

@@ -11,8 +11,10 @@ This module needs only the standard library and never unpickles anything.
 from __future__ import annotations
 
 import array
+import hashlib
 import json
 import os
+import re
 import struct
 import sys
 import zlib
@@ -56,6 +58,15 @@ __all__ = [
     "encode_paths",
     "path_at",
     "decode_paths",
+    "SHARD_INDEX_FILE",
+    "SHARD_INDEX_FORMAT",
+    "SHARD_INDEX_VERSION",
+    "SHARD_FIELD",
+    "shard_name",
+    "parse_shard_name",
+    "tables_digest",
+    "encode_shard_index",
+    "decode_shard_index",
 ]
 
 FORMAT_NAME = "lmdbfolder"
@@ -383,3 +394,107 @@ def decode_paths(blob: bytes | memoryview, count: int, *, where: str) -> list[st
         raise NotAPackError(where, f"{PATHS_KEY.decode()} has inconsistent offsets")
     names = bytes(blob[base:])
     return [os.fsdecode(names[a:b]) for a, b in zip(offsets, offsets[1:])]
+
+
+# -- sharded packs ---------------------------------------------------------------
+#: A sharded pack is a directory holding ordinary packs (the shards, each a
+#: complete pack of a contiguous part of the sample list) and this index.
+SHARD_INDEX_FILE = "index.json"
+SHARD_INDEX_FORMAT = "lmdbfolder-shards"
+#: Version of the index file's layout (independent of FORMAT_VERSION, which
+#: every shard carries itself).
+SHARD_INDEX_VERSION = 1
+#: Optional manifest field of a shard: where it sits in the split (FORMAT.md).
+SHARD_FIELD = "shard"
+_SHARD_DIGITS = 5
+_SHARD_NAME = re.compile(r"^(?P<prefix>[^/\\]+)-(?P<index>[0-9]{5,})-of-(?P<total>[0-9]{5,})\.lmdb$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def shard_name(prefix: str, index: int, num_shards: int) -> str:
+    """Directory name of shard ``index`` of ``num_shards``: ``train-00003-of-00008.lmdb``.
+
+    Numbers have at least five digits (more when ``num_shards`` needs them).
+    """
+    if not prefix or "/" in prefix or "\\" in prefix or prefix in (".", ".."):
+        raise ValueError(f"shard prefix must be a plain name, got {prefix!r}")
+    if not 0 <= index < num_shards:
+        raise ValueError(f"shard index must be in 0..{num_shards - 1}, got {index}")
+    width = max(_SHARD_DIGITS, len(str(num_shards)))
+    return f"{prefix}-{index:0{width}d}-of-{num_shards:0{width}d}.lmdb"
+
+
+def parse_shard_name(name: str) -> tuple[str, int, int] | None:
+    """``(prefix, index, num_shards)`` of a shard directory name, or None if it is not one."""
+    m = _SHARD_NAME.match(name)
+    if m is None:
+        return None
+    index, total = int(m.group("index")), int(m.group("total"))
+    if not 0 <= index < total or shard_name(m.group("prefix"), index, total) != name:
+        return None
+    return m.group("prefix"), index, total
+
+
+def tables_digest(meta: bytes | memoryview, labels: bytes | memoryview, paths: bytes | memoryview) -> str:
+    """SHA-256 (hex) identifying a pack: its manifest, label table and path table.
+
+    Each value is prefixed with its length (u64 little-endian), so the three
+    cannot be shifted into one another. The index stores it per shard.
+    """
+    h = hashlib.sha256()
+    for blob in (meta, labels, paths):
+        h.update(_OFFSET.pack(len(blob)))
+        h.update(blob)
+    return h.hexdigest()
+
+
+def encode_shard_index(index: Mapping[str, Any]) -> bytes:
+    """Serialise a sharded pack's index: JSON, sorted keys, ASCII, indented, final newline."""
+    return (json.dumps(index, sort_keys=True, indent=1, ensure_ascii=True) + "\n").encode("ascii")
+
+
+def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
+    """Parse and validate a sharded pack's ``index.json``.
+
+    ``where`` names the file in errors. Raises NotAPackError for a malformed
+    index and FormatVersionError for an index or shard format version this
+    reader does not know.
+    """
+    try:
+        index = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotAPackError(where, f"it is not valid JSON: {exc}") from None
+    if not isinstance(index, dict) or index.get("format") != SHARD_INDEX_FORMAT:
+        raise NotAPackError(where, f"it does not say format={SHARD_INDEX_FORMAT!r}")
+    if index.get("index_version") != SHARD_INDEX_VERSION:
+        raise FormatVersionError(where, index.get("index_version"), SHARD_INDEX_VERSION)
+    if index.get("pack_format_version") != FORMAT_VERSION:
+        raise FormatVersionError(where, index.get("pack_format_version"), FORMAT_VERSION)
+    _check_meta_fields(index, where)
+    shards = index.get("shards")
+    problems = []
+    if not isinstance(shards, list) or not shards:
+        raise NotAPackError(where, "its index is invalid: shards is not a non-empty list")
+    names = set()
+    total = 0
+    for k, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            problems.append(f"shard {k} is not an object")
+            continue
+        name, count, digest = shard.get("name"), shard.get("count"), shard.get("tables_sha256")
+        if not isinstance(name, str) or parse_shard_name(name) is None:
+            problems.append(f"shard {k} has no valid name ({name!r})")
+        elif name in names:
+            problems.append(f"shard name {name} appears twice")
+        names.add(name)
+        if not isinstance(count, int) or count < 0:
+            problems.append(f"shard {k} count={count!r} is not a non-negative integer")
+        else:
+            total += count
+        if not isinstance(digest, str) or not _SHA256_HEX.match(digest):
+            problems.append(f"shard {k} has no tables_sha256")
+    if not problems and total != index["count"]:
+        problems.append(f"the shard counts add up to {total}, the index says count={index['count']}")
+    if problems:
+        raise NotAPackError(where, "its index is invalid: " + "; ".join(problems))
+    return index

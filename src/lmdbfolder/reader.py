@@ -38,6 +38,7 @@ from lmdbfolder.format import (
     META_KEY,
     PARTIAL_SUFFIX,
     PATHS_KEY,
+    SHARD_INDEX_FILE,
     decode_labels,
     decode_meta,
     decode_paths,
@@ -45,7 +46,7 @@ from lmdbfolder.format import (
     path_at,
 )
 
-__all__ = ["Record", "Reader", "resolve_pack_path", "pack_info"]
+__all__ = ["Record", "Reader", "resolve_pack_path", "pack_info", "is_sharded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,14 @@ class _EnvRegistry:
 _REGISTRY = _EnvRegistry()
 
 
+def is_sharded(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` is a sharded pack: a directory holding ``index.json`` (or that file)."""
+    p = os.path.abspath(os.fspath(path))
+    if os.path.basename(p) == SHARD_INDEX_FILE and os.path.isfile(p):
+        return True
+    return os.path.isfile(os.path.join(p, SHARD_INDEX_FILE)) and not os.path.exists(os.path.join(p, DATA_FILE))
+
+
 def resolve_pack_path(path: str | os.PathLike[str]) -> str:
     """Return the absolute pack directory for ``path`` or raise NotAPackError.
 
@@ -132,13 +141,19 @@ def resolve_pack_path(path: str | os.PathLike[str]) -> str:
     if not os.path.isdir(p):
         raise NotAPackError(p, "it is a file, expected a pack directory holding data.mdb")
     if not os.path.isfile(os.path.join(p, DATA_FILE)):
+        if any(name.endswith((".lmdb", ".lmdb" + PARTIAL_SUFFIX)) and "-of-" in name for name in os.listdir(p)):
+            raise NotAPackError(
+                p,
+                f"it holds shards but no {SHARD_INDEX_FILE} (an unfinished sharded pack)",
+                "rerun the pack command to finish it, or run `lmdbfolder index` on it once every shard is packed",
+            )
         raise NotAPackError(p, "the directory holds no data.mdb")
     return p
 
 
 def _open_env(path: str, readahead: bool) -> lmdb.Environment:
     try:
-        return lmdb.open(
+        env = lmdb.open(
             path,
             subdir=True,
             readonly=True,
@@ -152,13 +167,35 @@ def _open_env(path: str, readahead: bool) -> lmdb.Environment:
         raise NotAPackError(path, "data.mdb is not an LMDB file") from None
     except lmdb.Error as exc:
         raise NotAPackError(path, f"LMDB cannot open it: {exc}") from None
+    try:
+        _check_not_truncated(path, env)
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
+    # A data.mdb cut short (an interrupted copy or download) still opens, but
+    # touching a page past its end kills the process with SIGBUS. The meta
+    # pages at the front say how many pages the database uses: check first.
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = os.path.getsize(os.path.join(path, DATA_FILE))
+    if size < needed:
+        raise NotAPackError(
+            path,
+            f"data.mdb is truncated: it holds {size:,} bytes but the database needs {needed:,}",
+            "the file was cut short (an interrupted copy?): copy it again with `lmdbfolder copy`, or repack it",
+        )
 
 
 class Reader:
     """Random access to the samples of a pack.
 
     Args:
-        path: the pack directory (or its ``data.mdb``).
+        path: the pack directory (or its ``data.mdb``). For a sharded pack
+            (a directory holding ``index.json``) the result is a
+            ``lmdbfolder.shards.ShardedReader`` with the same API.
         readahead: let the kernel read ahead around each access. True suits
             image-sized records (cold random reads of ~100 KB records are
             several times faster); set False for tiny records larger than RAM.
@@ -174,6 +211,14 @@ class Reader:
         ...     rec = r.get(0)
         ...     print(len(r), r.classes[rec.label], rec.encoding, rec.width, rec.height)
     """
+
+    def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Reader:
+        # ``Reader(path)`` opens a single pack or a sharded one with the same API.
+        if cls is Reader and path is not None and is_sharded(path):
+            from lmdbfolder.shards import ShardedReader
+
+            return super().__new__(ShardedReader)
+        return super().__new__(cls)
 
     def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = False) -> None:
         self.path = resolve_pack_path(path)
@@ -370,7 +415,12 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Returns a JSON-ready dict: path, format and version, count, classes,
     store, encodings, payload bytes, size on disk, source and creation info.
+    For a sharded pack it also holds ``num_shards`` and ``shards``.
     """
+    if is_sharded(path):
+        from lmdbfolder.shards import sharded_info
+
+        return sharded_info(path)
     reader = Reader(path)
     meta = reader.meta
     size = sum(

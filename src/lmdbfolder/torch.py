@@ -24,7 +24,9 @@ class LMDBFolder(torch.utils.data.Dataset):
     """A packed image dataset with the interface of ``torchvision.datasets.ImageFolder``.
 
     Args:
-        root: the pack directory written by ``lmdbfolder pack``.
+        root: the pack directory written by ``lmdbfolder pack`` (a single
+            pack, or a sharded pack: its shards are opened lazily in each
+            process; ``reader.shard_offsets`` says where each shard starts).
         transform: applied to the RGB ``PIL.Image`` (as in ImageFolder).
         target_transform: applied to the integer target.
         readahead: kernel readahead on the memory map (see ``Reader``).

@@ -14,9 +14,18 @@ from typing import Any
 
 from lmdbfolder.codecs import decode_rgb, raw_rgb
 from lmdbfolder.errors import CorruptRecordError
-from lmdbfolder.format import LABELS_KEY, META_KEY, NO_LABEL, PATHS_KEY, RESERVED_PREFIX, decode_key, decode_record
+from lmdbfolder.format import (
+    LABELS_KEY,
+    META_KEY,
+    NO_LABEL,
+    PATHS_KEY,
+    RESERVED_PREFIX,
+    RecordHeader,
+    decode_key,
+    decode_record,
+)
 from lmdbfolder.progress import Progress
-from lmdbfolder.reader import Reader
+from lmdbfolder.reader import Reader, is_sharded
 from lmdbfolder.sources import scan
 
 __all__ = ["Problem", "VerifyReport", "verify", "KNOWN_RESERVED_KEYS"]
@@ -95,14 +104,30 @@ def verify(
         >>> report = verify("train.lmdb")  # doctest: +SKIP
         >>> report.ok, report.checked  # doctest: +SKIP
         (True, 1281167)
+
+    A sharded pack is checked shard by shard and against its index
+    (``lmdbfolder.shards.verify_sharded``).
     """
+    if is_sharded(path):
+        from lmdbfolder.shards import ShardedReader, verify_sharded
+
+        report = verify_sharded(path, decode=decode, progress=progress)
+        if against is not None:
+            start = time.perf_counter()
+            from lmdbfolder.shards import sharded_info
+
+            skipped = sharded_info(path)["skipped"]
+            with ShardedReader(path) as sharded:
+                _against_by_index(sharded, report, os.fspath(against), list_file, skipped)
+            report.seconds += time.perf_counter() - start
+        return report
     start = time.perf_counter()
     reader = Reader(path, readahead=True)
     report = VerifyReport(reader.path, len(reader), decoded=decode)
     try:
         sources = None
         if against is not None:
-            sources = _source_files(reader, report, os.fspath(against), list_file)
+            sources = _source_files(reader, report, os.fspath(against), list_file, reader.meta.get("skipped", []))
         _check_records(reader, report, decode, progress, sources)
     finally:
         reader.close()
@@ -110,8 +135,25 @@ def verify(
     return report
 
 
+def _against_by_index(
+    reader: Any, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None, skipped: list[Any]
+) -> None:
+    """The source comparison for readers without one database to scan (sharded packs)."""
+    sources = _source_files(reader, report, src, list_file, skipped)
+    if sources is None:
+        return
+    for index, path in enumerate(reader.paths()):
+        if path in sources:
+            record = reader.get(index)
+            value = bytes(record.payload)
+            header = RecordHeader(
+                record.encoding, record.channels, record.width, record.height, record.label, 0, len(value)
+            )
+            _compare_with_source(report, index, header, value, path, *sources[path], reader.store)
+
+
 def _source_files(
-    reader: Reader, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None
+    reader: Any, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None, skipped_items: list[Any]
 ) -> dict[str, tuple[str, int]] | None:
     """Relative path -> (file, label) of the source, compared as a list with the pack's paths."""
     recorded = reader.meta.get("source") or {}
@@ -123,7 +165,7 @@ def _source_files(
         return None
     listing = os.fspath(list_file) if list_file is not None else recorded.get("list_file")
     sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True)
-    skipped = {item.get("path") for item in reader.meta.get("skipped", []) if isinstance(item, dict)}
+    skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
     expected = [p for p in sources.relpaths if p not in skipped]
     packed = reader.paths()
     if expected != packed:
@@ -212,6 +254,19 @@ def _check_source(
         header, payload = decode_record(value, index=index)
     except CorruptRecordError:
         return  # already reported by _check_one
+    _compare_with_source(report, index, header, payload, path, source, label, store)
+
+
+def _compare_with_source(
+    report: VerifyReport,
+    index: int,
+    header: RecordHeader,
+    payload: bytes | memoryview,
+    path: str,
+    source: str,
+    label: int,
+    store: str,
+) -> None:
     if header.label != label:
         report.problems.append(
             Problem("source", f"label {header.label} differs from the source's {label}", index, path)

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import lmdb
 from PIL import Image
@@ -222,12 +222,17 @@ def pack_sources(
     progress: bool | None = None,
     loader: Callable[[int], Loaded | Skipped] | None = None,
     mean_size: float | None = None,
+    manifest_extra: Mapping[str, Any] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> PackResult:
     """Pack an already built sample list (see ``sources.scan``) into ``dst``; see ``pack``.
 
     ``loader(i)`` replaces reading ``sources.abspath(i)`` from disk (used by
     ``lmdbfolder import``, whose samples come from another database); then
     ``mean_size``, the expected bytes per sample, sizes the map.
+    ``manifest_extra`` adds optional manifest fields (a shard's place in its
+    split); they are part of the resume fingerprint. ``on_progress(done,
+    total)`` is called after each source file (packed or skipped).
     """
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
@@ -240,12 +245,14 @@ def pack_sources(
     start_time = time.perf_counter()
     partial = _prepare_output(dst, overwrite=overwrite, restart=restart)
     fingerprint = _fingerprint(sources, store, check)
+    if manifest_extra:
+        fingerprint["manifest_extra"] = dict(manifest_extra)
     if mean_size is None:
         mean_size = _mean_source_size(sources)
     expansion = _RAW_EXPANSION if store == "raw" else 1
     map_size = int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP
     state = _open_partial(partial, fingerprint, map_size, sources.relpaths)
-    run = _Run(sources, state, store, check, strict, commit_every, commit_bytes, loader)
+    run = _Run(sources, state, store, check, strict, commit_every, commit_bytes, loader, manifest_extra, on_progress)
     try:
         if not state.finished:  # else: written before, stopped before it was published
             if space_check:
@@ -376,9 +383,13 @@ class _Run:
         commit_every: int,
         commit_bytes: int,
         loader: Callable[[int], Loaded | Skipped] | None,
+        manifest_extra: Mapping[str, Any] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
         self.sources = sources
         self.loader = loader
+        self.manifest_extra = dict(manifest_extra or {})
+        self.on_progress = on_progress
         self.state = state
         self.store = store
         self.check = check
@@ -452,6 +463,8 @@ class _Run:
                     state.next_source = s + 1
                     if len(self.batch) >= self.commit_every or self.batch_bytes >= self.commit_bytes:
                         self._commit()
+                    if self.on_progress is not None:
+                        self.on_progress(s + 1, len(self.sources))
             finally:
                 results.close()
 
@@ -481,7 +494,7 @@ class _Run:
 
     def _manifest(self) -> dict[str, Any]:
         sources, state = self.sources, self.state
-        return {
+        manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "count": state.next_index,
@@ -504,6 +517,11 @@ class _Run:
                 "commit_bytes": self.commit_bytes,
             },
         }
+        clash = sorted(set(self.manifest_extra) & set(manifest))
+        if clash:
+            raise ValueError(f"manifest_extra must not replace the manifest fields {clash}")
+        manifest.update(self.manifest_extra)
+        return manifest
 
 
 @contextlib.contextmanager

@@ -1,0 +1,1021 @@
+"""Sharded packs: a directory of ordinary packs (the shards) and one small JSON index.
+
+Layout (FORMAT.md, "Sharded packs")::
+
+    DST/
+      train-00000-of-00004.lmdb/    an ordinary pack of sources 0 .. a-1
+      train-00001-of-00004.lmdb/    an ordinary pack of sources a .. b-1
+      ...
+      index.json                    shard names, counts, checksums, classes
+
+* The split is deterministic and contiguous: shard ``i`` of ``N`` packs the
+  sources ``floor(i*S/N) .. floor((i+1)*S/N) - 1`` of the complete sample list
+  (``S`` files). So the global sample order of a sharded pack is the order of
+  the single pack of the same source, and any machine that scans the same
+  source can pack any shard by itself (``pack_shard``): a Slurm array, a
+  Kubernetes job or Ray (``lmdbfolder.ray``).
+* Every shard is written by the ordinary writer (``pack_sources`` on a slice
+  of the sample list), so resuming, skipping bad files and ``strict`` work
+  exactly as for a single pack. Each shard's manifest records its place in
+  the split (the optional ``shard`` field).
+* Skipped files shift counts, so the index is built from the finished
+  shards' real counts (``write_index``), never from the plan.
+* ``Reader(DST)`` (and so ``LMDBFolder``) opens a sharded pack with the API of
+  a single one: the global index is mapped to (shard, local index) by binary
+  search over the cumulative counts, and each shard is opened lazily, once per
+  process, when it is first read.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lmdbfolder._version import __version__
+from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
+from lmdbfolder.format import (
+    DATA_FILE,
+    FORMAT_VERSION,
+    LABELS_KEY,
+    LOCK_FILE,
+    META_KEY,
+    PATHS_KEY,
+    SHARD_FIELD,
+    SHARD_INDEX_FILE,
+    SHARD_INDEX_FORMAT,
+    SHARD_INDEX_VERSION,
+    decode_shard_index,
+    encode_shard_index,
+    parse_shard_name,
+    shard_name,
+    tables_digest,
+)
+from lmdbfolder.progress import Progress
+from lmdbfolder.reader import Reader, Record
+from lmdbfolder.sources import SourceList, scan
+from lmdbfolder.verify import Problem, VerifyReport, verify
+from lmdbfolder.writer import DEFAULT_COMMIT_BYTES, DEFAULT_COMMIT_EVERY, pack_sources
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "ShardResult",
+    "ShardedPackResult",
+    "ShardedReader",
+    "parse_size",
+    "plan_split",
+    "choose_num_shards",
+    "sources_digest",
+    "shard_field",
+    "shard_sources",
+    "prepare_sharded_output",
+    "pack_shard",
+    "pack_sharded",
+    "write_index",
+    "sharded_info",
+    "verify_sharded",
+]
+
+#: Shard directories are named ``<prefix>-00003-of-00008.lmdb``.
+DEFAULT_PREFIX = "train"
+SPLIT_METHOD = "contiguous"
+_INDEX_TMP = ".index.json.tmp"
+_STAT_SAMPLE = 5000
+_RAW_EXPANSION = 8
+_RECORD_OVERHEAD = 32
+_SINGLE_PACK_FILES = {DATA_FILE, LOCK_FILE, "skipped.txt"}
+
+
+# -- planning --------------------------------------------------------------------
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a size such as ``4GB`` (10**9), ``4GiB`` (2**30), ``500M`` or ``1234``."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE.match(text)
+        if m is None:
+            raise ValueError(f"cannot read the size {text!r}; write it like 4GB, 500MB or 2GiB")
+        base = 1024 if m.group(3) else 1000
+        value = int(float(m.group(1)) * base ** _POWERS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return value
+
+
+def plan_split(total: int, num_shards: int) -> list[tuple[int, int]]:
+    """The contiguous split: ``[start, stop)`` source ranges of the ``num_shards`` shards.
+
+    Shard ``i`` gets sources ``floor(i*total/num_shards)`` up to
+    ``floor((i+1)*total/num_shards)``: sizes differ by at most one, and the
+    ranges depend only on the two numbers.
+    """
+    if num_shards < 1:
+        raise ValueError(f"the number of shards must be positive, got {num_shards}")
+    if num_shards > total:
+        raise ValueError(f"cannot split {total} samples into {num_shards} shards")
+    return [(i * total // num_shards, (i + 1) * total // num_shards) for i in range(num_shards)]
+
+
+def estimate_pack_bytes(sources: SourceList, store: str = "encoded") -> float:
+    """Expected size of a pack of ``sources``, from up to 5000 evenly spaced ``stat`` calls."""
+    n = len(sources)
+    step = max(1, n // _STAT_SAMPLE)
+    sizes = []
+    for i in range(0, n, step):
+        try:
+            sizes.append(os.stat(sources.abspath(i)).st_size)
+        except OSError:
+            continue
+    mean = sum(sizes) / len(sizes) if sizes else 0.0
+    return n * (mean * (_RAW_EXPANSION if store == "raw" else 1) + _RECORD_OVERHEAD)
+
+
+def choose_num_shards(
+    sources: SourceList, *, shards: int | None = None, shard_size: int | str | None = None, store: str = "encoded"
+) -> int:
+    """The number of shards: ``shards`` itself, or enough shards of about ``shard_size`` bytes.
+
+    Raises SourceError when there are fewer source files than shards.
+    """
+    if (shards is None) == (shard_size is None):
+        raise ValueError("pass exactly one of shards and shard_size")
+    if shard_size is not None:
+        size = parse_size(shard_size)
+        shards = max(1, math.ceil(estimate_pack_bytes(sources, store) / size))
+    if shards is None:
+        raise ValueError("pass exactly one of shards and shard_size")
+    if shards < 1:
+        raise ValueError(f"the number of shards must be positive, got {shards}")
+    if shards > len(sources):
+        raise SourceError(
+            sources.list_file or sources.root,
+            f"cannot split {len(sources)} source files into {shards} shards",
+            "use fewer shards (or a larger --shard-size)",
+        )
+    return shards
+
+
+def sources_digest(sources: SourceList) -> str:
+    """SHA-256 (hex) of the complete sample list: every path and label, and the class names.
+
+    Every shard records it, so ``write_index`` can tell shards of one split
+    from shards packed from another scan.
+    """
+    h = hashlib.sha256()
+    h.update(json.dumps([sources.layout, sources.classes], ensure_ascii=True).encode())
+    for path, label in zip(sources.relpaths, sources.labels):
+        h.update(os.fsencode(path))
+        h.update(b"\0%d\n" % label)
+    return h.hexdigest()
+
+
+def shard_field(
+    sources: SourceList, index: int, num_shards: int, *, prefix: str = DEFAULT_PREFIX, digest: str | None = None
+) -> dict[str, Any]:
+    """The ``shard`` manifest field of shard ``index``: its place in the split (FORMAT.md)."""
+    start, stop = plan_split(len(sources), num_shards)[index]
+    return {
+        "split": SPLIT_METHOD,
+        "prefix": prefix,
+        "index": index,
+        "num_shards": num_shards,
+        "first_source": start,
+        "sources": stop - start,
+        "total_sources": len(sources),
+        "sources_sha256": digest or sources_digest(sources),
+    }
+
+
+def shard_sources(sources: SourceList, start: int, stop: int) -> SourceList:
+    """The samples ``start .. stop-1`` of ``sources``, keeping the global classes and labels."""
+    return dataclasses.replace(sources, relpaths=sources.relpaths[start:stop], labels=sources.labels[start:stop])
+
+
+# -- results -----------------------------------------------------------------------
+@dataclass
+class ShardResult:
+    """What packing one shard did."""
+
+    name: str
+    index: int
+    path: str
+    count: int
+    sources: int
+    seconds: float = 0.0
+    input_bytes: int = 0
+    payload_bytes: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    resumed_from: int = 0
+    kept: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        out = dataclasses.asdict(self)
+        out["skipped"] = [{"path": p, "reason": r} for p, r in self.skipped]
+        out["seconds"] = round(self.seconds, 3)
+        return out
+
+
+@dataclass
+class ShardedPackResult:
+    """Summary of a finished sharded pack."""
+
+    path: str
+    count: int
+    shards: list[ShardResult]
+    seconds: float
+    store: str = "encoded"
+
+    @property
+    def input_bytes(self) -> int:
+        """Source bytes read in this run."""
+        return sum(s.input_bytes for s in self.shards)
+
+    @property
+    def skipped(self) -> list[tuple[str, str]]:
+        """Every skipped file, ``(relative path, reason)``, in source order."""
+        return [item for s in self.shards for item in s.skipped]
+
+    @property
+    def images_per_second(self) -> float:
+        """Source files handled per second of wall time in this run (packed or skipped)."""
+        done = sum(s.sources - s.resumed_from for s in self.shards if not s.kept)
+        return done / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_second(self) -> float:
+        """Source megabytes (10**6) read per second of wall time (this run)."""
+        return self.input_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (``lmdbfolder pack --shards N --json``)."""
+        return {
+            "path": self.path,
+            "count": self.count,
+            "num_shards": len(self.shards),
+            "input_bytes": self.input_bytes,
+            "seconds": round(self.seconds, 3),
+            "images_per_second": round(self.images_per_second, 1),
+            "mb_per_second": round(self.mb_per_second, 1),
+            "store": self.store,
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+            "shards": [s.as_dict() for s in self.shards],
+        }
+
+
+# -- the output directory --------------------------------------------------------
+#: Suffixes of shard directories on their way: being packed, being copied in
+#: (``staging``), or being replaced (``overwrite``).
+_TRANSIENT = re.compile(r"(\.partial|\.copying|\.old-[0-9]+)$")
+
+
+def _shard_entries(dst: str) -> dict[str, tuple[str, int, int, bool]]:
+    """Entries of ``dst`` that are shards: name -> (prefix, index, num_shards, finished)."""
+    found = {}
+    for name in os.listdir(dst):
+        base = _TRANSIENT.sub("", name)
+        parsed = parse_shard_name(base)
+        if parsed is not None and os.path.isdir(os.path.join(dst, name)):
+            found[name] = (*parsed, base == name)
+    return found
+
+
+def _foreign_entries(dst: str) -> list[str]:
+    shards = _shard_entries(dst)
+    return sorted(n for n in os.listdir(dst) if n not in shards and n not in (SHARD_INDEX_FILE, _INDEX_TMP))
+
+
+def prepare_sharded_output(
+    dst: str | os.PathLike[str],
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    num_shards: int,
+    only: int | None = None,
+    overwrite: bool = False,
+    restart: bool = False,
+) -> str:
+    """Make ``dst`` ready to receive the shards of an ``num_shards``-way split; return its path.
+
+    A new directory is created; an unfinished sharded pack of the same split is
+    kept so that it resumes. Anything else is refused unless ``overwrite``
+    (which replaces only lmdbfolder packs). ``only`` is the shard index when
+    a single shard is packed (``--shard-index``): then only that shard and the
+    now stale ``index.json`` are removed. ``restart`` discards unfinished
+    shards (all of them, or shard ``only``) instead of resuming them.
+    """
+    dst = os.path.abspath(os.fspath(dst))
+    if not os.path.lexists(dst):
+        os.makedirs(dst, exist_ok=True)  # array jobs may all get here at once
+        return dst
+    if os.path.islink(dst) or not os.path.isdir(dst):
+        raise OutputExistsError(dst, "exists and is not a directory", "choose another output path")
+    names = set(os.listdir(dst))
+    if DATA_FILE in names:
+        if not overwrite:
+            raise OutputExistsError(dst, "already holds a single (unsharded) pack")
+        if not names <= _SINGLE_PACK_FILES:
+            raise OutputExistsError(dst, "exists and is not an lmdbfolder pack; refusing to replace it")
+        shutil.rmtree(dst)
+        os.makedirs(dst)
+        return dst
+    foreign = _foreign_entries(dst)
+    if foreign:
+        raise OutputExistsError(
+            dst,
+            f"exists and holds other files ({', '.join(foreign[:5])}); refusing to write shards into it",
+            "choose another output path",
+        )
+    finished_index = SHARD_INDEX_FILE in names
+    entries = _shard_entries(dst)
+    if only is None:
+        if finished_index and not overwrite:
+            raise OutputExistsError(dst, "already holds a finished sharded pack")
+        other = sorted(n for n, (p, _, total, _) in entries.items() if (p, total) != (prefix, num_shards))
+        if other and not (overwrite or restart):
+            raise OutputExistsError(
+                dst,
+                f"holds shards of another split ({', '.join(other[:3])}); it cannot be resumed as {num_shards} shards",
+                "pass --restart to start over (or --overwrite), or rerun with the original --shards",
+            )
+        if overwrite or restart:
+            for name in entries:
+                shutil.rmtree(os.path.join(dst, name))
+            for name in (SHARD_INDEX_FILE, _INDEX_TMP):
+                if name in names:
+                    os.remove(os.path.join(dst, name))
+        return dst
+    if finished_index:
+        if not overwrite:
+            raise OutputExistsError(
+                dst,
+                "already holds a finished sharded pack (index.json)",
+                "pass --overwrite to repack this shard (the index is removed; run `lmdbfolder index` afterwards)",
+            )
+        os.remove(os.path.join(dst, SHARD_INDEX_FILE))
+    return dst
+
+
+# -- packing -----------------------------------------------------------------------
+def _same_shard(path: str, expected: dict[str, Any], store: str, check: str) -> tuple[bool, str]:
+    try:
+        reader = Reader(path)
+    except NotAPackError as exc:
+        return False, exc.message
+    try:
+        meta = reader.meta
+        if meta.get(SHARD_FIELD) != expected:
+            return False, "it was packed as part of another split"
+        params = meta.get("params") or {}
+        if meta["store"] != store or params.get("check") != check:
+            return False, f"it was packed with --store {meta['store']} --check {params.get('check')}"
+        return True, ""
+    finally:
+        reader.close()
+
+
+def pack_shard(
+    sources: SourceList,
+    dst: str | os.PathLike[str],
+    index: int,
+    num_shards: int,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    digest: str | None = None,
+    store: str = "encoded",
+    check: str = "header",
+    strict: bool = False,
+    commit_every: int = DEFAULT_COMMIT_EVERY,
+    commit_bytes: int = DEFAULT_COMMIT_BYTES,
+    workers: int | None = None,
+    overwrite: bool = False,
+    restart: bool = False,
+    space_check: bool = True,
+    staging: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ShardResult:
+    """Pack shard ``index`` of the ``num_shards``-way contiguous split of ``sources`` into ``dst``.
+
+    ``sources`` is the complete sample list (``sources.scan``); the shard is
+    written to ``dst/<prefix>-<index>-of-<num_shards>.lmdb`` by the ordinary
+    writer, so an interrupted shard resumes when this is called again, bad
+    files are skipped (or stop it with ``strict``) and reported. A shard that
+    is already finished with the same split and options is kept as it is
+    (``ShardResult.kept``). ``dst`` must have been prepared with
+    ``prepare_sharded_output`` (``pack_sharded`` and the CLI do it).
+
+    ``staging``: build the shard in this (node-local) directory and copy it
+    into ``dst`` when it is finished, for a ``dst`` on a network file system,
+    where LMDB must not be written. ``digest`` is ``sources_digest(sources)``
+    if the caller has it already. ``on_progress(done, total)`` is called as
+    source files of this shard are handled.
+
+    Example:
+        >>> from lmdbfolder.sources import scan
+        >>> sources = scan("imagenet/train")  # doctest: +SKIP
+        >>> pack_shard(sources, "train-sharded", 3, 8)  # doctest: +SKIP
+    """
+    dst = os.path.abspath(os.fspath(dst))
+    name = shard_name(prefix, index, num_shards)
+    target = os.path.join(dst, name)
+    expected = shard_field(sources, index, num_shards, prefix=prefix, digest=digest)
+    start, stop = expected["first_source"], expected["first_source"] + expected["sources"]
+    if os.path.lexists(target) and not overwrite:
+        same, why = _same_shard(target, expected, store, check)
+        if not same:
+            raise OutputExistsError(
+                target,
+                f"already holds a shard that does not fit this pack: {why}",
+                "pass --overwrite to repack it, or choose another output path",
+            )
+        with Reader(target) as reader:
+            count = len(reader)
+        return ShardResult(name, index, target, count, stop - start, kept=True)
+    part = shard_sources(sources, start, stop)
+    options: dict[str, Any] = dict(
+        store=store,
+        check=check,
+        strict=strict,
+        commit_every=commit_every,
+        commit_bytes=commit_bytes,
+        workers=workers,
+        restart=restart,
+        space_check=space_check,
+        progress=progress,
+        manifest_extra={SHARD_FIELD: expected},
+        on_progress=on_progress,
+    )
+    if staging is None:
+        result = pack_sources(part, target, overwrite=overwrite, **options)
+    else:
+        from lmdbfolder.copying import copy_pack
+
+        built = os.path.join(os.path.abspath(os.fspath(staging)), name)
+        os.makedirs(os.path.dirname(built), exist_ok=True)
+        if os.path.lexists(built) and not _same_shard(built, expected, store, check)[0]:
+            shutil.rmtree(built)
+        if os.path.lexists(built):
+            with Reader(built) as reader:
+                count = len(reader)
+            copy_pack(built, target, overwrite=overwrite)
+            shutil.rmtree(built)
+            return ShardResult(name, index, target, count, stop - start, kept=True)
+        result = pack_sources(part, built, **options)
+        copy_pack(built, target, overwrite=overwrite)
+        shutil.rmtree(built)
+    return ShardResult(
+        name,
+        index,
+        target,
+        result.count,
+        stop - start,
+        result.seconds,
+        result.input_bytes,
+        result.payload_bytes,
+        list(result.skipped),
+        result.resumed_from,
+    )
+
+
+def pack_sharded(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    shards: int | None = None,
+    shard_size: int | str | None = None,
+    shard_index: int | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    layout: str = "imagefolder",
+    list_file: str | os.PathLike[str] | None = None,
+    allow_empty: bool = False,
+    store: str = "encoded",
+    check: str = "header",
+    strict: bool = False,
+    commit_every: int = DEFAULT_COMMIT_EVERY,
+    commit_bytes: int = DEFAULT_COMMIT_BYTES,
+    workers: int | None = None,
+    overwrite: bool = False,
+    restart: bool = False,
+    space_check: bool = True,
+    staging: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+) -> ShardedPackResult:
+    """Pack ``src`` into a sharded pack at ``dst``: ``shards`` shards, or shards of about ``shard_size``.
+
+    The shards are packed one after the other in this process (each with the
+    threaded reading pipeline); ``lmdbfolder.ray.pack_ray`` packs them in
+    parallel on a Ray cluster. Rerunning the same call after an interruption
+    keeps the finished shards and resumes the unfinished one. The index is
+    written last, from the finished shards. The other arguments are those of
+    ``lmdbfolder.pack``.
+
+    ``shard_index``: pack only that shard of the ``shards``-way split and
+    write no index (one job of a Slurm array; ``write_index`` once all are
+    done). ``staging``: see ``pack_shard``.
+
+    Example:
+        >>> from lmdbfolder.shards import pack_sharded
+        >>> result = pack_sharded("imagenet/train", "train", shard_size="4GB")  # doctest: +SKIP
+        >>> result.count, len(result.shards)  # doctest: +SKIP
+        (1281167, 36)
+    """
+    start_time = time.perf_counter()
+    sources = scan(
+        os.fspath(src),
+        layout=layout,
+        list_file=None if list_file is None else os.fspath(list_file),
+        allow_empty=allow_empty,
+    )
+    if shard_index is not None and shards is None:
+        raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
+    num = choose_num_shards(sources, shards=shards, shard_size=shard_size, store=store)
+    if shard_index is not None and not 0 <= shard_index < num:
+        raise ValueError(f"shard_index must be in 0..{num - 1}, got {shard_index}")
+    dst = prepare_sharded_output(
+        dst, prefix=prefix, num_shards=num, only=shard_index, overwrite=overwrite, restart=restart
+    )
+    digest = sources_digest(sources)
+    results = []
+    todo = range(num) if shard_index is None else [shard_index]
+    split = plan_split(len(sources), num)
+    total = sum(split[i][1] - split[i][0] for i in todo)
+    desc = f"pack {num} shards" if shard_index is None else f"pack shard {shard_index}"
+    with Progress(total, desc, enabled=progress) as bar:
+        for i in todo:
+            lo, hi = split[i]
+            reported = [0]
+
+            def report(done: int, total: int, reported: list[int] = reported) -> None:
+                bar.update(done - reported[0])
+                reported[0] = done
+
+            result = pack_shard(
+                sources,
+                dst,
+                i,
+                num,
+                prefix=prefix,
+                digest=digest,
+                store=store,
+                check=check,
+                strict=strict,
+                commit_every=commit_every,
+                commit_bytes=commit_bytes,
+                workers=workers,
+                overwrite=overwrite and shard_index is not None,
+                restart=restart,
+                space_check=space_check,
+                staging=staging,
+                progress=False,
+                on_progress=report,
+            )
+            bar.update(hi - lo - reported[0])
+            for path, reason in result.skipped:
+                bar.write(f"skipped {path}: {reason}")
+            results.append(result)
+    if shard_index is not None:
+        return ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, store)
+    index = write_index(dst, prefix=prefix)
+    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, store)
+
+
+# -- the index ---------------------------------------------------------------------
+def _read_tables(reader: Reader) -> tuple[bytes, bytes, bytes]:
+    txn = reader._txn()  # the same per-process handle every read of this pack uses
+    blobs = []
+    for key in (META_KEY, LABELS_KEY, PATHS_KEY):
+        blob = txn.get(key)
+        if blob is None:
+            raise NotAPackError(reader.path, f"its {key.decode()} table is missing")
+        blobs.append(bytes(blob))
+    return blobs[0], blobs[1], blobs[2]
+
+
+def _find_split(dst: str, prefix: str | None) -> tuple[str, int, dict[int, str], set[int]]:
+    entries = _shard_entries(dst)
+    groups: dict[tuple[str, int], tuple[dict[int, str], set[int]]] = {}
+    for name, (p, i, total, finished) in entries.items():
+        if prefix is not None and p != prefix:
+            continue
+        done, unfinished = groups.setdefault((p, total), ({}, set()))
+        if finished:
+            done[i] = name
+        else:
+            unfinished.add(i)
+    if not groups:
+        raise NotAPackError(
+            dst,
+            "it holds no shard" + (f" named {prefix}-*" if prefix else ""),
+            "pack the shards first (`lmdbfolder pack SRC DST --shards N`, or --shard-index I per job)",
+        )
+    if len(groups) > 1:
+        kinds = ", ".join(shard_name(p, 0, n).replace("-00000-", "-*-") for p, n in sorted(groups))
+        raise NotAPackError(
+            dst, f"it holds shards of several splits ({kinds})", "remove the ones that do not belong, or pass --prefix"
+        )
+    (found_prefix, total), (done, unfinished) = next(iter(groups.items()))
+    return found_prefix, total, done, unfinished
+
+
+def write_index(
+    dst: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+) -> dict[str, Any]:
+    """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index.
+
+    Every shard of the split must be present and finished, and all must come
+    from the same scan (same sample list, classes and store) and tile it
+    without gaps. Missing or unfinished shards are named in the error.
+    ``prefix`` selects the shards named ``<prefix>-*`` when several splits
+    share ``dst``. The index is written atomically (a temporary file renamed).
+
+    Example:
+        >>> index = write_index("train-sharded")  # doctest: +SKIP
+        >>> index["count"], len(index["shards"])  # doctest: +SKIP
+        (1281167, 8)
+    """
+    dst = os.path.abspath(os.fspath(dst))
+    if not os.path.isdir(dst):
+        raise NotAPackError(dst, "no such directory")
+    found_prefix, total, done, unfinished = _find_split(dst, prefix)
+    missing = [i for i in range(total) if i not in done]
+    if missing:
+        described = [
+            shard_name(found_prefix, i, total) + (" (unfinished)" if i in unfinished else "") for i in missing[:10]
+        ]
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise NotAPackError(
+            dst,
+            f"{len(missing)} of {total} shards are missing: {', '.join(described)}{more}",
+            f"pack them (`lmdbfolder pack SRC {dst} --shards {total} --shard-index I`), "
+            "then run `lmdbfolder index` again",
+        )
+    entries: list[dict[str, Any]] = []
+    first: dict[str, Any] = {}
+    encodings: dict[str, int] = {}
+    next_source = 0
+    first_index = 0
+    for i in range(total):
+        name = done[i]
+        path = os.path.join(dst, name)
+        with Reader(path) as reader:
+            meta_blob, labels_blob, paths_blob = _read_tables(reader)
+            meta = reader.meta
+            count = len(reader)
+        where = f"{name} in {dst}"
+        info = meta.get(SHARD_FIELD)
+        if not isinstance(info, dict):
+            raise NotAPackError(path, "it is a complete pack but was not packed as a shard (no `shard` field)")
+        if not first:
+            first = meta
+        expected_info = {"prefix": found_prefix, "index": i, "num_shards": total, "split": SPLIT_METHOD}
+        wrong = [k for k, v in expected_info.items() if info.get(k) != v]
+        same_scan = (
+            info.get("total_sources") == first[SHARD_FIELD]["total_sources"]
+            and info.get("sources_sha256") == first[SHARD_FIELD]["sources_sha256"]
+        )
+        if wrong or not same_scan or info.get("first_source") != next_source:
+            raise NotAPackError(
+                path,
+                f"it does not belong to this split ({where}): it was packed from another scan of the source, "
+                "or with other shard options",
+                "repack it with `lmdbfolder pack ... --shard-index` from the same source and options",
+            )
+        for key in ("classes", "class_to_idx", "store"):
+            if meta[key] != first[key]:
+                raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
+        digest = tables_digest(meta_blob, labels_blob, paths_blob)
+        for enc, n in (meta.get("encodings") or {}).items():
+            encodings[enc] = encodings.get(enc, 0) + n
+        entries.append(
+            {
+                "name": name,
+                "count": count,
+                "first_index": first_index,
+                "first_source": info["first_source"],
+                "sources": info["sources"],
+                "skipped": len(meta.get("skipped") or []),
+                "payload_bytes": meta.get("payload_bytes"),
+                "bytes": os.path.getsize(os.path.join(path, DATA_FILE)),
+                "tables_sha256": digest,
+            }
+        )
+        next_source += info["sources"]
+        first_index += count
+    if next_source != first[SHARD_FIELD]["total_sources"]:
+        raise NotAPackError(dst, f"the shards cover {next_source} source files, the split has {total}")
+    index = {
+        "format": SHARD_INDEX_FORMAT,
+        "index_version": SHARD_INDEX_VERSION,
+        "pack_format_version": FORMAT_VERSION,
+        "count": first_index,
+        "classes": first["classes"],
+        "class_to_idx": first["class_to_idx"],
+        "store": first["store"],
+        "num_shards": total,
+        "shards": entries,
+        "split": {
+            "method": SPLIT_METHOD,
+            "prefix": found_prefix,
+            "num_shards": total,
+            "sources": next_source,
+            "sources_sha256": first[SHARD_FIELD]["sources_sha256"],
+        },
+        "encodings": dict(sorted(encodings.items())),
+        "payload_bytes": sum(e["payload_bytes"] or 0 for e in entries),
+        "skipped": sum(e["skipped"] for e in entries),
+        "checksum": "sha256 of each shard's tables; crc32 of every record",
+        "source": first.get("source"),
+        "created_by": f"lmdbfolder {__version__}",
+        "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    _write_atomically(dst, encode_shard_index(index))
+    return index
+
+
+def _write_atomically(dst: str, data: bytes) -> None:
+    tmp = os.path.join(dst, _INDEX_TMP)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(dst, SHARD_INDEX_FILE))
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _load_index(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    p = os.path.abspath(os.fspath(path))
+    if os.path.basename(p) == SHARD_INDEX_FILE:
+        p = os.path.dirname(p)
+    index_file = os.path.join(p, SHARD_INDEX_FILE)
+    try:
+        with open(index_file, "rb") as f:
+            blob = f.read()
+    except OSError as exc:
+        raise NotAPackError(p, f"cannot read {SHARD_INDEX_FILE} ({exc.strerror})") from None
+    return p, decode_shard_index(blob, where=index_file)
+
+
+# -- reading -------------------------------------------------------------------------
+class ShardedReader(Reader):
+    """Random access to a sharded pack, with the API of ``Reader``.
+
+    ``Reader(path)`` returns one of these when ``path`` holds ``index.json``.
+    Global index ``i`` lives in shard ``k = bisect(shard_offsets, i) - 1`` at
+    local index ``i - shard_offsets[k]``. Opening reads only ``index.json``
+    and checks that every shard directory exists; each shard is opened (and
+    checked against the index: count, classes, store, tables checksum) the
+    first time it is used in a process, through the fork- and spawn-safe
+    per-process handles of ``Reader``.
+
+    Example:
+        >>> from lmdbfolder import Reader
+        >>> r = Reader("train-sharded")  # doctest: +SKIP
+        >>> len(r), r.num_shards, r.locate(1000)  # doctest: +SKIP
+        (1281167, 8, (0, 1000))
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = False) -> None:
+        self.path, self.meta = _load_index(path)
+        self.readahead = readahead
+        self.verify_checksums = verify_checksums
+        entries = self.meta["shards"]
+        self._names: list[str] = [e["name"] for e in entries]
+        starts = [0]
+        for e in entries:
+            starts.append(starts[-1] + e["count"])
+        self._starts: list[int] = starts
+        self._count: int = self.meta["count"]
+        missing = [n for n in self._names if not os.path.isdir(os.path.join(self.path, n))]
+        if missing:
+            raise NotAPackError(
+                self.path,
+                f"{len(missing)} of {len(self._names)} shards are missing: {', '.join(missing[:10])}"
+                + (" ..." if len(missing) > 10 else ""),
+                "copy the missing shard directories next to index.json (or repack them with "
+                "`lmdbfolder pack ... --shard-index I`)",
+            )
+        self._reset_shards()
+
+    def _reset_shards(self) -> None:
+        self._readers: list[Reader | None] = [None] * len(self._names)
+        self._shard_lock = threading.Lock()
+        self._owner_pid = os.getpid()
+        self._labels_cache: array.array | None = None
+
+    # -- shards ----------------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+        return len(self._names)
+
+    @property
+    def shards(self) -> list[str]:
+        """The shard directories, in global order."""
+        return [os.path.join(self.path, n) for n in self._names]
+
+    @property
+    def shard_offsets(self) -> list[int]:
+        """Global index of each shard's first sample, then the total count (``num_shards + 1`` values)."""
+        return list(self._starts)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard, local index)`` of global sample ``index``."""
+        i = self._check_index(index)
+        k = bisect.bisect_right(self._starts, i) - 1
+        return k, i - self._starts[k]
+
+    def shard(self, k: int) -> Reader:
+        """The Reader of shard ``k``, opened and checked on first use in this process."""
+        if os.getpid() != self._owner_pid:
+            # A forked child: the inherited Readers are safe (they reopen their
+            # handles), but a lock held by another thread at fork time is not.
+            self._shard_lock = threading.Lock()
+            self._owner_pid = os.getpid()
+        reader = self._readers[k]
+        if reader is None:
+            with self._shard_lock:
+                reader = self._readers[k]
+                if reader is None:
+                    reader = self._open_shard(k)
+                    self._readers[k] = reader
+        return reader
+
+    def _open_shard(self, k: int) -> Reader:
+        entry = self.meta["shards"][k]
+        path = os.path.join(self.path, entry["name"])
+        where = f"shard {k} of {len(self._names)} listed in {os.path.join(self.path, SHARD_INDEX_FILE)}"
+        reader = Reader(path, readahead=self.readahead, verify_checksums=self.verify_checksums)
+        try:
+            hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
+            if len(reader) != entry["count"]:
+                raise NotAPackError(
+                    path, f"it holds {len(reader)} samples, the index says {entry['count']} ({where})", hint
+                )
+            for key in ("classes", "class_to_idx", "store"):
+                if reader.meta[key] != self.meta[key]:
+                    raise NotAPackError(path, f"its {key} differ from the index's ({where})", hint)
+            if tables_digest(*_read_tables(reader)) != entry["tables_sha256"]:
+                raise NotAPackError(path, f"its tables do not match the index's tables_sha256 ({where})", hint)
+        finally:
+            reader.close()  # checked; its handle is reopened lazily when a sample is read
+        return reader
+
+    # -- the Reader API ------------------------------------------------------------
+    @property
+    def labels(self) -> array.array:
+        """Label of every sample, in global order (opens every shard once)."""
+        if self._labels_cache is None:
+            labels = array.array("i")
+            for k in range(len(self._names)):
+                labels.extend(self.shard(k).labels)
+            self._labels_cache = labels
+        return self._labels_cache
+
+    def get(self, index: int) -> Record:
+        """Return sample ``index`` (global; negative indices count from the end); see ``Reader.get``."""
+        k, local = self.locate(index)
+        record = self.shard(k).get(local)
+        return dataclasses.replace(record, index=local + self._starts[k])
+
+    def path_of(self, index: int) -> str:
+        """Original relative path of global sample ``index``."""
+        k, local = self.locate(index)
+        return self.shard(k).path_of(local)
+
+    def paths(self) -> list[str]:
+        """Original relative paths of all samples, in global order."""
+        return [p for k in range(len(self._names)) for p in self.shard(k).paths()]
+
+    def raw_items(self) -> Any:
+        """Not available: a sharded pack has no single database (iterate over ``shards``)."""
+        raise TypeError(f"{self.path} is a sharded pack; read each of its shards (ShardedReader.shards) instead")
+
+    def close(self) -> None:
+        """Release this process's handles on every shard."""
+        for reader in self._readers:
+            if reader is not None:
+                reader.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_readers", "_shard_lock", "_owner_pid", "_labels_cache", "_index_by_path"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_shards()
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedReader({self.path!r}, count={self._count}, shards={len(self._names)}, "
+            f"classes={len(self.meta['classes'])}, store={self.store!r})"
+        )
+
+
+# -- info and verify -----------------------------------------------------------------
+def sharded_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``pack_info`` of a sharded pack: the index's summary plus each shard's name, count and size."""
+    reader = ShardedReader(path)
+    meta = reader.meta
+    shards = []
+    skipped: list[dict[str, Any]] = []
+    size = os.path.getsize(os.path.join(reader.path, SHARD_INDEX_FILE))
+    for entry, shard_path in zip(meta["shards"], reader.shards):
+        skipped.extend(Reader(shard_path).meta.get("skipped", []))
+        shard_size = sum(
+            os.path.getsize(os.path.join(shard_path, n))
+            for n in os.listdir(shard_path)
+            if os.path.isfile(os.path.join(shard_path, n))
+        )
+        size += shard_size
+        shards.append({"name": entry["name"], "count": entry["count"], "size_on_disk": shard_size})
+    return {
+        "path": reader.path,
+        "format": meta["format"],
+        "format_version": meta["index_version"],
+        "pack_format_version": meta["pack_format_version"],
+        "count": meta["count"],
+        "num_classes": len(meta["classes"]),
+        "classes": meta["classes"],
+        "store": meta["store"],
+        "encodings": meta.get("encodings", {}),
+        "payload_bytes": meta.get("payload_bytes"),
+        "size_on_disk": size,
+        "source": meta.get("source"),
+        "created_by": meta.get("created_by"),
+        "created_at": meta.get("created_at"),
+        "num_shards": len(shards),
+        "shards": shards,
+        "skipped": skipped,
+    }
+
+
+def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progress: bool | None = None) -> VerifyReport:
+    """``verify`` for a sharded pack: every shard in full, and each against the index.
+
+    A missing or unreadable shard, a count, class list or store that differs
+    from the index, and tables that do not match the index's checksum are
+    reported as problems naming the shard; record problems carry the global
+    index and the shard's name.
+    """
+    start = time.perf_counter()
+    root, index = _load_index(path)
+    report = VerifyReport(root, index["count"], decoded=decode)
+    offset = 0
+    for entry in index["shards"]:
+        name = entry["name"]
+        shard_path = os.path.join(root, name)
+        first = offset
+        offset += entry["count"]
+        if not os.path.isdir(shard_path):
+            report.problems.append(Problem("shard", f"shard {name} is missing"))
+            continue
+        try:
+            sub = verify(shard_path, decode=decode, progress=progress)
+            with Reader(shard_path) as reader:
+                digest = tables_digest(*_read_tables(reader))
+                meta = reader.meta
+        except NotAPackError as exc:
+            report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
+            continue
+        if sub.count != entry["count"]:
+            report.problems.append(
+                Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry['count']}")
+            )
+        if digest != entry["tables_sha256"]:
+            report.problems.append(
+                Problem("checksum", f"shard {name}: its tables do not match the index's tables_sha256")
+            )
+        for key in ("classes", "class_to_idx", "store"):
+            if meta[key] != index[key]:
+                report.problems.append(Problem("shard", f"shard {name}: its {key} differ from the index's"))
+        for p in sub.problems:
+            report.problems.append(
+                Problem(p.kind, f"{name}: {p.message}", None if p.index is None else first + p.index, p.path)
+            )
+        report.checked += sub.checked
+        report.payload_bytes += sub.payload_bytes
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,178 @@
+"""ExactDistributedSampler without torch.distributed: the partition, the remainder
+policy, the shard-aware order, resume through state_dict and StatefulDataLoader."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lmdbfolder.sampler import ExactDistributedSampler
+from lmdbfolder.shards import pack_sharded, plan_split
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # inside torchdata 0.11
+
+
+def _offsets(n: int, shards: int) -> list[int]:
+    return [lo for lo, _ in plan_split(n, shards)] + [n]
+
+
+@pytest.mark.parametrize("n", [1, 7, 55, 64])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 9])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_random_order_is_torchs_distributed_sampler(n: int, world: int, drop_last: bool) -> None:
+    if drop_last and n < world:
+        return  # no sample per rank: refused, see test_bad_arguments
+    data = list(range(n))
+    for shuffle in (True, False):
+        for rank in range(world):
+            theirs = DistributedSampler(data, world, rank, shuffle=shuffle, seed=3, drop_last=drop_last)
+            ours = ExactDistributedSampler(data, world, rank, shuffle=shuffle, seed=3, drop_last=drop_last)
+            for epoch in (0, 5):
+                theirs.set_epoch(epoch)
+                ours.set_epoch(epoch)
+                assert list(ours) == list(theirs)
+                assert len(ours) == len(theirs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    world=st.integers(1, 8),
+    drop_last=st.booleans(),
+    order=st.sampled_from(["random", "shards"]),
+    shards=st.integers(1, 12),
+    epoch=st.integers(0, 3),
+)
+def test_ranks_partition_each_epoch_with_the_reported_remainder(
+    n: int, world: int, drop_last: bool, order: str, shards: int, epoch: int
+) -> None:
+    if drop_last and n < world:
+        return
+    offsets = _offsets(n, min(shards, n))
+    samplers = [
+        ExactDistributedSampler(range(n), world, r, seed=1, drop_last=drop_last, order=order, shard_offsets=offsets)
+        for r in range(world)
+    ]
+    for s in samplers:
+        s.set_epoch(epoch)
+    parts = [list(s) for s in samplers]
+    assert {len(p) for p in parts} == {samplers[0].num_samples}
+    seen = Counter(i for p in parts for i in p)
+    assert set(seen) <= set(range(n))
+    s0 = samplers[0]
+    if drop_last:
+        assert max(seen.values()) == 1 and n - len(seen) == s0.num_dropped and s0.num_padded == 0
+    else:
+        assert len(seen) == n and sum(seen.values()) - n == s0.num_padded and s0.num_dropped == 0
+    assert sum(seen.values()) == s0.total_size
+
+
+def test_epochs_differ_and_describe_says_the_policy() -> None:
+    s = ExactDistributedSampler(range(10), 4, 0, seed=0)
+    assert s.indices(epoch=0) != s.indices(epoch=1)
+    assert s.describe() == "10 samples on 4 ranks: 3 per rank, 2 samples repeated each epoch (drop_last=False)"
+    d = ExactDistributedSampler(range(10), 4, 0, drop_last=True)
+    assert d.describe() == "10 samples on 4 ranks: 2 per rank, 2 samples left out each epoch (drop_last=True)"
+    assert "every sample exactly once" in ExactDistributedSampler(range(8), 4, 1).describe()
+
+
+def test_shard_aware_order_reads_few_shards_at_a_time() -> None:
+    n, shards, world = 1200, 24, 3
+    offsets = _offsets(n, shards)
+    for k in (1, 2, 4):
+        for rank in range(world):
+            s = ExactDistributedSampler(
+                range(n), world, rank, seed=5, order="shards", shard_offsets=offsets, shards_at_once=k
+            )
+            order = s.indices(epoch=2)
+            assert len(set(order)) == len(order) == n // world
+            for start in range(0, len(order), s.window):
+                window = order[start : start + s.window]
+                touched = {next(j for j in range(shards) if offsets[j] <= i < offsets[j + 1]) for i in window}
+                assert len(touched) <= k + 1
+            assert order != sorted(order)  # shuffled inside the windows
+    # blocks move between epochs, so a rank does not see the same shards every epoch
+    s = ExactDistributedSampler(range(n), world, 0, seed=5, order="shards", shard_offsets=offsets)
+    assert set(s.indices(epoch=0)) != set(s.indices(epoch=1))
+
+
+def test_shard_offsets_come_from_a_sharded_lmdbfolder(small_tree: Path, tmp_path: Path) -> None:
+    from lmdbfolder.torch import LMDBFolder
+
+    pack_sharded(small_tree, tmp_path / "sh", shards=3, progress=False)
+    ds = LMDBFolder(tmp_path / "sh")
+    s = ExactDistributedSampler(ds, 2, 0, order="shards")
+    assert s.shard_offsets == ds.reader.shard_offsets and len(s.shard_offsets) == 4
+
+
+def test_state_dict_resumes_at_the_next_index() -> None:
+    s = ExactDistributedSampler(range(50), 3, 2, seed=9)
+    s.set_epoch(4)
+    it = iter(s)
+    head = [next(it) for _ in range(6)]
+    state = s.state_dict()
+    assert (state["epoch"], state["position"]) == (4, 6)
+    t = ExactDistributedSampler(range(50), 3, 2, seed=9)
+    t.load_state_dict(state)
+    t.set_epoch(4)  # the usual loop calls set_epoch again: the position is kept
+    assert head + list(t) == s.indices(epoch=4)
+    t.set_epoch(5)  # another epoch starts at its beginning
+    assert list(t) == s.indices(epoch=5)
+    assert t.state_dict()["position"] == t.num_samples
+
+
+def test_state_from_other_settings_is_refused() -> None:
+    state = ExactDistributedSampler(range(50), 4, 0).state_dict()
+    with pytest.raises(ValueError, match="num_replicas 4 -> 3"):
+        ExactDistributedSampler(range(50), 3, 0).load_state_dict(state)
+    with pytest.raises(ValueError, match="dataset_len 50 -> 51"):
+        ExactDistributedSampler(range(51), 4, 0).load_state_dict(state)
+    with pytest.raises(ValueError, match="not a state"):
+        ExactDistributedSampler(range(50), 4, 0).load_state_dict({"epoch": 1})
+    ExactDistributedSampler(range(50), 4, 3).load_state_dict(state)  # any rank's state fits every rank
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="initialise torch.distributed"):
+        ExactDistributedSampler(range(5))
+    with pytest.raises(ValueError, match="rank must be"):
+        ExactDistributedSampler(range(5), 2, 2)
+    with pytest.raises(ValueError, match="order"):
+        ExactDistributedSampler(range(5), 1, 0, order="zigzag")
+    with pytest.raises(ValueError, match="shard_offsets"):
+        ExactDistributedSampler(range(5), 1, 0, shard_offsets=[0, 3])
+    with pytest.raises(ValueError, match="cannot give each"):
+        ExactDistributedSampler(range(3), 4, 0, drop_last=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_exactly(workers: int) -> None:
+    data = list(range(37))
+
+    def loader(sampler: ExactDistributedSampler) -> StatefulDataLoader:
+        return StatefulDataLoader(data, batch_size=4, sampler=sampler, num_workers=workers)
+
+    full_sampler = ExactDistributedSampler(data, 2, 1, seed=2)
+    full_sampler.set_epoch(3)
+    full = [int(x) for batch in loader(full_sampler) for x in batch]
+    first = ExactDistributedSampler(data, 2, 1, seed=2)
+    first.set_epoch(3)
+    dl = loader(first)
+    head = []
+    for b, batch in enumerate(dl):
+        head += [int(x) for x in batch]
+        if b == 1:
+            break
+    state = dl.state_dict()
+    del dl
+    second = ExactDistributedSampler(data, 2, 1, seed=2)
+    dl = loader(second)
+    dl.load_state_dict(state)
+    second.set_epoch(3)
+    assert head + [int(x) for batch in dl for x in batch] == full

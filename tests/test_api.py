@@ -49,7 +49,7 @@ def test_public_api_snapshot() -> None:
 
 def test_core_import_does_not_import_torch_or_tqdm() -> None:
     code = (
-        "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.shards, lmdbfolder.copying, lmdbfolder.ray\n"
+        "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.shards, lmdbfolder.sharded, lmdbfolder.copying, lmdbfolder.ray\n"
         "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -73,11 +73,12 @@ def test_new_modules_declare_their_api() -> None:
     import lmdbfolder.copying
     import lmdbfolder.ray
     import lmdbfolder.sampler
+    import lmdbfolder.sharded
     import lmdbfolder.shards
 
     assert lmdbfolder.sampler.__all__ == ["ExactDistributedSampler", "ORDERS"]
     assert lmdbfolder.ray.__all__ == ["pack_ray"]
-    for module in (lmdbfolder.shards, lmdbfolder.copying, lmdbfolder.ray, lmdbfolder.sampler):
+    for module in (lmdbfolder.shards, lmdbfolder.sharded, lmdbfolder.copying, lmdbfolder.ray, lmdbfolder.sampler):
         for name in module.__all__:
             obj = getattr(module, name)
             if callable(obj):

@@ -195,7 +195,7 @@ class Reader:
     Args:
         path: the pack directory (or its ``data.mdb``). For a sharded pack
             (a directory holding ``index.json``) the result is a
-            ``lmdbfolder.shards.ShardedReader`` with the same API.
+            ``lmdbfolder.sharded.ShardedReader`` with the same API.
         readahead: let the kernel read ahead around each access. True suits
             image-sized records (cold random reads of ~100 KB records are
             several times faster); set False for tiny records larger than RAM.
@@ -215,7 +215,7 @@ class Reader:
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> Reader:
         # ``Reader(path)`` opens a single pack or a sharded one with the same API.
         if cls is Reader and path is not None and is_sharded(path):
-            from lmdbfolder.shards import ShardedReader
+            from lmdbfolder.sharded import ShardedReader
 
             return super().__new__(ShardedReader)
         return super().__new__(cls)
@@ -418,7 +418,7 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     For a sharded pack it also holds ``num_shards`` and ``shards``.
     """
     if is_sharded(path):
-        from lmdbfolder.shards import sharded_info
+        from lmdbfolder.sharded import sharded_info
 
         return sharded_info(path)
     reader = Reader(path)

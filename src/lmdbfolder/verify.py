@@ -106,15 +106,15 @@ def verify(
         (True, 1281167)
 
     A sharded pack is checked shard by shard and against its index
-    (``lmdbfolder.shards.verify_sharded``).
+    (``lmdbfolder.sharded.verify_sharded``).
     """
     if is_sharded(path):
-        from lmdbfolder.shards import ShardedReader, verify_sharded
+        from lmdbfolder.sharded import ShardedReader, verify_sharded
 
         report = verify_sharded(path, decode=decode, progress=progress)
         if against is not None:
             start = time.perf_counter()
-            from lmdbfolder.shards import sharded_info
+            from lmdbfolder.sharded import sharded_info
 
             skipped = sharded_info(path)["skipped"]
             with ShardedReader(path) as sharded:

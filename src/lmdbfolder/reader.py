@@ -24,9 +24,10 @@ import array
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, cast
+from typing import Any, Iterator, Sequence, cast
 
 import lmdb
+import numpy as np
 from PIL import Image
 
 from lmdbfolder.codecs import decode_rgb
@@ -45,7 +46,11 @@ from lmdbfolder.format import (
     path_at,
 )
 
-__all__ = ["Record", "Reader", "resolve_pack_path", "pack_info"]
+__all__ = ["Record", "Reader", "resolve_pack_path", "pack_info", "PREFETCH_GAP"]
+
+#: Records closer than this in the file are prefetched with one request.
+PREFETCH_GAP = 64 << 10
+_PAGE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +205,7 @@ class Reader:
         self._local = threading.local()
         self._txns: list[lmdb.Transaction] = []
         self._handle_lock = threading.Lock()
+        self._local_prefetch: tuple[int, int] | None = None
 
     # -- metadata ------------------------------------------------------------
     def __len__(self) -> int:
@@ -265,8 +271,63 @@ class Reader:
         valid until ``close()``; use ``read_bytes`` for an independent copy.
         """
         i = self._check_index(index)
+        return self._record(i, self._txn().get(KEY.pack(i)))
+
+    def get_many(self, indices: Sequence[int], *, prefetch: bool = True) -> list[Record]:
+        """The records of ``indices``, in that order (for batch samplers).
+
+        With ``prefetch`` (Linux and other systems with ``posix_fadvise``),
+        the kernel is asked to read every record's pages before any of them
+        is touched (``POSIX_FADV_WILLNEED``, neighbouring records merged into
+        one request), so a cold, randomly ordered batch is read with many I/Os
+        in flight instead of one page fault at a time. Costs a few
+        microseconds per batch when the pages are already cached.
+        """
         txn = self._txn()
-        value = txn.get(KEY.pack(i))
+        idx = [self._check_index(i) for i in indices]
+        values = [txn.get(KEY.pack(i)) for i in idx]
+        if prefetch and len(values) > 1:
+            self._prefetch(values)
+        return [self._record(i, v) for i, v in zip(idx, values)]
+
+    def _prefetch(self, values: list[Any]) -> None:
+        fd, base = self._prefetch_target()
+        if fd < 0:
+            return
+        spans = []
+        for v in values:
+            if v is not None and len(v):
+                start = np.frombuffer(v, np.uint8).__array_interface__["data"][0] - base
+                spans.append((start, start + len(v)))
+        spans.sort()
+        run_start, run_end = -1, -1
+        for start, end in spans:
+            if start - run_end > PREFETCH_GAP:
+                if run_end > 0:
+                    _advise(fd, run_start, run_end)
+                run_start = start
+            run_end = max(run_end, end)
+        if run_end > 0:
+            _advise(fd, run_start, run_end)
+
+    def _prefetch_target(self) -> tuple[int, int]:
+        # (fd of data.mdb, address of the map) in this process; -1 if unsupported.
+        target = self._local_prefetch
+        if target is None:
+            target = (-1, 0)
+            if hasattr(os, "posix_fadvise"):
+                env = _REGISTRY.acquire(self.path, self.readahead)
+                try:
+                    base = env.info()["map_addr"]
+                finally:
+                    _REGISTRY.release(self.path)
+                if base:
+                    fd = os.open(os.path.join(self.path, DATA_FILE), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    target = (fd, base)
+            self._local_prefetch = target
+        return target
+
+    def _record(self, i: int, value: Any) -> Record:
         try:
             if value is None:
                 raise CorruptRecordError(i, "the record is missing from the database")
@@ -320,6 +381,8 @@ class Reader:
         # change, so it never goes stale, and it keeps payload views valid.
         pid = os.getpid()
         if self._pid != pid:
+            if self._local_prefetch is not None and self._local_prefetch[0] >= 0:
+                os.close(self._local_prefetch[0])  # inherited through fork: this process's copy
             self._reset_handles()
             self._pid = pid
         txn = getattr(self._local, "txn", None)
@@ -343,6 +406,8 @@ class Reader:
                 except lmdb.Error:
                     pass
                 _REGISTRY.release(self.path)
+            if self._local_prefetch is not None and self._local_prefetch[0] >= 0:
+                os.close(self._local_prefetch[0])
         self._reset_handles()
 
     def __enter__(self) -> Reader:
@@ -353,7 +418,7 @@ class Reader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_pid", "_local", "_txns", "_handle_lock", "_index_by_path"):
+        for name in ("_pid", "_local", "_txns", "_handle_lock", "_index_by_path", "_local_prefetch"):
             state.pop(name, None)
         return state
 
@@ -363,6 +428,14 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"Reader({self.path!r}, count={self._count}, classes={len(self.meta['classes'])}, store={self.store!r})"
+
+
+def _advise(fd: int, start: int, end: int) -> None:
+    start -= start % _PAGE
+    try:
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # advice only
 
 
 def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:

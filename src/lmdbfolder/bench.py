@@ -20,9 +20,13 @@ __all__ = [
     "Measurement",
     "time_raw_files",
     "time_raw_pack",
+    "time_sequential",
     "time_loader",
+    "time_in_process",
     "train_transform",
+    "fast_train_transform",
     "ratio",
+    "pack_size",
 ]
 
 
@@ -70,24 +74,61 @@ def time_raw_files(paths: Sequence[str], *, shuffle: bool = True, seed: int = 0)
     return Measurement("files", "raw read", 0, len(paths), nbytes, time.perf_counter() - start)
 
 
-def time_raw_pack(path: str, *, shuffle: bool = True, seed: int = 0, readahead: bool = True) -> Measurement:
+def time_raw_pack(
+    path: str,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    readahead: bool = True,
+    batch: int = 0,
+    indices: Sequence[int] | None = None,
+    contestant: str = "lmdbfolder",
+) -> Measurement:
     """Touch every record's payload through ``Reader.get``, no decoding.
 
     The payload is summed a byte per page so the pages are really read, as a
-    decoder would read them, without copying them.
+    decoder would read them, without copying them. With ``batch > 0`` the
+    records are fetched ``batch`` at a time with ``Reader.get_many``
+    (prefetching), as ``LMDBFolder`` does under a DataLoader. ``indices``
+    restricts the read to those samples (in that order, then shuffled).
     """
     reader = Reader(path, readahead=readahead)
     nbytes = 0
+    order = list(indices) if indices is not None else list(range(len(reader)))
+    if shuffle:
+        random.Random(seed).shuffle(order)
     try:
         start = time.perf_counter()
-        for i in _order(len(reader), shuffle, seed):
-            payload = reader.get(i).payload
-            nbytes += len(payload)
-            sum(payload[::4096])
+        if batch > 0:
+            for k in range(0, len(order), batch):
+                for rec in reader.get_many(order[k : k + batch]):
+                    payload = rec.payload
+                    nbytes += len(payload)
+                    sum(payload[::4096])
+        else:
+            for i in order:
+                payload = reader.get(i).payload
+                nbytes += len(payload)
+                sum(payload[::4096])
         seconds = time.perf_counter() - start
     finally:
         reader.close()
-    return Measurement("lmdbfolder", "raw read", 0, len(reader), nbytes, seconds)
+    return Measurement(contestant, "raw read", 0, len(order), nbytes, seconds)
+
+
+def time_sequential(path: str, *, block: int = 1 << 20, contestant: str = "dd data.mdb") -> Measurement:
+    """Read ``path`` front to back in ``block``-byte reads (what ``dd bs=1M`` does)."""
+    buf = bytearray(block)
+    view = memoryview(buf)
+    nbytes = 0
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(view)
+            if not n:
+                break
+            nbytes += n
+    return Measurement(contestant, "raw read", 0, 0, nbytes, time.perf_counter() - start)
 
 
 def train_transform(size: int = 224) -> Any:
@@ -95,6 +136,30 @@ def train_transform(size: int = 224) -> Any:
     from torchvision import transforms as T
 
     return T.Compose([T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+
+def fast_train_transform(size: int = 224) -> Any:
+    """``train_transform`` with the crop fused into decoding (``lmdbfolder.fused``),
+    resized with OpenCV when it is installed."""
+    from torchvision import transforms as T
+
+    from lmdbfolder.fused import RandomResizedCrop
+
+    try:
+        import cv2  # noqa: F401
+
+        resize = "opencv"
+    except ImportError:
+        resize = "pil"
+    return T.Compose([RandomResizedCrop(size, resize=resize), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+
+def time_in_process(dataset: Any, indices: Sequence[int], *, contestant: str) -> Measurement:
+    """``dataset[i]`` for each index in this process: decode + augment alone, no DataLoader."""
+    start = time.perf_counter()
+    for i in indices:
+        dataset[i]
+    return Measurement(contestant, "decode+augment", 1, len(indices), 0, time.perf_counter() - start)
 
 
 def time_loader(
@@ -105,15 +170,19 @@ def time_loader(
     batch_size: int = 64,
     epochs: int = 1,
     multiprocessing_context: str | None = None,
+    indices: Sequence[int] | None = None,
 ) -> Measurement:
     """Iterate ``dataset`` through a shuffling DataLoader for ``epochs`` epochs.
 
     Worker start-up is included (it is part of what a user waits for); use
     ``epochs > 1`` with persistent workers to see the steady state.
+    ``indices`` restricts the epoch to a subset (``torch.utils.data.Subset``).
     """
     import torch
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Subset
 
+    if indices is not None:
+        dataset = Subset(dataset, list(indices))
     loader = DataLoader(
         dataset,
         batch_size=batch_size,

@@ -54,7 +54,7 @@ from lmdbfolder.format import (
     encode_paths,
     encode_progress,
 )
-from lmdbfolder.loading import CHECKS, Loaded, Skipped, load_sample
+from lmdbfolder.loading import CHECKS, Loaded, Resize, Skipped, load_sample
 from lmdbfolder.pipeline import default_workers, ordered_map
 from lmdbfolder.progress import Progress
 from lmdbfolder.sources import SourceList, scan
@@ -146,6 +146,7 @@ def pack(
     allow_empty: bool = False,
     space_check: bool = True,
     progress: bool | None = None,
+    resize: Resize | None = None,
 ) -> PackResult:
     """Pack the images under ``src`` into a new LMDB pack at ``dst``.
 
@@ -173,6 +174,8 @@ def pack(
         space_check: refuse to start when the estimated output does not fit
             on the disk.
         progress: draw a progress bar (``None``: only on a terminal).
+        resize: shrink images larger than ``resize.max_size`` and re-encode
+            them (``loading.Resize``; ``pack --max-size N --quality Q``).
 
     Returns:
         A PackResult with the count, bytes, time and the skipped files.
@@ -202,6 +205,7 @@ def pack(
         restart=restart,
         space_check=space_check,
         progress=progress,
+        resize=resize,
     )
 
 
@@ -221,12 +225,14 @@ def pack_sources(
     progress: bool | None = None,
     loader: Callable[[int], Loaded | Skipped] | None = None,
     mean_size: float | None = None,
+    resize: Resize | None = None,
 ) -> PackResult:
     """Pack an already built sample list (see ``sources.scan``) into ``dst``; see ``pack``.
 
     ``loader(i)`` replaces reading ``sources.abspath(i)`` from disk (used by
     ``lmdbfolder import``, whose samples come from another database); then
-    ``mean_size``, the expected bytes per sample, sizes the map.
+    ``mean_size``, the expected bytes per sample, sizes the map. ``resize``
+    applies to files read from disk only.
     """
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
@@ -239,14 +245,19 @@ def pack_sources(
     start_time = time.perf_counter()
     partial = _prepare_output(dst, overwrite=overwrite, restart=restart)
     fingerprint = _fingerprint(sources, store, check)
+    if resize is not None:  # only then, so packs started without it still resume
+        fingerprint["resize"] = [resize.max_size, resize.quality, resize.side]
     if mean_size is None:
         mean_size = _mean_source_size(sources)
-    expansion = _RAW_EXPANSION if store == "raw" else 1
+    expansion: float = _RAW_EXPANSION if store == "raw" else 1
+    if resize is not None and store == "raw" and mean_size > 0:
+        expansion = min(expansion, 3 * resize.max_size**2 / mean_size)
     state = _open_partial(partial, fingerprint, int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP)
     if space_check:
         _check_free_space(partial, mean_size * expansion * (len(sources) - state.next_source))
 
     run = _Run(sources, state, store, check, strict, commit_every, commit_bytes, loader)
+    run.resize = resize
     try:
         with _keep_freed_memory():
             run.write_all(workers, mean_size * expansion, progress)
@@ -386,6 +397,7 @@ class _Run:
         self.batch: list[tuple[bytes, bytes | bytearray]] = []
         self.batch_bytes = 0
         self.max_pixels = Image.MAX_IMAGE_PIXELS
+        self.resize: Resize | None = None
 
     @property
     def count(self) -> int:
@@ -410,6 +422,7 @@ class _Run:
             store=self.store,
             check=self.check,
             max_pixels=self.max_pixels,
+            resize=self.resize,
         )
 
     def _commit(self, extra: dict[bytes, bytes | None] | None = None) -> None:
@@ -498,6 +511,15 @@ class _Run:
                 "strict": self.strict,
                 "commit_every": self.commit_every,
                 "commit_bytes": self.commit_bytes,
+                **(
+                    {}
+                    if self.resize is None
+                    else {
+                        "max_size": self.resize.max_size,
+                        "quality": self.resize.quality,
+                        "resize_side": self.resize.side,
+                    }
+                ),
             },
         }
 
@@ -571,6 +593,7 @@ _FINGERPRINT_WORDS = {
     "classes_sha256": "the class names",
     "store": "--store",
     "check": "--check",
+    "resize": "--max-size/--quality/--resize-side",
 }
 
 

@@ -13,6 +13,7 @@ def test_public_api_snapshot() -> None:
     assert sorted(lmdbfolder.__all__) == [
         "CorruptRecordError",
         "DecodeError",
+        "DecoderUnavailableError",
         "FormatVersionError",
         "IMG_EXTENSIONS",
         "ListFileError",

@@ -15,6 +15,7 @@ from lmdbfolder._version import __version__
 from lmdbfolder.errors import (
     CorruptRecordError,
     DecodeError,
+    DecoderUnavailableError,
     FormatVersionError,
     ListFileError,
     LmdbFolderError,
@@ -31,6 +32,7 @@ from lmdbfolder.writer import PackResult, pack, pack_sources
 __all__ = [
     "CorruptRecordError",
     "DecodeError",
+    "DecoderUnavailableError",
     "FormatVersionError",
     "IMG_EXTENSIONS",
     "ListFileError",

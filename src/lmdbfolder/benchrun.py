@@ -302,7 +302,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 "max_size": cfg.max_size,
                 "fastest_settings": (
                     f"decoder={fastest_decoder!r}, size_hint={cfg.size}, fused RandomResizedCrop"
-                    f"({cfg.size}, resize={'opencv' if _has_cv2() else 'pil'}), get_many prefetch"
+                    f"({cfg.size}, resize={'opencv' if _has_cv2() else 'pil'}, output='tensor'), get_many prefetch"
                 ),
             },
             machine=_machine(),
@@ -452,7 +452,8 @@ def format_report(result: BenchResult) -> str:
     lines = [
         f"{result.images:,} images, {result.source_bytes / 1e6:,.0f} MB; pack {result.pack.get('size', 0) / 1e6:,.0f} "
         f"MB; {result.machine.get('cpus')} CPUs; best of {cfg['repeat']} alternated runs; pipeline = "
-        f"RandomResizedCrop({cfg['size']}) + flip + PILToTensor, batch {cfg['batch_size']}, {cfg['limit']:,} images/run",
+        f"RandomResizedCrop({cfg['size']}) + flip + to tensor, batch {cfg['batch_size']}, "
+        f"{cfg['limit']:,} images/run",
         f"fastest = {result.config['fastest_settings']}",
         result.eviction,
         "",

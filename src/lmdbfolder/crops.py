@@ -12,6 +12,7 @@ transform would.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -24,6 +25,21 @@ Box = tuple[int, int, int, int]
 #: scale); ``opencv``: ``cv2.resize`` (INTER_AREA when shrinking, else
 #: INTER_LINEAR), several times faster, not bit-exact.
 RESIZE_BACKENDS = ("pil", "opencv")
+
+
+_CV2: Any = None
+
+
+def _cv2() -> Any:
+    # OpenCV's own thread pool costs more than it gains on crop-sized images and
+    # fights the DataLoader's worker processes for the cores: one thread.
+    global _CV2
+    if _CV2 is None:
+        import cv2
+
+        cv2.setNumThreads(1)
+        _CV2 = cv2
+    return _CV2
 
 
 def crop_scale(crop_height: int, crop_width: int, out_height: int, out_width: int, scales: tuple[int, ...]) -> int:
@@ -51,9 +67,11 @@ def resize_region(
     *,
     resample: int = Image.Resampling.BILINEAR,
     backend: str = "pil",
-) -> Image.Image:
+    as_array: bool = False,
+) -> Image.Image | np.ndarray:
     """Crop ``box`` (left, upper, right, lower; floats allowed) out of ``pixels``
-    and resize it to ``size`` = (width, height); returns an RGB PIL image.
+    and resize it to ``size`` = (width, height); returns an RGB PIL image
+    (or, with ``as_array``, possibly an HxWx3 uint8 array, which saves a copy).
 
     With the ``pil`` backend and an integer box this is exactly
     ``img.crop(box).resize(size, resample)``, i.e. what torchvision's
@@ -62,7 +80,7 @@ def resize_region(
     x0, y0, x1, y1 = box
     ix0, iy0 = max(0, math.floor(x0)), max(0, math.floor(y0))
     if backend == "opencv":
-        import cv2
+        cv2 = _cv2()
 
         arr = np.asarray(pixels)
         h, w = arr.shape[:2]
@@ -71,7 +89,7 @@ def resize_region(
         part = arr[ry0:ry1, rx0:rx1]
         shrink = part.shape[1] >= size[0] and part.shape[0] >= size[1]
         out = cv2.resize(part, size, interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
-        return Image.fromarray(out, "RGB")
+        return out if as_array else Image.fromarray(out, "RGB")
     if backend != "pil":
         raise ValueError(f"resize backend must be one of {RESIZE_BACKENDS}, got {backend!r}")
     if isinstance(pixels, Image.Image):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision import transforms as T
@@ -43,7 +44,13 @@ class RandomResizedCrop(T.RandomResizedCrop):
         size, scale, ratio, interpolation, antialias: as in torchvision.
         reduce: decode JPEGs at a reduced DCT scale when the crop allows it.
         resize: ``"pil"`` (Pillow, as the unfused transform) or ``"opencv"``
-            (faster; needs opencv-python-headless).
+            (faster; needs opencv-python-headless; OpenCV is limited to one
+            thread per process, since DataLoader workers already use the cores).
+        output: ``"pil"`` (a PIL image, for the usual transforms after it) or
+            ``"tensor"``: a uint8 CHW tensor, what ``PILToTensor`` would make
+            of the PIL image, without the round trip through PIL (then drop
+            ``PILToTensor`` from the pipeline; ``RandomHorizontalFlip`` and
+            the v2 transforms accept tensors).
 
     Example:
         >>> from torchvision import transforms as T
@@ -62,14 +69,18 @@ class RandomResizedCrop(T.RandomResizedCrop):
         *,
         reduce: bool = True,
         resize: str = "pil",
+        output: str = "pil",
     ) -> None:
         super().__init__(size, scale=scale, ratio=ratio, interpolation=interpolation, antialias=antialias)
         if resize not in RESIZE_BACKENDS:
             raise ValueError(f"resize must be one of {RESIZE_BACKENDS}, got {resize!r}")
+        if output not in ("pil", "tensor"):
+            raise ValueError(f"output must be 'pil' or 'tensor', got {output!r}")
         if resize == "opencv":
             import cv2  # noqa: F401  (fail here, not in a worker)
         self.reduce = reduce
         self.resize = resize
+        self.output = output
 
     def sample_box(self, width: int, height: int) -> Box:
         """Draw a crop box ``(top, left, height, width)`` for an image of this size,
@@ -89,22 +100,39 @@ class RandomResizedCrop(T.RandomResizedCrop):
 
     def decode_record(
         self, payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int, decoder: Decoder
-    ) -> Image.Image:
-        """Decode a stored image and apply this crop in one step; returns the PIL image."""
+    ) -> Any:
+        """Decode a stored image and apply this crop in one step; returns a PIL
+        image (or a uint8 CHW tensor with ``output="tensor"``)."""
         if encoding != "jpeg" or width <= 0 or height <= 0 or channels not in (1, 3):
             img = to_pil(decode_payload(payload, encoding, width, height, channels, decoder))
-            return self.forward(img)
+            return self._out(self.forward(img))
         box, denom = self.plan(width, height, decoder)
         pixels = decode_payload(payload, encoding, width, height, channels, decoder, denom=denom)
         decoded = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
         out_h, out_w = self.size
         resample = pil_modes_mapping[self.interpolation]
-        return resize_region(
-            pixels, scaled_box(box, (width, height), decoded), (out_w, out_h), resample=resample, backend=self.resize
+        out = resize_region(
+            pixels,
+            scaled_box(box, (width, height), decoded),
+            (out_w, out_h),
+            resample=resample,
+            backend=self.resize,
+            as_array=self.output == "tensor",
         )
+        return self._out(out)
+
+    def _out(self, img: Any) -> Any:
+        if self.output == "pil":
+            return img
+        arr = np.asarray(img)
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        return torch.from_numpy(arr).permute(2, 0, 1)
 
     def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f", reduce={self.reduce}, resize={self.resize!r})"
+        return super().__repr__()[:-1] + f", reduce={self.reduce}, resize={self.resize!r}, output={self.output!r})"
 
 
 def split_fused(transform: Any) -> tuple[RandomResizedCrop | None, Any]:

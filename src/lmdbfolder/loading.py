@@ -61,7 +61,8 @@ class Resize:
 
     Images whose ``side`` (``"longer"``, like FFCV's ``max_resolution``, or
     ``"shorter"``) is above ``max_size`` pixels are shrunk to it, keeping the
-    aspect ratio (Pillow, Lanczos; JPEGs are first DCT-scaled while decoding
+    aspect ratio (Pillow's antialiased bilinear filter, as torchvision's Resize;
+    JPEGs are first DCT-scaled while decoding
     when that still leaves at least the target size) and stored as a JPEG of
     ``quality``, or as RGB pixels with ``store="raw"``. Smaller images keep
     their original bytes (``store="encoded"``).
@@ -222,7 +223,7 @@ def _load_resized(
                 img.draft("RGB", target)  # DCT-scale while decoding, never below the target
             rgb = img.convert("RGB")
             if target is not None and rgb.size != target:
-                rgb = rgb.resize(target, Image.Resampling.LANCZOS)
+                rgb = rgb.resize(target, Image.Resampling.BILINEAR)
         except Exception as exc:  # truncated or corrupt data
             return Skipped(f"cannot be decoded: {type(exc).__name__}: {exc}")
     width, height = rgb.size

@@ -18,7 +18,20 @@ def test_bench_json_chart_and_resized_pack(
     small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     chart = tmp_path / "bench.png"
-    argv = ["bench", str(small_tree), "--workers", "0", "1", "--limit", "0", "--repeat", "1", "--max-size", "16"]
+    argv = [
+        "bench",
+        str(small_tree),
+        "--workers",
+        "0",
+        "1",
+        "--limit",
+        "0",
+        "--repeat",
+        "1",
+        "--max-size",
+        "16",
+        "--raw",
+    ]
     assert main([*argv, "--json", "--chart", str(chart)]) == 0
     out = capsys.readouterr()
     result = json.loads(out.out)
@@ -26,7 +39,8 @@ def test_bench_json_chart_and_resized_pack(
     for cache in ("cold", "warm"):
         for name in ("ImageFolder (files)", "LMDBFolder default", "LMDBFolder fastest", "dd data.mdb"):
             assert (f"raw read, {cache}", name) in contestants
-    for name in ("ImageFolder (files)", "LMDBFolder default", "LMDBFolder fastest", "LMDBFolder max-size"):
+    pipeline = ("ImageFolder (files)", "LMDBFolder default", "LMDBFolder fastest", "LMDBFolder max-size")
+    for name in (*pipeline, "LMDBFolder max-size raw"):
         assert ("train pipeline, warm", name) in contestants
         assert ("train pipeline, cold", name) in contestants  # at the largest worker count
         assert ("decode+augment, warm", name) in contestants
@@ -34,6 +48,7 @@ def test_bench_json_chart_and_resized_pack(
     assert workers == {0, 1}
     assert all(m["images"] == 12 for m in result["measurements"] if m["workload"].startswith("train"))
     assert result["images"] == 12 and result["pack"]["max_size"]["max_size"] == 16
+    assert result["pack"]["max_size_raw"]["size"] > 0
     assert "evicted" in result["eviction"] or not can_evict()
     assert "raw_cold_fastest_vs_dd" in result["summary"] and "loader_efficiency" in result["summary"]
     assert result["recommendation"].startswith("Use LMDBFolder")

@@ -164,3 +164,33 @@ def test_fused_dataset_through_dataloader_workers(photo_pack: tuple[Path, Path])
     shapes = [x.shape for x, _ in loader for _ in [0]]
     assert sum(s[0] for s in shapes) == len(ds)
     assert all(s[1:] == (3, 24, 24) for s in shapes)
+
+
+@pytest.mark.parametrize("resize", ["pil", "opencv"])
+def test_tensor_output_is_piltotensor_of_the_image(photo_pack: tuple[Path, Path], resize: str) -> None:
+    if resize == "opencv":
+        pytest.importorskip("cv2")
+    _, packed = photo_pack
+    as_pil = LMDBFolder(packed, transform=T.Compose([fused.RandomResizedCrop(40, resize=resize), T.PILToTensor()]))
+    as_tensor = LMDBFolder(packed, transform=fused.RandomResizedCrop(40, resize=resize, output="tensor"))
+    for i in range(len(as_pil)):
+        torch.manual_seed(i)
+        a, _ = as_pil[i]
+        torch.manual_seed(i)
+        b, _ = as_tensor[i]
+        assert b.dtype == torch.uint8 and b.shape == (3, 40, 40)
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="output"):
+        fused.RandomResizedCrop(40, output="numpy")
+
+
+def test_fused_crop_on_a_raw_pack_is_exact(photo_pack: tuple[Path, Path], tmp_path: Path) -> None:
+    src, _ = photo_pack
+    pack(src, tmp_path / "raw", store="raw", progress=False)
+    theirs, ours = _torchvision_and_fused(src, tmp_path / "raw", 48)
+    for i in range(len(theirs)):
+        torch.manual_seed(i)
+        a, _ = theirs[i]
+        torch.manual_seed(i)
+        b, _ = ours[i]
+        assert torch.equal(a, b)  # raw pixels are Pillow's; same box; Pillow's resize

@@ -34,6 +34,7 @@ from lmdbfolder.bench import (
     Measurement,
     fast_train_transform,
     pack_size,
+    read_path_overhead,
     time_in_process,
     time_loader,
     time_raw_files,
@@ -44,12 +45,23 @@ from lmdbfolder.bench import (
 from lmdbfolder.cache import EvictReport, can_evict, evict
 from lmdbfolder.format import DATA_FILE
 
-__all__ = ["BenchConfig", "BenchResult", "run_bench", "format_report", "FILES", "DEFAULT", "FASTEST", "RESIZED"]
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "run_bench",
+    "format_report",
+    "FILES",
+    "DEFAULT",
+    "FASTEST",
+    "RESIZED",
+    "RESIZED_RAW",
+]
 
 FILES = "ImageFolder (files)"
 DEFAULT = "LMDBFolder default"
 FASTEST = "LMDBFolder fastest"
 RESIZED = "LMDBFolder max-size"
+RESIZED_RAW = "LMDBFolder max-size raw"
 DD = "dd data.mdb"
 RECIPE = "LMDB readahead=False (recipe)"
 BATCH = 64
@@ -67,6 +79,7 @@ class BenchConfig:
     repeat: int = 2
     cold: bool = True
     max_size: int | None = None
+    max_size_raw: bool = False
     quality: int = 90
     size: int = 224
     batch_size: int = BATCH
@@ -113,20 +126,28 @@ class BenchResult:
 
 
 class _Best:
-    """Best run of each (contestant, workload, cache, workers) over the repeats."""
+    """All runs of each (contestant, workload, workers); reports the median run."""
 
     def __init__(self) -> None:
-        self.runs: dict[tuple[str, str, int], Measurement] = {}
+        self.all: dict[tuple[str, str, int], list[Measurement]] = {}
 
     def add(self, m: Measurement) -> Measurement:
-        key = (m.contestant, m.workload, m.workers)
-        old = self.runs.get(key)
-        if old is None or m.images_per_second > old.images_per_second or (m.images == 0 and m.seconds < old.seconds):
-            self.runs[key] = m
+        self.all.setdefault((m.contestant, m.workload, m.workers), []).append(m)
         return m
 
+    @property
+    def runs(self) -> dict[tuple[str, str, int], Measurement]:
+        return {key: _median(ms) for key, ms in self.all.items()}
+
     def get(self, contestant: str, workload: str, workers: int) -> Measurement | None:
-        return self.runs.get((contestant, workload, workers))
+        ms = self.all.get((contestant, workload, workers))
+        return _median(ms) if ms else None
+
+
+def _median(ms: list[Measurement]) -> Measurement:
+    """The median run (by throughput; the lower middle one for an even count)."""
+    ordered = sorted(ms, key=lambda m: m.mb_per_second if m.images == 0 else m.images_per_second)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _machine() -> dict[str, Any]:
@@ -192,7 +213,21 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 f"{result.seconds:.1f} s ({result.images_per_second:,.0f} img/s): "
                 f"{pack_size(resized) / 1e6:,.0f} MB vs {pack_info['size'] / 1e6:,.0f} MB"
             )
-        data_files = [os.path.join(packed, DATA_FILE)] + ([os.path.join(resized, DATA_FILE)] if resized else [])
+        resized_raw = None
+        if cfg.max_size and cfg.max_size_raw:
+            resized_raw = os.path.join(workdir, f"pack-max{cfg.max_size}-raw")
+            result = pack(cfg.src, resized_raw, store="raw", resize=Resize(cfg.max_size), progress=cfg.progress)
+            pack_info["max_size_raw"] = {
+                "path": resized_raw,
+                "size": pack_size(resized_raw),
+                "packed_in_seconds": round(result.seconds, 2),
+                "images_per_second": round(result.images_per_second),
+            }
+            say(
+                f"packed a raw copy (--store raw --max-size {cfg.max_size}) in {result.seconds:.1f} s: "
+                f"{pack_size(resized_raw) / 1e6:,.0f} MB"
+            )
+        data_files = [os.path.join(p, DATA_FILE) for p in (packed, resized, resized_raw) if p]
         rng = random.Random(cfg.seed)
         n = len(files)
         raw_subset = sorted(rng.sample(range(n), cfg.raw_limit)) if 0 < cfg.raw_limit < n else list(range(n))
@@ -236,6 +271,12 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                     m = best.add(_tag(fn(), cache))
                     say(f"  raw read, {cache}, {name}: {_rate(m)}")
 
+        overhead = read_path_overhead(packed)
+        say(
+            f"  read path (get + header parse), warm: {overhead['get_us']:.1f} us/record = "
+            f"{overhead['share']:.2%} of a Pillow decode ({overhead['pillow_decode_us']:,.0f} us)"
+        )
+
         # -- training pipeline ------------------------------------------------------
         single: dict[str, Measurement] = {}
         fastest_decoder = resolve_decoder_name("auto")
@@ -249,12 +290,12 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                     return ImageFolder(cfg.src, transform=train_transform(cfg.size))
                 if name == DEFAULT:
                     return LMDBFolder(packed, transform=train_transform(cfg.size))
-                path = str(resized if name == RESIZED else packed)
+                path = str({RESIZED: resized, RESIZED_RAW: resized_raw}.get(name) or packed)
                 return LMDBFolder(
                     path, transform=fast_train_transform(cfg.size), decoder=fastest_decoder, size_hint=cfg.size
                 )
 
-            names = [FILES, DEFAULT, FASTEST] + ([RESIZED] if resized else [])
+            names = [FILES, DEFAULT, FASTEST] + ([RESIZED] if resized else []) + ([RESIZED_RAW] if resized_raw else [])
             small = subset[: min(len(subset), 300)]
             for name in names:  # warm-up and the single-process rate of decode + augment
                 ds = make(name)
@@ -313,6 +354,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
             measurements=measurements,
         )
         result_obj.summary = _summarize(best, cfg, single)
+        result_obj.summary["read_path"] = overhead
         result_obj.recommendation = _recommend(best, cfg, result_obj.summary, fastest_decoder)
         return result_obj
     finally:
@@ -374,7 +416,12 @@ def _summarize(best: _Best, cfg: BenchConfig, single: dict[str, Measurement]) ->
     for cache in ("warm", "cold"):
         wl = f"train pipeline, {cache}"
         files = best.get(FILES, wl, top)
-        for name, key in ((DEFAULT, "default"), (FASTEST, "fastest"), (RESIZED, "max_size")):
+        for name, key in (
+            (DEFAULT, "default"),
+            (FASTEST, "fastest"),
+            (RESIZED, "max_size"),
+            (RESIZED_RAW, "max_size_raw"),
+        ):
             r = _ratio(best.get(name, wl, top), files)
             if r is not None:
                 out[f"train_{cache}_{key}_vs_files_{top}w"] = r
@@ -423,7 +470,7 @@ def format_report(result: BenchResult) -> str:
     from lmdbfolder.demo import format_table
 
     rows = []
-    order = {FILES: 1, DD: 0, DEFAULT: 2, FASTEST: 3, RESIZED: 4, RECIPE: 5}
+    order = {FILES: 1, DD: 0, DEFAULT: 2, FASTEST: 3, RESIZED: 4, RESIZED_RAW: 5, RECIPE: 6}
     ms = sorted(
         result.measurements,
         key=lambda m: (
@@ -451,7 +498,7 @@ def format_report(result: BenchResult) -> str:
     cfg = result.config
     lines = [
         f"{result.images:,} images, {result.source_bytes / 1e6:,.0f} MB; pack {result.pack.get('size', 0) / 1e6:,.0f} "
-        f"MB; {result.machine.get('cpus')} CPUs; best of {cfg['repeat']} alternated runs; pipeline = "
+        f"MB; {result.machine.get('cpus')} CPUs; median of {cfg['repeat']} alternated runs; pipeline = "
         f"RandomResizedCrop({cfg['size']}) + flip + to tensor, batch {cfg['batch_size']}, "
         f"{cfg['limit']:,} images/run",
         f"fastest = {result.config['fastest_settings']}",
@@ -470,6 +517,12 @@ def format_report(result: BenchResult) -> str:
     for key, value in s.items():
         if key.startswith("train_"):
             lines.append(f"{key.replace('_', ' ')}: {value}x")
+    if "read_path" in s:
+        rp = s["read_path"]
+        lines.append(
+            f"read path overhead (warm): {rp['get_us']:.1f} us/record = {rp['share']:.2%} of a Pillow decode "
+            f"({rp['pillow_decode_us']:,.0f} us)"
+        )
     for name, by_w in s.get("loader_efficiency", {}).items():
         text = ", ".join(f"{w} workers {e:.0%}" for w, e in by_w.items())
         lines.append(f"loader efficiency (img/s / (workers x one-process rate)), {name}: {text}")

@@ -286,6 +286,7 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--warm-only", action="store_true", help="skip the cold page-cache runs")
     p.add_argument("--max-size", type=int, default=None, metavar="N", help="also measure a pack resized to N px")
     p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of that pack (default 90)")
+    p.add_argument("--raw", action="store_true", help="with --max-size: also measure a --store raw pack of that size")
     p.add_argument("--size", type=int, default=224, metavar="PX", help="training resolution (default 224)")
     p.add_argument("--chart", default="lmdbfolder-bench.png", metavar="PNG", help="chart file (default %(default)s)")
     p.add_argument("--no-chart", action="store_true", help="do not draw the chart")
@@ -310,6 +311,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         repeat=max(1, args.repeat),
         cold=not args.warm_only,
         max_size=args.max_size,
+        max_size_raw=args.raw,
         quality=args.quality,
         size=args.size,
         progress=False if args.json else None,

@@ -4,7 +4,8 @@
 ``RandomResizedCrop`` with the same arguments and the same behaviour on a PIL
 image, so a transform list that starts with it works unchanged with
 ``ImageFolder``. When it is the first step of an ``LMDBFolder``'s transform,
-the dataset does not decode the full image first: the crop box is drawn from
+the dataset does not decode the full image first (raw packs: does not copy
+it first), the crop box is drawn from
 the image size in the record header with torchvision's own ``get_params``
 (so the boxes, and the random numbers consumed, are exactly the unfused
 transform's), the JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8)
@@ -103,10 +104,12 @@ class RandomResizedCrop(T.RandomResizedCrop):
     ) -> Any:
         """Decode a stored image and apply this crop in one step; returns a PIL
         image (or a uint8 CHW tensor with ``output="tensor"``)."""
-        if encoding != "jpeg" or width <= 0 or height <= 0 or channels not in (1, 3):
+        if encoding not in ("jpeg", "raw") or width <= 0 or height <= 0 or channels not in (1, 3):
             img = to_pil(decode_payload(payload, encoding, width, height, channels, decoder))
             return self._out(self.forward(img))
         box, denom = self.plan(width, height, decoder)
+        if encoding == "raw":
+            denom = 1  # stored pixels: nothing to decode, crop straight from the map
         pixels = decode_payload(payload, encoding, width, height, channels, decoder, denom=denom)
         decoded = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
         out_h, out_w = self.size

@@ -290,6 +290,13 @@ class Reader:
             self._prefetch(values)
         return [self._record(i, v) for i, v in zip(idx, values)]
 
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Ask the kernel to start reading these records now, without waiting
+        (``POSIX_FADV_WILLNEED``): call it with the next batch's indices while
+        working on the current one. A no-op where ``posix_fadvise`` is missing."""
+        txn = self._txn()
+        self._prefetch([txn.get(KEY.pack(self._check_index(i))) for i in indices])
+
     def _prefetch(self, values: list[Any]) -> None:
         fd, base = self._prefetch_target()
         if fd < 0:

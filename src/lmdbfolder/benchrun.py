@@ -42,7 +42,7 @@ from lmdbfolder.bench import (
     time_sequential,
     train_transform,
 )
-from lmdbfolder.cache import EvictReport, can_evict, evict
+from lmdbfolder.cache import EvictReport, can_evict, evict, warm
 from lmdbfolder.format import DATA_FILE
 
 __all__ = [
@@ -271,6 +271,12 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                     m = best.add(_tag(fn(), cache))
                     say(f"  raw read, {cache}, {name}: {_rate(m)}")
 
+        # Everything the warm runs read is cached first (the cold runs evicted
+        # the resized packs too, and --raw-limit may have skipped files).
+        for pack_dir in (packed, resized, resized_raw):
+            if pack_dir:
+                warm(pack_dir, progress=False)
+        time_raw_files([files[i] for i in subset], shuffle=False)
         overhead = read_path_overhead(packed)
         say(
             f"  read path (get + header parse), warm: {overhead['get_us']:.1f} us/record = "
@@ -461,7 +467,10 @@ def _recommend(best: _Best, cfg: BenchConfig, summary: dict[str, Any], decoder: 
         else f"packing buys little on this machine ({gain:.2f}x ImageFolder warm); plain files are fine here"
     )
     resized = summary.get(f"train_warm_max_size_vs_files_{max(cfg.workers)}w")
+    resized_raw = summary.get(f"train_warm_max_size_raw_vs_files_{max(cfg.workers)}w")
     extra = f"; a --max-size {cfg.max_size} pack reaches {resized:.2f}x" if resized else ""
+    if resized_raw:
+        extra += f" ({resized_raw:.2f}x with --store raw)"
     return f"Use {setting}, num_workers={top.workers}; {verdict}{extra}."
 
 

@@ -111,3 +111,15 @@ def test_dataset_getitems_is_getitem(small_pack: Path) -> None:
     for (img, t), i in zip(batch, [2, 0, 2]):
         ref, rt = ds[i]
         assert t == rt and img.tobytes() == ref.tobytes()
+
+
+def test_evict_says_when_an_open_reader_keeps_pages(small_pack: Path) -> None:
+    if not can_evict():
+        pytest.skip("no posix_fadvise here")
+    data = str(small_pack / "data.mdb")
+    with Reader(small_pack) as r:
+        for rec in r:
+            bytes(rec.payload)  # map every page
+        report = evict([data], always_check=[data])
+    if report.resident_after is not None and report.resident_after > 0.1:
+        assert "cannot be evicted" in report.describe()

@@ -236,7 +236,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         last_evict: list[EvictReport] = []
 
         def cold() -> None:
-            last_evict.append(evict(files + data_files))
+            last_evict.append(evict(files + data_files, always_check=data_files))
 
         # -- raw read ------------------------------------------------------------
         raw_files = [files[i] for i in raw_subset]

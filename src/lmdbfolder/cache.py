@@ -48,17 +48,20 @@ class EvictReport:
         if not self.supported:
             return "page cache NOT evicted: posix_fadvise is not available here (cold numbers are warm)"
         left = "" if self.resident_after is None else f", {self.resident_after:.0%} of the sampled pages still resident"
+        if self.resident_after is not None and self.resident_after > 0.1:
+            left += " (pages that an open reader has mapped cannot be evicted: cold numbers are partly warm)"
         failed = f", {self.failed} could not be opened" if self.failed else ""
         return f"page cache evicted: sync + posix_fadvise(DONTNEED) on {self.files:,} files{failed}{left}"
 
 
-def evict(paths: Sequence[str], *, check_sample: int = 200) -> EvictReport:
+def evict(paths: Sequence[str], *, check_sample: int = 200, always_check: Sequence[str] = ()) -> EvictReport:
     """Drop ``paths`` from the page cache (``sync`` then ``DONTNEED`` per file).
 
     Pages that a live process has mapped (an open LMDB environment) cannot be
-    dropped: close readers first. ``resident_after`` is the mean resident
-    fraction of up to ``check_sample`` evenly spaced files (None when
-    ``mincore`` is unavailable).
+    dropped: close readers first. ``resident_after`` is the larger of the mean
+    resident fraction of up to ``check_sample`` evenly spaced files and the
+    resident fraction of each file in ``always_check`` (None when ``mincore``
+    is unavailable).
     """
     if not can_evict():
         return EvictReport(len(paths), 0, False, None)
@@ -77,9 +80,11 @@ def evict(paths: Sequence[str], *, check_sample: int = 200) -> EvictReport:
         finally:
             os.close(fd)
     step = max(1, len(paths) // max(1, check_sample))
-    fractions = [resident_fraction(p) for p in paths[::step]]
-    known = [f for f in fractions if f is not None]
-    return EvictReport(len(paths), failed, True, sum(known) / len(known) if known else None)
+    sampled = [f for f in (resident_fraction(p) for p in paths[::step]) if f is not None]
+    checked = [f for f in (resident_fraction(p) for p in always_check) if f is not None]
+    worst = [sum(sampled) / len(sampled)] if sampled else []
+    worst += checked
+    return EvictReport(len(paths), failed, True, max(worst) if worst else None)
 
 
 def _libc() -> Any:

@@ -41,8 +41,8 @@ class LMDBFolder(torch.utils.data.Dataset):
             ``size_hint`` pixels. Put ``lmdbfolder.fused.RandomResizedCrop``
             first in ``transform`` instead to choose the scale per sampled crop.
         prefetch: when the DataLoader asks for a whole batch (``__getitems__``),
-            ask the kernel to read all of its records at once before decoding
-            (``posix_fadvise(WILLNEED)``): cold random reads at disk speed.
+            ask the kernel to start reading all of its records before decoding
+            (``Reader.get_many``; ``madvise(WILLNEED)``).
 
     Attributes:
         classes: class names sorted as ImageFolder sorts them.

@@ -9,6 +9,14 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test test-all lint bench clean
 
 $(STAMP): requirements-test.txt requirements-dev.txt pyproject.toml
+	@# PyTurboJPEG (an optional decoder) needs the system libturbojpeg: install it when we can.
+	@if ! ldconfig -p 2>/dev/null | grep -q libturbojpeg; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q libturbojpeg0 >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libturbojpeg0 >/dev/null 2>&1; } || \
+	    echo "note: could not install libturbojpeg0; the turbojpeg decoder will not be tested"; \
+	  else echo "note: libturbojpeg is missing (apt-get install libturbojpeg0): the turbojpeg decoder will not be tested"; fi; \
+	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .

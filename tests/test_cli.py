@@ -143,8 +143,10 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert code == 0, err
     assert "verified 12 records" in out
     assert "LMDBFolder == ImageFolder" in out and ": yes" in out
-    assert "ImageFolder" in out and "ratio" in out and "train pipeline" in out
+    assert "ImageFolder (files)" in out and "vs files" in out and "train pipeline" in out
+    assert "LMDBFolder fastest" in out and "Recommendation:" in out
     code, out, err = run("demo", "--classes", "2", "--per-class", "3", "--workers", "0", "--json")
     assert code == 0, err
     result = json.loads(out)
     assert result["verified"] and result["same_as_imagefolder"] and result["images"] == 6
+    assert result["bench"]["measurements"] and result["bench"]["recommendation"]

@@ -135,3 +135,20 @@ def test_verify_against_a_sharded_pack(small_tree: Path, tmp_path: Path) -> None
     (small_tree / "class2" / "img0.jpg").write_bytes(b"changed")
     report = verify(tmp_path / "sh", against=small_tree, progress=False)
     assert [(p.kind, p.path) for p in report.problems] == [("source", "class2/img0.jpg")]
+
+
+def test_verify_against_a_resized_pack(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from lmdbfolder.loading import Resize
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    Image.effect_noise((300, 200), 50).convert("RGB").save(src / "a" / "big.jpg")
+    Image.effect_noise((40, 30), 50).convert("RGB").save(src / "a" / "small.jpg")
+    pack(src, tmp_path / "p", resize=Resize(64), progress=False)
+    assert verify(tmp_path / "p", against=src, progress=False).ok
+    Image.effect_noise((300, 100), 50).convert("RGB").save(src / "a" / "big.jpg")  # other shape now
+    report = verify(tmp_path / "p", against=src, progress=False)
+    assert [(p.kind, p.path) for p in report.problems] == [("source", "a/big.jpg")]
+    assert "the resize gives 64x21" in report.problems[0].message

@@ -17,6 +17,7 @@ from lmdbfolder.copying import CopyResult, copy_pack
 from lmdbfolder.errors import (
     CorruptRecordError,
     DecodeError,
+    DecoderUnavailableError,
     FormatVersionError,
     ListFileError,
     LmdbFolderError,
@@ -37,6 +38,7 @@ __all__ = [
     "CopyResult",
     "CorruptRecordError",
     "DecodeError",
+    "DecoderUnavailableError",
     "FormatVersionError",
     "IMG_EXTENSIONS",
     "ListFileError",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -20,9 +21,14 @@ __all__ = [
     "Measurement",
     "time_raw_files",
     "time_raw_pack",
+    "time_sequential",
     "time_loader",
+    "time_in_process",
     "train_transform",
+    "fast_train_transform",
     "ratio",
+    "pack_size",
+    "read_path_overhead",
 ]
 
 
@@ -70,24 +76,63 @@ def time_raw_files(paths: Sequence[str], *, shuffle: bool = True, seed: int = 0)
     return Measurement("files", "raw read", 0, len(paths), nbytes, time.perf_counter() - start)
 
 
-def time_raw_pack(path: str, *, shuffle: bool = True, seed: int = 0, readahead: bool = True) -> Measurement:
+def time_raw_pack(
+    path: str,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    readahead: bool = True,
+    batch: int = 0,
+    indices: Sequence[int] | None = None,
+    contestant: str = "lmdbfolder",
+) -> Measurement:
     """Touch every record's payload through ``Reader.get``, no decoding.
 
     The payload is summed a byte per page so the pages are really read, as a
-    decoder would read them, without copying them.
+    decoder would read them, without copying them. With ``batch > 0`` the
+    records are fetched ``batch`` at a time with ``Reader.get_many``, the
+    next batch prefetched (``Reader.prefetch``) while one is read. ``indices``
+    restricts the read to those samples (in that order, then shuffled).
     """
     reader = Reader(path, readahead=readahead)
     nbytes = 0
+    order = list(indices) if indices is not None else list(range(len(reader)))
+    if shuffle:
+        random.Random(seed).shuffle(order)
     try:
         start = time.perf_counter()
-        for i in _order(len(reader), shuffle, seed):
-            payload = reader.get(i).payload
-            nbytes += len(payload)
-            sum(payload[::4096])
+        if batch > 0:
+            reader.prefetch(order[:batch])
+            for k in range(0, len(order), batch):
+                reader.prefetch(order[k + batch : k + 2 * batch])  # the next batch, while reading this one
+                for rec in reader.get_many(order[k : k + batch], prefetch=False):
+                    payload = rec.payload
+                    nbytes += len(payload)
+                    sum(payload[::4096])
+        else:
+            for i in order:
+                payload = reader.get(i).payload
+                nbytes += len(payload)
+                sum(payload[::4096])
         seconds = time.perf_counter() - start
     finally:
         reader.close()
-    return Measurement("lmdbfolder", "raw read", 0, len(reader), nbytes, seconds)
+    return Measurement(contestant, "raw read", 0, len(order), nbytes, seconds)
+
+
+def time_sequential(path: str, *, block: int = 1 << 20, contestant: str = "dd data.mdb") -> Measurement:
+    """Read ``path`` front to back in ``block``-byte reads (what ``dd bs=1M`` does)."""
+    buf = bytearray(block)
+    view = memoryview(buf)
+    nbytes = 0
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(view)
+            if not n:
+                break
+            nbytes += n
+    return Measurement(contestant, "raw read", 0, 0, nbytes, time.perf_counter() - start)
 
 
 def train_transform(size: int = 224) -> Any:
@@ -95,6 +140,43 @@ def train_transform(size: int = 224) -> Any:
     from torchvision import transforms as T
 
     return T.Compose([T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+
+def fast_train_transform(size: int = 224) -> Any:
+    """``train_transform`` with the crop fused into decoding (``lmdbfolder.fused``),
+    resized with OpenCV when it is installed, straight to a uint8 CHW tensor
+    (the same output type and augmentation as ``train_transform``)."""
+    from torchvision import transforms as T
+
+    from lmdbfolder.fused import RandomResizedCrop
+
+    try:
+        import cv2  # noqa: F401
+
+        resize = "opencv"
+    except ImportError:
+        resize = "pil"
+    return T.Compose([RandomResizedCrop(size, resize=resize, output="tensor"), T.RandomHorizontalFlip()])
+
+
+def time_in_process(dataset: Any, indices: Sequence[int], *, contestant: str) -> Measurement:
+    """``dataset[i]`` for each index in this process: decode + augment alone, no DataLoader.
+
+    torch runs single-threaded meanwhile, as it does in DataLoader workers.
+    """
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else 0
+    if torch is not None:
+        torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        for i in indices:
+            dataset[i]
+        seconds = time.perf_counter() - start
+    finally:
+        if torch is not None:
+            torch.set_num_threads(threads)
+    return Measurement(contestant, "decode+augment", 1, len(indices), 0, seconds)
 
 
 def time_loader(
@@ -105,15 +187,19 @@ def time_loader(
     batch_size: int = 64,
     epochs: int = 1,
     multiprocessing_context: str | None = None,
+    indices: Sequence[int] | None = None,
 ) -> Measurement:
     """Iterate ``dataset`` through a shuffling DataLoader for ``epochs`` epochs.
 
     Worker start-up is included (it is part of what a user waits for); use
     ``epochs > 1`` with persistent workers to see the steady state.
+    ``indices`` restricts the epoch to a subset (``torch.utils.data.Subset``).
     """
     import torch
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Subset
 
+    if indices is not None:
+        dataset = Subset(dataset, list(indices))
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
@@ -131,6 +217,31 @@ def time_loader(
     seconds = time.perf_counter() - start
     del loader
     return Measurement(contestant, "train pipeline", workers, images, 0, seconds)
+
+
+def read_path_overhead(path: str, *, samples: int = 2000, decodes: int = 100) -> dict[str, float]:
+    """Microseconds per record of the read path (key encode, get, header parse,
+    Record) with a warm cache, and per full Pillow decode of the same records."""
+    from lmdbfolder.codecs import decode_rgb
+
+    reader = Reader(path)
+    try:
+        n = len(reader)
+        order = _order(n, True, 1)[: min(n, samples)]
+        for i in order:  # warm the pages and the transaction
+            reader.get(i)
+        start = time.perf_counter()
+        for i in order:
+            reader.get(i)
+        get_us = (time.perf_counter() - start) / len(order) * 1e6
+        recs = [reader.get(i) for i in order[:decodes]]
+        start = time.perf_counter()
+        for rec in recs:
+            decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
+        decode_us = (time.perf_counter() - start) / len(recs) * 1e6
+    finally:
+        reader.close()
+    return {"get_us": round(get_us, 2), "pillow_decode_us": round(decode_us, 1), "share": round(get_us / decode_us, 4)}
 
 
 def pack_size(path: str) -> int:

@@ -1,4 +1,4 @@
-"""The ``lmdbfolder`` command line: pack, info, verify, index, copy, demo.
+"""The ``lmdbfolder`` command line: pack, info, verify, import, index, copy, bench, warm, demo.
 
 ``main(argv) -> int`` is the whole interface: it parses, runs one subcommand
 and turns every lmdbfolder error into one message on stderr and an exit code
@@ -89,6 +89,21 @@ def _add_pack(sub: Any) -> None:
         help="how to check each source file: header (Pillow reads the header; default), "
         "decode (decode every image once), none (trust the files)",
     )
+    p.add_argument(
+        "--max-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="shrink images whose longer side (see --resize-side) is above N pixels and re-encode them "
+        "as JPEG (or raw pixels with --store raw); smaller images keep their bytes",
+    )
+    p.add_argument("--quality", type=int, default=None, metavar="Q", help="JPEG quality of resized images (default 90)")
+    p.add_argument(
+        "--resize-side",
+        choices=("longer", "shorter"),
+        default="longer",
+        help="which side --max-size limits (default: longer, like FFCV's max_resolution)",
+    )
     p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
     p.add_argument("--commit-every", type=int, default=None, metavar="N", help="samples per transaction (default 2000)")
     p.add_argument(
@@ -105,10 +120,16 @@ def _add_pack(sub: Any) -> None:
 
 
 def _run_pack(args: argparse.Namespace) -> int:
+    from lmdbfolder.loading import Resize
     from lmdbfolder.writer import DEFAULT_COMMIT_EVERY, pack
 
+    resize = None
+    if args.max_size is not None:
+        resize = Resize(args.max_size, 90 if args.quality is None else args.quality, args.resize_side)
+    elif args.quality is not None:
+        return _usage("pack", "--quality needs --max-size")
     if _wants_shards(args):
-        return _run_pack_sharded(args)
+        return _run_pack_sharded(args, resize)
 
     result = pack(
         args.src,
@@ -125,6 +146,7 @@ def _run_pack(args: argparse.Namespace) -> int:
         allow_empty=args.allow_empty,
         space_check=not args.no_space_check,
         progress=False if args.no_progress or args.json else None,
+        resize=resize,
     )
     if args.json:
         _print_json(result.as_dict())
@@ -134,6 +156,11 @@ def _run_pack(args: argparse.Namespace) -> int:
         f"packed {result.count:,} images into {result.path}{resumed}: {_mb(result.input_bytes)} read "
         f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
     )
+    if resize is not None:
+        print(
+            f"resized to {resize.side} side <= {resize.max_size} px (JPEG quality {resize.quality} unless raw): "
+            f"{_mb(result.payload_bytes)} stored ({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
+        )
     if result.skipped:
         print(f"skipped {len(result.skipped):,} file(s) (listed in {os.path.join(result.path, 'skipped.txt')}):")
         for path, reason in result.skipped[:20]:
@@ -191,7 +218,7 @@ def _usage(command: str, message: str) -> int:
     return EXIT_CODES["usage"]
 
 
-def _run_pack_sharded(args: argparse.Namespace) -> int:
+def _run_pack_sharded(args: argparse.Namespace, resize: Any = None) -> int:
     from lmdbfolder.shards import pack_sharded
     from lmdbfolder.writer import DEFAULT_COMMIT_EVERY
 
@@ -229,6 +256,7 @@ def _run_pack_sharded(args: argparse.Namespace) -> int:
         space_check=not args.no_space_check,
         staging=args.staging,
         progress=False if args.no_progress or args.json else None,
+        resize=resize,
     )
     if args.ray is not None:
         from lmdbfolder.ray import pack_ray
@@ -487,6 +515,111 @@ def _run_demo(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+# -- bench --------------------------------------------------------------------
+def _add_bench(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure plain files against the pack on this machine (raw reads and the training pipeline)",
+        description="Compare torchvision's ImageFolder on SRC with LMDBFolder on PACKED (packed to a temporary "
+        "folder if not given): raw reads and the training pipeline, page cache cold and warm, for several "
+        "DataLoader worker counts, contestants alternated in one run. Prints a table, the ratios, and a "
+        "recommendation; --json for the numbers, --chart for a PNG.",
+    )
+    p.add_argument("src", help="the ImageFolder tree (the plain files)")
+    p.add_argument("packed", nargs="?", help="its pack (default: pack SRC into a temporary folder first)")
+    p.add_argument(
+        "--workers", type=int, nargs="+", default=None, metavar="N", help="worker counts (default 0 1 .. CPUs)"
+    )
+    p.add_argument(
+        "--limit", type=int, default=2000, metavar="N", help="images per training-pipeline run (default 2000; 0 = all)"
+    )
+    p.add_argument("--raw-limit", type=int, default=0, metavar="N", help="images per raw-read run (default 0 = all)")
+    p.add_argument("--repeat", type=int, default=2, metavar="N", help="alternated runs per contestant (default 2)")
+    p.add_argument("--warm-only", action="store_true", help="skip the cold page-cache runs")
+    p.add_argument("--max-size", type=int, default=None, metavar="N", help="also measure a pack resized to N px")
+    p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of that pack (default 90)")
+    p.add_argument("--raw", action="store_true", help="with --max-size: also measure a --store raw pack of that size")
+    p.add_argument("--size", type=int, default=224, metavar="PX", help="training resolution (default 224)")
+    p.add_argument("--chart", default="lmdbfolder-bench.png", metavar="PNG", help="chart file (default %(default)s)")
+    p.add_argument("--no-chart", action="store_true", help="do not draw the chart")
+    p.add_argument("--json", action="store_true", help="print the measurements as JSON (progress goes to stderr)")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from lmdbfolder.benchrun import BenchConfig, format_report, run_bench
+    from lmdbfolder.chart import chart_available, write_chart
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    cpus = os.cpu_count() or 1
+    cfg = BenchConfig(
+        src=args.src,
+        packed=args.packed,
+        workers=args.workers or list(range(cpus + 1)),
+        limit=args.limit,
+        raw_limit=args.raw_limit,
+        repeat=max(1, args.repeat),
+        cold=not args.warm_only,
+        max_size=args.max_size,
+        max_size_raw=args.raw,
+        quality=args.quality,
+        size=args.size,
+        progress=False if args.json else None,
+        say=say,
+    )
+    result = run_bench(cfg)
+    chart = None
+    if not args.no_chart:
+        if chart_available():
+            write_chart(result, args.chart)
+            chart = os.path.abspath(args.chart)
+        else:
+            say("chart skipped: matplotlib is not installed (pip install matplotlib)")
+    if args.json:
+        _print_json(dict(result.as_dict(), chart=chart))
+    else:
+        print()
+        print(format_report(result))
+        if chart:
+            print(f"chart: {chart}")
+    return 0
+
+
+# -- warm ---------------------------------------------------------------------
+def _add_warm(sub: Any) -> None:
+    p = sub.add_parser("warm", help="read a pack once so that it is in the page cache (before training)")
+    p.add_argument("pack", help="pack directory")
+    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=_run_warm)
+
+
+def _run_warm(args: argparse.Namespace) -> int:
+    from lmdbfolder.cache import warm
+
+    report = warm(args.pack, progress=False if args.no_progress or args.json else None)
+    if args.json:
+        _print_json(report.as_dict())
+        return 0
+
+    def pct(x: float | None) -> str:
+        return "unknown" if x is None else f"{x:.0%}"
+
+    print(
+        f"{report.path}: read {_mb(report.nbytes)} in {report.seconds:.1f} s ({report.mb_per_second:,.0f} MB/s); "
+        f"in the page cache before {pct(report.resident_before)}, after {pct(report.resident_after)}"
+    )
+    if report.mem_available is not None and report.nbytes > report.mem_available:
+        print(
+            f"warning: the pack ({_mb(report.nbytes)}) is larger than the available memory "
+            f"({_mb(report.mem_available)}); only part of it can stay cached",
+            file=sys.stderr,
+        )
+    return 0
+
+
 # -- main -----------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``lmdbfolder`` command."""
@@ -496,7 +629,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lmdbfolder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_pack, _add_info, _add_verify, _add_import, _add_index, _add_copy, _add_demo):
+    for add in (
+        _add_pack,
+        _add_info,
+        _add_verify,
+        _add_import,
+        _add_index,
+        _add_copy,
+        _add_bench,
+        _add_warm,
+        _add_demo,
+    ):
         add(sub)
     return parser
 

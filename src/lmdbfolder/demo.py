@@ -2,7 +2,8 @@
 
 Generates an ImageNet-like folder of real JPEGs, packs it, verifies it,
 checks that ``LMDBFolder`` returns exactly what ``ImageFolder`` returns, and
-times both (raw reads and the training pipeline through a DataLoader).
+runs ``lmdbfolder bench`` on it (raw reads and the training pipeline, cold
+and warm, default and fastest settings, a ``--max-size 256`` copy).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import sys
 from typing import Any, Sequence
 
-from lmdbfolder.bench import Measurement, ratio, time_loader, time_raw_files, time_raw_pack, train_transform
 from lmdbfolder.synthetic import SyntheticSpec, make_imagefolder
 from lmdbfolder.verify import verify
 from lmdbfolder.writer import pack
@@ -36,8 +36,19 @@ def _say(as_json: bool, text: str) -> None:
     print(text, file=sys.stderr if as_json else sys.stdout, flush=True)
 
 
-def run_demo(workdir: str, *, classes: int, per_class: int, workers: Sequence[int], as_json: bool = False) -> int:
-    """Run the demo in ``workdir``; print a table (or JSON); return an exit code."""
+def run_demo(
+    workdir: str,
+    *,
+    classes: int,
+    per_class: int,
+    workers: Sequence[int],
+    as_json: bool = False,
+    max_size: bool = True,
+) -> int:
+    """Run the demo in ``workdir``; print the ``lmdbfolder bench`` table (or JSON); return an exit code.
+
+    ``max_size`` also measures a copy packed with ``--max-size 256``.
+    """
     src = os.path.join(workdir, "images")
     dst = os.path.join(workdir, "images.lmdb")
     bars = None if not as_json else False  # bars on a terminal only
@@ -69,6 +80,7 @@ def run_demo(workdir: str, *, classes: int, per_class: int, workers: Sequence[in
     files_ds = ImageFolder(src)
     packed_ds = LMDBFolder(dst)
     same = _same_as_imagefolder(files_ds, packed_ds, limit=50)
+    packed_ds.reader.close()  # an open map keeps its pages cached: the bench's cold runs need it closed
     _say(
         as_json,
         f"4. LMDBFolder == ImageFolder (classes, targets, pixels of {min(50, n)} samples): {'yes' if same else 'NO'}",
@@ -76,34 +88,22 @@ def run_demo(workdir: str, *, classes: int, per_class: int, workers: Sequence[in
     if not same:
         return 1
 
-    rows: list[Measurement] = []
-    paths = [path for path, _ in files_ds.samples]
-    # Alternate the contestants and keep each one's better run: the first pass
-    # also warms the page cache for both.
-    best: dict[tuple[str, str, int], Measurement] = {}
-    for _ in range(2):
-        for m in (time_raw_files(paths), time_raw_pack(dst)):
-            _keep_best(best, m)
-    for w in workers:
-        for m in (
-            time_loader(ImageFolder(src, transform=train_transform()), contestant="files", workers=w),
-            time_loader(LMDBFolder(dst, transform=train_transform()), contestant="lmdbfolder", workers=w),
-        ):
-            _keep_best(best, m)
-    rows = list(best.values())
-    table = []
-    for workload, w in dict.fromkeys((m.workload, m.workers) for m in rows):
-        files = best[("files", workload, w)]
-        packed = best[("lmdbfolder", workload, w)]
-        table.append(
-            [
-                workload,
-                w,
-                f"{files.images_per_second:,.0f}",
-                f"{packed.images_per_second:,.0f}",
-                f"{ratio(packed, files):.2f}x",
-            ]
+    from lmdbfolder.benchrun import BenchConfig, format_report, run_bench
+
+    _say(as_json, "5. benchmarking plain files against the pack (lmdbfolder bench) ...")
+    bench = run_bench(
+        BenchConfig(
+            src=src,
+            packed=dst,
+            workers=workers,
+            limit=0,
+            repeat=1,
+            max_size=256 if max_size else None,
+            workdir=os.path.join(workdir, "bench"),
+            progress=False,
+            say=lambda text: None,
         )
+    )
     if as_json:
         json.dump(
             {
@@ -111,28 +111,22 @@ def run_demo(workdir: str, *, classes: int, per_class: int, workers: Sequence[in
                 "pack_seconds": result.seconds,
                 "verified": report.ok,
                 "same_as_imagefolder": same,
-                "measurements": [dict(m.__dict__, images_per_second=m.images_per_second) for m in rows],
+                "bench": bench.as_dict(),
             },
             sys.stdout,
             indent=2,
         )
         print()
     else:
-        print("5. images/s, page cache warm (ImageFolder vs LMDBFolder, same transforms):\n")
-        print(format_table(["workload", "workers", "ImageFolder", "LMDBFolder", "ratio"], table))
+        print()
+        print(format_report(bench))
         print(
             "\nraw read = bytes only, random order; train pipeline = decode + RandomResizedCrop(224) + flip + "
-            "to tensor through a DataLoader (batch 64).\nOn a small warm dataset decoding dominates, so the "
-            "pipeline numbers are close; packing pays off on cold caches, slow or network disks and "
-            "million-image datasets."
+            "to tensor through a DataLoader.\nOn a small warm dataset decoding dominates; packing pays off on "
+            "cold caches, slow or network disks, million-image datasets, and with the fast settings.\n"
+            "Run `lmdbfolder bench YOUR_TREE` for your own data (--json, chart)."
         )
     return 0
-
-
-def _keep_best(best: dict[tuple[str, str, int], Measurement], m: Measurement) -> None:
-    key = (m.contestant, m.workload, m.workers)
-    if key not in best or m.images_per_second > best[key].images_per_second:
-        best[key] = m
 
 
 def _same_as_imagefolder(files_ds: Any, packed_ds: Any, *, limit: int) -> bool:

@@ -21,6 +21,7 @@ __all__ = [
     "OutputExistsError",
     "DecodeError",
     "PackError",
+    "DecoderUnavailableError",
 ]
 
 
@@ -157,3 +158,16 @@ class DecodeError(LmdbFolderError):
 
 class PackError(LmdbFolderError):
     """Packing stopped (for example the disk is full); the partial output is kept."""
+
+
+class DecoderUnavailableError(LmdbFolderError, ValueError):
+    """The requested image decoder is not installed (or cannot load its library)."""
+
+    def __init__(self, name: str, why: str, hint: str | None = None) -> None:
+        self.name = name
+        self.why = why
+        super().__init__(
+            f"decoder {name!r} is not available: {why}",
+            hint
+            or "choose another decoder (decoder='pillow' always works, decoder='auto' picks the fastest installed)",
+        )

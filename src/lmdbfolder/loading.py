@@ -28,9 +28,10 @@ from PIL import Image, UnidentifiedImageError
 from lmdbfolder.codecs import sniff
 from lmdbfolder.format import RECORD_HEADER, encode_header_into, encode_record
 
-__all__ = ["CHECKS", "Loaded", "Skipped", "load_sample", "read_into_record"]
+__all__ = ["CHECKS", "RESIZE_SIDES", "Loaded", "Resize", "Skipped", "load_sample", "read_into_record"]
 
 CHECKS = ("none", "header", "decode")
+RESIZE_SIDES = ("longer", "shorter")
 _HEAD = RECORD_HEADER.size
 # Pillow reads only the headers when it opens an image; most fit in the first
 # 64 KB, so only that much is handed to it (files with bigger EXIF/ICC blocks
@@ -52,6 +53,40 @@ class Skipped:
     """A source file that was not stored, and why."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Pack-time resize (``pack --max-size N --quality Q``).
+
+    Images whose ``side`` (``"longer"``, like FFCV's ``max_resolution``, or
+    ``"shorter"``) is above ``max_size`` pixels are shrunk to it, keeping the
+    aspect ratio (Pillow's antialiased bilinear filter, as torchvision's Resize;
+    JPEGs are first DCT-scaled while decoding
+    when that still leaves at least the target size) and stored as a JPEG of
+    ``quality``, or as RGB pixels with ``store="raw"``. Smaller images keep
+    their original bytes (``store="encoded"``).
+    """
+
+    max_size: int
+    quality: int = 90
+    side: str = "longer"
+
+    def __post_init__(self) -> None:
+        if self.max_size < 1:
+            raise ValueError(f"max_size must be a positive number of pixels, got {self.max_size}")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality must be in 1..100, got {self.quality}")
+        if self.side not in RESIZE_SIDES:
+            raise ValueError(f"side must be one of {RESIZE_SIDES}, got {self.side!r}")
+
+    def target(self, width: int, height: int) -> tuple[int, int] | None:
+        """The new (width, height), or None when the image is small enough."""
+        edge = max(width, height) if self.side == "longer" else min(width, height)
+        if edge <= self.max_size:
+            return None
+        scale = self.max_size / edge
+        return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 def _read_error(exc: OSError, path: str) -> str:
@@ -100,8 +135,10 @@ def _open_image(buf: bytearray) -> Image.Image:
     return Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
 
 
-def load_sample(path: str, label: int, *, store: str, check: str, max_pixels: int | None) -> Loaded | Skipped:
-    """Read ``path`` and build its record, applying ``check``.
+def load_sample(
+    path: str, label: int, *, store: str, check: str, max_pixels: int | None, resize: Resize | None = None
+) -> Loaded | Skipped:
+    """Read ``path`` and build its record, applying ``check`` (and ``resize``).
 
     ``max_pixels`` is the decompression-bomb limit (None: no limit).
     """
@@ -113,6 +150,10 @@ def load_sample(path: str, label: int, *, store: str, check: str, max_pixels: in
     if size == 0:
         return Skipped("empty file (0 bytes)")
     info = sniff(memoryview(buf)[_HEAD:])
+    if resize is not None:
+        resized = _load_resized(buf, label, store, resize, max_pixels)
+        if resized is not None:
+            return resized
     if check == "none" and store == "encoded":
         encode_header_into(
             buf, label=label, encoding=info.encoding, width=info.width, height=info.height, channels=info.channels
@@ -152,3 +193,44 @@ def load_sample(path: str, label: int, *, store: str, check: str, max_pixels: in
     channels = info.channels if info.encoding != "other" else bands
     encode_header_into(buf, label=label, encoding=info.encoding, width=width, height=height, channels=channels)
     return Loaded(buf, info.encoding, size)
+
+
+def _load_resized(
+    buf: bytearray, label: int, store: str, resize: Resize, max_pixels: int | None
+) -> Loaded | Skipped | None:
+    """The resized record, a Skipped, or None when the image keeps its bytes."""
+    size = len(buf) - _HEAD
+    try:
+        img = Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
+    except Image.DecompressionBombError as exc:
+        return Skipped(f"decompression bomb: {exc}")
+    except UnidentifiedImageError:
+        return Skipped("not an image Pillow can identify (wrong content for its extension?)")
+    except Exception as exc:  # Pillow raises many exception types for bad headers
+        return Skipped(f"unreadable image header: {type(exc).__name__}: {exc}")
+    with img:
+        width, height = img.size
+        if max_pixels is not None and width * height > max_pixels:
+            return Skipped(
+                f"{width}x{height} = {width * height:,} pixels is over the decompression-bomb limit of "
+                f"{max_pixels:,} (PIL.Image.MAX_IMAGE_PIXELS)"
+            )
+        target = resize.target(width, height)
+        if target is None and store == "encoded":
+            return None
+        try:
+            if target is not None and img.format == "JPEG":
+                img.draft("RGB", target)  # DCT-scale while decoding, never below the target
+            rgb = img.convert("RGB")
+            if target is not None and rgb.size != target:
+                rgb = rgb.resize(target, Image.Resampling.BILINEAR)
+        except Exception as exc:  # truncated or corrupt data
+            return Skipped(f"cannot be decoded: {type(exc).__name__}: {exc}")
+    width, height = rgb.size
+    if store == "raw":
+        value = encode_record(rgb.tobytes(), label=label, encoding="raw", width=width, height=height, channels=3)
+        return Loaded(value, "raw", size)
+    out = io.BytesIO()
+    rgb.save(out, "JPEG", quality=resize.quality)
+    value = encode_record(out.getbuffer(), label=label, encoding="jpeg", width=width, height=height, channels=3)
+    return Loaded(value, "jpeg", size)

@@ -16,16 +16,20 @@ __all__ = ["Progress"]
 class Progress:
     """Counts samples and bytes; draws a tqdm bar on stderr when ``enabled``.
 
-    ``enabled=None`` means: draw only when stderr is a terminal.
+    ``enabled=None`` means: draw only when stderr is a terminal. ``unit="B"``
+    counts bytes (shown as kB, MB, ...).
     """
 
-    def __init__(self, total: int, desc: str, *, enabled: bool | None = None, initial: int = 0) -> None:
+    def __init__(
+        self, total: int, desc: str, *, enabled: bool | None = None, initial: int = 0, unit: str = "img"
+    ) -> None:
         if enabled is None:
             enabled = sys.stderr.isatty()
         self._bar: Any = None
         self._bytes = 0
         self._start = time.perf_counter()
         self._last_postfix = self._start  # first rate once there is half a second to average
+        self._unit = unit
         if enabled:
             from tqdm import tqdm
 
@@ -33,7 +37,8 @@ class Progress:
                 total=total,
                 initial=initial,
                 desc=desc,
-                unit="img",
+                unit=unit,
+                unit_scale=unit == "B",
                 dynamic_ncols=True,
                 smoothing=0.1,
                 file=sys.stderr,
@@ -46,7 +51,7 @@ class Progress:
             return
         self._bar.update(n)
         now = time.perf_counter()
-        if now - self._last_postfix > 0.5:
+        if self._unit != "B" and now - self._last_postfix > 0.5:
             self._last_postfix = now
             self._set_rate(now)
 
@@ -63,7 +68,7 @@ class Progress:
             self._bar = None
 
     def _set_rate(self, now: float) -> None:
-        if self._bytes:  # callers that count no bytes get no MB/s
+        if self._bytes and self._unit != "B":  # no MB/s for callers that count no bytes, or count in bytes
             mb_s = self._bytes / max(now - self._start, 1e-9) / 1e6
             self._bar.set_postfix_str(f"{mb_s:.0f} MB/s", refresh=False)
 

@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 from lmdbfolder.errors import LmdbFolderError, PackError
+from lmdbfolder.loading import Resize
 from lmdbfolder.progress import Progress
 from lmdbfolder.shards import (
     DEFAULT_PREFIX,
@@ -115,6 +116,7 @@ def pack_ray(
     task_cpus: float = 1.0,
     on_progress: Callable[[int, int], None] | None = None,
     init_kwargs: dict[str, Any] | None = None,
+    resize: Resize | None = None,
 ) -> ShardedPackResult:
     """Pack ``src`` into the sharded pack ``dst`` with one Ray task per shard.
 
@@ -160,6 +162,7 @@ def pack_ray(
         restart=restart,
         space_check=space_check,
         staging=None if staging is None else os.path.abspath(os.fspath(staging)),
+        resize=resize,
     )
     started = not ray.is_initialized()
     if started:
@@ -204,6 +207,10 @@ def _run_tasks(
                         errors[i] = _as_error(exc, shard_name(options["prefix"], i, num))
                         bar.write(f"shard {i} failed: {errors[i].message}")
                 done = ray.get(tracker.total.remote())
+                if not pending and not errors:
+                    # Reports from tasks reach the tracker asynchronously; once every
+                    # task has returned, all sources are done whatever it has seen.
+                    done = total
                 bar.update(done - shown)
                 shown = done
                 if on_progress is not None:

@@ -21,12 +21,16 @@ open when it starts its workers.
 from __future__ import annotations
 
 import array
+import ctypes
+import ctypes.util
 import os
+import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, cast
+from typing import Any, Iterator, Sequence, cast
 
 import lmdb
+import numpy as np
 from PIL import Image
 
 from lmdbfolder.codecs import decode_rgb
@@ -46,7 +50,11 @@ from lmdbfolder.format import (
     path_at,
 )
 
-__all__ = ["Record", "Reader", "resolve_pack_path", "pack_info", "is_sharded"]
+__all__ = ["Record", "Reader", "resolve_pack_path", "pack_info", "is_sharded", "PREFETCH_GAP"]
+
+#: Records closer than this in the file are prefetched with one request.
+PREFETCH_GAP = 64 << 10
+_PAGE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,8 +318,53 @@ class Reader:
         valid until ``close()``; use ``read_bytes`` for an independent copy.
         """
         i = self._check_index(index)
+        return self._record(i, self._txn().get(KEY.pack(i)))
+
+    def get_many(self, indices: Sequence[int], *, prefetch: bool = True) -> list[Record]:
+        """The records of ``indices``, in that order (for batch samplers).
+
+        With ``prefetch`` (Linux, macOS), the kernel is asked to start reading
+        every record's pages before any of them is touched
+        (``madvise(MADV_WILLNEED)`` on the map, neighbouring records merged),
+        meant for storage that serves many requests at once (NVMe, network
+        block devices). It costs a few microseconds per batch. On the
+        development VM it made no measurable difference: the kernel's 8 MB
+        readahead already dominates there (docs/design.md).
+        """
         txn = self._txn()
-        value = txn.get(KEY.pack(i))
+        idx = [self._check_index(i) for i in indices]
+        values = [txn.get(KEY.pack(i)) for i in idx]
+        if prefetch and len(values) > 1:
+            self._prefetch(values)
+        return [self._record(i, v) for i, v in zip(idx, values)]
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Ask the kernel to start reading these records now, without waiting
+        (``madvise(MADV_WILLNEED)``): call it with the next batch's indices
+        while working on the current one. A no-op where madvise is missing."""
+        txn = self._txn()
+        self._prefetch([txn.get(KEY.pack(self._check_index(i))) for i in indices])
+
+    def _prefetch(self, values: list[Any]) -> None:
+        if _MADVISE is None:
+            return
+        spans = []
+        for v in values:
+            if v is not None and len(v):
+                start = np.frombuffer(v, np.uint8).__array_interface__["data"][0]
+                spans.append((start, start + len(v)))
+        spans.sort()
+        run_start, run_end = -1, -1
+        for start, end in spans:
+            if start - run_end > PREFETCH_GAP:
+                if run_end > 0:
+                    _will_need(run_start, run_end)
+                run_start = start
+            run_end = max(run_end, end)
+        if run_end > 0:
+            _will_need(run_start, run_end)
+
+    def _record(self, i: int, value: Any) -> Record:
         try:
             if value is None:
                 raise CorruptRecordError(i, "the record is missing from the database")
@@ -408,6 +461,32 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"Reader({self.path!r}, count={self._count}, classes={len(self.meta['classes'])}, store={self.store!r})"
+
+
+def _load_madvise() -> Any:
+    # madvise(MADV_WILLNEED) on a range of the map starts reading those pages
+    # of data.mdb in the background (the kernel's readahead for that range).
+    if sys.platform not in ("linux", "darwin"):
+        return None
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _load_madvise()
+_MADV_WILLNEED = 3  # Linux and macOS
+
+
+def _will_need(start: int, end: int) -> None:
+    aligned = start - start % _PAGE
+    _MADVISE(aligned, end - aligned, _MADV_WILLNEED)  # advice only: a failure changes nothing
 
 
 def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:

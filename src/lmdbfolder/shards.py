@@ -53,6 +53,7 @@ from lmdbfolder.format import (
     shard_name,
     tables_digest,
 )
+from lmdbfolder.loading import Resize
 from lmdbfolder.progress import Progress
 from lmdbfolder.reader import Reader
 from lmdbfolder.sharded import ShardedReader, read_tables, sharded_info, verify_sharded
@@ -362,7 +363,9 @@ def prepare_sharded_output(
 
 
 # -- packing -----------------------------------------------------------------------
-def _same_shard(path: str, expected: dict[str, Any], store: str, check: str) -> tuple[bool, str]:
+def _same_shard(
+    path: str, expected: dict[str, Any], store: str, check: str, resize: Resize | None = None
+) -> tuple[bool, str]:
     try:
         reader = Reader(path)
     except NotAPackError as exc:
@@ -374,6 +377,12 @@ def _same_shard(path: str, expected: dict[str, Any], store: str, check: str) -> 
         params = meta.get("params") or {}
         if meta["store"] != store or params.get("check") != check:
             return False, f"it was packed with --store {meta['store']} --check {params.get('check')}"
+        wanted = None if resize is None else [resize.max_size, resize.quality, resize.side]
+        found = None
+        if params.get("max_size") is not None:
+            found = [params["max_size"], params.get("quality"), params.get("resize_side")]
+        if found != wanted:
+            return False, f"it was packed with other --max-size/--quality/--resize-side settings ({found})"
         return True, ""
     finally:
         reader.close()
@@ -399,6 +408,7 @@ def pack_shard(
     staging: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    resize: Resize | None = None,
 ) -> ShardResult:
     """Pack shard ``index`` of the ``num_shards``-way contiguous split of ``sources`` into ``dst``.
 
@@ -427,7 +437,7 @@ def pack_shard(
     expected = shard_field(sources, index, num_shards, prefix=prefix, digest=digest)
     start, stop = expected["first_source"], expected["first_source"] + expected["sources"]
     if os.path.lexists(target) and not overwrite:
-        same, why = _same_shard(target, expected, store, check)
+        same, why = _same_shard(target, expected, store, check, resize)
         if not same:
             raise OutputExistsError(
                 target,
@@ -450,6 +460,7 @@ def pack_shard(
         progress=progress,
         manifest_extra={SHARD_FIELD: expected},
         on_progress=on_progress,
+        resize=resize,
     )
     if staging is None:
         result = pack_sources(part, target, overwrite=overwrite, **options)
@@ -458,7 +469,7 @@ def pack_shard(
 
         built = os.path.join(os.path.abspath(os.fspath(staging)), name)
         os.makedirs(os.path.dirname(built), exist_ok=True)
-        if os.path.lexists(built) and not _same_shard(built, expected, store, check)[0]:
+        if os.path.lexists(built) and not _same_shard(built, expected, store, check, resize)[0]:
             shutil.rmtree(built)
         if os.path.lexists(built):
             with Reader(built) as reader:
@@ -505,6 +516,7 @@ def pack_sharded(
     space_check: bool = True,
     staging: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
+    resize: Resize | None = None,
 ) -> ShardedPackResult:
     """Pack ``src`` into a sharded pack at ``dst``: ``shards`` shards, or shards of about ``shard_size``.
 
@@ -574,6 +586,7 @@ def pack_sharded(
                 staging=staging,
                 progress=False,
                 on_progress=report,
+                resize=resize,
             )
             bar.update(hi - lo - reported[0])
             for path, reason in result.skipped:

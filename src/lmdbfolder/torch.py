@@ -9,13 +9,15 @@ over many epochs: the pack is opened lazily in each worker process (see
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Sequence
 
 import torch.utils.data
 
 from lmdbfolder.codecs import decode_rgb
+from lmdbfolder.decoders import Decoder, decode_payload, get_decoder, resolve_decoder_name, size_hint_scale, to_pil
 from lmdbfolder.errors import DecodeError
-from lmdbfolder.reader import Reader
+from lmdbfolder.reader import Reader, Record
 
 __all__ = ["LMDBFolder"]
 
@@ -31,6 +33,18 @@ class LMDBFolder(torch.utils.data.Dataset):
         target_transform: applied to the integer target.
         readahead: kernel readahead on the memory map (see ``Reader``).
         verify_checksums: check each record's CRC-32 as it is read.
+        decoder: JPEG decoder (``lmdbfolder.decoders``): ``"pillow"`` (default,
+            exactly ImageFolder's loader), ``"simplejpeg"``, ``"turbojpeg"``,
+            ``"opencv"``, ``"torchvision"``, or ``"auto"`` (fastest installed).
+            All return the same RGB pixels as Pillow; non-JPEG images always go
+            through Pillow.
+        size_hint: the training resolution. JPEGs are decoded at the smallest
+            DCT scale (1/2, 1/4, 1/8) that keeps the shorter side at least
+            ``size_hint`` pixels. Put ``lmdbfolder.fused.RandomResizedCrop``
+            first in ``transform`` instead to choose the scale per sampled crop.
+        prefetch: when the DataLoader asks for a whole batch (``__getitems__``),
+            ask the kernel to start reading all of its records before decoding
+            (``Reader.get_many``; ``madvise(WILLNEED)``).
 
     Attributes:
         classes: class names sorted as ImageFolder sorts them.
@@ -60,7 +74,18 @@ class LMDBFolder(torch.utils.data.Dataset):
         *,
         readahead: bool = True,
         verify_checksums: bool = False,
+        decoder: str = "pillow",
+        size_hint: int | None = None,
+        prefetch: bool = True,
     ) -> None:
+        self.decoder = resolve_decoder_name(decoder)
+        get_decoder(self.decoder)  # fail now (with an install hint), not in a worker
+        if size_hint is not None and size_hint < 1:
+            raise ValueError(f"size_hint must be a positive number of pixels, got {size_hint}")
+        self.size_hint = size_hint
+        self.prefetch = prefetch
+        self._decoder: Decoder | None = None
+        self._split: tuple[Any, Any, Any] | None = None
         self.reader = Reader(root, readahead=readahead, verify_checksums=verify_checksums)
         self.root = self.reader.path
         self.transform = transform
@@ -74,17 +99,56 @@ class LMDBFolder(torch.utils.data.Dataset):
         return len(self.reader)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        rec = self.reader.get(index)
+        return self._sample(self.reader.get(index))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+        """A whole batch (the DataLoader calls this): the records are fetched
+        together, prefetched from disk at once, then decoded one by one."""
+        return [self._sample(rec) for rec in self.reader.get_many(indices, prefetch=self.prefetch)]
+
+    def _sample(self, rec: Record) -> tuple[Any, Any]:
+        crop, rest = self._fused_split()
         try:
-            sample: Any = decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
-        except Exception as exc:  # Pillow raises many exception types for bad data
+            if crop is not None:
+                sample: Any = crop.decode_record(
+                    rec.payload, rec.encoding, rec.width, rec.height, rec.channels, self._get_decoder()
+                )
+            elif self.decoder == "pillow" and self.size_hint is None:
+                sample = decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
+            else:
+                decoder = self._get_decoder()
+                denom = 1
+                if self.size_hint is not None:
+                    denom = size_hint_scale(rec.width, rec.height, self.size_hint, decoder.scales)
+                sample = to_pil(
+                    decode_payload(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, decoder, denom=denom)
+                )
+        except Exception as exc:  # decoders raise many exception types for bad data
             raise DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}") from exc
         target: Any = rec.label
-        if self.transform is not None:
-            sample = self.transform(sample)
+        if rest is not None:
+            sample = rest(sample)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return sample, target
+
+    def _get_decoder(self) -> Decoder:
+        if self._decoder is None:
+            self._decoder = get_decoder(self.decoder)
+        return self._decoder
+
+    def _fused_split(self) -> tuple[Any, Any]:
+        # (fused crop or None, the transforms after it); recomputed only when
+        # ``transform`` is replaced. A fused crop exists only if its module was
+        # imported, so torchvision is never imported here for nothing.
+        split = self._split
+        if split is None or split[0] is not self.transform:
+            crop, rest = None, self.transform
+            fused = sys.modules.get("lmdbfolder.fused")
+            if fused is not None and self.transform is not None:
+                crop, rest = fused.split_fused(self.transform)
+            split = self._split = (self.transform, crop, rest)
+        return split[1], split[2]
 
     @property
     def targets(self) -> list[int]:
@@ -111,6 +175,8 @@ class LMDBFolder(torch.utils.data.Dataset):
         state = self.__dict__.copy()
         state["_targets"] = None
         state["_samples"] = None
+        state["_decoder"] = None  # decoders hold library handles; made again per process
+        state["_split"] = None
         return state
 
     def __repr__(self) -> str:

@@ -7,10 +7,13 @@ index and original path, so the user knows exactly what to repack.
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from PIL import Image
 
 from lmdbfolder.codecs import decode_rgb, raw_rgb
 from lmdbfolder.errors import CorruptRecordError
@@ -24,6 +27,7 @@ from lmdbfolder.format import (
     decode_key,
     decode_record,
 )
+from lmdbfolder.loading import Resize
 from lmdbfolder.progress import Progress
 from lmdbfolder.reader import Reader, is_sharded
 from lmdbfolder.sources import scan
@@ -142,6 +146,7 @@ def _against_by_index(
     sources = _source_files(reader, report, src, list_file, skipped)
     if sources is None:
         return
+    resize = _pack_resize(reader.meta)
     for index, path in enumerate(reader.paths()):
         if path in sources:
             record = reader.get(index)
@@ -149,7 +154,7 @@ def _against_by_index(
             header = RecordHeader(
                 record.encoding, record.channels, record.width, record.height, record.label, 0, len(value)
             )
-            _compare_with_source(report, index, header, value, path, *sources[path], reader.store)
+            _compare_with_source(report, index, header, value, path, *sources[path], reader.store, resize)
 
 
 def _source_files(
@@ -182,6 +187,13 @@ def _source_files(
     return {p: (sources.abspath(i), sources.labels[i]) for i, p in enumerate(sources.relpaths)}
 
 
+def _pack_resize(meta: dict[str, Any]) -> Resize | None:
+    params = meta.get("params") or {}
+    if params.get("max_size") is None:
+        return None
+    return Resize(int(params["max_size"]), int(params.get("quality", 90)), str(params.get("resize_side", "longer")))
+
+
 def _check_records(
     reader: Reader,
     report: VerifyReport,
@@ -193,6 +205,7 @@ def _check_records(
     labels = reader.labels
     n_classes = len(reader.classes)
     paths = reader.paths()
+    resize = _pack_resize(reader.meta)
     if len(paths) != count:
         report.problems.append(Problem("manifest", f"path table holds {len(paths)} paths, expected {count}"))
     expected = 0
@@ -218,7 +231,7 @@ def _check_records(
             bar.update(1, len(value))
             _check_one(report, index, value, paths[index], labels[index], n_classes, decode)
             if sources is not None and paths[index] in sources:
-                _check_source(report, index, value, paths[index], *sources[paths[index]], reader.store)
+                _check_source(report, index, value, paths[index], *sources[paths[index]], reader.store, resize)
         for missing in range(expected, count):
             report.problems.append(Problem("missing", "record is missing", missing, paths[missing]))
 
@@ -248,13 +261,20 @@ def _check_one(
 
 
 def _check_source(
-    report: VerifyReport, index: int, value: memoryview, path: str, source: str, label: int, store: str
+    report: VerifyReport,
+    index: int,
+    value: memoryview,
+    path: str,
+    source: str,
+    label: int,
+    store: str,
+    resize: Resize | None,
 ) -> None:
     try:
         header, payload = decode_record(value, index=index)
     except CorruptRecordError:
         return  # already reported by _check_one
-    _compare_with_source(report, index, header, payload, path, source, label, store)
+    _compare_with_source(report, index, header, payload, path, source, label, store, resize)
 
 
 def _compare_with_source(
@@ -266,6 +286,7 @@ def _compare_with_source(
     source: str,
     label: int,
     store: str,
+    resize: Resize | None = None,
 ) -> None:
     if header.label != label:
         report.problems.append(
@@ -277,6 +298,26 @@ def _compare_with_source(
     except OSError as exc:
         report.problems.append(Problem("source", f"cannot read the source file {source}: {exc.strerror}", index, path))
         return
+    if resize is not None:
+        # A pack resized at pack time holds new bytes for the images it shrank:
+        # for those, the stored size must be the one the resize gives.
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                target = resize.target(*img.size)
+        except Exception as exc:  # Pillow raises many exception types for bad data
+            report.problems.append(Problem("source", f"the source file no longer opens: {exc}", index, path))
+            return
+        if target is not None:
+            if (header.width, header.height) != target:
+                report.problems.append(
+                    Problem(
+                        "source",
+                        f"stored {header.width}x{header.height}, the resize gives {target[0]}x{target[1]}",
+                        index,
+                        path,
+                    )
+                )
+            return
     if store == "raw":
         try:
             pixels, width, height = raw_rgb(data)

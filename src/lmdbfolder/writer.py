@@ -55,7 +55,7 @@ from lmdbfolder.format import (
     encode_paths,
     encode_progress,
 )
-from lmdbfolder.loading import CHECKS, Loaded, Skipped, load_sample
+from lmdbfolder.loading import CHECKS, Loaded, Resize, Skipped, load_sample
 from lmdbfolder.pipeline import default_workers, ordered_map
 from lmdbfolder.progress import Progress
 from lmdbfolder.sources import SourceList, scan
@@ -147,6 +147,7 @@ def pack(
     allow_empty: bool = False,
     space_check: bool = True,
     progress: bool | None = None,
+    resize: Resize | None = None,
 ) -> PackResult:
     """Pack the images under ``src`` into a new LMDB pack at ``dst``.
 
@@ -174,6 +175,8 @@ def pack(
         space_check: refuse to start when the estimated output does not fit
             on the disk.
         progress: draw a progress bar (``None``: only on a terminal).
+        resize: shrink images larger than ``resize.max_size`` and re-encode
+            them (``loading.Resize``; ``pack --max-size N --quality Q``).
 
     Returns:
         A PackResult with the count, bytes, time and the skipped files.
@@ -203,6 +206,7 @@ def pack(
         restart=restart,
         space_check=space_check,
         progress=progress,
+        resize=resize,
     )
 
 
@@ -224,6 +228,7 @@ def pack_sources(
     mean_size: float | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    resize: Resize | None = None,
 ) -> PackResult:
     """Pack an already built sample list (see ``sources.scan``) into ``dst``; see ``pack``.
 
@@ -233,6 +238,7 @@ def pack_sources(
     ``manifest_extra`` adds optional manifest fields (a shard's place in its
     split); they are part of the resume fingerprint. ``on_progress(done,
     total)`` is called after each source file (packed or skipped).
+    ``resize`` (pack-time downscaling) applies to files read from disk only.
     """
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
@@ -247,12 +253,17 @@ def pack_sources(
     fingerprint = _fingerprint(sources, store, check)
     if manifest_extra:
         fingerprint["manifest_extra"] = dict(manifest_extra)
+    if resize is not None:  # only then, so packs started without it still resume
+        fingerprint["resize"] = [resize.max_size, resize.quality, resize.side]
     if mean_size is None:
         mean_size = _mean_source_size(sources)
-    expansion = _RAW_EXPANSION if store == "raw" else 1
+    expansion: float = _RAW_EXPANSION if store == "raw" else 1
+    if resize is not None and store == "raw" and mean_size > 0:
+        expansion = min(expansion, 3 * resize.max_size**2 / mean_size)
     map_size = int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP
     state = _open_partial(partial, fingerprint, map_size, sources.relpaths)
     run = _Run(sources, state, store, check, strict, commit_every, commit_bytes, loader, manifest_extra, on_progress)
+    run.resize = resize
     try:
         if not state.finished:  # else: written before, stopped before it was published
             if space_check:
@@ -400,6 +411,7 @@ class _Run:
         self.batch: list[tuple[bytes, bytes | bytearray]] = []
         self.batch_bytes = 0
         self.max_pixels = Image.MAX_IMAGE_PIXELS
+        self.resize: Resize | None = None
 
     @property
     def count(self) -> int:
@@ -424,6 +436,7 @@ class _Run:
             store=self.store,
             check=self.check,
             max_pixels=self.max_pixels,
+            resize=self.resize,
         )
 
     def _commit(self, extra: dict[bytes, bytes | None] | None = None) -> None:
@@ -515,6 +528,15 @@ class _Run:
                 "strict": self.strict,
                 "commit_every": self.commit_every,
                 "commit_bytes": self.commit_bytes,
+                **(
+                    {}
+                    if self.resize is None
+                    else {
+                        "max_size": self.resize.max_size,
+                        "quality": self.resize.quality,
+                        "resize_side": self.resize.side,
+                    }
+                ),
             },
         }
         clash = sorted(set(self.manifest_extra) & set(manifest))
@@ -593,6 +615,7 @@ _FINGERPRINT_WORDS = {
     "classes_sha256": "the class names",
     "store": "--store",
     "check": "--check",
+    "resize": "--max-size/--quality/--resize-side",
 }
 
 

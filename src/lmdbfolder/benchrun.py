@@ -1,0 +1,540 @@
+"""``lmdbfolder bench``: plain files against packs, on the user's data and machine.
+
+One run measures every contestant on every workload, alternating them (a
+shared machine drifts; ratios measured in one run are what to compare):
+
+* raw read (bytes only, random order), page cache cold and warm: ``dd`` of
+  ``data.mdb`` (the sequential reference), the plain files (open/read/close,
+  what ImageFolder does per sample), the pack read record by record
+  (``Reader.get``, the default) and batch by batch with prefetching
+  (``Reader.get_many``, what ``LMDBFolder`` does under a DataLoader);
+* the training pipeline (``RandomResizedCrop(224)``, flip, to tensor) through
+  a DataLoader for each worker count, warm, and cold at the largest count:
+  ``ImageFolder``, ``LMDBFolder`` default, ``LMDBFolder`` fastest (fastest
+  installed decoder, crop fused into decoding) and optionally the same on a
+  pack resized at pack time (``--max-size``);
+* decode + augment alone in one process, to tell how much the loader costs.
+
+The page cache is made cold by ``os.sync()`` and ``posix_fadvise(DONTNEED)``
+on every file (no root needed); the report says when that is impossible.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from lmdbfolder.bench import (
+    Measurement,
+    fast_train_transform,
+    pack_size,
+    read_path_overhead,
+    time_in_process,
+    time_loader,
+    time_raw_files,
+    time_raw_pack,
+    time_sequential,
+    train_transform,
+)
+from lmdbfolder.cache import EvictReport, can_evict, evict, warm
+from lmdbfolder.format import DATA_FILE
+
+__all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "run_bench",
+    "format_report",
+    "FILES",
+    "DEFAULT",
+    "FASTEST",
+    "RESIZED",
+    "RESIZED_RAW",
+]
+
+FILES = "ImageFolder (files)"
+DEFAULT = "LMDBFolder default"
+FASTEST = "LMDBFolder fastest"
+RESIZED = "LMDBFolder max-size"
+RESIZED_RAW = "LMDBFolder max-size raw"
+DD = "dd data.mdb"
+RECIPE = "LMDB readahead=False (recipe)"
+BATCH = 64
+
+
+@dataclass
+class BenchConfig:
+    """What ``run_bench`` measures (the ``lmdbfolder bench`` options)."""
+
+    src: str
+    packed: str | None = None
+    workers: Sequence[int] = (0, 1, 2)
+    limit: int = 2000
+    raw_limit: int = 0
+    repeat: int = 2
+    cold: bool = True
+    max_size: int | None = None
+    max_size_raw: bool = False
+    quality: int = 90
+    size: int = 224
+    batch_size: int = BATCH
+    seed: int = 0
+    workdir: str | None = None
+    progress: bool | None = None
+    say: Callable[[str], None] = print
+
+
+@dataclass
+class BenchResult:
+    """Everything ``run_bench`` measured, JSON-ready with ``as_dict``."""
+
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    images: int
+    source_bytes: int
+    pack: dict[str, Any]
+    eviction: str
+    measurements: list[Measurement] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    recommendation: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``lmdbfolder bench --json``)."""
+        return {
+            "config": self.config,
+            "machine": self.machine,
+            "images": self.images,
+            "source_bytes": self.source_bytes,
+            "pack": self.pack,
+            "eviction": self.eviction,
+            "measurements": [
+                dict(
+                    m.__dict__,
+                    images_per_second=round(m.images_per_second, 1),
+                    mb_per_second=round(m.mb_per_second, 1),
+                )
+                for m in self.measurements
+            ],
+            "summary": self.summary,
+            "recommendation": self.recommendation,
+        }
+
+
+class _Best:
+    """All runs of each (contestant, workload, workers); reports the median run."""
+
+    def __init__(self) -> None:
+        self.all: dict[tuple[str, str, int], list[Measurement]] = {}
+
+    def add(self, m: Measurement) -> Measurement:
+        self.all.setdefault((m.contestant, m.workload, m.workers), []).append(m)
+        return m
+
+    @property
+    def runs(self) -> dict[tuple[str, str, int], Measurement]:
+        return {key: _median(ms) for key, ms in self.all.items()}
+
+    def get(self, contestant: str, workload: str, workers: int) -> Measurement | None:
+        ms = self.all.get((contestant, workload, workers))
+        return _median(ms) if ms else None
+
+
+def _median(ms: list[Measurement]) -> Measurement:
+    """The median run (by throughput; the lower middle one for an even count)."""
+    ordered = sorted(ms, key=lambda m: m.mb_per_second if m.images == 0 else m.images_per_second)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    for mod in ("torch", "torchvision", "PIL", "lmdb", "simplejpeg", "cv2"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            info[mod] = getattr(m, "__version__", "?")
+    return info
+
+
+def _torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+        import torchvision  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_bench(cfg: BenchConfig) -> BenchResult:
+    """Measure files against the pack as described in the module docstring."""
+    from lmdbfolder.decoders import resolve_decoder_name
+    from lmdbfolder.loading import Resize
+    from lmdbfolder.sources import scan
+    from lmdbfolder.writer import pack
+
+    say = cfg.say
+    sources = scan(cfg.src)
+    files = [sources.abspath(i) for i in range(len(sources))]
+    source_bytes = sum(os.path.getsize(p) for p in files)
+    workdir = cfg.workdir or tempfile.mkdtemp(prefix="lmdbfolder-bench-")
+    made_workdir = cfg.workdir is None
+    try:
+        pack_info: dict[str, Any] = {}
+        packed = cfg.packed
+        if packed is None:
+            packed = os.path.join(workdir, "pack")
+            result = pack(cfg.src, packed, progress=cfg.progress)
+            pack_info.update(
+                packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second)
+            )
+            say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
+        pack_info.update(path=os.path.abspath(packed), size=pack_size(packed))
+        resized = None
+        if cfg.max_size:
+            resized = os.path.join(workdir, f"pack-max{cfg.max_size}")
+            result = pack(cfg.src, resized, resize=Resize(cfg.max_size, cfg.quality), progress=cfg.progress)
+            pack_info["max_size"] = {
+                "path": resized,
+                "max_size": cfg.max_size,
+                "quality": cfg.quality,
+                "size": pack_size(resized),
+                "packed_in_seconds": round(result.seconds, 2),
+                "images_per_second": round(result.images_per_second),
+            }
+            say(
+                f"packed a copy resized to longer side <= {cfg.max_size} px (JPEG q{cfg.quality}) in "
+                f"{result.seconds:.1f} s ({result.images_per_second:,.0f} img/s): "
+                f"{pack_size(resized) / 1e6:,.0f} MB vs {pack_info['size'] / 1e6:,.0f} MB"
+            )
+        resized_raw = None
+        if cfg.max_size and cfg.max_size_raw:
+            resized_raw = os.path.join(workdir, f"pack-max{cfg.max_size}-raw")
+            result = pack(cfg.src, resized_raw, store="raw", resize=Resize(cfg.max_size), progress=cfg.progress)
+            pack_info["max_size_raw"] = {
+                "path": resized_raw,
+                "size": pack_size(resized_raw),
+                "packed_in_seconds": round(result.seconds, 2),
+                "images_per_second": round(result.images_per_second),
+            }
+            say(
+                f"packed a raw copy (--store raw --max-size {cfg.max_size}) in {result.seconds:.1f} s: "
+                f"{pack_size(resized_raw) / 1e6:,.0f} MB"
+            )
+        data_files = [os.path.join(p, DATA_FILE) for p in (packed, resized, resized_raw) if p]
+        rng = random.Random(cfg.seed)
+        n = len(files)
+        raw_subset = sorted(rng.sample(range(n), cfg.raw_limit)) if 0 < cfg.raw_limit < n else list(range(n))
+        subset = sorted(rng.sample(range(n), cfg.limit)) if 0 < cfg.limit < n else list(range(n))
+        best = _Best()
+        last_evict: list[EvictReport] = []
+
+        def cold() -> None:
+            last_evict.append(evict(files + data_files, always_check=data_files))
+
+        # -- raw read ------------------------------------------------------------
+        raw_files = [files[i] for i in raw_subset]
+        raw: list[tuple[str, Callable[[], Measurement]]] = [
+            (DD, lambda: time_sequential(data_files[0])),
+            (FILES, lambda: _renamed(time_raw_files(raw_files, seed=cfg.seed), FILES)),
+            (DEFAULT, lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, contestant=DEFAULT)),
+            (
+                FASTEST,
+                lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, batch=BATCH, contestant=FASTEST),
+            ),
+        ]
+        caches = (["cold"] if cfg.cold else []) + ["warm"]
+        for cache in caches:
+            contestants = list(raw)
+            if cache == "cold":
+                contestants.append(
+                    (
+                        RECIPE,
+                        lambda: time_raw_pack(
+                            packed, indices=raw_subset, seed=cfg.seed, readahead=False, contestant=RECIPE
+                        ),
+                    )
+                )
+            else:
+                for _, fn in contestants:  # warm everything once
+                    fn()
+            for rep in range(cfg.repeat):
+                for name, fn in _rotate(contestants, rep):
+                    if cache == "cold":
+                        cold()
+                    m = best.add(_tag(fn(), cache))
+                    say(f"  raw read, {cache}, {name}: {_rate(m)}")
+
+        # Everything the warm runs read is cached first (the cold runs evicted
+        # the resized packs too, and --raw-limit may have skipped files).
+        for pack_dir in (packed, resized, resized_raw):
+            if pack_dir:
+                warm(pack_dir, progress=False)
+        time_raw_files([files[i] for i in subset], shuffle=False)
+        overhead = read_path_overhead(packed)
+        say(
+            f"  read path (get + header parse), warm: {overhead['get_us']:.1f} us/record = "
+            f"{overhead['share']:.2%} of a Pillow decode ({overhead['pillow_decode_us']:,.0f} us)"
+        )
+
+        # -- training pipeline ------------------------------------------------------
+        single: dict[str, Measurement] = {}
+        fastest_decoder = resolve_decoder_name("auto")
+        if _torch_available():
+            from torchvision.datasets import ImageFolder
+
+            from lmdbfolder.torch import LMDBFolder
+
+            def make(name: str) -> Any:
+                if name == FILES:
+                    return ImageFolder(cfg.src, transform=train_transform(cfg.size))
+                if name == DEFAULT:
+                    return LMDBFolder(packed, transform=train_transform(cfg.size))
+                path = str({RESIZED: resized, RESIZED_RAW: resized_raw}.get(name) or packed)
+                return LMDBFolder(
+                    path, transform=fast_train_transform(cfg.size), decoder=fastest_decoder, size_hint=cfg.size
+                )
+
+            names = [FILES, DEFAULT, FASTEST] + ([RESIZED] if resized else []) + ([RESIZED_RAW] if resized_raw else [])
+            small = subset[: min(len(subset), 300)]
+            for name in names:  # warm-up and the single-process rate of decode + augment
+                ds = make(name)
+                time_in_process(ds, small[:20], contestant=name)
+                single[name] = best.add(_tag(time_in_process(ds, small, contestant=name), "warm"))
+                _close(ds)
+                say(f"  decode+augment in one process, {name}: {_rate(single[name])}")
+            top = max(cfg.workers)
+            runs = [("warm", w) for w in cfg.workers] + ([("cold", top)] if cfg.cold else [])
+            for cache, w in runs:
+                for rep in range(cfg.repeat):
+                    for name in _rotate(names, rep):
+                        ds = make(name)
+                        if cache == "cold":
+                            cold()
+                        m = time_loader(
+                            ds,
+                            contestant=name,
+                            workers=w,
+                            batch_size=cfg.batch_size,
+                            indices=subset,
+                        )
+                        _close(ds)
+                        m = best.add(_tag(m, cache))
+                        say(f"  train pipeline, {cache}, {w} workers, {name}: {_rate(m)}")
+        else:
+            say("torch/torchvision are not installed: only the raw-read workload was measured")
+
+        measurements = list(best.runs.values())
+        eviction = (
+            last_evict[-1].describe()
+            if last_evict
+            else ("cold cache not measured (--warm-only)" if can_evict() else "page cache cannot be evicted here")
+        )
+        result_obj = BenchResult(
+            config={
+                "src": os.path.abspath(cfg.src),
+                "packed": cfg.packed,
+                "workers": list(cfg.workers),
+                "limit": len(subset),
+                "raw_limit": len(raw_subset),
+                "repeat": cfg.repeat,
+                "size": cfg.size,
+                "batch_size": cfg.batch_size,
+                "max_size": cfg.max_size,
+                "fastest_settings": (
+                    f"decoder={fastest_decoder!r}, size_hint={cfg.size}, fused RandomResizedCrop"
+                    f"({cfg.size}, resize={'opencv' if _has_cv2() else 'pil'}, output='tensor'), get_many prefetch"
+                ),
+            },
+            machine=_machine(),
+            images=n,
+            source_bytes=source_bytes,
+            pack=pack_info,
+            eviction=eviction,
+            measurements=measurements,
+        )
+        result_obj.summary = _summarize(best, cfg, single)
+        result_obj.summary["read_path"] = overhead
+        result_obj.recommendation = _recommend(best, cfg, result_obj.summary, fastest_decoder)
+        return result_obj
+    finally:
+        if made_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _has_cv2() -> bool:
+    try:
+        import cv2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _renamed(m: Measurement, name: str) -> Measurement:
+    return Measurement(name, m.workload, m.workers, m.images, m.nbytes, m.seconds)
+
+
+def _tag(m: Measurement, cache: str) -> Measurement:
+    return Measurement(m.contestant, f"{m.workload}, {cache}", m.workers, m.images, m.nbytes, m.seconds)
+
+
+def _rotate(items: list[Any], k: int) -> list[Any]:
+    k %= max(1, len(items))
+    return items[k:] + items[:k]
+
+
+def _close(ds: Any) -> None:
+    reader = getattr(ds, "reader", None)
+    if reader is not None:
+        reader.close()
+
+
+def _rate(m: Measurement) -> str:
+    if m.images == 0:
+        return f"{m.mb_per_second:,.0f} MB/s"
+    mb = f", {m.mb_per_second:,.0f} MB/s" if m.nbytes else ""
+    return f"{m.images_per_second:,.0f} img/s{mb}"
+
+
+def _ratio(a: Measurement | None, b: Measurement | None, attr: str = "images_per_second") -> float | None:
+    if a is None or b is None:
+        return None
+    den = getattr(b, attr)
+    return round(getattr(a, attr) / den, 2) if den > 0 else None
+
+
+def _summarize(best: _Best, cfg: BenchConfig, single: dict[str, Measurement]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for cache in ("cold", "warm"):
+        wl = f"raw read, {cache}"
+        fast, files, dd = best.get(FASTEST, wl, 0), best.get(FILES, wl, 0), best.get(DD, wl, 0)
+        if fast is not None:
+            out[f"raw_{cache}_fastest_vs_dd"] = _ratio(fast, dd, "mb_per_second")
+            out[f"raw_{cache}_fastest_vs_files"] = _ratio(fast, files)
+            out[f"raw_{cache}_default_vs_files"] = _ratio(best.get(DEFAULT, wl, 0), files)
+    top = max(cfg.workers)
+    for cache in ("warm", "cold"):
+        wl = f"train pipeline, {cache}"
+        files = best.get(FILES, wl, top)
+        for name, key in (
+            (DEFAULT, "default"),
+            (FASTEST, "fastest"),
+            (RESIZED, "max_size"),
+            (RESIZED_RAW, "max_size_raw"),
+        ):
+            r = _ratio(best.get(name, wl, top), files)
+            if r is not None:
+                out[f"train_{cache}_{key}_vs_files_{top}w"] = r
+    eff: dict[str, dict[str, float]] = {}
+    for name, one in single.items():
+        for w in cfg.workers:
+            m = best.get(name, "train pipeline, warm", w)
+            if m is not None and w > 0 and one.images_per_second > 0:
+                eff.setdefault(name, {})[str(w)] = round(m.images_per_second / (w * one.images_per_second), 2)
+    out["loader_efficiency"] = eff  # loader img/s / (workers x single-process img/s)
+    return out
+
+
+def _recommend(best: _Best, cfg: BenchConfig, summary: dict[str, Any], decoder: str) -> str:
+    wl = "train pipeline, warm"
+    candidates = [m for (c, w_l, _w), m in best.runs.items() if w_l == wl and c in (DEFAULT, FASTEST)]
+    if not candidates:
+        cold = summary.get("raw_cold_fastest_vs_files")
+        return (
+            f"Packing pays off for cold reads here ({cold}x plain files)."
+            if cold and cold > 1.1
+            else "Install torch and torchvision to measure the training pipeline."
+        )
+    top = max(candidates, key=lambda m: m.images_per_second)
+    files = best.get(FILES, wl, top.workers)
+    gain = _ratio(top, files) or 0.0
+    cold = summary.get("raw_cold_fastest_vs_files")
+    setting = (
+        f"LMDBFolder(..., decoder={decoder!r}) with lmdbfolder.fused.RandomResizedCrop({cfg.size}) first"
+        if top.contestant == FASTEST
+        else "LMDBFolder(...) with its defaults"
+    )
+    verdict = (
+        f"packing pays off here: {gain:.2f}x ImageFolder warm"
+        + (f", {cold:.2f}x plain files on cold raw reads" if cold else "")
+        if gain >= 1.1 or (cold or 0) >= 1.1
+        else f"packing buys little on this machine ({gain:.2f}x ImageFolder warm); plain files are fine here"
+    )
+    resized = summary.get(f"train_warm_max_size_vs_files_{max(cfg.workers)}w")
+    resized_raw = summary.get(f"train_warm_max_size_raw_vs_files_{max(cfg.workers)}w")
+    extra = f"; a --max-size {cfg.max_size} pack reaches {resized:.2f}x" if resized else ""
+    if resized_raw:
+        extra += f" ({resized_raw:.2f}x with --store raw)"
+    return f"Use {setting}, num_workers={top.workers}; {verdict}{extra}."
+
+
+def format_report(result: BenchResult) -> str:
+    """The human-readable table, the target ratios and the recommendation."""
+    from lmdbfolder.demo import format_table
+
+    rows = []
+    order = {FILES: 1, DD: 0, DEFAULT: 2, FASTEST: 3, RESIZED: 4, RESIZED_RAW: 5, RECIPE: 6}
+    ms = sorted(
+        result.measurements,
+        key=lambda m: (
+            m.workload.split(",")[0] != "raw read",
+            m.workload.split(",")[0],
+            m.workload.endswith("warm"),
+            m.workers,
+            order.get(m.contestant, 9),
+        ),
+    )
+    base = {(m.workload, m.workers): m for m in ms if m.contestant == FILES}
+    for m in ms:
+        ref = base.get((m.workload, m.workers))
+        vs = _ratio(m, ref) if m.images else None
+        rows.append(
+            [
+                m.workload,
+                m.workers if m.workload.startswith("train") else "-",
+                m.contestant,
+                f"{m.images_per_second:,.0f}" if m.images else "-",
+                f"{m.mb_per_second:,.0f}" if m.nbytes else "-",
+                f"{vs:.2f}x" if vs is not None else "-",
+            ]
+        )
+    cfg = result.config
+    lines = [
+        f"{result.images:,} images, {result.source_bytes / 1e6:,.0f} MB; pack {result.pack.get('size', 0) / 1e6:,.0f} "
+        f"MB; {result.machine.get('cpus')} CPUs; median of {cfg['repeat']} alternated runs; pipeline = "
+        f"RandomResizedCrop({cfg['size']}) + flip + to tensor, batch {cfg['batch_size']}, "
+        f"{cfg['limit']:,} images/run",
+        f"fastest = {result.config['fastest_settings']}",
+        result.eviction,
+        "",
+        format_table(["workload", "workers", "contestant", "img/s", "MB/s", "vs files"], rows),
+        "",
+    ]
+    s = result.summary
+    for cache in ("cold", "warm"):
+        if f"raw_{cache}_fastest_vs_dd" in s:
+            lines.append(
+                f"raw read, {cache}: fastest = {s[f'raw_{cache}_fastest_vs_dd']}x dd (MB/s), "
+                f"{s[f'raw_{cache}_fastest_vs_files']}x files; default = {s[f'raw_{cache}_default_vs_files']}x files"
+            )
+    for key, value in s.items():
+        if key.startswith("train_"):
+            lines.append(f"{key.replace('_', ' ')}: {value}x")
+    if "read_path" in s:
+        rp = s["read_path"]
+        lines.append(
+            f"read path overhead (warm): {rp['get_us']:.1f} us/record = {rp['share']:.2%} of a Pillow decode "
+            f"({rp['pillow_decode_us']:,.0f} us)"
+        )
+    for name, by_w in s.get("loader_efficiency", {}).items():
+        text = ", ".join(f"{w} workers {e:.0%}" for w, e in by_w.items())
+        lines.append(f"loader efficiency (img/s / (workers x one-process rate)), {name}: {text}")
+    lines.append("")
+    lines.append("Recommendation: " + result.recommendation)
+    return "\n".join(lines)

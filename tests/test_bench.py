@@ -1,0 +1,125 @@
+"""lmdbfolder bench and warm on tiny trees (what they print; never how fast)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from lmdbfolder.cache import can_evict, evict, resident_fraction, warm
+from lmdbfolder.cli import main
+from lmdbfolder.reader import Reader
+from lmdbfolder.torch import LMDBFolder
+
+
+def test_bench_json_chart_and_resized_pack(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chart = tmp_path / "bench.png"
+    argv = [
+        "bench",
+        str(small_tree),
+        "--workers",
+        "0",
+        "1",
+        "--limit",
+        "0",
+        "--repeat",
+        "1",
+        "--max-size",
+        "16",
+        "--raw",
+    ]
+    assert main([*argv, "--json", "--chart", str(chart)]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    contestants = {(m["workload"], m["contestant"]) for m in result["measurements"]}
+    for cache in ("cold", "warm"):
+        for name in ("ImageFolder (files)", "LMDBFolder default", "LMDBFolder fastest", "dd data.mdb"):
+            assert (f"raw read, {cache}", name) in contestants
+    pipeline = ("ImageFolder (files)", "LMDBFolder default", "LMDBFolder fastest", "LMDBFolder max-size")
+    for name in (*pipeline, "LMDBFolder max-size raw"):
+        assert ("train pipeline, warm", name) in contestants
+        assert ("train pipeline, cold", name) in contestants  # at the largest worker count
+        assert ("decode+augment, warm", name) in contestants
+    workers = {m["workers"] for m in result["measurements"] if m["workload"] == "train pipeline, warm"}
+    assert workers == {0, 1}
+    assert all(m["images"] == 12 for m in result["measurements"] if m["workload"].startswith("train"))
+    assert result["images"] == 12 and result["pack"]["max_size"]["max_size"] == 16
+    assert result["pack"]["max_size_raw"]["size"] > 0
+    assert "evicted" in result["eviction"] or not can_evict()
+    assert "raw_cold_fastest_vs_dd" in result["summary"] and "loader_efficiency" in result["summary"]
+    assert result["recommendation"].startswith("Use LMDBFolder")
+    if result["chart"] is not None:
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not any(p.startswith("lmdbfolder-bench-") for p in os.listdir(tmp_path))
+
+
+def test_bench_table_on_an_existing_pack(
+    small_tree: Path, small_pack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", str(small_tree), str(small_pack), "--workers", "0", "--warm-only", "--no-chart", "--repeat", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "contestant" in out and "vs files" in out and "img/s" in out
+    assert "raw read, warm" in out and "train pipeline, warm" in out and "raw read, cold" not in out
+    assert "Recommendation: " in out
+    assert "packed" not in out.split("\n")[0]  # the given pack was used, not a new one
+
+
+def test_warm_command(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["warm", str(small_pack), "--no-progress"]) == 0
+    assert "in the page cache before" in capsys.readouterr().out
+    assert main(["warm", str(small_pack), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["nbytes"] == os.path.getsize(small_pack / "data.mdb")
+    assert report["resident_after"] in (None, 1.0)
+    assert main(["warm", str(small_pack / "nope")]) == 3
+
+
+def test_evict_and_resident_fraction(small_pack: Path) -> None:
+    data = str(small_pack / "data.mdb")
+    warm(small_pack, progress=False)
+    frac = resident_fraction(data)
+    assert frac is None or frac == 1.0
+    report = evict([data, str(small_pack / "missing")])
+    assert report.supported == can_evict()
+    assert report.files == 2 and report.failed == (1 if can_evict() else 0)
+    assert report.resident_after is None or 0.0 <= report.resident_after <= 1.0
+    assert "evicted" in report.describe()
+
+
+def test_get_many_matches_get(small_pack: Path) -> None:
+    with Reader(small_pack) as r:
+        order = [5, 0, 11, 5, -1]
+        for prefetch in (True, False):
+            many = r.get_many(order, prefetch=prefetch)
+            assert [m.index for m in many] == [5, 0, 11, 5, 11]
+            for m in many:
+                one = r.get(m.index)
+                assert bytes(m.payload) == bytes(one.payload) and m.label == one.label
+        assert r.get_many([]) == []
+        with pytest.raises(IndexError):
+            r.get_many([0, 12])
+
+
+def test_dataset_getitems_is_getitem(small_pack: Path) -> None:
+    ds = LMDBFolder(small_pack)
+    batch = ds.__getitems__([2, 0, 2])
+    for (img, t), i in zip(batch, [2, 0, 2]):
+        ref, rt = ds[i]
+        assert t == rt and img.tobytes() == ref.tobytes()
+
+
+def test_evict_says_when_an_open_reader_keeps_pages(small_pack: Path) -> None:
+    if not can_evict():
+        pytest.skip("no posix_fadvise here")
+    data = str(small_pack / "data.mdb")
+    with Reader(small_pack) as r:
+        for rec in r:
+            bytes(rec.payload)  # map every page
+        report = evict([data], always_check=[data])
+    if report.resident_after is not None and report.resident_after > 0.1:
+        assert "cannot be evicted" in report.describe()

@@ -63,6 +63,16 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+def _add_output_flags(p: argparse.ArgumentParser, json_help: str) -> None:
+    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
+    p.add_argument("--json", action="store_true", help=json_help)
+
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    """No bar with --no-progress or --json; otherwise a bar on a terminal."""
+    return False if args.no_progress or args.json else None
+
+
 # -- pack ---------------------------------------------------------------------
 def _add_pack(sub: Any) -> None:
     p = sub.add_parser(
@@ -113,8 +123,7 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("--restart", action="store_true", help="discard an unfinished pack at DST instead of resuming it")
     p.add_argument("--allow-empty", action="store_true", help="keep class folders that hold no image")
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
-    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_output_flags(p, "print the summary as JSON")
     _add_shard_options(p)
     p.set_defaults(run=_run_pack)
 
@@ -145,7 +154,7 @@ def _run_pack(args: argparse.Namespace) -> int:
         restart=args.restart,
         allow_empty=args.allow_empty,
         space_check=not args.no_space_check,
-        progress=False if args.no_progress or args.json else None,
+        progress=_progress(args),
         resize=resize,
     )
     if args.json:
@@ -255,7 +264,7 @@ def _run_pack_sharded(args: argparse.Namespace, resize: Any = None) -> int:
         restart=args.restart,
         space_check=not args.no_space_check,
         staging=args.staging,
-        progress=False if args.no_progress or args.json else None,
+        progress=_progress(args),
         resize=resize,
     )
     if args.ray is not None:
@@ -407,8 +416,7 @@ def _add_verify(sub: Any) -> None:
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.add_argument("--against", metavar="SRC", help="compare with the source folder: same files, labels and bytes")
     p.add_argument("--list", metavar="FILE", dest="list_file", help="with --against: the list file to compare with")
-    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_output_flags(p, "print the report as JSON")
     p.set_defaults(run=_run_verify)
 
 
@@ -420,7 +428,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         decode=args.decode,
         against=args.against,
         list_file=args.list_file,
-        progress=False if args.no_progress or args.json else None,
+        progress=_progress(args),
     )
     if args.json:
         _print_json(report.as_dict())
@@ -459,8 +467,7 @@ def _add_import(sub: Any) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at NEW")
     p.add_argument("--restart", action="store_true", help="discard an unfinished import instead of resuming it")
-    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_output_flags(p, "print the summary as JSON")
     p.set_defaults(run=_run_import)
 
 
@@ -473,7 +480,7 @@ def _run_import(args: argparse.Namespace) -> int:
         channel_order=args.channel_order,
         overwrite=args.overwrite,
         restart=args.restart,
-        progress=False if args.no_progress or args.json else None,
+        progress=_progress(args),
     )
     if args.json:
         _print_json(result.as_dict())
@@ -591,15 +598,14 @@ def _run_bench(args: argparse.Namespace) -> int:
 def _add_warm(sub: Any) -> None:
     p = sub.add_parser("warm", help="read a pack once so that it is in the page cache (before training)")
     p.add_argument("pack", help="pack directory")
-    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_output_flags(p, "print the summary as JSON")
     p.set_defaults(run=_run_warm)
 
 
 def _run_warm(args: argparse.Namespace) -> int:
     from lmdbfolder.cache import warm
 
-    report = warm(args.pack, progress=False if args.no_progress or args.json else None)
+    report = warm(args.pack, progress=_progress(args))
     if args.json:
         _print_json(report.as_dict())
         return 0

@@ -20,6 +20,7 @@ from typing import Any
 import lmdb
 
 from lmdbfolder.errors import NotAPackError, OutputExistsError, PackError
+from lmdbfolder.files import fsync_path, swap_into_place
 from lmdbfolder.format import (
     DATA_FILE,
     LABELS_KEY,
@@ -105,8 +106,8 @@ def copy_pack(
                     f"the copy of {src_path} has {len(report.problems)} problem(s): {report.problems[0]}",
                     "run `lmdbfolder verify` on the source: it is probably damaged",
                 )
-        _fsync(tmp)
-        _publish(tmp, dst_path)
+        fsync_path(tmp)
+        swap_into_place(tmp, dst_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -141,7 +142,7 @@ def _copy_one(src: str, out: str) -> tuple[int, int, int]:
     lock = os.path.join(out, LOCK_FILE)
     if os.path.exists(lock):
         os.remove(lock)
-    _fsync(os.path.join(out, DATA_FILE))
+    fsync_path(os.path.join(out, DATA_FILE))
     with Reader(out) as copy:
         if len(copy) != count or _tables(copy) != tables:
             raise PackError(f"the copy of {src} differs from it", "run `lmdbfolder verify` on the source")
@@ -171,22 +172,3 @@ def _copy_sharded(src: str, out: str) -> tuple[int, int, int, int]:
     with open(os.path.join(out, SHARD_INDEX_FILE), "wb") as f:
         f.write(encode_shard_index(index))
     return index["count"], len(index["shards"]), before, after
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _publish(tmp: str, dst: str) -> None:
-    old = None
-    if os.path.lexists(dst):
-        old = f"{dst}.old-{os.getpid()}"
-        os.rename(dst, old)
-    os.rename(tmp, dst)
-    _fsync(os.path.dirname(dst))
-    if old is not None:
-        shutil.rmtree(old)

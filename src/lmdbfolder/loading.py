@@ -125,6 +125,35 @@ def read_into_record(path: str) -> bytearray:
     return buf
 
 
+def _open_checked(buf: bytearray, max_pixels: int | None, *, header_only: bool) -> Image.Image | Skipped:
+    """Open the image in ``buf`` with Pillow and apply the header checks.
+
+    ``header_only``: hand Pillow only the first 64 KB when that holds the
+    headers (the image will not be decoded).
+    """
+    try:
+        img = _open_image(buf) if header_only else Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
+    except Image.DecompressionBombError as exc:
+        return Skipped(f"decompression bomb: {exc}")
+    except UnidentifiedImageError:
+        return Skipped("not an image Pillow can identify (wrong content for its extension?)")
+    except Exception as exc:  # Pillow raises many exception types for bad headers
+        return Skipped(f"unreadable image header: {type(exc).__name__}: {exc}")
+    width, height = img.size
+    problem = None
+    if width <= 0 or height <= 0:
+        problem = f"image header says {width}x{height} pixels"
+    elif max_pixels is not None and width * height > max_pixels:
+        problem = (
+            f"{width}x{height} = {width * height:,} pixels is over the decompression-bomb limit of "
+            f"{max_pixels:,} (PIL.Image.MAX_IMAGE_PIXELS)"
+        )
+    if problem is not None:
+        img.close()
+        return Skipped(problem)
+    return img
+
+
 def _open_image(buf: bytearray) -> Image.Image:
     end = min(len(buf), _HEAD + _HEADER_PREFIX)
     try:
@@ -159,27 +188,12 @@ def load_sample(
             buf, label=label, encoding=info.encoding, width=info.width, height=info.height, channels=info.channels
         )
         return Loaded(buf, info.encoding, size)
-    try:
-        if check == "header" and store == "encoded":
-            img = _open_image(buf)
-        else:
-            img = Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
-    except Image.DecompressionBombError as exc:
-        return Skipped(f"decompression bomb: {exc}")
-    except UnidentifiedImageError:
-        return Skipped("not an image Pillow can identify (wrong content for its extension?)")
-    except Exception as exc:  # Pillow raises many exception types for bad headers
-        return Skipped(f"unreadable image header: {type(exc).__name__}: {exc}")
+    img = _open_checked(buf, max_pixels, header_only=check == "header" and store == "encoded")
+    if isinstance(img, Skipped):
+        return img
     with img:
         width, height = img.size
         bands = len(img.getbands())
-        if width <= 0 or height <= 0:
-            return Skipped(f"image header says {width}x{height} pixels")
-        if max_pixels is not None and width * height > max_pixels:
-            return Skipped(
-                f"{width}x{height} = {width * height:,} pixels is over the decompression-bomb limit of "
-                f"{max_pixels:,} (PIL.Image.MAX_IMAGE_PIXELS)"
-            )
         try:
             if store == "raw":
                 pixels = img.convert("RGB").tobytes()
@@ -200,21 +214,11 @@ def _load_resized(
 ) -> Loaded | Skipped | None:
     """The resized record, a Skipped, or None when the image keeps its bytes."""
     size = len(buf) - _HEAD
-    try:
-        img = Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
-    except Image.DecompressionBombError as exc:
-        return Skipped(f"decompression bomb: {exc}")
-    except UnidentifiedImageError:
-        return Skipped("not an image Pillow can identify (wrong content for its extension?)")
-    except Exception as exc:  # Pillow raises many exception types for bad headers
-        return Skipped(f"unreadable image header: {type(exc).__name__}: {exc}")
+    img = _open_checked(buf, max_pixels, header_only=False)
+    if isinstance(img, Skipped):
+        return img
     with img:
         width, height = img.size
-        if max_pixels is not None and width * height > max_pixels:
-            return Skipped(
-                f"{width}x{height} = {width * height:,} pixels is over the decompression-bomb limit of "
-                f"{max_pixels:,} (PIL.Image.MAX_IMAGE_PIXELS)"
-            )
         target = resize.target(width, height)
         if target is None and store == "encoded":
             return None

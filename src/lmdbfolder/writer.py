@@ -37,6 +37,7 @@ from PIL import Image
 
 from lmdbfolder._version import __version__
 from lmdbfolder.errors import OutputExistsError, PackError, SourceError
+from lmdbfolder.files import fsync_path, swap_into_place
 from lmdbfolder.format import (
     DATA_FILE,
     FORMAT_NAME,
@@ -800,7 +801,7 @@ def _compact_if_needed(partial: str, *, force: bool) -> bool:
             return False
     finally:
         env.close()
-    _fsync_path(os.path.join(tmp, DATA_FILE))
+    fsync_path(os.path.join(tmp, DATA_FILE))
     os.replace(os.path.join(tmp, DATA_FILE), os.path.join(partial, DATA_FILE))
     os.rmdir(tmp)
     return True
@@ -823,24 +824,9 @@ def _publish(partial: str, dst: str) -> None:
     lock = os.path.join(partial, LOCK_FILE)
     if os.path.exists(lock):
         os.remove(lock)  # readers open with lock=False; a stale lock file is just clutter
-    _fsync_path(os.path.join(partial, DATA_FILE))
-    _fsync_path(partial)
-    old = None
-    if os.path.lexists(dst):
-        old = f"{dst}.old-{os.getpid()}"
-        os.rename(dst, old)
-    os.rename(partial, dst)
-    _fsync_path(os.path.dirname(dst))
-    if old is not None:
-        shutil.rmtree(old)
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(os.path.join(partial, DATA_FILE))
+    fsync_path(partial)
+    swap_into_place(partial, dst)
 
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}

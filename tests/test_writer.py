@@ -13,7 +13,7 @@ from conftest import make_small_tree, write
 from lmdbfolder import writer as writer_mod
 from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
 from lmdbfolder.reader import Reader
-from lmdbfolder.sources import scan
+from lmdbfolder.sources import SourceList, scan
 from lmdbfolder.verify import verify
 from lmdbfolder.writer import pack
 
@@ -55,7 +55,7 @@ def test_small_batches_and_map_growth(tmp_path: Path, monkeypatch: pytest.Monkey
     for k in range(8):
         big.save(src / "class1" / f"big{k}.png")  # ~270 KB each, ~2 MB in all
     monkeypatch.setattr(writer_mod, "_MIN_MAP", 256 * 1024)
-    monkeypatch.setattr(writer_mod, "_mean_source_size", lambda sources: 1.0)
+    monkeypatch.setattr(SourceList, "mean_file_size", lambda self: 1.0)
     result = pack(src, tmp_path / "p", commit_every=7, progress=False)
     assert result.count == 68
     assert verify(tmp_path / "p", decode=True, progress=False).ok

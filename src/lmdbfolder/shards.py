@@ -44,6 +44,7 @@ from lmdbfolder.format import (
     DATA_FILE,
     FORMAT_VERSION,
     LOCK_FILE,
+    RECORD_HEADER,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
     SHARD_INDEX_FORMAT,
@@ -58,7 +59,7 @@ from lmdbfolder.progress import Progress
 from lmdbfolder.reader import Reader
 from lmdbfolder.sharded import ShardedReader, read_tables, sharded_info, verify_sharded
 from lmdbfolder.sources import SourceList, scan
-from lmdbfolder.writer import DEFAULT_COMMIT_BYTES, DEFAULT_COMMIT_EVERY, pack_sources
+from lmdbfolder.writer import DEFAULT_COMMIT_BYTES, DEFAULT_COMMIT_EVERY, RAW_EXPANSION, pack_sources
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -83,9 +84,6 @@ __all__ = [
 DEFAULT_PREFIX = "train"
 SPLIT_METHOD = "contiguous"
 _INDEX_TMP = ".index.json.tmp"
-_STAT_SAMPLE = 5000
-_RAW_EXPANSION = 8
-_RECORD_OVERHEAD = 32
 _SINGLE_PACK_FILES = {DATA_FILE, LOCK_FILE, "skipped.txt"}
 
 
@@ -125,16 +123,8 @@ def plan_split(total: int, num_shards: int) -> list[tuple[int, int]]:
 
 def estimate_pack_bytes(sources: SourceList, store: str = "encoded") -> float:
     """Expected size of a pack of ``sources``, from up to 5000 evenly spaced ``stat`` calls."""
-    n = len(sources)
-    step = max(1, n // _STAT_SAMPLE)
-    sizes = []
-    for i in range(0, n, step):
-        try:
-            sizes.append(os.stat(sources.abspath(i)).st_size)
-        except OSError:
-            continue
-    mean = sum(sizes) / len(sizes) if sizes else 0.0
-    return n * (mean * (_RAW_EXPANSION if store == "raw" else 1) + _RECORD_OVERHEAD)
+    expansion = RAW_EXPANSION if store == "raw" else 1
+    return len(sources) * (sources.mean_file_size() * expansion + RECORD_HEADER.size)
 
 
 def choose_num_shards(
@@ -170,10 +160,7 @@ def sources_digest(sources: SourceList) -> str:
     """
     h = hashlib.sha256()
     h.update(json.dumps([sources.layout, sources.classes], ensure_ascii=True).encode())
-    for path, label in zip(sources.relpaths, sources.labels):
-        h.update(os.fsencode(path))
-        h.update(b"\0%d\n" % label)
-    return h.hexdigest()
+    return sources.hash_samples(h).hexdigest()
 
 
 def shard_field(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from lmdbfolder.errors import ListFileError, SourceError
 from lmdbfolder.format import NO_LABEL
@@ -70,6 +70,28 @@ class SourceList:
     def abspath(self, index: int) -> str:
         """The file to read for sample ``index``."""
         return os.path.join(self.root, self.relpaths[index])
+
+    def mean_file_size(self, max_stat: int = 5000) -> float:
+        """Mean size of the files, from up to ``max_stat`` evenly spaced ``stat`` calls.
+
+        Enough to plan a pack (map size, free space, shard count) without
+        stat-ing a million files. Files that cannot be stat-ed are left out.
+        """
+        n = len(self)
+        sizes = []
+        for i in range(0, n, max(1, n // max_stat)):
+            try:
+                sizes.append(os.stat(self.abspath(i)).st_size)
+            except OSError:
+                continue
+        return sum(sizes) / len(sizes) if sizes else 0.0
+
+    def hash_samples(self, h: Any) -> Any:
+        """Feed every path and label, in order, to the hash object ``h``; returns ``h``."""
+        for path, label in zip(self.relpaths, self.labels):
+            h.update(os.fsencode(path))
+            h.update(b"\0%d\n" % label)
+        return h
 
     def describe(self) -> dict[str, object]:
         """JSON-ready description stored in the pack's manifest."""

@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_COMMIT_EVERY",
     "DEFAULT_COMMIT_BYTES",
     "SKIPPED_REPORT",
+    "RAW_EXPANSION",
 ]
 
 DEFAULT_COMMIT_EVERY = 2000
@@ -82,8 +83,8 @@ READ_AHEAD_BYTES = 128 << 20
 SKIPPED_REPORT = "skipped.txt"
 STORES = ("encoded", "raw")
 _MIN_MAP = 64 << 20
-_STAT_SAMPLE = 5000
-_RAW_EXPANSION = 8  # decoded RGB pixels vs JPEG bytes, for planning only
+#: Decoded RGB pixels vs JPEG bytes, for planning ``--store raw`` packs only.
+RAW_EXPANSION = 8
 _COMPACT_FREE_FRACTION = 0.01
 
 
@@ -257,8 +258,8 @@ def pack_sources(
     if resize is not None:  # only then, so packs started without it still resume
         fingerprint["resize"] = [resize.max_size, resize.quality, resize.side]
     if mean_size is None:
-        mean_size = _mean_source_size(sources)
-    expansion: float = _RAW_EXPANSION if store == "raw" else 1
+        mean_size = sources.mean_file_size()
+    expansion: float = RAW_EXPANSION if store == "raw" else 1
     if resize is not None and store == "raw" and mean_size > 0:
         expansion = min(expansion, 3 * resize.max_size**2 / mean_size)
     map_size = int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP
@@ -591,10 +592,7 @@ def _glibc_mallopt() -> Any:
 # -- planning ------------------------------------------------------------------
 def _fingerprint(sources: SourceList, store: str, check: str) -> dict[str, Any]:
     """What a resumed pack must share with the run that started it."""
-    h = hashlib.sha256()
-    for path, label in zip(sources.relpaths, sources.labels):
-        h.update(os.fsencode(path))
-        h.update(b"\0%d\n" % label)
+    h = sources.hash_samples(hashlib.sha256())
     return {
         "layout": sources.layout,
         "root": sources.root,
@@ -629,19 +627,6 @@ def _describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
             else:
                 changes.append(f"{words} was {old.get(key)!r}, now {new.get(key)!r}")
     return "; ".join(changes) or "the options changed"
-
-
-def _mean_source_size(sources: SourceList) -> float:
-    """Mean file size from up to 5000 evenly spaced files (no stat of a million files)."""
-    n = len(sources)
-    step = max(1, n // _STAT_SAMPLE)
-    sizes = []
-    for i in range(0, n, step):
-        try:
-            sizes.append(os.stat(sources.abspath(i)).st_size)
-        except OSError:
-            continue
-    return sum(sizes) / len(sizes) if sizes else 0.0
 
 
 def _check_free_space(partial: str, estimate: float) -> None:

@@ -8,7 +8,6 @@ the functions that need a DataLoader.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import time
@@ -27,7 +26,6 @@ __all__ = [
     "train_transform",
     "fast_train_transform",
     "ratio",
-    "pack_size",
     "read_path_overhead",
 ]
 
@@ -242,8 +240,3 @@ def read_path_overhead(path: str, *, samples: int = 2000, decodes: int = 100) ->
     finally:
         reader.close()
     return {"get_us": round(get_us, 2), "pillow_decode_us": round(decode_us, 1), "share": round(get_us / decode_us, 4)}
-
-
-def pack_size(path: str) -> int:
-    """Bytes on disk of a pack directory."""
-    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))

@@ -33,7 +33,6 @@ from typing import Any, Callable, Sequence
 from lmdbfolder.bench import (
     Measurement,
     fast_train_transform,
-    pack_size,
     read_path_overhead,
     time_in_process,
     time_loader,
@@ -43,6 +42,7 @@ from lmdbfolder.bench import (
     train_transform,
 )
 from lmdbfolder.cache import EvictReport, can_evict, evict, warm
+from lmdbfolder.files import dir_size
 from lmdbfolder.format import DATA_FILE
 
 __all__ = [
@@ -195,7 +195,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second)
             )
             say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
-        pack_info.update(path=os.path.abspath(packed), size=pack_size(packed))
+        pack_info.update(path=os.path.abspath(packed), size=dir_size(packed))
         resized = None
         if cfg.max_size:
             resized = os.path.join(workdir, f"pack-max{cfg.max_size}")
@@ -204,14 +204,14 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 "path": resized,
                 "max_size": cfg.max_size,
                 "quality": cfg.quality,
-                "size": pack_size(resized),
+                "size": dir_size(resized),
                 "packed_in_seconds": round(result.seconds, 2),
                 "images_per_second": round(result.images_per_second),
             }
             say(
                 f"packed a copy resized to longer side <= {cfg.max_size} px (JPEG q{cfg.quality}) in "
                 f"{result.seconds:.1f} s ({result.images_per_second:,.0f} img/s): "
-                f"{pack_size(resized) / 1e6:,.0f} MB vs {pack_info['size'] / 1e6:,.0f} MB"
+                f"{dir_size(resized) / 1e6:,.0f} MB vs {pack_info['size'] / 1e6:,.0f} MB"
             )
         resized_raw = None
         if cfg.max_size and cfg.max_size_raw:
@@ -219,13 +219,13 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
             result = pack(cfg.src, resized_raw, store="raw", resize=Resize(cfg.max_size), progress=cfg.progress)
             pack_info["max_size_raw"] = {
                 "path": resized_raw,
-                "size": pack_size(resized_raw),
+                "size": dir_size(resized_raw),
                 "packed_in_seconds": round(result.seconds, 2),
                 "images_per_second": round(result.images_per_second),
             }
             say(
                 f"packed a raw copy (--store raw --max-size {cfg.max_size}) in {result.seconds:.1f} s: "
-                f"{pack_size(resized_raw) / 1e6:,.0f} MB"
+                f"{dir_size(resized_raw) / 1e6:,.0f} MB"
             )
         data_files = [os.path.join(p, DATA_FILE) for p in (packed, resized, resized_raw) if p]
         rng = random.Random(cfg.seed)

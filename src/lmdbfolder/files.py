@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 
-__all__ = ["fsync_path", "swap_into_place"]
+__all__ = ["fsync_path", "swap_into_place", "dir_size"]
 
 
 def fsync_path(path: str) -> None:
@@ -36,3 +36,13 @@ def swap_into_place(tmp: str, dst: str) -> None:
     fsync_path(os.path.dirname(os.path.abspath(dst)))
     if old is not None:
         shutil.rmtree(old)
+
+
+def dir_size(path: str) -> int:
+    """Bytes of the regular files directly in ``path`` (a pack: data.mdb and friends)."""
+    total = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_file():
+                total += entry.stat().st_size
+    return total

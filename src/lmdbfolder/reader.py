@@ -35,6 +35,7 @@ from PIL import Image
 
 from lmdbfolder.codecs import decode_rgb
 from lmdbfolder.errors import CorruptRecordError, DecodeError, NotAPackError
+from lmdbfolder.files import dir_size
 from lmdbfolder.format import (
     DATA_FILE,
     KEY,
@@ -502,11 +503,7 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         return sharded_info(path)
     reader = Reader(path)
     meta = reader.meta
-    size = sum(
-        os.path.getsize(os.path.join(reader.path, name))
-        for name in os.listdir(reader.path)
-        if os.path.isfile(os.path.join(reader.path, name))
-    )
+    size = dir_size(reader.path)
     return {
         "path": reader.path,
         "format": meta["format"],

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from lmdbfolder.errors import NotAPackError
+from lmdbfolder.files import dir_size
 from lmdbfolder.format import (
     LABELS_KEY,
     META_KEY,
@@ -227,11 +228,7 @@ def sharded_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     size = os.path.getsize(os.path.join(reader.path, SHARD_INDEX_FILE))
     for entry, shard_path in zip(meta["shards"], reader.shards):
         skipped.extend(Reader(shard_path).meta.get("skipped", []))
-        shard_size = sum(
-            os.path.getsize(os.path.join(shard_path, n))
-            for n in os.listdir(shard_path)
-            if os.path.isfile(os.path.join(shard_path, n))
-        )
+        shard_size = dir_size(shard_path)
         size += shard_size
         shards.append({"name": entry["name"], "count": entry["count"], "size_on_disk": shard_size})
     return {

@@ -19,23 +19,9 @@ import sys
 import tempfile
 import time
 
+from lmdbfolder.cache import evict
 from lmdbfolder.sources import scan
 from lmdbfolder.writer import pack
-
-
-def evict(paths: list[str]) -> bool:
-    """Drop the files from the page cache; False if the kernel does not support it."""
-    os.sync()
-    ok = True
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            ok = False
-        finally:
-            os.close(fd)
-    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             for cache in ("cold", "warm"):
                 for workers in args.workers:
-                    if cache == "cold" and not evict(paths):
-                        print("note: posix_fadvise(DONTNEED) failed; 'cold' may be warm")
+                    if cache == "cold":
+                        report = evict(paths)
+                        if not report.supported or report.failed:
+                            print(f"note: {report.describe()}")
                     elif cache == "warm":
                         for p in paths:
                             with open(p, "rb") as f:

@@ -9,12 +9,12 @@ is pixel-identical (same mode, size and bytes). Exit code 1 on any difference.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 from torchvision.datasets import ImageFolder
 
+from lmdbfolder.demo import imagefolder_differences
 from lmdbfolder.torch import LMDBFolder
 
 
@@ -23,18 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     theirs = ImageFolder(tree)
     ours = LMDBFolder(packed)
-    problems = []
-    if ours.classes != theirs.classes or ours.class_to_idx != theirs.class_to_idx:
-        problems.append("classes differ")
-    if ours.targets != theirs.targets:
-        problems.append("targets differ")
-    if [os.path.join(tree, p) for p, _ in ours.samples] != [p for p, _ in theirs.samples]:
-        problems.append("sample paths differ")
-    for i in range(len(theirs)):
-        a, ta = ours[i]
-        b, tb = theirs[i]
-        if ta != tb or a.mode != b.mode or a.size != b.size or a.tobytes() != b.tobytes():
-            problems.append(f"sample {i} ({theirs.samples[i][0]}) differs")
+    problems = imagefolder_differences(theirs, ours)
     seconds = time.perf_counter() - start
     status = "identical" if not problems else f"{len(problems)} difference(s)"
     print(

@@ -25,7 +25,6 @@ __all__ = [
     "time_in_process",
     "train_transform",
     "fast_train_transform",
-    "ratio",
     "read_path_overhead",
 ]
 
@@ -50,11 +49,6 @@ class Measurement:
     def mb_per_second(self) -> float:
         """Throughput in megabytes (10**6 bytes) per second."""
         return self.nbytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
-
-
-def ratio(a: Measurement, b: Measurement) -> float:
-    """How many times faster ``a`` is than ``b`` (images/s)."""
-    return a.images_per_second / b.images_per_second if b.images_per_second > 0 else float("inf")
 
 
 def _order(n: int, shuffle: bool, seed: int) -> list[int]:

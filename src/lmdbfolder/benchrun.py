@@ -474,10 +474,20 @@ def _recommend(best: _Best, cfg: BenchConfig, summary: dict[str, Any], decoder: 
     return f"Use {setting}, num_workers={top.workers}; {verdict}{extra}."
 
 
+def _format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain-text table with right-aligned numeric columns."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def format_report(result: BenchResult) -> str:
     """The human-readable table, the target ratios and the recommendation."""
-    from lmdbfolder.demo import format_table
-
     rows = []
     order = {FILES: 1, DD: 0, DEFAULT: 2, FASTEST: 3, RESIZED: 4, RESIZED_RAW: 5, RECIPE: 6}
     ms = sorted(
@@ -513,7 +523,7 @@ def format_report(result: BenchResult) -> str:
         f"fastest = {result.config['fastest_settings']}",
         result.eviction,
         "",
-        format_table(["workload", "workers", "contestant", "img/s", "MB/s", "vs files"], rows),
+        _format_table(["workload", "workers", "contestant", "img/s", "MB/s", "vs files"], rows),
         "",
     ]
     s = result.summary

@@ -17,19 +17,7 @@ from lmdbfolder.synthetic import SyntheticSpec, make_imagefolder
 from lmdbfolder.verify import verify
 from lmdbfolder.writer import pack
 
-__all__ = ["run_demo", "format_table"]
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Plain-text table with right-aligned numeric columns."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+__all__ = ["run_demo", "imagefolder_differences"]
 
 
 def _say(as_json: bool, text: str) -> None:
@@ -79,7 +67,7 @@ def run_demo(
 
     files_ds = ImageFolder(src)
     packed_ds = LMDBFolder(dst)
-    same = _same_as_imagefolder(files_ds, packed_ds, limit=50)
+    same = not imagefolder_differences(files_ds, packed_ds, limit=50)
     packed_ds.reader.close()  # an open map keeps its pages cached: the bench's cold runs need it closed
     _say(
         as_json,
@@ -129,15 +117,26 @@ def run_demo(
     return 0
 
 
-def _same_as_imagefolder(files_ds: Any, packed_ds: Any, *, limit: int) -> bool:
+def imagefolder_differences(files_ds: Any, packed_ds: Any, *, limit: int | None = None) -> list[str]:
+    """What differs between torchvision's ImageFolder and an LMDBFolder of the same tree.
+
+    Compares classes, class_to_idx, targets, sample paths and, for every
+    sample (or ``limit`` evenly spaced ones), the target and the image's
+    mode, size and pixels. An empty list means identical.
+    """
+    problems = []
     if files_ds.classes != packed_ds.classes or files_ds.class_to_idx != packed_ds.class_to_idx:
-        return False
+        problems.append("classes differ")
     if list(files_ds.targets) != list(packed_ds.targets) or len(files_ds) != len(packed_ds):
-        return False
-    step = max(1, len(files_ds) // limit)
+        problems.append("targets differ")
+    elif [os.path.join(files_ds.root, p) for p, _ in packed_ds.samples] != [p for p, _ in files_ds.samples]:
+        problems.append("sample paths differ")
+    if problems:
+        return problems
+    step = 1 if limit is None else max(1, len(files_ds) // limit)
     for i in range(0, len(files_ds), step):
         a, ta = files_ds[i]
         b, tb = packed_ds[i]
-        if ta != tb or a.size != b.size or a.tobytes() != b.tobytes():
-            return False
-    return True
+        if ta != tb or a.mode != b.mode or a.size != b.size or a.tobytes() != b.tobytes():
+            problems.append(f"sample {i} ({files_ds.samples[i][0]}) differs")
+    return problems

@@ -78,15 +78,21 @@ class FormatVersionError(NotAPackError):
 
 
 class CorruptRecordError(LmdbFolderError):
-    """A stored record is damaged (bad header, length or checksum)."""
+    """A stored record is damaged (bad header, length or checksum).
+
+    ``kind`` is ``"checksum"`` for a CRC mismatch and ``"header"`` otherwise.
+    """
 
     hint = "run `lmdbfolder verify` on the pack to list every damaged record, then repack"
 
-    def __init__(self, index: int | None, why: str, path: str | None = None, pack: str | None = None) -> None:
+    def __init__(
+        self, index: int | None, why: str, path: str | None = None, pack: str | None = None, *, kind: str = "header"
+    ) -> None:
         self.index = index
         self.path = path
         self.pack = pack
         self.why = why
+        self.kind = kind
         super().__init__(self._describe())
 
     def _describe(self) -> str:

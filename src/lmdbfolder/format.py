@@ -267,7 +267,7 @@ def decode_record(
     if verify:
         actual = checksum(payload, checksum(view[:_CRC_OFFSET]))
         if actual != crc:
-            raise CorruptRecordError(index, f"record CRC-32 is {actual:08x}, header says {crc:08x}")
+            raise CorruptRecordError(index, f"record CRC-32 is {actual:08x}, header says {crc:08x}", kind="checksum")
     header = RecordHeader(encoding, channels, width, height, label, crc, length)
     return header, payload
 

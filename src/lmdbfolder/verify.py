@@ -229,22 +229,22 @@ def _check_records(
             report.checked += 1
             report.payload_bytes += len(value)
             bar.update(1, len(value))
-            _check_one(report, index, value, paths[index], labels[index], n_classes, decode)
-            if sources is not None and paths[index] in sources:
-                _check_source(report, index, value, paths[index], *sources[paths[index]], reader.store, resize)
+            record = _check_one(report, index, value, paths[index], labels[index], n_classes, decode)
+            if record is not None and sources is not None and paths[index] in sources:
+                _compare_with_source(report, index, *record, paths[index], *sources[paths[index]], reader.store, resize)
         for missing in range(expected, count):
             report.problems.append(Problem("missing", "record is missing", missing, paths[missing]))
 
 
 def _check_one(
     report: VerifyReport, index: int, value: memoryview, path: str, label: int, n_classes: int, decode: bool
-) -> None:
+) -> tuple[RecordHeader, memoryview] | None:
+    """Check one record; returns its header and payload, or None if it cannot be parsed."""
     try:
         header, payload = decode_record(value, index=index, verify=True)
     except CorruptRecordError as exc:
-        kind = "checksum" if "CRC-32" in exc.why else "header"
-        report.problems.append(Problem(kind, exc.why, index, path))
-        return
+        report.problems.append(Problem(exc.kind, exc.why, index, path))
+        return None
     if header.label != label:
         report.problems.append(
             Problem("label", f"header label {header.label} differs from the label table's {label}", index, path)
@@ -258,23 +258,7 @@ def _check_one(
             decode_rgb(payload, header.encoding, header.width, header.height).load()
         except Exception as exc:  # Pillow raises many exception types for bad data
             report.problems.append(Problem("decode", f"{type(exc).__name__}: {exc}", index, path))
-
-
-def _check_source(
-    report: VerifyReport,
-    index: int,
-    value: memoryview,
-    path: str,
-    source: str,
-    label: int,
-    store: str,
-    resize: Resize | None,
-) -> None:
-    try:
-        header, payload = decode_record(value, index=index)
-    except CorruptRecordError:
-        return  # already reported by _check_one
-    _compare_with_source(report, index, header, payload, path, source, label, store, resize)
+    return header, payload
 
 
 def _compare_with_source(

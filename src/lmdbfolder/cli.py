@@ -73,6 +73,17 @@ def _progress(args: argparse.Namespace) -> bool | None:
     return False if args.no_progress or args.json else None
 
 
+def _print_skipped(skipped: Sequence[tuple[str, str]], listed_in: str, shown: int = 20) -> None:
+    """The first ``shown`` skipped files and why, after a pack."""
+    if not skipped:
+        return
+    print(f"skipped {len(skipped):,} file(s) (listed in {listed_in}):")
+    for path, reason in skipped[:shown]:
+        print(f"  {path}: {reason}")
+    if len(skipped) > shown:
+        print(f"  ... and {len(skipped) - shown:,} more")
+
+
 # -- pack ---------------------------------------------------------------------
 def _add_pack(sub: Any) -> None:
     p = sub.add_parser(
@@ -170,12 +181,7 @@ def _run_pack(args: argparse.Namespace) -> int:
             f"resized to {resize.side} side <= {resize.max_size} px (JPEG quality {resize.quality} unless raw): "
             f"{_mb(result.payload_bytes)} stored ({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
         )
-    if result.skipped:
-        print(f"skipped {len(result.skipped):,} file(s) (listed in {os.path.join(result.path, 'skipped.txt')}):")
-        for path, reason in result.skipped[:20]:
-            print(f"  {path}: {reason}")
-        if len(result.skipped) > 20:
-            print(f"  ... and {len(result.skipped) - 20:,} more")
+    _print_skipped(result.skipped, os.path.join(result.path, "skipped.txt"))
     return 0
 
 
@@ -294,13 +300,7 @@ def _run_pack_sharded(args: argparse.Namespace, resize: Any = None) -> int:
             f"packed {result.count:,} images into {result.path} as {len(result.shards)} shards{note}: "
             f"{_mb(result.input_bytes)} read in {result.seconds:.1f} s, {speed}"
         )
-    skipped = result.skipped
-    if skipped:
-        print(f"skipped {len(skipped):,} file(s) (listed in each shard's skipped.txt):")
-        for path, reason in skipped[:20]:
-            print(f"  {path}: {reason}")
-        if len(skipped) > 20:
-            print(f"  ... and {len(skipped) - 20:,} more")
+    _print_skipped(result.skipped, "each shard's skipped.txt")
     return 0
 
 

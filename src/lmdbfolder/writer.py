@@ -264,8 +264,9 @@ def pack_sources(
         expansion = min(expansion, 3 * resize.max_size**2 / mean_size)
     map_size = int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP
     state = _open_partial(partial, fingerprint, map_size, sources.relpaths)
-    run = _Run(sources, state, store, check, strict, commit_every, commit_bytes, loader, manifest_extra, on_progress)
-    run.resize = resize
+    run = _Run(
+        sources, state, store, check, strict, commit_every, commit_bytes, loader, manifest_extra, on_progress, resize
+    )
     try:
         if not state.finished:  # else: written before, stopped before it was published
             if space_check:
@@ -398,9 +399,11 @@ class _Run:
         loader: Callable[[int], Loaded | Skipped] | None,
         manifest_extra: Mapping[str, Any] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
+        resize: Resize | None = None,
     ) -> None:
         self.sources = sources
         self.loader = loader
+        self.resize = resize
         self.manifest_extra = dict(manifest_extra or {})
         self.on_progress = on_progress
         self.state = state
@@ -413,7 +416,6 @@ class _Run:
         self.batch: list[tuple[bytes, bytes | bytearray]] = []
         self.batch_bytes = 0
         self.max_pixels = Image.MAX_IMAGE_PIXELS
-        self.resize: Resize | None = None
 
     @property
     def count(self) -> int:

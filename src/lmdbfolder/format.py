@@ -5,7 +5,8 @@ and nowhere else. The writer and the reader share only this module (and
 ``errors``), so a layout change is a change to this file, pinned by the
 golden-bytes tests in ``tests/test_format.py``.
 
-This module needs only the standard library and never unpickles anything.
+This module needs only the standard library (zlib-ng, when installed,
+computes the same CRC-32 about ten times faster) and never unpickles anything.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ __all__ = [
     "encode_key",
     "decode_key",
     "checksum",
+    "CRC32_IMPLEMENTATION",
     "encode_record",
     "encode_header_into",
     "decode_record",
@@ -154,9 +156,28 @@ def decode_key(key: bytes | memoryview) -> int:
     return KEY.unpack(key)[0]
 
 
+def _crc32_implementation() -> tuple[Any, str]:
+    # zlib-ng computes the same CRC-32 (same polynomial, same values) at about
+    # 20 GB/s against zlib's 2.3 GB/s here: 40 us less per 100 KB record, for
+    # packing and for verify alike. Optional (`pip install lmdbfolder[fast]`).
+    try:
+        from zlib_ng import zlib_ng
+
+        return zlib_ng.crc32, "zlib-ng"
+    except ImportError:
+        return zlib.crc32, "zlib"
+
+
+_crc32, CRC32_IMPLEMENTATION = _crc32_implementation()
+
+
 def checksum(payload: bytes | memoryview, start: int = 0) -> int:
-    """CRC-32 (zlib, ISO-HDLC polynomial) of ``payload``, continuing from ``start``."""
-    return zlib.crc32(payload, start) & 0xFFFFFFFF
+    """CRC-32 (zlib's, ISO-HDLC polynomial) of ``payload``, continuing from ``start``.
+
+    Computed by zlib-ng when it is installed (``CRC32_IMPLEMENTATION``), else
+    by zlib; the values are the same.
+    """
+    return int(_crc32(payload, start)) & 0xFFFFFFFF
 
 
 def _check_header_args(label: int, encoding: str, width: int, height: int, channels: int) -> None:
@@ -169,7 +190,13 @@ def _check_header_args(label: int, encoding: str, width: int, height: int, chann
 
 
 def _pack_header(
-    buf: bytearray, payload: bytes | memoryview, label: int, encoding: str, width: int, height: int, channels: int
+    buf: bytearray | memoryview,
+    payload: bytes | memoryview,
+    label: int,
+    encoding: str,
+    width: int,
+    height: int,
+    channels: int,
 ) -> None:
     """Write the header into ``buf[:32]``, CRC last (it covers the header and the payload)."""
     _check_header_args(label, encoding, width, height, channels)
@@ -213,14 +240,14 @@ def encode_record(
 
 
 def encode_header_into(
-    value: bytearray,
+    value: bytearray | memoryview,
     *,
     label: int,
     encoding: str,
     width: int = 0,
     height: int = 0,
     channels: int = 0,
-) -> bytearray:
+) -> bytearray | memoryview:
     """Fill in the header of a record whose payload is already at ``value[32:]``.
 
     The writer reads each file straight into such a buffer, so the payload is

@@ -42,7 +42,7 @@ from lmdbfolder.shards import (
     write_index,
 )
 from lmdbfolder.sources import SourceList, scan
-from lmdbfolder.writer import DEFAULT_COMMIT_BYTES, DEFAULT_COMMIT_EVERY
+from lmdbfolder.writer import DEFAULT_COMMIT_EVERY
 
 __all__ = ["pack_ray"]
 
@@ -106,7 +106,7 @@ def pack_ray(
     check: str = "header",
     strict: bool = False,
     commit_every: int = DEFAULT_COMMIT_EVERY,
-    commit_bytes: int = DEFAULT_COMMIT_BYTES,
+    commit_bytes: int | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     restart: bool = False,

@@ -59,7 +59,7 @@ from lmdbfolder.progress import Progress
 from lmdbfolder.reader import Reader
 from lmdbfolder.sharded import ShardedReader, read_tables, sharded_info, verify_sharded
 from lmdbfolder.sources import SourceList, scan
-from lmdbfolder.writer import DEFAULT_COMMIT_BYTES, DEFAULT_COMMIT_EVERY, RAW_EXPANSION, pack_sources
+from lmdbfolder.writer import DEFAULT_COMMIT_EVERY, RAW_EXPANSION, pack_sources
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -387,7 +387,7 @@ def pack_shard(
     check: str = "header",
     strict: bool = False,
     commit_every: int = DEFAULT_COMMIT_EVERY,
-    commit_bytes: int = DEFAULT_COMMIT_BYTES,
+    commit_bytes: int | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     restart: bool = False,
@@ -496,7 +496,7 @@ def pack_sharded(
     check: str = "header",
     strict: bool = False,
     commit_every: int = DEFAULT_COMMIT_EVERY,
-    commit_bytes: int = DEFAULT_COMMIT_BYTES,
+    commit_bytes: int | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     restart: bool = False,

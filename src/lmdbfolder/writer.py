@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import lmdb
 from PIL import Image
@@ -56,8 +56,9 @@ from lmdbfolder.format import (
     encode_paths,
     encode_progress,
 )
-from lmdbfolder.loading import CHECKS, Loaded, Resize, Skipped, load_sample
+from lmdbfolder.loading import CHECKS, Alloc, Loaded, Resize, Skipped, load_sample
 from lmdbfolder.pipeline import default_workers, ordered_map
+from lmdbfolder.procpool import ProcessReader, processes_available
 from lmdbfolder.progress import Progress
 from lmdbfolder.sources import SourceList, scan
 
@@ -68,17 +69,26 @@ __all__ = [
     "DEFAULT_COMMIT_EVERY",
     "DEFAULT_COMMIT_BYTES",
     "SKIPPED_REPORT",
+    "MIN_BATCH_BYTES",
+    "batch_bytes",
+    "sync_latency",
     "RAW_EXPANSION",
 ]
 
 DEFAULT_COMMIT_EVERY = 2000
-#: A batch also commits once it holds this many bytes. The batch stays in
-#: memory until it commits (so it can be replayed after the map grows); this
-#: bounds the writer's memory for large images.
+#: The most bytes a batch holds before it commits (unless commit_bytes says). The batch stays in memory
+#: until it commits (so it can be replayed after the map grows); this bounds
+#: the writer's memory for large images. Batches are usually much smaller:
+#: see MIN_BATCH_BYTES.
 DEFAULT_COMMIT_BYTES = 64 << 20
-#: Bytes of source data the reader threads may hold ahead of the writer: room
-#: to keep reading while a commit is being flushed to disk.
-READ_AHEAD_BYTES = 128 << 20
+#: Smallest batch. Small batches keep LMDB's dirty pages and the records
+#: being copied in the CPU cache between the copy into the batch and the
+#: write to the file; with 2 MB instead of 64 MB batches a warm 1 GB pack took
+#: 1.2 s instead of 1.9 s (benchmarks/bench_pack.py --batches).
+MIN_BATCH_BYTES = 2 << 20
+#: Every commit waits for one flush of the disk (fdatasync). Batches grow until
+#: that wait costs at most about 10% at 1 GB/s: bytes >= flush latency x this.
+SYNC_BUDGET_BYTES_PER_SECOND = 10 << 30
 #: Name of the readable report of skipped files, inside the pack directory.
 SKIPPED_REPORT = "skipped.txt"
 STORES = ("encoded", "raw")
@@ -86,6 +96,8 @@ _MIN_MAP = 64 << 20
 #: Decoded RGB pixels vs JPEG bytes, for planning ``--store raw`` packs only.
 RAW_EXPANSION = 8
 _COMPACT_FREE_FRACTION = 0.01
+_COMPACT_DIR = "compact.tmp"
+_SYNC_PROBE = ".sync-probe"
 
 
 @dataclass
@@ -142,7 +154,7 @@ def pack(
     check: str = "header",
     strict: bool = False,
     commit_every: int = DEFAULT_COMMIT_EVERY,
-    commit_bytes: int = DEFAULT_COMMIT_BYTES,
+    commit_bytes: int | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     restart: bool = False,
@@ -169,7 +181,9 @@ def pack(
         strict: stop at the first file that cannot be read or fails the check
             (the partial pack stays resumable) instead of skipping it.
         commit_every: samples per write transaction.
-        commit_bytes: bytes per write transaction (whichever limit comes first).
+        commit_bytes: bytes per write transaction (whichever limit comes
+            first). None (default): as few as the disk's flush latency allows,
+            2 MB on most disks, at most 64 MB (see ``batch_bytes``).
         workers: reader threads (default: 2x CPUs, at least 4).
         overwrite: replace an existing pack (or unfinished pack) at ``dst``.
         restart: discard an unfinished pack at ``dst`` instead of resuming it.
@@ -220,7 +234,7 @@ def pack_sources(
     check: str = "header",
     strict: bool = False,
     commit_every: int = DEFAULT_COMMIT_EVERY,
-    commit_bytes: int = DEFAULT_COMMIT_BYTES,
+    commit_bytes: int | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     restart: bool = False,
@@ -246,7 +260,7 @@ def pack_sources(
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
-    if commit_every < 1 or commit_bytes < 1:
+    if commit_every < 1 or (commit_bytes is not None and commit_bytes < 1):
         raise ValueError("commit_every and commit_bytes must be positive")
     workers = default_workers() if workers is None else workers
     dst = os.path.abspath(os.fspath(dst))
@@ -273,7 +287,6 @@ def pack_sources(
                 _check_free_space(partial, mean_size * expansion * (len(sources) - state.next_source))
             with _keep_freed_memory():
                 run.write_all(workers, mean_size * expansion, progress)
-                run.finish()
     finally:
         state.close()
     compacted = _compact_if_needed(partial, force=state.resumed_from > 0 or state.grew)
@@ -334,7 +347,9 @@ class _Partial:
             }
         )
 
-    def commit(self, batch: list[tuple[bytes, bytes | bytearray]], extra: dict[bytes, bytes | None]) -> None:
+    def commit(
+        self, batch: list[tuple[bytes, bytes | bytearray | memoryview]], extra: dict[bytes, bytes | None]
+    ) -> None:
         """Append ``batch`` and put ``extra`` (None deletes) in one transaction.
 
         On MDB_MAP_FULL the transaction is aborted, the map doubled and the
@@ -395,7 +410,7 @@ class _Run:
         check: str,
         strict: bool,
         commit_every: int,
-        commit_bytes: int,
+        commit_bytes: int | None,
         loader: Callable[[int], Loaded | Skipped] | None,
         manifest_extra: Mapping[str, Any] | None = None,
         on_progress: Callable[[int, int], None] | None = None,
@@ -411,9 +426,11 @@ class _Run:
         self.check = check
         self.strict = strict
         self.commit_every = commit_every
-        self.commit_bytes = commit_bytes
+        self.commit_bytes = commit_bytes  # as asked (recorded in the manifest)
+        self.batch_limit = commit_bytes or DEFAULT_COMMIT_BYTES  # as used (write_all)
         self.input_bytes = 0
-        self.batch: list[tuple[bytes, bytes | bytearray]] = []
+        self.batch: list[tuple[bytes, bytes | bytearray | memoryview]] = []
+        self.procs: ProcessReader | None = None
         self.batch_bytes = 0
         self.max_pixels = Image.MAX_IMAGE_PIXELS
 
@@ -429,11 +446,14 @@ class _Run:
     def encodings(self) -> dict[str, int]:
         return dict(sorted(self.state.encodings.items()))
 
-    def _load(self, s: int) -> Loaded | Skipped:
+    def _load_gated(self, s: int) -> Loaded | Skipped:
         with self.state.gate:  # wait while the writer copies a batch into the map
             pass
         if self.loader is not None:
             return self.loader(s)
+        return self._load(s)
+
+    def _load(self, s: int, alloc: Alloc | None = None) -> Loaded | Skipped:
         return load_sample(
             self.sources.abspath(s),
             self.sources.labels[s],
@@ -441,6 +461,7 @@ class _Run:
             check=self.check,
             max_pixels=self.max_pixels,
             resize=self.resize,
+            alloc=alloc,
         )
 
     def _commit(self, extra: dict[bytes, bytes | None] | None = None) -> None:
@@ -449,41 +470,69 @@ class _Run:
         self.state.commit(self.batch, extra)
         self.batch = []
         self.batch_bytes = 0
+        if self.procs is not None:
+            self.procs.release()  # the records are in LMDB: their shared memory can be reused
+
+    def _commit_if_any(self) -> None:
+        if self.batch:
+            self._commit()
 
     def write_all(self, workers: int, mean_value_size: float, progress: bool | None) -> None:
+        """Write every source not yet done, then the tables and the manifest (``finish``)."""
+        todo = range(self.state.next_source, len(self.sources))
+        # Read ahead of the writer: the batch being filled, the one committing,
+        # and a couple of records per reader.
+        if self.commit_bytes is None:
+            self.batch_limit = batch_bytes(self.state.path, DEFAULT_COMMIT_BYTES, mean_value_size)
+        ahead = 2 * self.batch_limit + workers * 2 * int(mean_value_size)
+        if workers > 1 and self.loader is None and processes_available():
+            with ProcessReader(
+                todo, self._load, workers=workers, ring_bytes=ahead, on_full=self._commit_if_any
+            ) as procs:
+                self.procs = procs
+                try:
+                    self._write(todo, procs, progress)
+                    self.finish()  # while the shared memory holding the last batch is mapped
+                finally:
+                    self.procs = None
+                    self.batch = []
+            return
+        inflight = int(min(4096, max(2 * workers, ahead / max(mean_value_size, 1.0))))
+        results = ordered_map(self._load_gated, todo, workers=workers, max_inflight=inflight)
+        try:
+            self._write(todo, results, progress)
+        finally:
+            results.close()
+        self.finish()
+
+    def _write(self, todo: range, results: Iterable[Loaded | Skipped], progress: bool | None) -> None:
         state = self.state
-        todo = range(state.next_source, len(self.sources))
-        inflight = int(min(4096, max(2 * workers, READ_AHEAD_BYTES / max(mean_value_size, 1.0))))
         with Progress(len(self.sources), "pack", enabled=progress, initial=state.next_source) as bar:
-            results = ordered_map(self._load, todo, workers=workers, max_inflight=inflight)
-            try:
-                for s, result in zip(todo, results):
-                    if isinstance(result, Skipped):
-                        if self.strict:
-                            self._commit()  # keep everything before it: the rerun resumes here
-                            raise SourceError(
-                                self.sources.abspath(s),
-                                result.reason,
-                                "fix or remove the file and run the same command again to resume, "
-                                "or drop --strict to skip such files",
-                            )
-                        state.skipped.append((s, result.reason))
-                        bar.write(f"skipped {self.sources.relpaths[s]}: {result.reason}")
-                    else:
-                        self.batch.append((encode_key(state.next_index), result.value))
-                        self.batch_bytes += len(result.value)
-                        state.next_index += 1
-                        state.encodings[result.encoding] = state.encodings.get(result.encoding, 0) + 1
-                        state.payload_bytes += len(result.value)
-                        self.input_bytes += result.source_bytes
-                        bar.update(1, result.source_bytes)
-                    state.next_source = s + 1
-                    if len(self.batch) >= self.commit_every or self.batch_bytes >= self.commit_bytes:
-                        self._commit()
-                    if self.on_progress is not None:
-                        self.on_progress(s + 1, len(self.sources))
-            finally:
-                results.close()
+            for s, result in zip(todo, results):
+                if isinstance(result, Skipped):
+                    if self.strict:
+                        self._commit()  # keep everything before it: the rerun resumes here
+                        raise SourceError(
+                            self.sources.abspath(s),
+                            result.reason,
+                            "fix or remove the file and run the same command again to resume, "
+                            "or drop --strict to skip such files",
+                        )
+                    state.skipped.append((s, result.reason))
+                    bar.write(f"skipped {self.sources.relpaths[s]}: {result.reason}")
+                else:
+                    self.batch.append((encode_key(state.next_index), result.value))
+                    self.batch_bytes += len(result.value)
+                    state.next_index += 1
+                    state.encodings[result.encoding] = state.encodings.get(result.encoding, 0) + 1
+                    state.payload_bytes += len(result.value)
+                    self.input_bytes += result.source_bytes
+                    bar.update(1, result.source_bytes)
+                state.next_source = s + 1
+                if len(self.batch) >= self.commit_every or self.batch_bytes >= self.batch_limit:
+                    self._commit()
+                if self.on_progress is not None:
+                    self.on_progress(s + 1, len(self.sources))
 
     def finish(self) -> None:
         """Commit the last batch together with the tables and the manifest."""
@@ -531,7 +580,7 @@ class _Run:
                 "check": self.check,
                 "strict": self.strict,
                 "commit_every": self.commit_every,
-                "commit_bytes": self.commit_bytes,
+                "commit_bytes": "auto" if self.commit_bytes is None else self.commit_bytes,
                 **(
                     {}
                     if self.resize is None
@@ -631,6 +680,42 @@ def _describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
     return "; ".join(changes) or "the options changed"
 
 
+def batch_bytes(directory: str, commit_bytes: int, mean_value_size: float) -> int:
+    """Bytes per write transaction for a pack written in ``directory``.
+
+    As small as the disk's flush latency allows (``MIN_BATCH_BYTES``, or
+    enough that one fdatasync per batch costs about 10% at 1 GB/s), at least
+    four records, at most ``commit_bytes``.
+    """
+    latency = sync_latency(directory)
+    want = max(MIN_BATCH_BYTES, 4 * mean_value_size, latency * SYNC_BUDGET_BYTES_PER_SECOND)
+    return int(max(1, min(commit_bytes, want)))
+
+
+def sync_latency(directory: str, rounds: int = 3) -> float:
+    """Seconds one small write + fdatasync takes in ``directory`` (the median of ``rounds``).
+
+    Returns infinity when it cannot be measured (then batches stay large).
+    """
+    path = os.path.join(directory, _SYNC_PROBE)
+    times = []
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            block = b"\0" * 4096
+            for i in range(rounds):
+                os.pwrite(fd, block, i * len(block))
+                start = time.perf_counter()
+                getattr(os, "fdatasync", os.fsync)(fd)
+                times.append(time.perf_counter() - start)
+        finally:
+            os.close(fd)
+            os.remove(path)
+    except OSError:
+        return float("inf")
+    return sorted(times)[len(times) // 2]
+
+
 def _check_free_space(partial: str, estimate: float) -> None:
     free = shutil.disk_usage(partial).free
     need = estimate * 1.05
@@ -673,7 +758,9 @@ def _is_replaceable(path: str) -> bool:
     if not os.path.isdir(path) or os.path.islink(path):
         return False
     names = set(os.listdir(path))
-    return not names or (DATA_FILE in names and names <= {DATA_FILE, LOCK_FILE, SKIPPED_REPORT})
+    # (a run killed at the wrong moment can leave the sync probe or the compaction folder behind)
+    ours = {DATA_FILE, LOCK_FILE, SKIPPED_REPORT, _SYNC_PROBE, _COMPACT_DIR}
+    return not names or (DATA_FILE in names and names <= ours) or names <= {_SYNC_PROBE}
 
 
 def _open_env(partial: str, map_size: int) -> lmdb.Environment:
@@ -776,7 +863,7 @@ def _compact_if_needed(partial: str, *, force: bool) -> bool:
     try:
         if not force and _free_fraction(env) < _COMPACT_FREE_FRACTION:
             return False
-        tmp = os.path.join(partial, "compact.tmp")
+        tmp = os.path.join(partial, _COMPACT_DIR)
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp)
         try:

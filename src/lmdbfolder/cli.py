@@ -128,7 +128,18 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
     p.add_argument("--commit-every", type=int, default=None, metavar="N", help="samples per transaction (default 2000)")
     p.add_argument(
-        "--workers", type=int, default=None, metavar="N", help="reader threads (default: 2x CPUs, at least 4)"
+        "--commit-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="bytes per transaction (default: 2 MB, more where the disk flushes slowly; at most 64 MB)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="reader processes (threads where fork is unavailable; default: 2x CPUs, at least 4; 1 = none)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
     p.add_argument("--restart", action="store_true", help="discard an unfinished pack at DST instead of resuming it")
@@ -160,6 +171,7 @@ def _run_pack(args: argparse.Namespace) -> int:
         check=args.check,
         strict=args.strict,
         commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
+        commit_bytes=args.commit_bytes,
         workers=args.workers,
         overwrite=args.overwrite,
         restart=args.restart,
@@ -265,6 +277,7 @@ def _run_pack_sharded(args: argparse.Namespace, resize: Any = None) -> int:
         check=args.check,
         strict=args.strict,
         commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
+        commit_bytes=args.commit_bytes,
         workers=args.workers,
         overwrite=args.overwrite,
         restart=args.restart,

@@ -38,9 +38,13 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import traceback
+import warnings
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Iterator, Sequence
+
+from PIL import Image
 
 from lmdbfolder.errors import PackError
 from lmdbfolder.loading import Alloc, Loaded, Skipped
@@ -58,8 +62,16 @@ Load = Callable[[int, "Alloc | None"], "Loaded | Skipped"]
 
 
 def processes_available() -> bool:
-    """Whether worker processes can be used here (Linux, with fork)."""
-    return sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
+    """Whether worker processes can be used here: Linux, and no other Python thread running.
+
+    Forking beside running Python threads can leave the child stuck (a lock
+    held at the fork, or CPython's after-fork handler meeting a thread that
+    is exiting); then the writer reads with threads instead, which since the
+    batches became small is nearly as fast (benchmarks/bench_pack.py --compare).
+    """
+    return (
+        sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    )
 
 
 class _Ring:
@@ -134,8 +146,18 @@ def _worker(
     _set_parent_death_signal()
     if os.getppid() != parent:  # the writer died before the signal was armed
         os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the writer's to handle
+    # Ctrl-C reaches the whole process group; it is the writer's to handle (it
+    # stops the workers). SIGINT was blocked across the fork so that none can
+    # land before this; SIGTERM (how the writer stops a worker) gets its
+    # default action back from any Python handler the writer had.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     gc.disable()  # short-lived, and records form no cycles
+    # Pillow's DecompressionBombWarning says what the skip reason records; and
+    # printing is the one thing here that takes a lock another thread of the
+    # writer's process might have held when it forked.
+    warnings.simplefilter("ignore")
     for conn in inherited:
         conn.close()
     r = _Ring(memoryview(ring)[base : base + size], control, results)
@@ -207,6 +229,7 @@ class ProcessReader:
         self._sent = [0] * self.workers
 
     def __enter__(self) -> ProcessReader:
+        Image.preinit()  # import the common plugins once, before the fork, not in every worker
         self._ring = mmap.mmap(-1, self.ring_size * self.workers)
         self._view = memoryview(self._ring)
         ctx = multiprocessing.get_context("fork")
@@ -236,7 +259,13 @@ class ProcessReader:
                     name=f"lmdbfolder-read-{w}",
                     daemon=True,
                 )
-                proc.start()
+                # Block Ctrl-C across the fork (the child ignores it before unblocking;
+                # here a pending one is delivered right after).
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    proc.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 self._procs.append(proc)
                 control_r.close()
                 results_w.close()

@@ -466,7 +466,10 @@ class _Run:
 
     def _commit(self, extra: dict[bytes, bytes | None] | None = None) -> None:
         extra = dict(extra or {})
-        extra.setdefault(PROGRESS_KEY, self.state.checkpoint())
+        if PROGRESS_KEY not in extra:
+            checkpoint = extra[PROGRESS_KEY] = self.state.checkpoint()
+            if self.commit_bytes is None:  # it grows with the skipped list: keep it a small part of a batch
+                self.batch_limit = max(self.batch_limit, min(DEFAULT_COMMIT_BYTES, 64 * len(checkpoint)))
         self.state.commit(self.batch, extra)
         self.batch = []
         self.batch_bytes = 0

@@ -81,17 +81,19 @@ def main(argv: list[str] | None = None) -> int:
         cat_all(tree)  # warm the page cache
         cats: list[float] = []
         times: dict[str, list[float]] = {name: [] for name in variants}
-        result = None
-        for k in range(args.repeat):
+        result = report = None
+        dst = os.path.join(workdir, "pack")
+        for _ in range(args.repeat):
             for name, options in variants.items():
+                # The same start for every pack: the previous pack deleted, then a cat.
                 cats.append(cat_all(tree))
-                dst = os.path.join(workdir, f"pack{k}")
-                shutil.rmtree(dst, ignore_errors=True)
                 result = _pack_once(tree, dst, options)
                 times[name].append(result.seconds)
-        if result is None:
+                if report is None:
+                    report = verify(result.path, progress=False)
+                shutil.rmtree(dst)
+        if result is None or report is None:
             raise SystemExit("--repeat must be at least 1")
-        report = verify(result.path, progress=False)
         mb = result.input_bytes / 1e6
         cat_s = statistics.median(cats)
         print(f"tree: {tree} ({result.count:,} files, {mb:,.0f} MB), page cache warm, median of {args.repeat}")

@@ -1,11 +1,12 @@
 """Turn one source file into one record value, or into a reason to skip it.
 
-This runs in the writer's reader threads (see ``pipeline``), so it is a pure
-function of its inputs, never raises for bad input (bad input becomes a
-``Skipped``), and leaves most of the time to GIL-free work (``read``,
-``zlib.crc32``, Pillow's decoders). A file is read straight into the buffer
-that becomes its LMDB value, behind room for the record header, so the
-payload is not copied on its way to the database.
+This runs in the writer's reader processes or threads (see ``procpool`` and
+``pipeline``), so it is a pure function of its inputs, never raises for bad
+input (bad input becomes a ``Skipped``), and leaves most of the time to
+GIL-free work (``read``, the CRC-32, Pillow's decoders). A file is read
+straight into the buffer that becomes its LMDB value (a slot of a reader
+process's shared memory, or a new bytearray), behind room for the record
+header, so the payload is not copied on its way to the database.
 
 Checks (``check=``):
 

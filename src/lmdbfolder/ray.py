@@ -127,7 +127,8 @@ def pack_ray(
             (``None``: ``RAY_ADDRESS``, or a new local cluster) and shut down
             at the end.
         task_cpus: CPUs Ray reserves for each shard task.
-        workers: reader threads per task (default: 2 per reserved CPU, at least 4).
+        workers: readers per task (default: 2 per reserved CPU, at least 4; threads,
+            since a Ray worker process runs threads of its own).
         on_progress: called with ``(source files done, total)`` as tasks report.
         staging: a node-local directory to build each shard in (see ``pack_shard``).
 

@@ -508,7 +508,7 @@ def pack_sharded(
     """Pack ``src`` into a sharded pack at ``dst``: ``shards`` shards, or shards of about ``shard_size``.
 
     The shards are packed one after the other in this process (each with the
-    threaded reading pipeline); ``lmdbfolder.ray.pack_ray`` packs them in
+    parallel reading pipeline); ``lmdbfolder.ray.pack_ray`` packs them in
     parallel on a Ray cluster. Rerunning the same call after an interruption
     keeps the finished shards and resumes the unfinished one. The index is
     written last, from the finished shards. The other arguments are those of

@@ -76,15 +76,15 @@ __all__ = [
 ]
 
 DEFAULT_COMMIT_EVERY = 2000
-#: The most bytes a batch holds before it commits (unless commit_bytes says). The batch stays in memory
-#: until it commits (so it can be replayed after the map grows); this bounds
-#: the writer's memory for large images. Batches are usually much smaller:
-#: see MIN_BATCH_BYTES.
+#: The most bytes a batch holds before it commits (unless commit_bytes says).
+#: The batch stays in memory until it commits (so it can be replayed after the
+#: map grows); this bounds the writer's memory for large images. Batches are
+#: usually much smaller: see MIN_BATCH_BYTES.
 DEFAULT_COMMIT_BYTES = 64 << 20
 #: Smallest batch. Small batches keep LMDB's dirty pages and the records
 #: being copied in the CPU cache between the copy into the batch and the
 #: write to the file; with 2 MB instead of 64 MB batches a warm 1 GB pack took
-#: 1.2 s instead of 1.9 s (benchmarks/bench_pack.py --batches).
+#: 1.1 s instead of 2.2 s (benchmarks/bench_pack.py --compare).
 MIN_BATCH_BYTES = 2 << 20
 #: Every commit waits for one flush of the disk (fdatasync). Batches grow until
 #: that wait costs at most about 10% at 1 GB/s: bytes >= flush latency x this.
@@ -182,9 +182,11 @@ def pack(
             (the partial pack stays resumable) instead of skipping it.
         commit_every: samples per write transaction.
         commit_bytes: bytes per write transaction (whichever limit comes
-            first). None (default): as few as the disk's flush latency allows,
-            2 MB on most disks, at most 64 MB (see ``batch_bytes``).
-        workers: reader threads (default: 2x CPUs, at least 4).
+            first). None (default): as small as the disk's flush latency
+            allows, 2 MB on most disks, at most 64 MB (see ``batch_bytes``).
+        workers: reader processes on Linux when no other Python thread runs,
+            else reader threads (default: 2x CPUs, at least 4); 1 reads in
+            the calling thread.
         overwrite: replace an existing pack (or unfinished pack) at ``dst``.
         restart: discard an unfinished pack at ``dst`` instead of resuming it.
         allow_empty: keep ImageFolder class folders that hold no image.

@@ -159,6 +159,19 @@ def mixed_tree(tmp_path: Path) -> Path:
     return tmp_path / "src"
 
 
+def _pack_in_pool(args: tuple[str, str]) -> int:
+    return pack(args[0], args[1], workers=4, progress=False).count
+
+
+def test_pack_inside_a_pool_worker_reads_with_threads(mixed_tree: Path, tmp_path: Path) -> None:
+    # Pool workers are daemonic and may not start processes of their own.
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.map(_pack_in_pool, [(str(mixed_tree), str(tmp_path / "p"))]) == [60]
+    assert verify(tmp_path / "p", progress=False).ok
+
+
 @pytest.mark.parametrize("store", ["encoded", "raw"])
 def test_processes_threads_and_one_thread_write_the_same_pack(
     mixed_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str

@@ -62,16 +62,17 @@ Load = Callable[[int, "Alloc | None"], "Loaded | Skipped"]
 
 
 def processes_available() -> bool:
-    """Whether worker processes can be used here: Linux, and no other Python thread running.
+    """Whether worker processes can be used here: Linux, no other Python thread running, not a daemon.
 
     Forking beside running Python threads can leave the child stuck (a lock
     held at the fork, or CPython's after-fork handler meeting a thread that
-    is exiting); then the writer reads with threads instead, which since the
-    batches became small is nearly as fast (benchmarks/bench_pack.py --compare).
+    is exiting), and a daemonic process (a multiprocessing Pool worker) may
+    not start processes. Then the writer reads with threads instead, which
+    since the batches became small is nearly as fast (bench_pack.py --compare).
     """
-    return (
-        sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
-    )
+    if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    return threading.active_count() == 1 and not multiprocessing.current_process().daemon
 
 
 class _Ring:

@@ -128,22 +128,21 @@ def _dying_load(i: int, alloc: Alloc | None) -> Loaded | Skipped:
 
 
 @needs_processes
-def test_process_reader_reports_a_failing_or_dead_worker() -> None:
+@pytest.mark.parametrize(
+    ("load", "message"),
+    [
+        (_failing_load, "RuntimeError: this loader is broken"),
+        (_dying_load, "stopped unexpectedly (exit code 3)"),
+    ],
+)
+def test_process_reader_reports_a_failing_or_dead_worker(load: procpool.Load, message: str) -> None:
     with (
         pytest.raises(PackError) as info,
-        ProcessReader(range(100), _failing_load, workers=2, ring_bytes=1 << 20, on_full=lambda: None) as reader,
+        ProcessReader(range(100), load, workers=2, ring_bytes=1 << 20, on_full=lambda: None) as reader,
     ):
         for _ in reader:
             pass
-    assert "RuntimeError: this loader is broken" in str(info.value)
-
-    with (
-        pytest.raises(PackError) as info,
-        ProcessReader(range(100), _dying_load, workers=2, ring_bytes=1 << 20, on_full=lambda: None) as reader,
-    ):
-        for _ in reader:
-            pass
-    assert "stopped unexpectedly (exit code 3)" in str(info.value)
+    assert message in str(info.value)
     assert "run the same command again to resume" in str(info.value)
 
 

@@ -114,8 +114,8 @@ def read_into_record(path: str, alloc: Alloc | None = None) -> bytearray | memor
     """The file's bytes at offset 32 of a buffer (room for the record header).
 
     The buffer comes from ``alloc`` when given (and it returns one), else it
-    is a new bytearray. A file that grows while it is read is returned whole,
-    in a new bytearray; one that shrinks, as a shorter view. Raises OSError
+    is a view of a new bytearray. A file that grows while it is read is
+    returned whole, in a new bytearray; one that shrinks, as a shorter view. Raises OSError
     like ``open``/``read`` (IsADirectoryError for a directory).
     """
     # os-level calls: four system calls per file (open, fstat, readv, close)

@@ -134,6 +134,7 @@ def _worker(
     workers: int,
     items: Sequence[int],
     chunk: int,
+    chunks: int,
     load: Load,
     ring: mmap.mmap,
     base: int,
@@ -163,7 +164,7 @@ def _worker(
         conn.close()
     r = _Ring(memoryview(ring)[base : base + size], control, results)
     try:
-        for k in range(w, (len(items) + chunk - 1) // chunk, workers):
+        for k in range(w, chunks, workers):
             out: list[tuple[Any, ...]] = []
             for item in items[k * chunk : (k + 1) * chunk]:
                 out.append(_load_one(r, load, item))
@@ -213,14 +214,15 @@ class ProcessReader:
         workers: int,
         ring_bytes: int,
         on_full: Callable[[], None],
-        chunk: int = CHUNK,
+        chunk: int | None = None,
     ) -> None:
         self.items = items
         self.load = load
-        self.workers = max(1, min(workers, (len(items) + chunk - 1) // chunk or 1))
+        self.chunk = CHUNK if chunk is None else chunk
+        self.chunks = -(-len(items) // self.chunk)
+        self.workers = max(1, min(workers, self.chunks))
         self.ring_size = max(MIN_RING, ring_bytes // self.workers)
         self.on_full = on_full
-        self.chunk = chunk
         self._ring: mmap.mmap | None = None
         self._view: memoryview | None = None
         self._procs: list[Any] = []
@@ -248,6 +250,7 @@ class ProcessReader:
                         self.workers,
                         self.items,
                         self.chunk,
+                        self.chunks,
                         self.load,
                         self._ring,
                         w * self.ring_size,
@@ -281,9 +284,10 @@ class ProcessReader:
         self.close()
 
     def __iter__(self) -> Iterator[Loaded | Skipped]:
-        assert self._view is not None, "use ProcessReader as a context manager"
+        if self._view is None:
+            raise RuntimeError("use ProcessReader as a context manager")
         view, size = self._view, self.ring_size
-        for k in range((len(self.items) + self.chunk - 1) // self.chunk):
+        for k in range(self.chunks):
             w = k % self.workers
             for item in self._chunk(w, k):
                 tag = item[0]
@@ -324,21 +328,18 @@ class ProcessReader:
         if self._consumed[w] >= need:
             self.on_full()  # the space is held by the batch, so commit it now
         if self._sent[w] < need:  # what it needs is (part of) the chunk it is reading
-            try:
-                self._control[w].send(("nomore",))
-            except (BrokenPipeError, ConnectionResetError):
-                pass
+            self._tell(w, ("nomore",))
 
     def release(self) -> None:
         """Every record yielded so far is committed: its ring space can be reused."""
         for w in range(self.workers):
             if self._consumed[w] > self._sent[w]:
-                self._send(w, self._consumed[w])
+                self._sent[w] = self._consumed[w]
+                self._tell(w, ("f", self._consumed[w]))
 
-    def _send(self, w: int, end: int) -> None:
-        self._sent[w] = end
+    def _tell(self, w: int, msg: tuple[Any, ...]) -> None:
         try:
-            self._control[w].send(("f", end))
+            self._control[w].send(msg)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the worker has finished its chunks and exited
 

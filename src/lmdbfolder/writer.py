@@ -500,7 +500,7 @@ class _Run:
                     self.finish()  # while the shared memory holding the last batch is mapped
                 finally:
                     self.procs = None
-                    self.batch = []
+                    self.batch = []  # its views of the shared memory, before the ring is unmapped
             return
         inflight = int(min(4096, max(2 * workers, ahead / max(mean_value_size, 1.0))))
         results = ordered_map(self._load_gated, todo, workers=workers, max_inflight=inflight)
@@ -765,7 +765,7 @@ def _is_replaceable(path: str) -> bool:
     names = set(os.listdir(path))
     # (a run killed at the wrong moment can leave the sync probe or the compaction folder behind)
     ours = {DATA_FILE, LOCK_FILE, SKIPPED_REPORT, _SYNC_PROBE, _COMPACT_DIR}
-    return not names or (DATA_FILE in names and names <= ours) or names <= {_SYNC_PROBE}
+    return names <= {_SYNC_PROBE} or (DATA_FILE in names and names <= ours)
 
 
 def _open_env(partial: str, map_size: int) -> lmdb.Environment:

@@ -76,6 +76,12 @@ def test_errors_go_to_stderr_with_exit_codes(
     assert f"{bad_list}:1" in capsys.readouterr().err
     assert main(["pack", str(small_tree)]) == EXIT_CODES["usage"]
     assert main(["frobnicate"]) == EXIT_CODES["usage"]
+    capsys.readouterr()
+    for option, value, said in [("--commit-bytes", "0", "must be at least 1, got 0"), ("--commit-every", "x", "'x'")]:
+        assert main(["pack", str(small_tree), str(tmp_path / "r"), option, value]) == EXIT_CODES["usage"]
+        err = capsys.readouterr().err
+        assert f"argument {option}: " in err and said in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
 
 
 def test_verify_exit_code_on_damage(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> None:

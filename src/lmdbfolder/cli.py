@@ -126,10 +126,12 @@ def _add_pack(sub: Any) -> None:
         help="which side --max-size limits (default: longer, like FFCV's max_resolution)",
     )
     p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
-    p.add_argument("--commit-every", type=int, default=None, metavar="N", help="samples per transaction (default 2000)")
+    p.add_argument(
+        "--commit-every", type=_positive_int, default=None, metavar="N", help="samples per transaction (default 2000)"
+    )
     p.add_argument(
         "--commit-bytes",
-        type=int,
+        type=_positive_int,
         default=None,
         metavar="N",
         help="bytes per transaction (default: 2 MB, more where the disk flushes slowly; at most 64 MB)",
@@ -139,7 +141,7 @@ def _add_pack(sub: Any) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="reader processes (threads where fork is unavailable; default: 2x CPUs, at least 4; 1 = none)",
+        help="reader processes on Linux, else threads (default: 2x CPUs, at least 4; 1 reads in the writer)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
     p.add_argument("--restart", action="store_true", help="discard an unfinished pack at DST instead of resuming it")
@@ -234,6 +236,16 @@ def _add_shard_options(p: argparse.ArgumentParser) -> None:
         help="build each shard in DIR (a node-local disk) and copy it into DST when finished; "
         "for a DST on a network file system, where LMDB must not be written",
     )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _wants_shards(args: argparse.Namespace) -> bool:

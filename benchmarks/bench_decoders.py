@@ -4,7 +4,7 @@ Usage:
     python benchmarks/bench_decoders.py [--tree DIR] [--samples 300] [--repeat 3]
 
 Decoders are timed alternately on the same in-memory JPEGs (one thread;
-``lmdbfolder.decoders`` does the decoding, as LMDBFolder does), best of
+``lmdbfolder.read.decoders`` does the decoding, as LMDBFolder does), best of
 ``--repeat``; ratios to Pillow are what to compare across machines.
 """
 
@@ -18,9 +18,9 @@ import time
 
 import torch
 
+from lmdbfolder.bench.synthetic import SyntheticSpec, make_imagefolder
 from lmdbfolder.codecs import sniff
-from lmdbfolder.decoders import available_decoders, decode_payload, get_decoder
-from lmdbfolder.synthetic import SyntheticSpec, make_imagefolder
+from lmdbfolder.read.decoders import available_decoders, decode_payload, get_decoder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -27,10 +27,10 @@ import tempfile
 import time
 from typing import Any
 
-from lmdbfolder import writer
-from lmdbfolder.synthetic import SyntheticSpec, make_imagefolder
-from lmdbfolder.verify import verify
-from lmdbfolder.writer import PackResult, pack
+import lmdbfolder.write.writer as writer
+from lmdbfolder.bench.synthetic import SyntheticSpec, make_imagefolder
+from lmdbfolder.tools.verify import verify
+from lmdbfolder.write.writer import PackResult, pack
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

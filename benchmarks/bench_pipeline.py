@@ -19,9 +19,9 @@ import sys
 import tempfile
 import time
 
-from lmdbfolder.cache import evict
-from lmdbfolder.sources import scan
-from lmdbfolder.writer import pack
+from lmdbfolder.tools.cache import evict
+from lmdbfolder.write.sources import scan
+from lmdbfolder.write.writer import pack
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 Usage:
     python benchmarks/bench_read.py TREE [PACKED] [--workers 0 1 2] [--limit 3000] [--repeat 3] [--max-size 256]
 
-Runs the same code as the command (``lmdbfolder.benchrun``) and writes
+Runs the same code as the command (``lmdbfolder.bench.run``) and writes
 ``benchmarks/results/bench-<time>.{json,txt,png}``.
 """
 
@@ -15,8 +15,8 @@ import os
 import sys
 import time
 
-from lmdbfolder.benchrun import BenchConfig, format_report, run_bench
-from lmdbfolder.chart import chart_available, write_chart
+from lmdbfolder.bench.chart import chart_available, write_chart
+from lmdbfolder.bench.run import BenchConfig, format_report, run_bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from lmdbfolder import Reader, pack
+    from lmdbfolder import open_pack, pack
     from lmdbfolder.ray import pack_ray
 
     out = args.out or tempfile.mkdtemp(prefix="bench-shards-")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             f"median: single-process {single:.2f} s, Ray {args.shards} shards on {args.cpus} CPUs {sharded_s:.2f} s; "
             f"Ray / single = {sharded_s / single:.2f}x the time ({single / sharded_s:.2f}x the speed)"
         )
-        with Reader(os.path.join(out, "single")) as a, Reader(os.path.join(out, "ray")) as b:
+        with open_pack(os.path.join(out, "single")) as a, open_pack(os.path.join(out, "ray")) as b:
             same = len(a) == len(b) and a.paths() == b.paths() and list(a.labels) == list(b.labels)
             differing = 0
             for i in range(len(a)):

@@ -14,7 +14,7 @@ import time
 
 from torchvision.datasets import ImageFolder
 
-from lmdbfolder.demo import imagefolder_differences
+from lmdbfolder.bench.demo import imagefolder_differences
 from lmdbfolder.torch import LMDBFolder
 
 

@@ -19,8 +19,8 @@ import tempfile
 import lmdb
 
 from lmdbfolder.format import KEY, RECORD_HEADER
-from lmdbfolder.reader import Reader
-from lmdbfolder.verify import verify
+from lmdbfolder.read.reader import Reader
+from lmdbfolder.tools.verify import verify
 
 KINDS = ("payload bit", "header bit", "truncated", "deleted")
 

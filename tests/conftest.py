@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lmdbfolder.writer import pack
+from lmdbfolder.write.writer import pack
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -20,12 +20,15 @@ def test_public_api_snapshot() -> None:
         "ListFileError",
         "LmdbFolderError",
         "NotAPackError",
+        "OptionError",
         "OutputExistsError",
         "PackError",
+        "PackOptions",
         "PackResult",
         "Problem",
         "Reader",
         "Record",
+        "Resize",
         "ShardedPackResult",
         "ShardedReader",
         "SourceError",
@@ -35,12 +38,15 @@ def test_public_api_snapshot() -> None:
         "__version__",
         "copy_pack",
         "import_legacy",
+        "open_pack",
         "pack",
         "pack_info",
+        "pack_shard",
         "pack_sharded",
         "pack_sources",
         "scan",
         "verify",
+        "warm",
         "write_index",
     ]
     assert lmdbfolder.torch.__all__ == ["LMDBFolder"]
@@ -50,8 +56,8 @@ def test_public_api_snapshot() -> None:
 
 def test_core_import_does_not_import_torch_or_tqdm() -> None:
     code = (
-        "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.shards, lmdbfolder.sharded\n"
-        "import lmdbfolder.copying, lmdbfolder.ray\n"
+        "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.write.shards, lmdbfolder.read.sharded\n"
+        "import lmdbfolder.tools.copy, lmdbfolder.ray\n"
         "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -72,15 +78,26 @@ def test_py_typed_is_shipped() -> None:
 
 
 def test_new_modules_declare_their_api() -> None:
-    import lmdbfolder.copying
+    import lmdbfolder.packdir
     import lmdbfolder.ray
+    import lmdbfolder.read.sharded
     import lmdbfolder.sampler
-    import lmdbfolder.sharded
-    import lmdbfolder.shards
+    import lmdbfolder.tools.copy
+    import lmdbfolder.write.options
+    import lmdbfolder.write.shards
 
     assert lmdbfolder.sampler.__all__ == ["ExactDistributedSampler", "ORDERS"]
     assert lmdbfolder.ray.__all__ == ["pack_ray"]
-    for module in (lmdbfolder.shards, lmdbfolder.sharded, lmdbfolder.copying, lmdbfolder.ray, lmdbfolder.sampler):
+    modules = (
+        lmdbfolder.write.shards,
+        lmdbfolder.write.options,
+        lmdbfolder.read.sharded,
+        lmdbfolder.tools.copy,
+        lmdbfolder.packdir,
+        lmdbfolder.ray,
+        lmdbfolder.sampler,
+    )
+    for module in modules:
         for name in module.__all__:
             obj = getattr(module, name)
             if callable(obj):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lmdbfolder.cache import can_evict, evict, resident_fraction, warm
 from lmdbfolder.cli import main
-from lmdbfolder.reader import Reader
+from lmdbfolder.read.reader import Reader
+from lmdbfolder.tools.cache import can_evict, evict, resident_fraction, warm
 from lmdbfolder.torch import LMDBFolder
 
 

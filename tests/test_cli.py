@@ -126,13 +126,13 @@ def test_subprocess_module_and_console_script(small_tree: Path, tmp_path: Path) 
 
 def test_progress_bar_on_request(small_tree: Path, tmp_path: Path) -> None:
     # A pack command shows a tqdm bar with img/s and MB/s; forced on here via the library call.
-    from lmdbfolder.writer import pack
+    from lmdbfolder.write.writer import pack
 
     proc = subprocess.run(
         [
             sys.executable,
             "-c",
-            f"from lmdbfolder.writer import pack; pack({str(small_tree)!r}, {str(tmp_path / 'p')!r}, progress=True)",
+            f"from lmdbfolder import pack; pack({str(small_tree)!r}, {str(tmp_path / 'p')!r}, progress=True)",
         ],
         capture_output=True,
         text=True,

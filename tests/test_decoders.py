@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from conftest import ODD_KINDS, image_bytes, write
-from lmdbfolder.decoders import (
+from lmdbfolder.errors import DecoderUnavailableError
+from lmdbfolder.read.decoders import (
     DECODER_NAMES,
     available_decoders,
     decode_payload,
@@ -20,9 +21,8 @@ from lmdbfolder.decoders import (
     size_hint_scale,
     to_pil,
 )
-from lmdbfolder.errors import DecoderUnavailableError
-from lmdbfolder.reader import Reader
-from lmdbfolder.writer import pack
+from lmdbfolder.read.reader import Reader
+from lmdbfolder.write.writer import pack
 
 INSTALLED = [name for name, why in available_decoders().items() if why is None]
 
@@ -58,7 +58,7 @@ def test_unknown_decoder_is_a_value_error() -> None:
 
 
 def test_unavailable_decoder_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lmdbfolder.decoders as decoders
+    import lmdbfolder.read.decoders as decoders
 
     def missing() -> object:
         raise ImportError("No module named 'simplejpeg'")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from conftest import make_small_tree
-from lmdbfolder.shards import pack_sharded
+from lmdbfolder.write.shards import pack_sharded
 
 HERE = Path(__file__).resolve().parent
 # 5 x 11 = 55 samples: not a multiple of 2, 3 or 4, so every world size > 1 has a remainder.

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import image_bytes, write
-from lmdbfolder.verify import verify
+from lmdbfolder.tools.verify import verify
 from test_robust import pack_contents
 
 

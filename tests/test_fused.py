@@ -13,10 +13,10 @@ from torchvision.datasets import ImageFolder
 
 from conftest import write
 from lmdbfolder import fused
-from lmdbfolder.crops import crop_scale, resize_region, scaled_box
-from lmdbfolder.decoders import get_decoder
+from lmdbfolder.read.crops import crop_scale, resize_region, scaled_box
+from lmdbfolder.read.decoders import get_decoder
 from lmdbfolder.torch import LMDBFolder
-from lmdbfolder.writer import pack
+from lmdbfolder.write.writer import pack
 from test_decoders import INSTALLED, photo_jpeg
 
 SHAPES = [(161, 121), (121, 161), (640, 480), (900, 300), (37, 29)]

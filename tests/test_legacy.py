@@ -14,9 +14,9 @@ from PIL import Image
 from conftest import image_bytes
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import SourceError, UnsafePickleError
-from lmdbfolder.legacy import RestrictedUnpickler, detect_legacy, import_legacy, safe_loads
-from lmdbfolder.reader import Reader
-from lmdbfolder.verify import verify
+from lmdbfolder.read.reader import Reader
+from lmdbfolder.tools.importing import RestrictedUnpickler, detect_legacy, import_legacy, safe_loads
+from lmdbfolder.tools.verify import verify
 
 
 def _write_lmdb(path: Path, items: dict[bytes, bytes]) -> None:

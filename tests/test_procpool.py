@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import lmdbfolder.procpool as procpool
-import lmdbfolder.writer as writer_mod
+import lmdbfolder.write.processes as procpool
+import lmdbfolder.write.writer as writer_mod
 from conftest import image_bytes, write
 from lmdbfolder.errors import PackError
 from lmdbfolder.format import CRC32_IMPLEMENTATION, checksum
-from lmdbfolder.loading import Alloc, Loaded, Skipped, read_into_record
-from lmdbfolder.procpool import ProcessReader, processes_available
-from lmdbfolder.verify import verify
-from lmdbfolder.writer import batch_bytes, pack, sync_latency
+from lmdbfolder.tools.verify import verify
+from lmdbfolder.write.processes import ProcessReader, processes_available
+from lmdbfolder.write.records import Alloc, Loaded, Skipped, read_into_record
+from lmdbfolder.write.writer import batch_bytes, pack, sync_latency
 from test_robust import pack_contents
 
 needs_processes = pytest.mark.skipif(sys.platform != "linux", reason="worker processes need Linux (fork)")

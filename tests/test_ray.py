@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_small_tree, write
-from lmdbfolder import Reader, pack
+from lmdbfolder import open_pack, pack
 from lmdbfolder.cli import main
 from lmdbfolder.errors import SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, shard_name
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 
 def _equal(a_path: Path, b_path: Path) -> None:
-    with Reader(a_path) as a, Reader(b_path) as b:
+    with open_pack(a_path) as a, open_pack(b_path) as b:
         assert len(a) == len(b) and a.paths() == b.paths() and list(a.labels) == list(b.labels)
         for i in range(len(a)):
             ra, rb = a.get(i), b.get(i)

@@ -13,7 +13,7 @@ import pytest
 from conftest import write
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, NotAPackError
 from lmdbfolder.format import KEY, META_KEY, encode_meta
-from lmdbfolder.reader import Reader
+from lmdbfolder.read.reader import Reader
 
 
 def _rewrite(pack_dir: Path, key: bytes, value: bytes | None) -> None:
@@ -181,7 +181,7 @@ def test_threads_read_concurrently(small_pack: Path) -> None:
 def test_truncated_data_file_is_refused_not_a_crash(small_tree: Path, tmp_path: Path) -> None:
     # Reading a page past the end of a cut-short data.mdb would kill the
     # process with SIGBUS; the reader checks the size against the meta page.
-    from lmdbfolder.writer import pack
+    from lmdbfolder.write.writer import pack
 
     pack(small_tree, tmp_path / "p", commit_every=2, progress=False)
     data = tmp_path / "p" / "data.mdb"

@@ -11,10 +11,10 @@ from PIL import Image
 
 from conftest import write
 from lmdbfolder.cli import main
-from lmdbfolder.loading import Resize
-from lmdbfolder.reader import Reader
+from lmdbfolder.read.reader import Reader
 from lmdbfolder.torch import LMDBFolder
-from lmdbfolder.writer import pack
+from lmdbfolder.write.options import Resize
+from lmdbfolder.write.writer import pack
 from test_decoders import photo_jpeg
 
 

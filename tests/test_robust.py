@@ -17,15 +17,15 @@ import lmdb
 import pytest
 from PIL import Image
 
+import lmdbfolder.write.writer as writer_mod
 from conftest import image_bytes, make_small_tree, write
-from lmdbfolder import writer as writer_mod
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import OutputExistsError, PackError, SourceError
 from lmdbfolder.format import PROGRESS_KEY
-from lmdbfolder.reader import Reader
-from lmdbfolder.sources import scan
-from lmdbfolder.verify import verify
-from lmdbfolder.writer import pack, pack_sources
+from lmdbfolder.read.reader import Reader
+from lmdbfolder.tools.verify import verify
+from lmdbfolder.write.sources import scan
+from lmdbfolder.write.writer import pack, pack_sources
 
 
 def pack_contents(path: Path) -> dict:
@@ -278,8 +278,8 @@ def test_real_full_disk(tmp_path: Path) -> None:
 READ_ALL = textwrap.dedent(
     """
     import sys
-    from lmdbfolder.reader import Reader
-    from lmdbfolder.verify import verify
+    from lmdbfolder.read.reader import Reader
+    from lmdbfolder.tools.verify import verify
     r = Reader(sys.argv[1])
     n = sum(len(r.read_bytes(i)) for i in range(len(r)))
     assert verify(sys.argv[1], progress=False).ok

@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lmdbfolder.sampler import ExactDistributedSampler
-from lmdbfolder.shards import pack_sharded, plan_split
+from lmdbfolder.write.shards import pack_sharded, plan_split
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # inside torchdata 0.11
 

@@ -16,20 +16,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import make_small_tree, write
-from lmdbfolder import Reader, pack, pack_info, verify
+from lmdbfolder import ShardedReader, open_pack, pack, pack_info, verify
 from lmdbfolder.cli import EXIT_CODES, main
-from lmdbfolder.copying import copy_pack
 from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, parse_shard_name, shard_name
-from lmdbfolder.shards import (
-    ShardedReader,
+from lmdbfolder.tools.copy import copy_pack
+from lmdbfolder.write.shards import (
     choose_num_shards,
     pack_sharded,
     parse_size,
     plan_split,
     write_index,
 )
-from lmdbfolder.sources import scan
+from lmdbfolder.write.sources import scan
 
 
 @given(st.integers(1, 10_000), st.integers(1, 300))
@@ -91,11 +90,11 @@ def test_sharded_equals_single_pack_sample_for_sample(odd_tree: Path, tmp_path: 
     pack(odd_tree, tmp_path / "single", store=store, progress=False)
     result = pack_sharded(odd_tree, tmp_path / "sharded", shards=4, store=store, progress=False)
     assert [s.name for s in result.shards] == [shard_name("train", i, 4) for i in range(4)]
-    assert result.count == len(Reader(tmp_path / "single"))
+    assert result.count == len(open_pack(tmp_path / "single"))
     for shard in result.shards:  # every shard is an ordinary pack by itself
         assert verify(shard.path).ok
     _same_as_single(tmp_path / "single", tmp_path / "sharded")
-    reader = Reader(tmp_path / "sharded")
+    reader = open_pack(tmp_path / "sharded")
     assert isinstance(reader, ShardedReader) and reader.num_shards == 4
     assert reader.shard_offsets[0] == 0 and reader.shard_offsets[-1] == len(reader)
     assert reader.locate(reader.shard_offsets[2]) == (2, 0)
@@ -136,7 +135,7 @@ def test_slurm_style_one_shard_per_job_then_index(
     err = capsys.readouterr().err
     assert "1 of 3 shards are missing: train-00001-of-00003.lmdb (unfinished)" in err
     with pytest.raises(NotAPackError, match="no train-00001|unfinished sharded pack"):
-        Reader(dst)
+        open_pack(dst)
     os.rmdir(dst / (shard_name("train", 1, 3) + ".partial"))
     assert main([*base, "--shard-index", "1"]) == 0
     assert main([*base, "--shard-index", "1"]) == 0  # rerun: the finished shard is kept
@@ -200,7 +199,7 @@ def test_missing_truncated_and_replaced_shards_are_named(
     name1 = shard_name("train", 1, 3)
     shutil.rmtree(dst / name1)
     shutil.copytree(tmp_path / "o" / name1, dst / name1)
-    reader = Reader(dst)
+    reader = open_pack(dst)
     reader.get(0)  # shard 0 is fine and is the only one opened
     with pytest.raises(NotAPackError, match="tables do not match") as info:
         reader.get(reader.shard_offsets[1])
@@ -214,13 +213,13 @@ def test_missing_truncated_and_replaced_shards_are_named(
     data = dst / name2 / "data.mdb"
     os.truncate(data, data.stat().st_size // 2)
     with pytest.raises(NotAPackError, match="truncated") as info:
-        Reader(dst).get(len(reader) - 1)
+        open_pack(dst).get(len(reader) - 1)
     assert name2 in str(info.value)
     assert any(name2 in p.message and "truncated" in p.message for p in verify(dst).problems)
     # missing
     shutil.rmtree(dst / name2)
     with pytest.raises(NotAPackError, match="1 of 3 shards are missing") as info:
-        Reader(dst)
+        open_pack(dst)
     assert name2 in str(info.value)
     assert main(["info", str(dst)]) == EXIT_CODES["not a pack"]
     assert name2 in capsys.readouterr().err

@@ -11,7 +11,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS as TV_EXTENSIONS
 
 from conftest import make_small_tree, write
 from lmdbfolder.errors import ListFileError, SourceError
-from lmdbfolder.sources import IMG_EXTENSIONS, read_list_file, scan, scan_flat, scan_imagefolder
+from lmdbfolder.write.sources import IMG_EXTENSIONS, read_list_file, scan, scan_flat, scan_imagefolder
 
 
 def test_extensions_are_torchvisions() -> None:

@@ -14,7 +14,7 @@ from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
 from lmdbfolder.torch import LMDBFolder
-from lmdbfolder.writer import pack
+from lmdbfolder.write.writer import pack
 
 
 @pytest.mark.parametrize("store", ["encoded", "raw"])

@@ -9,8 +9,8 @@ import lmdb
 import pytest
 
 from lmdbfolder.format import KEY, LABELS_KEY, decode_record, encode_labels, encode_record
-from lmdbfolder.verify import verify
-from lmdbfolder.writer import pack
+from lmdbfolder.tools.verify import verify
+from lmdbfolder.write.writer import pack
 
 
 def _edit(pack_dir: Path, edit) -> None:
@@ -127,7 +127,7 @@ def test_verify_against_raw_pack_and_skips(small_tree: Path, tmp_path: Path) -> 
 
 
 def test_verify_against_a_sharded_pack(small_tree: Path, tmp_path: Path) -> None:
-    from lmdbfolder.shards import pack_sharded
+    from lmdbfolder.write.shards import pack_sharded
 
     (small_tree / "class2" / "empty.jpg").write_bytes(b"")
     pack_sharded(small_tree, tmp_path / "sh", shards=3, progress=False)
@@ -140,7 +140,7 @@ def test_verify_against_a_sharded_pack(small_tree: Path, tmp_path: Path) -> None
 def test_verify_against_a_resized_pack(tmp_path: Path) -> None:
     from PIL import Image
 
-    from lmdbfolder.loading import Resize
+    from lmdbfolder.write.options import Resize
 
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)

@@ -3,6 +3,14 @@
 The core (this package) needs only lmdb, numpy and Pillow. The PyTorch
 Dataset lives in ``lmdbfolder.torch`` (``pip install lmdbfolder[torch]``).
 
+The package is layered (docs/design.md, "Module boundaries"): the format and
+the pack directory at the bottom (``format``, ``errors``, ``codecs``,
+``environments``, ``packdir``), the read side (``lmdbfolder.read``) and the
+write side (``lmdbfolder.write``) above it, sharing only that core, the tools
+(``lmdbfolder.tools``: info, verify, copy, warm, import) above both, then
+the PyTorch layer (``torch``, ``fused``, ``sampler``), the benchmarks
+(``lmdbfolder.bench``) and the command line (``cli``).
+
 Example:
     >>> import lmdbfolder
     >>> lmdbfolder.pack("imagenet/train", "train.lmdb")  # doctest: +SKIP
@@ -13,7 +21,6 @@ Example:
 """
 
 from lmdbfolder._version import __version__
-from lmdbfolder.copying import CopyResult, copy_pack
 from lmdbfolder.errors import (
     CorruptRecordError,
     DecodeError,
@@ -22,17 +29,24 @@ from lmdbfolder.errors import (
     ListFileError,
     LmdbFolderError,
     NotAPackError,
+    OptionError,
     OutputExistsError,
     PackError,
     SourceError,
     UnsafePickleError,
 )
-from lmdbfolder.legacy import import_legacy
-from lmdbfolder.reader import Reader, Record, pack_info
-from lmdbfolder.shards import ShardedPackResult, ShardedReader, pack_sharded, write_index
-from lmdbfolder.sources import IMG_EXTENSIONS, SourceList, scan
-from lmdbfolder.verify import Problem, VerifyReport, verify
-from lmdbfolder.writer import PackResult, pack, pack_sources
+from lmdbfolder.read.opening import open_pack
+from lmdbfolder.read.reader import Reader, Record
+from lmdbfolder.read.sharded import ShardedReader
+from lmdbfolder.tools.cache import warm
+from lmdbfolder.tools.copy import CopyResult, copy_pack
+from lmdbfolder.tools.importing import import_legacy
+from lmdbfolder.tools.info import pack_info
+from lmdbfolder.tools.verify import Problem, VerifyReport, verify
+from lmdbfolder.write.options import PackOptions, Resize
+from lmdbfolder.write.shards import ShardedPackResult, pack_shard, pack_sharded, write_index
+from lmdbfolder.write.sources import IMG_EXTENSIONS, SourceList, scan
+from lmdbfolder.write.writer import PackResult, pack, pack_sources
 
 __all__ = [
     "CopyResult",
@@ -44,12 +58,15 @@ __all__ = [
     "ListFileError",
     "LmdbFolderError",
     "NotAPackError",
+    "OptionError",
     "OutputExistsError",
     "PackError",
+    "PackOptions",
     "PackResult",
     "Problem",
     "Reader",
     "Record",
+    "Resize",
     "ShardedPackResult",
     "ShardedReader",
     "SourceError",
@@ -59,11 +76,14 @@ __all__ = [
     "__version__",
     "copy_pack",
     "import_legacy",
+    "open_pack",
     "pack",
     "pack_info",
+    "pack_shard",
     "pack_sharded",
     "pack_sources",
     "scan",
     "verify",
+    "warm",
     "write_index",
 ]

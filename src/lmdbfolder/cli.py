@@ -21,10 +21,12 @@ from lmdbfolder._version import __version__
 from lmdbfolder.errors import (
     LmdbFolderError,
     NotAPackError,
+    OptionError,
     OutputExistsError,
     PackError,
     SourceError,
 )
+from lmdbfolder.format import SKIPPED_REPORT
 
 __all__ = ["main", "EXIT_CODES"]
 
@@ -43,6 +45,8 @@ EXIT_CODES = {
 
 
 def _exit_code(exc: LmdbFolderError) -> int:
+    if isinstance(exc, OptionError):
+        return EXIT_CODES["usage"]
     if isinstance(exc, NotAPackError):
         return EXIT_CODES["not a pack"]
     if isinstance(exc, OutputExistsError):
@@ -152,23 +156,16 @@ def _add_pack(sub: Any) -> None:
     p.set_defaults(run=_run_pack)
 
 
-def _run_pack(args: argparse.Namespace) -> int:
-    from lmdbfolder.loading import Resize
-    from lmdbfolder.writer import DEFAULT_COMMIT_EVERY, pack
+def _pack_options(args: argparse.Namespace) -> Any:
+    """The PackOptions that ``pack``'s flags ask for (validated by PackOptions itself)."""
+    from lmdbfolder.write.options import DEFAULT_COMMIT_EVERY, PackOptions, Resize
 
     resize = None
     if args.max_size is not None:
         resize = Resize(args.max_size, 90 if args.quality is None else args.quality, args.resize_side)
     elif args.quality is not None:
-        return _usage("pack", "--quality needs --max-size")
-    if _wants_shards(args):
-        return _run_pack_sharded(args, resize)
-
-    result = pack(
-        args.src,
-        args.dst,
-        layout="flat" if args.flat else "imagefolder",
-        list_file=args.list_file,
+        raise OptionError("--quality needs --max-size")
+    return PackOptions(
         store=args.store,
         check=args.check,
         strict=args.strict,
@@ -177,11 +174,25 @@ def _run_pack(args: argparse.Namespace) -> int:
         workers=args.workers,
         overwrite=args.overwrite,
         restart=args.restart,
-        allow_empty=args.allow_empty,
         space_check=not args.no_space_check,
         progress=_progress(args),
         resize=resize,
     )
+
+
+def _source_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Where ``pack`` reads from: layout, list file, empty classes."""
+    return dict(layout="flat" if args.flat else "imagefolder", list_file=args.list_file, allow_empty=args.allow_empty)
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    from lmdbfolder.write.writer import pack
+
+    options = _pack_options(args)
+    if _wants_shards(args):
+        return _run_pack_sharded(args, options)
+
+    result = pack(args.src, args.dst, options, **_source_args(args))
     if args.json:
         _print_json(result.as_dict())
         return 0
@@ -190,12 +201,13 @@ def _run_pack(args: argparse.Namespace) -> int:
         f"packed {result.count:,} images into {result.path}{resumed}: {_mb(result.input_bytes)} read "
         f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
     )
+    resize = options.resize
     if resize is not None:
         print(
             f"resized to {resize.side} side <= {resize.max_size} px (JPEG quality {resize.quality} unless raw): "
             f"{_mb(result.payload_bytes)} stored ({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
         )
-    _print_skipped(result.skipped, os.path.join(result.path, "skipped.txt"))
+    _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
     return 0
 
 
@@ -257,9 +269,8 @@ def _usage(command: str, message: str) -> int:
     return EXIT_CODES["usage"]
 
 
-def _run_pack_sharded(args: argparse.Namespace, resize: Any = None) -> int:
-    from lmdbfolder.shards import pack_sharded
-    from lmdbfolder.writer import DEFAULT_COMMIT_EVERY
+def _run_pack_sharded(args: argparse.Namespace, options: Any) -> int:
+    from lmdbfolder.write.shards import pack_sharded, parse_size
 
     if (args.shards is None) == (args.shard_size is None):
         return _usage("pack", "pass one of --shards N and --shard-size SIZE")
@@ -272,38 +283,23 @@ def _run_pack_sharded(args: argparse.Namespace, resize: Any = None) -> int:
     if args.shards is not None and args.shards < 1:
         return _usage("pack", "--shards must be at least 1")
     if args.shard_size is not None:
-        from lmdbfolder.shards import parse_size
-
         try:
             parse_size(args.shard_size)
         except ValueError as exc:
             return _usage("pack", str(exc))
-    options: dict[str, Any] = dict(
+    shard_args: dict[str, Any] = dict(
         shards=args.shards,
         shard_size=args.shard_size,
         prefix=args.shard_prefix,
-        layout="flat" if args.flat else "imagefolder",
-        list_file=args.list_file,
-        allow_empty=args.allow_empty,
-        store=args.store,
-        check=args.check,
-        strict=args.strict,
-        commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
-        commit_bytes=args.commit_bytes,
-        workers=args.workers,
-        overwrite=args.overwrite,
-        restart=args.restart,
-        space_check=not args.no_space_check,
         staging=args.staging,
-        progress=_progress(args),
-        resize=resize,
+        **_source_args(args),
     )
     if args.ray is not None:
-        from lmdbfolder.ray import pack_ray
+        from lmdbfolder.write.ray import pack_ray
 
-        result = pack_ray(args.src, args.dst, address=args.ray or None, task_cpus=args.task_cpus, **options)
+        result = pack_ray(args.src, args.dst, options, address=args.ray or None, task_cpus=args.task_cpus, **shard_args)
     else:
-        result = pack_sharded(args.src, args.dst, shard_index=args.shard_index, **options)
+        result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
     if args.json:
         _print_json(result.as_dict())
         return 0
@@ -343,7 +339,7 @@ def _add_index(sub: Any) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from lmdbfolder.shards import write_index
+    from lmdbfolder.write.shards import write_index
 
     index = write_index(args.dst, prefix=args.prefix)
     if args.json:
@@ -374,15 +370,14 @@ def _add_copy(sub: Any) -> None:
 
 
 def _run_copy(args: argparse.Namespace) -> int:
-    from lmdbfolder.copying import copy_pack
+    from lmdbfolder import packdir
+    from lmdbfolder.tools.copy import copy_pack
 
     result = copy_pack(args.src, args.dst, overwrite=args.overwrite, verify=args.verify)
     if args.json:
         _print_json(result.as_dict())
         return 0
-    from lmdbfolder.reader import is_sharded
-
-    shards = f" ({result.shards} shards)" if is_sharded(result.dst) else ""
+    shards = f" ({result.shards} shards)" if packdir.inspect(result.dst).kind is packdir.Kind.SHARDED else ""
     print(
         f"copied {result.count:,} images{shards} to {result.dst} in {result.seconds:.1f} s: "
         f"{_mb(result.bytes_before)} -> {_mb(result.bytes_after)}" + (", verified" if args.verify else "")
@@ -399,7 +394,7 @@ def _add_info(sub: Any) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    from lmdbfolder.reader import pack_info
+    from lmdbfolder.tools.info import pack_info
 
     info = pack_info(args.pack)
     if args.json:
@@ -446,7 +441,7 @@ def _add_verify(sub: Any) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from lmdbfolder.verify import verify
+    from lmdbfolder.tools.verify import verify
 
     report = verify(
         args.pack,
@@ -497,7 +492,7 @@ def _add_import(sub: Any) -> None:
 
 
 def _run_import(args: argparse.Namespace) -> int:
-    from lmdbfolder.legacy import import_legacy
+    from lmdbfolder.tools.importing import import_legacy
 
     result = import_legacy(
         args.old,
@@ -531,7 +526,7 @@ def _add_demo(sub: Any) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from lmdbfolder.demo import run_demo
+    from lmdbfolder.bench.demo import run_demo
 
     workdir = args.dir or tempfile.mkdtemp(prefix="lmdbfolder-demo-")
     try:
@@ -579,8 +574,8 @@ def _add_bench(sub: Any) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from lmdbfolder.benchrun import BenchConfig, format_report, run_bench
-    from lmdbfolder.chart import chart_available, write_chart
+    from lmdbfolder.bench.chart import chart_available, write_chart
+    from lmdbfolder.bench.run import BenchConfig, format_report, run_bench
 
     def say(text: str) -> None:
         print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -628,7 +623,7 @@ def _add_warm(sub: Any) -> None:
 
 
 def _run_warm(args: argparse.Namespace) -> int:
-    from lmdbfolder.cache import warm
+    from lmdbfolder.tools.cache import warm
 
     report = warm(args.pack, progress=_progress(args))
     if args.json:

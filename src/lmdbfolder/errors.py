@@ -22,6 +22,7 @@ __all__ = [
     "DecodeError",
     "PackError",
     "DecoderUnavailableError",
+    "OptionError",
 ]
 
 
@@ -177,3 +178,9 @@ class DecoderUnavailableError(LmdbFolderError, ValueError):
             hint
             or "choose another decoder (decoder='pillow' always works, decoder='auto' picks the fastest installed)",
         )
+
+
+class OptionError(LmdbFolderError, ValueError):
+    """An option has a value it cannot take (the command line reports it as a usage error)."""
+
+    hint = "see `lmdbfolder COMMAND --help` (or the function's docstring) for the allowed values"

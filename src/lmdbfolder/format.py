@@ -43,6 +43,12 @@ __all__ = [
     "DATA_FILE",
     "LOCK_FILE",
     "PARTIAL_SUFFIX",
+    "SKIPPED_REPORT",
+    "COPYING_SUFFIX",
+    "OLD_SUFFIX",
+    "TEMP_MARKER",
+    "SYNC_PROBE",
+    "COMPACT_DIR",
     "RecordHeader",
     "encode_key",
     "decode_key",
@@ -61,6 +67,7 @@ __all__ = [
     "path_at",
     "decode_paths",
     "SHARD_INDEX_FILE",
+    "SHARD_INDEX_TMP",
     "SHARD_INDEX_FORMAT",
     "SHARD_INDEX_VERSION",
     "SHARD_FIELD",
@@ -120,10 +127,27 @@ ENCODING_IDS: dict[str, int] = {name: i for i, name in ENCODINGS.items()}
 #: Label of a sample that has none (flat folders).
 NO_LABEL = -1
 
+# -- names on disk ------------------------------------------------------------------
+# Every file and directory name a pack, or work on one, puts on disk. Only
+# ``lmdbfolder.packdir`` decides what they mean for a path (what kind of pack
+# it is, whether it may be replaced); everything else asks it.
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
+#: The readable report of the source files that were not packed (in the pack).
+SKIPPED_REPORT = "skipped.txt"
 #: An unfinished pack is built in ``<dst>.partial`` and renamed when complete.
 PARTIAL_SUFFIX = ".partial"
+#: ``lmdbfolder copy`` builds the copy in ``<dst>.copying``.
+COPYING_SUFFIX = ".copying"
+#: A pack being replaced is moved to ``<dst>.old-<pid>`` until the new one is in place.
+OLD_SUFFIX = ".old-"
+#: Written first into every temporary directory we create (``.copying``), so
+#: that a later run can prove the directory is ours before removing it.
+TEMP_MARKER = ".lmdbfolder-temp"
+#: Left in an unfinished pack by a run killed at the wrong moment: the writer's
+#: fdatasync probe file and its compaction folder.
+SYNC_PROBE = ".sync-probe"
+COMPACT_DIR = "compact.tmp"
 
 _LABEL = struct.Struct("<i")
 _OFFSET = struct.Struct("<Q")
@@ -427,6 +451,8 @@ def decode_paths(blob: bytes | memoryview, count: int, *, where: str) -> list[st
 #: A sharded pack is a directory holding ordinary packs (the shards, each a
 #: complete pack of a contiguous part of the sample list) and this index.
 SHARD_INDEX_FILE = "index.json"
+#: The index is written here first, then renamed to SHARD_INDEX_FILE.
+SHARD_INDEX_TMP = ".index.json.tmp"
 SHARD_INDEX_FORMAT = "lmdbfolder-shards"
 #: Version of the index file's layout (independent of FORMAT_VERSION, which
 #: every shard carries itself).

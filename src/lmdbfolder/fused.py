@@ -32,8 +32,8 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms.functional import InterpolationMode, pil_modes_mapping
 
-from lmdbfolder.crops import RESIZE_BACKENDS, Box, crop_scale, resize_region, scaled_box
-from lmdbfolder.decoders import Decoder, decode_payload, to_pil
+from lmdbfolder.read.crops import RESIZE_BACKENDS, Box, crop_scale, resize_region, scaled_box
+from lmdbfolder.read.decoders import Decoder, decode_payload, to_pil
 
 __all__ = ["RandomResizedCrop", "split_fused"]
 

@@ -3,7 +3,7 @@
 This is the only module that imports torch. It is safe with DataLoader
 workers under fork, spawn and forkserver, with ``persistent_workers`` and
 over many epochs: the pack is opened lazily in each worker process (see
-``lmdbfolder.reader``), and the dataset pickles without any open handle.
+``lmdbfolder.environments``), and the dataset pickles without any open handle.
 """
 
 from __future__ import annotations
@@ -15,9 +15,17 @@ from typing import Any, Callable, Sequence
 import torch.utils.data
 
 from lmdbfolder.codecs import decode_rgb
-from lmdbfolder.decoders import Decoder, decode_payload, get_decoder, resolve_decoder_name, size_hint_scale, to_pil
 from lmdbfolder.errors import DecodeError
-from lmdbfolder.reader import Reader, Record
+from lmdbfolder.read.decoders import (
+    Decoder,
+    decode_payload,
+    get_decoder,
+    resolve_decoder_name,
+    size_hint_scale,
+    to_pil,
+)
+from lmdbfolder.read.opening import open_pack
+from lmdbfolder.read.reader import Record
 
 __all__ = ["LMDBFolder"]
 
@@ -33,7 +41,7 @@ class LMDBFolder(torch.utils.data.Dataset):
         target_transform: applied to the integer target.
         readahead: kernel readahead on the memory map (see ``Reader``).
         verify_checksums: check each record's CRC-32 as it is read.
-        decoder: JPEG decoder (``lmdbfolder.decoders``): ``"pillow"`` (default,
+        decoder: JPEG decoder (``lmdbfolder.read.decoders``): ``"pillow"`` (default,
             exactly ImageFolder's loader), ``"simplejpeg"``, ``"turbojpeg"``,
             ``"opencv"``, ``"torchvision"``, or ``"auto"`` (fastest installed).
             All return the same RGB pixels as Pillow; non-JPEG images always go
@@ -86,7 +94,7 @@ class LMDBFolder(torch.utils.data.Dataset):
         self.prefetch = prefetch
         self._decoder: Decoder | None = None
         self._split: tuple[Any, Any, Any] | None = None
-        self.reader = Reader(root, readahead=readahead, verify_checksums=verify_checksums)
+        self.reader = open_pack(root, readahead=readahead, verify_checksums=verify_checksums)
         self.root = self.reader.path
         self.transform = transform
         self.target_transform = target_transform

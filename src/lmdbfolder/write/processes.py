@@ -1,6 +1,6 @@
 """Read source files in worker processes, straight into shared memory.
 
-The writer's other reading pipeline (``pipeline.ordered_map`` runs threads).
+The writer's other reading pipeline (``write.threads.ordered_map`` runs threads).
 On a warm page cache packing is CPU-bound, and in threads the Python part of
 every file (opening it, Pillow's header parse, building the record) runs one
 thread at a time under the GIL, with a futex hand-off around each system call.
@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, Sequence
 from PIL import Image
 
 from lmdbfolder.errors import PackError
-from lmdbfolder.loading import Alloc, Loaded, Skipped
+from lmdbfolder.write.records import Alloc, Loaded, Skipped
 
 __all__ = ["ProcessReader", "processes_available"]
 

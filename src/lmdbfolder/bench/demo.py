@@ -13,9 +13,9 @@ import os
 import sys
 from typing import Any, Sequence
 
-from lmdbfolder.synthetic import SyntheticSpec, make_imagefolder
-from lmdbfolder.verify import verify
-from lmdbfolder.writer import pack
+from lmdbfolder.bench.synthetic import SyntheticSpec, make_imagefolder
+from lmdbfolder.tools.verify import verify
+from lmdbfolder.write.writer import pack
 
 __all__ = ["run_demo", "imagefolder_differences"]
 
@@ -76,7 +76,7 @@ def run_demo(
     if not same:
         return 1
 
-    from lmdbfolder.benchrun import BenchConfig, format_report, run_bench
+    from lmdbfolder.bench.run import BenchConfig, format_report, run_bench
 
     _say(as_json, "5. benchmarking plain files against the pack (lmdbfolder bench) ...")
     bench = run_bench(

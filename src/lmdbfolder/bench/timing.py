@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from lmdbfolder.reader import Reader
+from lmdbfolder.read.opening import open_pack
 
 __all__ = [
     "Measurement",
@@ -86,7 +86,7 @@ def time_raw_pack(
     next batch prefetched (``Reader.prefetch``) while one is read. ``indices``
     restricts the read to those samples (in that order, then shuffled).
     """
-    reader = Reader(path, readahead=readahead)
+    reader = open_pack(path, readahead=readahead)
     nbytes = 0
     order = list(indices) if indices is not None else list(range(len(reader)))
     if shuffle:
@@ -112,18 +112,22 @@ def time_raw_pack(
     return Measurement(contestant, "raw read", 0, len(order), nbytes, seconds)
 
 
-def time_sequential(path: str, *, block: int = 1 << 20, contestant: str = "dd data.mdb") -> Measurement:
-    """Read ``path`` front to back in ``block``-byte reads (what ``dd bs=1M`` does)."""
+def time_sequential(
+    paths: str | Sequence[str], *, block: int = 1 << 20, contestant: str = "dd data.mdb"
+) -> Measurement:
+    """Read ``paths`` (one file, or several one after the other: the shards of a
+    sharded pack) front to back in ``block``-byte reads (what ``dd bs=1M`` does)."""
     buf = bytearray(block)
     view = memoryview(buf)
     nbytes = 0
     start = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(view)
-            if not n:
-                break
-            nbytes += n
+    for path in [paths] if isinstance(paths, str) else paths:
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                n = f.readinto(view)
+                if not n:
+                    break
+                nbytes += n
     return Measurement(contestant, "raw read", 0, 0, nbytes, time.perf_counter() - start)
 
 
@@ -216,7 +220,7 @@ def read_path_overhead(path: str, *, samples: int = 2000, decodes: int = 100) ->
     Record) with a warm cache, and per full Pillow decode of the same records."""
     from lmdbfolder.codecs import decode_rgb
 
-    reader = Reader(path)
+    reader = open_pack(path)
     try:
         n = len(reader)
         order = _order(n, True, 1)[: min(n, samples)]

@@ -15,8 +15,9 @@ from typing import Any
 
 from PIL import Image
 
+from lmdbfolder import packdir
 from lmdbfolder.codecs import decode_rgb, raw_rgb
-from lmdbfolder.errors import CorruptRecordError
+from lmdbfolder.errors import CorruptRecordError, NotAPackError
 from lmdbfolder.format import (
     LABELS_KEY,
     META_KEY,
@@ -26,13 +27,16 @@ from lmdbfolder.format import (
     RecordHeader,
     decode_key,
     decode_record,
+    tables_digest,
 )
-from lmdbfolder.loading import Resize
 from lmdbfolder.progress import Progress
-from lmdbfolder.reader import Reader, is_sharded
-from lmdbfolder.sources import scan
+from lmdbfolder.read.reader import Reader
+from lmdbfolder.read.sharded import ShardedReader
+from lmdbfolder.tools.info import pack_info
+from lmdbfolder.write.options import Resize
+from lmdbfolder.write.sources import scan
 
-__all__ = ["Problem", "VerifyReport", "verify", "KNOWN_RESERVED_KEYS"]
+__all__ = ["Problem", "VerifyReport", "verify", "verify_sharded", "KNOWN_RESERVED_KEYS"]
 
 KNOWN_RESERVED_KEYS = frozenset({META_KEY, LABELS_KEY, PATHS_KEY})
 
@@ -110,23 +114,20 @@ def verify(
         (True, 1281167)
 
     A sharded pack is checked shard by shard and against its index
-    (``lmdbfolder.sharded.verify_sharded``).
+    (``verify_sharded``).
     """
-    if is_sharded(path):
-        from lmdbfolder.sharded import ShardedReader, verify_sharded
-
-        report = verify_sharded(path, decode=decode, progress=progress)
+    found = packdir.require_pack(path)
+    if found.kind is packdir.Kind.SHARDED:
+        report = verify_sharded(found.path, decode=decode, progress=progress)
         if against is not None:
             start = time.perf_counter()
-            from lmdbfolder.sharded import sharded_info
-
-            skipped = sharded_info(path)["skipped"]
-            with ShardedReader(path) as sharded:
+            skipped = pack_info(found.path)["skipped"]
+            with ShardedReader(found.path) as sharded:
                 _against_by_index(sharded, report, os.fspath(against), list_file, skipped)
             report.seconds += time.perf_counter() - start
         return report
     start = time.perf_counter()
-    reader = Reader(path, readahead=True)
+    reader = Reader(found.path, readahead=True)
     report = VerifyReport(reader.path, len(reader), decoded=decode)
     try:
         sources = None
@@ -188,10 +189,7 @@ def _source_files(
 
 
 def _pack_resize(meta: dict[str, Any]) -> Resize | None:
-    params = meta.get("params") or {}
-    if params.get("max_size") is None:
-        return None
-    return Resize(int(params["max_size"]), int(params.get("quality", 90)), str(params.get("resize_side", "longer")))
+    return Resize.from_params(meta.get("params") or {})
 
 
 def _check_records(
@@ -313,3 +311,52 @@ def _compare_with_source(
         same = data == payload
     if not same:
         report.problems.append(Problem("source", f"differs from the source file {source}", index, path))
+
+
+def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progress: bool | None = None) -> VerifyReport:
+    """``verify`` for a sharded pack: every shard in full, and each against the index.
+
+    A missing or unreadable shard, a count, class list or store that differs
+    from the index, and tables that do not match the index's checksum are
+    reported as problems naming the shard; record problems carry the global
+    index and the shard's name.
+    """
+    start = time.perf_counter()
+    root, index = packdir.load_index(path)
+    report = VerifyReport(root, index["count"], decoded=decode)
+    offset = 0
+    for entry in index["shards"]:
+        name = entry["name"]
+        shard_path = os.path.join(root, name)
+        first = offset
+        offset += entry["count"]
+        if not os.path.isdir(shard_path):
+            report.problems.append(Problem("shard", f"shard {name} is missing"))
+            continue
+        try:
+            sub = verify(shard_path, decode=decode, progress=progress)
+            with Reader(shard_path) as reader:
+                digest = tables_digest(*reader.tables())
+                meta = reader.meta
+        except NotAPackError as exc:
+            report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
+            continue
+        if sub.count != entry["count"]:
+            report.problems.append(
+                Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry['count']}")
+            )
+        if digest != entry["tables_sha256"]:
+            report.problems.append(
+                Problem("checksum", f"shard {name}: its tables do not match the index's tables_sha256")
+            )
+        for key in ("classes", "class_to_idx", "store"):
+            if meta[key] != index[key]:
+                report.problems.append(Problem("shard", f"shard {name}: its {key} differ from the index's"))
+        for p in sub.problems:
+            report.problems.append(
+                Problem(p.kind, f"{name}: {p.message}", None if p.index is None else first + p.index, p.path)
+            )
+        report.checked += sub.checked
+        report.payload_bytes += sub.payload_bytes
+    report.seconds = time.perf_counter() - start
+    return report

@@ -30,7 +30,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from lmdbfolder.bench import (
+from lmdbfolder import packdir
+from lmdbfolder.bench.timing import (
     Measurement,
     fast_train_transform,
     read_path_overhead,
@@ -41,9 +42,7 @@ from lmdbfolder.bench import (
     time_sequential,
     train_transform,
 )
-from lmdbfolder.cache import EvictReport, can_evict, evict, warm
-from lmdbfolder.files import dir_size
-from lmdbfolder.format import DATA_FILE
+from lmdbfolder.tools.cache import EvictReport, can_evict, evict, warm
 
 __all__ = [
     "BenchConfig",
@@ -174,10 +173,10 @@ def _torch_available() -> bool:
 
 def run_bench(cfg: BenchConfig) -> BenchResult:
     """Measure files against the pack as described in the module docstring."""
-    from lmdbfolder.decoders import resolve_decoder_name
-    from lmdbfolder.loading import Resize
-    from lmdbfolder.sources import scan
-    from lmdbfolder.writer import pack
+    from lmdbfolder.read.decoders import resolve_decoder_name
+    from lmdbfolder.write.options import Resize
+    from lmdbfolder.write.sources import scan
+    from lmdbfolder.write.writer import pack
 
     say = cfg.say
     sources = scan(cfg.src)
@@ -195,7 +194,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second)
             )
             say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
-        pack_info.update(path=os.path.abspath(packed), size=dir_size(packed))
+        pack_info.update(path=os.path.abspath(packed), size=packdir.pack_size(packed))
         resized = None
         if cfg.max_size:
             resized = os.path.join(workdir, f"pack-max{cfg.max_size}")
@@ -204,14 +203,14 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 "path": resized,
                 "max_size": cfg.max_size,
                 "quality": cfg.quality,
-                "size": dir_size(resized),
+                "size": packdir.pack_size(resized),
                 "packed_in_seconds": round(result.seconds, 2),
                 "images_per_second": round(result.images_per_second),
             }
             say(
                 f"packed a copy resized to longer side <= {cfg.max_size} px (JPEG q{cfg.quality}) in "
                 f"{result.seconds:.1f} s ({result.images_per_second:,.0f} img/s): "
-                f"{dir_size(resized) / 1e6:,.0f} MB vs {pack_info['size'] / 1e6:,.0f} MB"
+                f"{packdir.pack_size(resized) / 1e6:,.0f} MB vs {pack_info['size'] / 1e6:,.0f} MB"
             )
         resized_raw = None
         if cfg.max_size and cfg.max_size_raw:
@@ -219,15 +218,16 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
             result = pack(cfg.src, resized_raw, store="raw", resize=Resize(cfg.max_size), progress=cfg.progress)
             pack_info["max_size_raw"] = {
                 "path": resized_raw,
-                "size": dir_size(resized_raw),
+                "size": packdir.pack_size(resized_raw),
                 "packed_in_seconds": round(result.seconds, 2),
                 "images_per_second": round(result.images_per_second),
             }
             say(
                 f"packed a raw copy (--store raw --max-size {cfg.max_size}) in {result.seconds:.1f} s: "
-                f"{dir_size(resized_raw) / 1e6:,.0f} MB"
+                f"{packdir.pack_size(resized_raw) / 1e6:,.0f} MB"
             )
-        data_files = [os.path.join(p, DATA_FILE) for p in (packed, resized, resized_raw) if p]
+        main_files = packdir.data_files(packed)
+        data_files = main_files + [f for p in (resized, resized_raw) if p for f in packdir.data_files(p)]
         rng = random.Random(cfg.seed)
         n = len(files)
         raw_subset = sorted(rng.sample(range(n), cfg.raw_limit)) if 0 < cfg.raw_limit < n else list(range(n))
@@ -241,7 +241,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         # -- raw read ------------------------------------------------------------
         raw_files = [files[i] for i in raw_subset]
         raw: list[tuple[str, Callable[[], Measurement]]] = [
-            (DD, lambda: time_sequential(data_files[0])),
+            (DD, lambda: time_sequential(main_files)),
             (FILES, lambda: _renamed(time_raw_files(raw_files, seed=cfg.seed), FILES)),
             (DEFAULT, lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, contestant=DEFAULT)),
             (

@@ -1,0 +1,460 @@
+"""The pack directory on disk: what a path holds, what may be replaced, and publishing.
+
+This module is the one owner of three questions that every command asks:
+
+* **What is this path?** ``inspect`` answers with a ``Kind``: a pack, a
+  sharded pack, an unfinished pack (``DST.partial``), an unfinished sharded
+  pack (shards but no ``index.json``), a file, some other directory, or
+  nothing. ``require_pack`` turns the answer into the path of a finished pack
+  or a ``NotAPackError`` whose hint fits what was found.
+* **May this directory be replaced?** ``why_not_replaceable`` says no unless
+  the directory is provably ours: a pack (its ``data.mdb`` holds an
+  lmdbfolder manifest or checkpoint, and nothing else lmdbfolder does not
+  write sits beside it), a sharded pack made only of such shards, or a
+  temporary directory we created (it holds ``TEMP_MARKER``). A symbolic link
+  is never followed: a mistyped DST must not delete what it points to.
+* **How does a finished directory become visible?** ``publish``: flushed to
+  disk, then renamed into place in one step (an existing pack is moved aside
+  first and removed only after the new one is in place).
+
+Every name it reasons about comes from ``lmdbfolder.format``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+
+from lmdbfolder import environments
+from lmdbfolder.errors import NotAPackError, OutputExistsError, PackError
+from lmdbfolder.format import (
+    COMPACT_DIR,
+    COPYING_SUFFIX,
+    DATA_FILE,
+    FORMAT_NAME,
+    LOCK_FILE,
+    META_KEY,
+    OLD_SUFFIX,
+    PARTIAL_SUFFIX,
+    PROGRESS_KEY,
+    SHARD_INDEX_FILE,
+    SHARD_INDEX_TMP,
+    SKIPPED_REPORT,
+    SYNC_PROBE,
+    TEMP_MARKER,
+    decode_meta,
+    decode_shard_index,
+    parse_shard_name,
+)
+
+__all__ = [
+    "Kind",
+    "Found",
+    "inspect",
+    "require_pack",
+    "load_index",
+    "data_files",
+    "pack_size",
+    "dir_size",
+    "shard_entries",
+    "overlap",
+    "why_not_replaceable",
+    "check_replaceable",
+    "remove",
+    "make_temp_dir",
+    "clear_temp_dir",
+    "publish",
+    "copy_single",
+    "write_atomically",
+    "fsync_path",
+]
+
+
+class Kind(enum.Enum):
+    """What a path holds, as far as lmdbfolder is concerned."""
+
+    MISSING = "nothing"
+    PACK = "a pack"
+    SHARDED = "a sharded pack"
+    UNFINISHED = "an unfinished pack"
+    UNFINISHED_SHARDED = "an unfinished sharded pack"
+    FILE = "a file"
+    OTHER = "a directory that is not a pack"
+
+
+@dataclass(frozen=True)
+class Found:
+    """The answer of ``inspect``: the absolute ``path`` (the pack directory when a
+    ``data.mdb`` or ``index.json`` inside it was named) and its ``kind``."""
+
+    path: str
+    kind: Kind
+
+    @property
+    def is_pack(self) -> bool:
+        """A finished pack, single or sharded."""
+        return self.kind in (Kind.PACK, Kind.SHARDED)
+
+
+#: Files lmdbfolder writes into a single pack (or leaves in an unfinished one).
+_PACK_FILES = frozenset({DATA_FILE, LOCK_FILE, SKIPPED_REPORT, SYNC_PROBE, COMPACT_DIR, TEMP_MARKER})
+#: Suffixes of directories on their way: being packed, copied in, or replaced.
+_TRANSIENT = re.compile(
+    r"(" + re.escape(PARTIAL_SUFFIX) + "|" + re.escape(COPYING_SUFFIX) + "|" + re.escape(OLD_SUFFIX) + r"[0-9]+)$"
+)
+
+
+def _absolute(path: str | os.PathLike[str]) -> str:
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+
+def inspect(path: str | os.PathLike[str]) -> Found:
+    """Say what ``path`` is (``Kind``) without opening any database.
+
+    ``path`` may also name the ``data.mdb`` or ``index.json`` of a pack. A
+    missing path whose ``<path>.partial`` exists is an unfinished pack.
+    """
+    p = _absolute(path)
+    base = os.path.basename(p)
+    if base in (DATA_FILE, SHARD_INDEX_FILE) and os.path.isfile(p):
+        p = os.path.dirname(p)
+    if not os.path.exists(p):
+        partial = p + PARTIAL_SUFFIX
+        return Found(p, Kind.UNFINISHED if os.path.isdir(partial) else Kind.MISSING)
+    if not os.path.isdir(p):
+        return Found(p, Kind.FILE)
+    if p.endswith(PARTIAL_SUFFIX):
+        return Found(p, Kind.UNFINISHED)
+    try:
+        names = os.listdir(p)
+    except OSError:
+        return Found(p, Kind.OTHER)
+    if DATA_FILE in names:
+        return Found(p, Kind.PACK)
+    if SHARD_INDEX_FILE in names:
+        return Found(p, Kind.SHARDED)
+    if shard_entries(p):
+        return Found(p, Kind.UNFINISHED_SHARDED)
+    return Found(p, Kind.OTHER)
+
+
+def require_pack(path: str | os.PathLike[str]) -> Found:
+    """The finished pack (single or sharded) at ``path``, or NotAPackError saying what is there instead."""
+    found = inspect(path)
+    if found.is_pack:
+        return found
+    p = found.path
+    if found.kind is Kind.MISSING:
+        raise NotAPackError(
+            p, "no such file or directory", "check the path (it should be the DST of `lmdbfolder pack`)"
+        )
+    if found.kind is Kind.FILE:
+        raise NotAPackError(p, f"it is a file, expected a pack directory holding {DATA_FILE}")
+    if found.kind is Kind.UNFINISHED:
+        raise NotAPackError(
+            p,
+            "it is an unfinished pack (the writer stopped before the end)",
+            "run the same `lmdbfolder pack` command again to finish it",
+        )
+    if found.kind is Kind.UNFINISHED_SHARDED:
+        entries = shard_entries(p)
+        unfinished = sorted(n for n, (_, _, _, done) in entries.items() if not done)
+        totals = {total for _, _, total, _ in entries.values()}
+        finished = sum(1 for _, _, _, done in entries.values() if done)
+        if unfinished or len(totals) != 1 or finished < max(totals):
+            hint = (
+                "rerun the same `lmdbfolder pack ... --shards N` command to finish the missing or unfinished shards"
+                + (f" ({', '.join(unfinished[:3])}{', ...' if len(unfinished) > 3 else ''})" if unfinished else "")
+            )
+        else:
+            hint = f"every shard is finished: run `lmdbfolder index {p}` to write the index"
+        raise NotAPackError(p, f"it holds shards but no {SHARD_INDEX_FILE} (an unfinished sharded pack)", hint)
+    raise NotAPackError(p, f"the directory holds no {DATA_FILE} and no {SHARD_INDEX_FILE}", _hint_for_directory(p))
+
+
+def _hint_for_directory(path: str) -> str | None:
+    # An image folder given where a pack is expected is the most likely mistake.
+    image_ext = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+    try:
+        with os.scandir(path) as entries:
+            for n, entry in enumerate(entries):
+                if n > 200:
+                    break
+                if entry.is_file() and entry.name.lower().endswith(image_ext):
+                    return f"this looks like a folder of images: pack it first with `lmdbfolder pack {path} DST --flat`"
+                if entry.is_dir():
+                    with os.scandir(entry.path) as inner:
+                        if any(e.name.lower().endswith(image_ext) for _, e in zip(range(50), inner)):
+                            return f"this looks like an image folder: pack it first with `lmdbfolder pack {path} DST`"
+    except OSError:
+        return None
+    return None
+
+
+def load_index(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """(pack directory, parsed ``index.json``) of a sharded pack; NotAPackError naming what is wrong."""
+    p = _absolute(path)
+    if os.path.basename(p) == SHARD_INDEX_FILE:
+        p = os.path.dirname(p)
+    index_file = os.path.join(p, SHARD_INDEX_FILE)
+    try:
+        with open(index_file, "rb") as f:
+            blob = f.read()
+    except OSError as exc:
+        raise NotAPackError(p, f"cannot read {SHARD_INDEX_FILE} ({exc.strerror})") from None
+    return p, decode_shard_index(blob, where=index_file)
+
+
+def data_files(path: str | os.PathLike[str]) -> list[str]:
+    """The ``data.mdb`` of a pack, or of every shard of a sharded pack, in order."""
+    found = require_pack(path)
+    if found.kind is Kind.PACK:
+        return [os.path.join(found.path, DATA_FILE)]
+    root, index = load_index(found.path)
+    return [os.path.join(root, entry["name"], DATA_FILE) for entry in index["shards"]]
+
+
+def pack_size(path: str | os.PathLike[str]) -> int:
+    """Bytes on disk of a pack (its files), or of a sharded pack (index and every shard)."""
+    found = require_pack(path)
+    if found.kind is Kind.PACK:
+        return dir_size(found.path)
+    root, index = load_index(found.path)
+    size = os.path.getsize(os.path.join(root, SHARD_INDEX_FILE))
+    return size + sum(dir_size(os.path.join(root, entry["name"])) for entry in index["shards"])
+
+
+def dir_size(path: str) -> int:
+    """Bytes of the regular files directly in ``path`` (a pack: data.mdb and friends)."""
+    total = 0
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def shard_entries(path: str) -> dict[str, tuple[str, int, int, bool]]:
+    """Entries of ``path`` that are shard directories: name -> (prefix, index, num_shards, finished).
+
+    A name with a transient suffix (``.partial``, ``.copying``, ``.old-N``) is
+    an unfinished shard.
+    """
+    found = {}
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return {}
+    for name in names:
+        base = _TRANSIENT.sub("", name)
+        parsed = parse_shard_name(base)
+        full = os.path.join(path, name)
+        if parsed is not None and os.path.isdir(full) and not os.path.islink(full):
+            found[name] = (*parsed, base == name)
+    return found
+
+
+def overlap(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` are the same directory or one lies inside the other (links resolved)."""
+    ra, rb = os.path.realpath(_absolute(a)), os.path.realpath(_absolute(b))
+    return ra == rb or ra.startswith(rb + os.sep) or rb.startswith(ra + os.sep)
+
+
+# -- may it be replaced? ------------------------------------------------------------
+def why_not_replaceable(path: str | os.PathLike[str]) -> str | None:
+    """None if ``path`` is provably ours to delete, else what was found there.
+
+    Ours: an empty directory; a pack or unfinished pack (only files lmdbfolder
+    writes, and a ``data.mdb`` holding an lmdbfolder manifest or checkpoint,
+    or nothing at all); a sharded pack (only shards that are ours, and the
+    index); a temporary directory holding ``TEMP_MARKER``. Never a symbolic
+    link, never a file.
+    """
+    p = _absolute(path)
+    if os.path.islink(p):
+        return f"it is a symbolic link (to {os.readlink(p)}), and lmdbfolder never replaces through a link"
+    if not os.path.exists(p):
+        return None
+    if not os.path.isdir(p):
+        return "it is a file, not a pack directory"
+    names = set(os.listdir(p))
+    if not names:
+        return None
+    shards = shard_entries(p)
+    if TEMP_MARKER in names:
+        # A temporary directory we made (a copy being built): whatever it
+        # holds was written by us, as long as it holds only what we write.
+        foreign = sorted(names - _PACK_FILES - set(shards) - {SHARD_INDEX_FILE, SHARD_INDEX_TMP})
+        return f"it holds {_listing(p, foreign)}, which lmdbfolder does not write" if foreign else None
+    if DATA_FILE in names:
+        return _single_problem(p, names)
+    if shards or SHARD_INDEX_FILE in names:
+        foreign = sorted(names - set(shards) - {SHARD_INDEX_FILE, SHARD_INDEX_TMP, TEMP_MARKER})
+        if foreign:
+            return f"it holds {_listing(p, foreign)} besides the shards, which lmdbfolder does not write"
+        for name in sorted(shards):
+            why = why_not_replaceable(os.path.join(p, name))
+            if why is not None:
+                return f"its shard {name} is not provably a pack: {why}"
+        return None
+    return f"it holds {_listing(p, sorted(names))} and no {DATA_FILE}"
+
+
+def _single_problem(path: str, names: set[str]) -> str | None:
+    foreign = sorted(names - _PACK_FILES)
+    if foreign:
+        return f"it holds {_listing(path, foreign)} besides {DATA_FILE}, which lmdbfolder does not write"
+    data = os.path.join(path, DATA_FILE)
+    if os.path.islink(data) or not os.path.isfile(data):
+        return f"its {DATA_FILE} is not a regular file"
+    try:
+        with environments.opened(path) as env, env.begin() as txn:
+            meta = txn.get(META_KEY)
+            progress = txn.get(PROGRESS_KEY)
+            empty = env.stat()["entries"] == 0
+    except NotAPackError as exc:
+        return f"its {DATA_FILE} cannot be opened ({exc.message})"
+    except lmdb.Error as exc:
+        return f"its {DATA_FILE} cannot be read ({exc})"
+    if meta is not None and _json_field(meta, "format") == FORMAT_NAME:
+        return None
+    if progress is not None and _json_field(progress, "fingerprint") is not None:
+        return None
+    if empty:
+        return None
+    return f"its {DATA_FILE} is an LMDB that lmdbfolder did not write (no lmdbfolder manifest or checkpoint)"
+
+
+def _json_field(blob: bytes, name: str) -> Any:
+    try:
+        obj = json.loads(bytes(blob))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return obj.get(name) if isinstance(obj, dict) else None
+
+
+def _listing(root: str, names: list[str], shown: int = 5) -> str:
+    shown_names = [n + ("/" if os.path.isdir(os.path.join(root, n)) else "") for n in names[:shown]]
+    return ", ".join(shown_names) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def check_replaceable(path: str | os.PathLike[str], *, hint: str | None = None) -> None:
+    """Raise OutputExistsError unless ``path`` is provably ours (see ``why_not_replaceable``)."""
+    why = why_not_replaceable(path)
+    if why is not None:
+        raise OutputExistsError(
+            _absolute(path),
+            f"exists and is not provably an lmdbfolder pack ({why}); refusing to replace it",
+            hint or "remove it yourself, or choose another output path",
+        )
+
+
+def remove(path: str | os.PathLike[str]) -> None:
+    """Delete ``path`` after ``check_replaceable``; a missing path is fine."""
+    check_replaceable(path)
+    p = _absolute(path)
+    if os.path.isdir(p):
+        shutil.rmtree(p)
+
+
+def make_temp_dir(path: str) -> None:
+    """Create the temporary directory ``path`` (it must not exist) and mark it as ours."""
+    os.mkdir(path)
+    with open(os.path.join(path, TEMP_MARKER), "w", encoding="ascii") as f:
+        f.write(json.dumps({"made_by": FORMAT_NAME, "pid": os.getpid()}) + "\n")
+
+
+def clear_temp_dir(path: str) -> None:
+    """Remove a temporary directory left by an interrupted run, if it is provably ours."""
+    if not os.path.lexists(path):
+        return
+    check_replaceable(path, hint="it was not left by lmdbfolder: remove it yourself, or choose another output path")
+    remove(path)
+
+
+# -- publishing ------------------------------------------------------------------
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory (a directory's fsync makes renames in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: str, dst: str) -> None:
+    """Make the finished directory ``tmp`` visible as ``dst``, replacing a pack of ours there.
+
+    ``tmp`` is flushed to disk first. An existing ``dst`` (checked again here:
+    it must be provably ours) is moved aside and removed only after the new
+    one is in place, so ``dst`` names either the old or the new complete
+    directory at every moment but the instant between the two renames.
+    """
+    marker = os.path.join(tmp, TEMP_MARKER)
+    if os.path.exists(marker):
+        os.remove(marker)
+    fsync_path(tmp)
+    old = None
+    if os.path.lexists(dst):
+        check_replaceable(dst)
+        old = f"{dst}{OLD_SUFFIX}{os.getpid()}"
+        os.rename(dst, old)
+    try:
+        os.rename(tmp, dst)
+    except BaseException:
+        if old is not None:
+            os.rename(old, dst)
+        raise
+    fsync_path(os.path.dirname(os.path.abspath(dst)))
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def copy_single(src: str, out: str) -> tuple[int, int, int]:
+    """Copy the finished single pack ``src`` into the directory ``out`` (created if
+    missing) with LMDB's consistent, compacting copy, and check that the copy
+    holds the same manifest and tables. Returns (count, bytes of the source's
+    data.mdb, bytes of the copy's).
+
+    Through a read transaction, so even a database something is writing
+    copies consistently (``cp`` would mix pages of different transactions);
+    compaction leaves out free pages and renumbers the rest in tree order.
+    """
+    tables = environments.read_tables(src)  # also checks that data.mdb is whole
+    count = int(decode_meta(tables[0], where=src)["count"])
+    os.makedirs(out, exist_ok=True)
+    try:
+        with environments.opened(src) as env:
+            env.copy(out, compact=True)
+    except lmdb.Error as exc:
+        raise PackError(
+            f"LMDB could not copy {src} to {out}: {exc}", "check the free space at the destination"
+        ) from exc
+    report = os.path.join(src, SKIPPED_REPORT)
+    if os.path.isfile(report):
+        shutil.copy2(report, os.path.join(out, SKIPPED_REPORT))
+    lock = os.path.join(out, LOCK_FILE)
+    if os.path.exists(lock):
+        os.remove(lock)
+    fsync_path(os.path.join(out, DATA_FILE))
+    if environments.read_tables(out) != tables:
+        raise PackError(f"the copy of {src} in {out} differs from it", "run `lmdbfolder verify` on the source")
+    return count, os.path.getsize(os.path.join(src, DATA_FILE)), os.path.getsize(os.path.join(out, DATA_FILE))
+
+
+def write_atomically(directory: str, name: str, data: bytes, tmp_name: str) -> None:
+    """Write ``directory/name`` through ``directory/tmp_name`` and a rename, durably."""
+    tmp = os.path.join(directory, tmp_name)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(directory, name))
+    fsync_path(directory)

@@ -1,0 +1,212 @@
+"""Reading a sharded pack: ``ShardedReader``.
+
+A sharded pack (written by ``lmdbfolder.write.shards``) is a directory of
+ordinary packs and one ``index.json`` (FORMAT.md, "Sharded packs").
+``ShardedReader`` gives it the API of a single pack (``PackAPI``): a global
+index is mapped to (shard, local index) by binary search over the cumulative
+counts, and each shard is an ordinary ``Reader``, opened lazily, once per
+process, when it is first read. ``lmdbfolder.read.opening.open_pack`` opens
+either kind.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import os
+import threading
+from typing import Any, Sequence
+
+from lmdbfolder import packdir
+from lmdbfolder.errors import NotAPackError
+from lmdbfolder.format import SHARD_INDEX_FILE, tables_digest
+from lmdbfolder.read.reader import PackAPI, Reader, Record
+
+__all__ = ["ShardedReader"]
+
+
+class ShardedReader(PackAPI):
+    """Random access to a sharded pack, with the API of ``Reader``.
+
+    Global index ``i`` lives in shard ``k = bisect(shard_offsets, i) - 1`` at
+    local index ``i - shard_offsets[k]``. Opening reads only ``index.json``
+    and checks that every shard directory exists; each shard is opened (and
+    checked against the index: count, classes, store, tables checksum) the
+    first time it is used in a process, through the fork- and spawn-safe
+    per-process handles of ``Reader``.
+
+    Example:
+        >>> import lmdbfolder
+        >>> r = lmdbfolder.open_pack("train-sharded")  # doctest: +SKIP
+        >>> len(r), r.num_shards, r.locate(1000)  # doctest: +SKIP
+        (1281167, 8, (0, 1000))
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = False) -> None:
+        found = packdir.require_pack(path)
+        if found.kind is not packdir.Kind.SHARDED:
+            raise NotAPackError(found.path, f"it is a single pack, not a sharded one (it holds no {SHARD_INDEX_FILE})")
+        self.path, self.meta = packdir.load_index(found.path)
+        self.readahead = readahead
+        self.verify_checksums = verify_checksums
+        entries = self.meta["shards"]
+        self._names: list[str] = [e["name"] for e in entries]
+        starts = [0]
+        for e in entries:
+            starts.append(starts[-1] + e["count"])
+        self._starts: list[int] = starts
+        self._count: int = self.meta["count"]
+        missing = [n for n in self._names if not os.path.isdir(os.path.join(self.path, n))]
+        if missing:
+            raise NotAPackError(
+                self.path,
+                f"{len(missing)} of {len(self._names)} shards are missing: {', '.join(missing[:10])}"
+                + (" ..." if len(missing) > 10 else ""),
+                "copy the missing shard directories next to index.json (or repack them with "
+                "`lmdbfolder pack ... --shard-index I`)",
+            )
+        self._reset_shards()
+
+    def _reset_shards(self) -> None:
+        self._readers: list[Reader | None] = [None] * len(self._names)
+        self._shard_lock = threading.Lock()
+        self._owner_pid = os.getpid()
+        self._labels_cache: array.array | None = None
+
+    # -- shards ----------------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+        return len(self._names)
+
+    @property
+    def shards(self) -> list[str]:
+        """The shard directories, in global order."""
+        return [os.path.join(self.path, n) for n in self._names]
+
+    @property
+    def shard_offsets(self) -> list[int]:
+        """Global index of each shard's first sample, then the total count (``num_shards + 1`` values)."""
+        return list(self._starts)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard, local index)`` of global sample ``index``."""
+        i = self._check_index(index)
+        k = bisect.bisect_right(self._starts, i) - 1
+        return k, i - self._starts[k]
+
+    def shard(self, k: int) -> Reader:
+        """The Reader of shard ``k``, opened and checked on first use in this process."""
+        if os.getpid() != self._owner_pid:
+            # A forked child: the inherited Readers are safe (they reopen their
+            # handles), but a lock held by another thread at fork time is not.
+            self._shard_lock = threading.Lock()
+            self._owner_pid = os.getpid()
+        reader = self._readers[k]
+        if reader is None:
+            with self._shard_lock:
+                reader = self._readers[k]
+                if reader is None:
+                    reader = self._open_shard(k)
+                    self._readers[k] = reader
+        return reader
+
+    def _open_shard(self, k: int) -> Reader:
+        entry = self.meta["shards"][k]
+        path = os.path.join(self.path, entry["name"])
+        where = f"shard {k} of {len(self._names)} listed in {os.path.join(self.path, SHARD_INDEX_FILE)}"
+        reader = Reader(path, readahead=self.readahead, verify_checksums=self.verify_checksums)
+        try:
+            hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
+            if len(reader) != entry["count"]:
+                raise NotAPackError(
+                    path, f"it holds {len(reader)} samples, the index says {entry['count']} ({where})", hint
+                )
+            for key in ("classes", "class_to_idx", "store"):
+                if reader.meta[key] != self.meta[key]:
+                    raise NotAPackError(path, f"its {key} differ from the index's ({where})", hint)
+            if tables_digest(*reader.tables()) != entry["tables_sha256"]:
+                raise NotAPackError(path, f"its tables do not match the index's tables_sha256 ({where})", hint)
+        finally:
+            reader.close()  # checked; its handle is reopened lazily when a sample is read
+        return reader
+
+    # -- the Reader API ------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def labels(self) -> array.array:
+        """Label of every sample, in global order (opens every shard once)."""
+        if self._labels_cache is None:
+            labels = array.array("i")
+            for k in range(len(self._names)):
+                labels.extend(self.shard(k).labels)
+            self._labels_cache = labels
+        return self._labels_cache
+
+    def get(self, index: int) -> Record:
+        """Return sample ``index`` (global; negative indices count from the end); see ``Reader.get``."""
+        k, local = self.locate(index)
+        return self.shard(k)._get_many([local], False, self._starts[k])[0]
+
+    def get_many(self, indices: Sequence[int], *, prefetch: bool = True) -> list[Record]:
+        """The records of ``indices`` (global), in that order; see ``Reader.get_many``.
+
+        The indices are grouped by shard, each shard fetches (and prefetches)
+        its own together, and the records come back in the order asked.
+        """
+        by_shard: dict[int, tuple[list[int], list[int]]] = {}
+        for position, index in enumerate(indices):
+            k, local = self.locate(index)
+            slots, locals_ = by_shard.setdefault(k, ([], []))
+            slots.append(position)
+            locals_.append(local)
+        out: list[Record | None] = [None] * len(indices)
+        for k, (slots, locals_) in by_shard.items():
+            for position, record in zip(slots, self.shard(k)._get_many(locals_, prefetch, self._starts[k])):
+                out[position] = record
+        return out  # type: ignore[return-value]  # every slot was filled
+
+    def prefetch(self, indices: Sequence[int]) -> None:
+        """Ask the kernel to start reading these records (global indices); see ``Reader.prefetch``."""
+        by_shard: dict[int, list[int]] = {}
+        for index in indices:
+            k, local = self.locate(index)
+            by_shard.setdefault(k, []).append(local)
+        for k, locals_ in by_shard.items():
+            self.shard(k).prefetch(locals_)
+
+    def path_of(self, index: int) -> str:
+        """Original relative path of global sample ``index``."""
+        k, local = self.locate(index)
+        return self.shard(k).path_of(local)
+
+    def paths(self) -> list[str]:
+        """Original relative paths of all samples, in global order."""
+        return [p for k in range(len(self._names)) for p in self.shard(k).paths()]
+
+    def close(self) -> None:
+        """Release this process's handles on every shard."""
+        for reader in self._readers:
+            if reader is not None:
+                reader.close()
+
+    def __enter__(self) -> ShardedReader:
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_readers", "_shard_lock", "_owner_pid", "_labels_cache", "_index_by_path"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_shards()
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedReader({self.path!r}, count={self._count}, shards={len(self._names)}, "
+            f"classes={len(self.meta['classes'])}, store={self.store!r})"
+        )

@@ -1,0 +1,197 @@
+"""How a pack is written: ``PackOptions`` (and ``Resize``), one object for every pack function.
+
+``pack``, ``pack_sources``, ``pack_shard``, ``pack_sharded``, ``pack_ray`` and
+the CLI all take their writing options as one ``PackOptions`` (or as the
+same names given as keywords: ``pack(src, dst, store="raw")``). The object
+owns what follows from the options, so each rule is written once:
+
+* validation (``__post_init__``: a bad value fails before any work starts);
+* the part of the resume fingerprint that the options decide
+  (``fingerprint``: a rerun with other options must not resume);
+* the ``params`` recorded in the manifest, and reading them back
+  (``params``, ``Resize.from_params``, ``differences``: whether a finished
+  pack or shard was made with these options).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from lmdbfolder.errors import OptionError
+
+__all__ = [
+    "PackOptions",
+    "Resize",
+    "STORES",
+    "CHECKS",
+    "RESIZE_SIDES",
+    "DEFAULT_COMMIT_EVERY",
+    "pack_options",
+]
+
+STORES = ("encoded", "raw")
+CHECKS = ("none", "header", "decode")
+RESIZE_SIDES = ("longer", "shorter")
+DEFAULT_COMMIT_EVERY = 2000
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Pack-time resize (``pack --max-size N --quality Q``).
+
+    Images whose ``side`` (``"longer"``, like FFCV's ``max_resolution``, or
+    ``"shorter"``) is above ``max_size`` pixels are shrunk to it, keeping the
+    aspect ratio (Pillow's antialiased bilinear filter, as torchvision's Resize;
+    JPEGs are first DCT-scaled while decoding
+    when that still leaves at least the target size) and stored as a JPEG of
+    ``quality``, or as RGB pixels with ``store="raw"``. Smaller images keep
+    their original bytes (``store="encoded"``).
+    """
+
+    max_size: int
+    quality: int = 90
+    side: str = "longer"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or self.max_size < 1:
+            raise OptionError(f"max_size must be a positive number of pixels, got {self.max_size!r}")
+        if isinstance(self.quality, bool) or not isinstance(self.quality, int) or not 1 <= self.quality <= 100:
+            raise OptionError(f"quality must be a whole number in 1..100, got {self.quality!r}")
+        if self.side not in RESIZE_SIDES:
+            raise OptionError(f"side must be one of {RESIZE_SIDES}, got {self.side!r}")
+
+    def target(self, width: int, height: int) -> tuple[int, int] | None:
+        """The new (width, height), or None when the image is small enough."""
+        edge = max(width, height) if self.side == "longer" else min(width, height)
+        if edge <= self.max_size:
+            return None
+        scale = self.max_size / edge
+        return max(1, round(width * scale)), max(1, round(height * scale))
+
+    def params(self) -> dict[str, Any]:
+        """The manifest ``params`` entries of this resize."""
+        return {"max_size": self.max_size, "quality": self.quality, "resize_side": self.side}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Resize | None:
+        """The resize a manifest's ``params`` record, or None for a pack that was not resized."""
+        if params.get("max_size") is None:
+            return None
+        return cls(int(params["max_size"]), int(params.get("quality", 90)), str(params.get("resize_side", "longer")))
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to write a pack; see ``lmdbfolder.pack`` for the meaning of each field.
+
+    Fields: ``store`` (``"encoded"`` or ``"raw"``), ``check`` (``"header"``,
+    ``"decode"``, ``"none"``), ``strict``, ``commit_every`` (samples per
+    transaction), ``commit_bytes`` (bytes per transaction; None: automatic),
+    ``workers`` (None: automatic), ``overwrite``, ``restart``,
+    ``space_check``, ``progress`` (None: a bar on a terminal), ``resize``
+    (a ``Resize`` or None). Invalid values raise OptionError at once.
+
+    Example:
+        >>> from lmdbfolder import PackOptions, Resize, pack
+        >>> opts = PackOptions(store="raw", resize=Resize(256))
+        >>> pack("imagenet/train", "train-256.lmdb", opts)  # doctest: +SKIP
+    """
+
+    store: str = "encoded"
+    check: str = "header"
+    strict: bool = False
+    commit_every: int = DEFAULT_COMMIT_EVERY
+    commit_bytes: int | None = None
+    workers: int | None = None
+    overwrite: bool = False
+    restart: bool = False
+    space_check: bool = True
+    progress: bool | None = None
+    resize: Resize | None = None
+
+    def __post_init__(self) -> None:
+        if self.store not in STORES:
+            raise OptionError(f"store must be one of {STORES}, got {self.store!r}")
+        if self.check not in CHECKS:
+            raise OptionError(f"check must be one of {CHECKS}, got {self.check!r}")
+        _whole_number("commit_every", self.commit_every)
+        if self.commit_bytes is not None:
+            _whole_number("commit_bytes", self.commit_bytes)
+        if self.workers is not None:
+            _whole_number("workers", self.workers)
+        if self.resize is not None and not isinstance(self.resize, Resize):
+            raise OptionError(f"resize must be a lmdbfolder Resize or None, got {type(self.resize).__name__}")
+
+    def replace(self, **changes: Any) -> PackOptions:
+        """A copy with ``changes`` (validated like the constructor)."""
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a resumed pack must share with the run that started it, as far as options go.
+
+        ``resize`` appears only when set, so packs started without it (and by
+        versions that did not know it) still resume.
+        """
+        out: dict[str, Any] = {"store": self.store, "check": self.check}
+        if self.resize is not None:
+            out["resize"] = [self.resize.max_size, self.resize.quality, self.resize.side]
+        return out
+
+    def params(self) -> dict[str, Any]:
+        """The manifest's ``params``: the options the pack was written with."""
+        out: dict[str, Any] = {
+            "store": self.store,
+            "check": self.check,
+            "strict": self.strict,
+            "commit_every": self.commit_every,
+            "commit_bytes": "auto" if self.commit_bytes is None else self.commit_bytes,
+        }
+        if self.resize is not None:
+            out.update(self.resize.params())
+        return out
+
+    def differences(self, meta: Mapping[str, Any]) -> str | None:
+        """How the finished pack with manifest ``meta`` differs from one made with these
+        options (store, check, resize), or None when it does not."""
+        params = meta.get("params") or {}
+        if not isinstance(params, dict):
+            params = {}
+        if meta.get("store") != self.store or params.get("check") != self.check:
+            return f"it was packed with --store {meta.get('store')} --check {params.get('check')}"
+        try:
+            found = Resize.from_params(params)
+        except (OptionError, TypeError, ValueError):
+            return "its recorded --max-size/--quality/--resize-side are invalid"
+        if found != self.resize:
+
+            def describe(r: Resize | None) -> str:
+                return (
+                    "no resize"
+                    if r is None
+                    else f"--max-size {r.max_size} --quality {r.quality} --resize-side {r.side}"
+                )
+
+            return f"it was packed with {describe(found)}, not {describe(self.resize)}"
+        return None
+
+
+def _whole_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(f"{name} must be a whole number of at least 1, got {value!r}")
+
+
+def pack_options(options: PackOptions | None, fields: Mapping[str, Any]) -> PackOptions:
+    """``options`` (default: ``PackOptions()``) with ``fields`` replaced.
+
+    This is how every pack function takes its options: as one object, as
+    keywords, or both. An unknown keyword is a TypeError naming it.
+    """
+    base = options if options is not None else PackOptions()
+    if not isinstance(base, PackOptions):
+        raise TypeError(f"options must be a PackOptions, got {type(base).__name__}")
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(PackOptions)})
+    if unknown:
+        raise TypeError(f"unexpected pack option(s) {', '.join(unknown)}; PackOptions has no such field")
+    return base.replace(**fields)

@@ -1,0 +1,239 @@
+"""Pack a sharded pack on a Ray cluster: one task per shard (``pip install lmdbfolder[ray]``).
+
+The driver (the machine that runs ``lmdbfolder pack --ray`` or ``pack_ray``)
+scans the source once, puts the sample list in Ray's object store and starts
+one task per shard. Each task runs ``lmdbfolder.write.shards.pack_shard``: the
+ordinary writer on its slice of the list, so an interrupted shard resumes
+from its last commit when the command is run again, finished shards are kept,
+bad files are skipped and reported (or, with ``strict``, stop that shard with
+an error naming the file). Tasks report progress to a small actor that the
+driver polls for its progress bar. When every task has finished, the driver
+checks the shards and writes ``index.json`` (``write_index``).
+
+Requirements on a real cluster: the source and the destination are paths
+every node sees (a shared file system), and lmdbfolder is installed on every
+node (same version). LMDB must not be written over NFS and the like; pass
+``staging`` (``--staging DIR``, a node-local disk) so each shard is built
+locally and copied into the destination when finished.
+
+Ray is imported only when ``pack_ray`` runs, so ``import lmdbfolder`` never
+needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+from lmdbfolder.errors import LmdbFolderError, PackError
+from lmdbfolder.progress import Progress
+from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.shards import (
+    DEFAULT_PREFIX,
+    ShardedPackResult,
+    ShardResult,
+    pack_shard,
+    plan_sharded_output,
+    plan_split,
+    shard_name,
+    sources_digest,
+    write_index,
+)
+from lmdbfolder.write.sources import SourceList, scan
+
+__all__ = ["pack_ray"]
+
+#: Seconds between a task's progress reports (and the driver's polls).
+REPORT_EVERY = 0.5
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise PackError(
+            "packing on a Ray cluster needs Ray, which is not installed",
+            "install it with `pip install 'lmdbfolder[ray]'` (on the driver and on every node)",
+        ) from None
+    return ray
+
+
+class _Tracker:
+    """Ray actor: how many source files each shard task has handled."""
+
+    def __init__(self) -> None:
+        self.done: dict[int, int] = {}
+
+    def report(self, shard: int, done: int) -> None:
+        self.done[shard] = max(done, self.done.get(shard, 0))
+
+    def total(self) -> int:
+        return sum(self.done.values())
+
+
+def _pack_shard_task(
+    sources: SourceList,
+    dst: str,
+    index: int,
+    num_shards: int,
+    options: PackOptions,
+    shard_args: dict[str, Any],
+    tracker: Any,
+) -> ShardResult:
+    """One Ray task: pack shard ``index`` with the ordinary writer, reporting progress to ``tracker``."""
+    last = [0.0]
+
+    def report(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= REPORT_EVERY:
+            last[0] = now
+            tracker.report.remote(index, done)
+
+    result = pack_shard(sources, dst, index, num_shards, options, on_progress=report, **shard_args)
+    tracker.report.remote(index, result.sources)
+    return result
+
+
+def pack_ray(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    options: PackOptions | None = None,
+    *,
+    shards: int | None = None,
+    shard_size: int | str | None = None,
+    address: str | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    layout: str = "imagefolder",
+    list_file: str | os.PathLike[str] | None = None,
+    allow_empty: bool = False,
+    staging: str | os.PathLike[str] | None = None,
+    task_cpus: float = 1.0,
+    on_progress: Callable[[int, int], None] | None = None,
+    init_kwargs: dict[str, Any] | None = None,
+    **fields: Any,
+) -> ShardedPackResult:
+    """Pack ``src`` into the sharded pack ``dst`` with one Ray task per shard.
+
+    Args:
+        address: the Ray cluster (``"auto"``, ``"ray://head:10001"``, ...).
+            If Ray is already initialised in this process, that cluster is
+            used; otherwise ``ray.init(address, **init_kwargs)`` is called
+            (``None``: ``RAY_ADDRESS``, or a new local cluster) and shut down
+            at the end.
+        task_cpus: CPUs Ray reserves for each shard task.
+        on_progress: called with ``(source files done, total)`` as tasks report.
+        staging: a node-local directory to build each shard in (see ``pack_shard``).
+
+    ``options``/``fields`` are those of ``lmdbfolder.pack``; ``workers``
+    (readers per task) defaults to 2 per reserved CPU, at least 4 (threads,
+    since a Ray worker process runs threads of its own). The other arguments
+    are those of ``lmdbfolder.pack_sharded``, with the same meaning;
+    rerunning after an interruption or a failed task keeps finished shards
+    and resumes the others. If shards fail, the others still finish, and the
+    first error is raised naming how many failed.
+
+    Example:
+        >>> from lmdbfolder.ray import pack_ray
+        >>> pack_ray("/shared/imagenet/train", "/shared/train", shard_size="4GB", address="auto")  # doctest: +SKIP
+    """
+    opts = pack_options(options, fields)
+    ray = _import_ray()
+    start_time = time.perf_counter()
+    sources = scan(src, layout=layout, list_file=list_file, allow_empty=allow_empty)
+    num, dst = plan_sharded_output(sources, dst, opts, shards, shard_size, None, prefix)
+    task_opts = opts.replace(
+        workers=opts.workers if opts.workers is not None else max(4, int(2 * task_cpus)),
+        overwrite=False,
+        progress=False,
+    )
+    shard_args: dict[str, Any] = dict(
+        prefix=prefix,
+        digest=sources_digest(sources),
+        staging=None if staging is None else os.path.abspath(os.fspath(staging)),
+    )
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, **(init_kwargs or {}))
+    try:
+        results = _run_tasks(ray, sources, dst, num, task_opts, shard_args, task_cpus, opts.progress, on_progress)
+    finally:
+        if started:
+            ray.shutdown()
+    index = write_index(dst, prefix=prefix)
+    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+
+
+def _run_tasks(
+    ray: Any,
+    sources: SourceList,
+    dst: str,
+    num: int,
+    options: PackOptions,
+    shard_args: dict[str, Any],
+    task_cpus: float,
+    progress: bool | None,
+    on_progress: Callable[[int, int], None] | None,
+) -> list[ShardResult]:
+    tracker = ray.remote(num_cpus=0)(_Tracker).remote()
+    task = ray.remote(num_cpus=task_cpus)(_pack_shard_task)
+    sources_ref = ray.put(sources)  # one copy in the object store, fetched once per node
+    refs = {task.remote(sources_ref, dst, i, num, options, shard_args, tracker): i for i in range(num)}
+    pending = list(refs)
+    results: dict[int, ShardResult] = {}
+    errors: dict[int, LmdbFolderError] = {}
+    total = len(sources)
+    shown = 0
+    try:
+        with Progress(total, f"pack {num} shards (Ray)", enabled=progress) as bar:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1, timeout=REPORT_EVERY)
+                for ref in ready:
+                    i = refs[ref]
+                    try:
+                        results[i] = ray.get(ref)
+                    except Exception as exc:  # a RayTaskError wrapping the task's exception, or a Ray failure
+                        errors[i] = _as_error(exc, shard_name(shard_args["prefix"], i, num))
+                        bar.write(f"shard {i} failed: {errors[i].message}")
+                done = ray.get(tracker.total.remote())
+                if not pending and not errors:
+                    # Reports from tasks reach the tracker asynchronously; once every
+                    # task has returned, all sources are done whatever it has seen.
+                    done = total
+                bar.update(done - shown)
+                shown = done
+                if on_progress is not None:
+                    on_progress(done, total)
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref)  # the writers stop; each keeps its last commit, so a rerun resumes
+        raise
+    if errors:
+        first = min(errors)
+        error = errors[first]
+        if len(errors) > 1:
+            names = ", ".join(shard_name(shard_args["prefix"], i, num) for i in sorted(errors))
+            error.message += f" ({len(errors)} of {num} shards failed: {names})"
+            error.args = (error.message,)
+        error.hint = (error.hint + "; " if error.hint else "") + (
+            "finished shards are kept: rerun the same command to resume the others"
+        )
+        raise error
+    # Shards that were already finished were kept; the ranges are the plan's.
+    for i, (lo, hi) in enumerate(plan_split(total, num)):
+        if results[i].sources != hi - lo:
+            raise PackError(f"shard {i} reports {results[i].sources} sources, the plan says {hi - lo}")
+    return [results[i] for i in range(num)]
+
+
+def _as_error(exc: Exception, name: str) -> LmdbFolderError:
+    cause = getattr(exc, "cause", None)
+    error = cause if isinstance(cause, LmdbFolderError) else exc
+    if isinstance(error, LmdbFolderError):
+        error.message += f" (packing {name})"
+        error.args = (error.message,)
+        return error
+    return PackError(
+        f"the Ray task packing {name} failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}",
+        "see the Ray logs; rerun the same command to resume",
+    )

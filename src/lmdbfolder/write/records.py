@@ -1,0 +1,254 @@
+"""Turn one source file into one record value, or into a reason to skip it.
+
+This runs in the writer's reader processes or threads (see
+``write.processes`` and ``write.threads``), so it is a pure function of its inputs, never raises for bad
+input (bad input becomes a ``Skipped``), and leaves most of the time to
+GIL-free work (``read``, the CRC-32, Pillow's decoders). A file is read
+straight into the buffer that becomes its LMDB value (a slot of a reader
+process's shared memory, or a new bytearray), behind room for the record
+header, so the payload is not copied on its way to the database.
+
+Checks (``check=``):
+
+* ``"header"`` (default): Pillow identifies the format and reads the size
+  from the header, and the pixel count must be within Pillow's
+  ``Image.MAX_IMAGE_PIXELS`` (decompression-bomb limit). No pixels decoded.
+* ``"decode"``: the image is fully decoded once (catches truncated files).
+* ``"none"``: trust the input; only unreadable and zero-byte files are skipped.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+from dataclasses import dataclass
+from typing import Callable
+
+from PIL import Image, UnidentifiedImageError
+
+from lmdbfolder.codecs import sniff
+from lmdbfolder.format import RECORD_HEADER, encode_header_into, encode_record
+from lmdbfolder.write.options import Resize
+
+__all__ = ["Loaded", "Skipped", "load_sample", "read_into_record"]
+
+_HEAD = RECORD_HEADER.size
+# Pillow reads only the headers when it opens an image; most fit in the first
+# 64 KB, so only that much is handed to it (files with bigger EXIF/ICC blocks
+# are retried with the whole file).
+_HEADER_PREFIX = 64 << 10
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A record ready to be stored."""
+
+    value: bytearray | bytes | memoryview
+    encoding: str
+    source_bytes: int
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A source file that was not stored, and why."""
+
+    reason: str
+
+
+def _read_error(exc: OSError, path: str) -> str:
+    if exc.errno == errno.ENOENT:
+        if os.path.islink(path):
+            return "broken symbolic link (its target does not exist)"
+        return "file not found (it vanished, or the listed path is wrong)"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if exc.errno == errno.EISDIR:
+        return "is a directory, not a file"
+    return f"cannot read it: {exc.strerror or exc}"
+
+
+#: Supplies the buffer a record is read into: ``alloc(n)`` returns ``n``
+#: writable bytes (a slot of the writer's shared memory), or None for a new
+#: bytearray.
+Alloc = Callable[[int], "memoryview | None"]
+
+
+def read_into_record(path: str, alloc: Alloc | None = None) -> bytearray | memoryview:
+    """The file's bytes at offset 32 of a buffer (room for the record header).
+
+    The buffer comes from ``alloc`` when given (and it returns one), else it
+    is a view of a new bytearray. A file that grows while it is read is
+    returned whole, in a new bytearray; one that shrinks, as a shorter view. Raises OSError
+    like ``open``/``read`` (IsADirectoryError for a directory).
+    """
+    # os-level calls: four system calls per file (open, fstat, readv, close)
+    # where io.open made about ten, and each one is a GIL hand-off in threads.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        size = st.st_size
+        buf = alloc(_HEAD + size) if alloc is not None else None
+        if buf is None:
+            buf = memoryview(bytearray(_HEAD + size))
+        # One byte more than fstat promised: a short read is the end of the file
+        # and a full one means it grew.
+        probe = bytearray(1)
+        got = os.readv(fd, [buf[_HEAD:], probe])
+        while got < size:  # a short read before the end (some network file systems)
+            n = os.readv(fd, [buf[_HEAD + got :], probe])
+            if not n:  # the file shrank while we read it
+                return buf[: _HEAD + got]
+            got += n
+        if got > size:  # the file grew: keep what is there now
+            grown = bytearray(buf)
+            grown += probe
+            while chunk := os.read(fd, 1 << 20):
+                grown += chunk
+            return grown
+        return buf
+    finally:
+        os.close(fd)
+
+
+def _open_checked(
+    buf: bytearray | memoryview, max_pixels: int | None, *, header_only: bool, encoding: str = "other"
+) -> Image.Image | Skipped:
+    """Open the image in ``buf`` with Pillow and apply the header checks.
+
+    ``header_only``: hand Pillow only the first 64 KB when that holds the
+    headers (the image will not be decoded). ``encoding`` is what ``sniff``
+    found: Pillow tries that format first.
+    """
+    try:
+        img = _open_image(buf, encoding) if header_only else Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
+    except Image.DecompressionBombError as exc:
+        return Skipped(f"decompression bomb: {exc}")
+    except UnidentifiedImageError:
+        return Skipped("not an image Pillow can identify (wrong content for its extension?)")
+    except Exception as exc:  # Pillow raises many exception types for bad headers
+        return Skipped(f"unreadable image header: {type(exc).__name__}: {exc}")
+    width, height = img.size
+    problem = None
+    if width <= 0 or height <= 0:
+        problem = f"image header says {width}x{height} pixels"
+    elif max_pixels is not None and width * height > max_pixels:
+        problem = (
+            f"{width}x{height} = {width * height:,} pixels is over the decompression-bomb limit of "
+            f"{max_pixels:,} (PIL.Image.MAX_IMAGE_PIXELS)"
+        )
+    if problem is not None:
+        img.close()
+        return Skipped(problem)
+    return img
+
+
+def _open_image(buf: bytearray | memoryview, encoding: str) -> Image.Image:
+    end = min(len(buf), _HEAD + _HEADER_PREFIX)
+    head = bytes(memoryview(buf)[_HEAD:end])
+    formats = _PILLOW_FORMATS.get(encoding)
+    if formats is not None:
+        # Only the plugin that would have been chosen anyway (no other one
+        # accepts these magic bytes): skips the others' checks. Any failure
+        # takes the ordinary path below, so errors read exactly as before.
+        try:
+            return Image.open(io.BytesIO(head), formats=formats)
+        except Exception:
+            pass
+    try:
+        return Image.open(io.BytesIO(head))
+    except Exception:
+        if end == len(buf):
+            raise
+    return Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
+
+
+_PILLOW_FORMATS = {"jpeg": ("JPEG",), "png": ("PNG",)}
+
+
+def load_sample(
+    path: str,
+    label: int,
+    *,
+    store: str,
+    check: str,
+    max_pixels: int | None,
+    resize: Resize | None = None,
+    alloc: Alloc | None = None,
+) -> Loaded | Skipped:
+    """Read ``path`` and build its record, applying ``check`` (and ``resize``).
+
+    ``max_pixels`` is the decompression-bomb limit (None: no limit). The file
+    is read into a buffer from ``alloc`` (see ``read_into_record``); records
+    that are built anew (``store="raw"``, resized images) are not.
+    """
+    try:
+        buf = read_into_record(path, alloc)
+    except OSError as exc:
+        return Skipped(_read_error(exc, path))
+    size = len(buf) - _HEAD
+    if size == 0:
+        return Skipped("empty file (0 bytes)")
+    info = sniff(memoryview(buf)[_HEAD:])
+    if resize is not None:
+        resized = _load_resized(buf, label, store, resize, max_pixels)
+        if resized is not None:
+            return resized
+    if check == "none" and store == "encoded":
+        encode_header_into(
+            buf, label=label, encoding=info.encoding, width=info.width, height=info.height, channels=info.channels
+        )
+        return Loaded(buf, info.encoding, size)
+    img = _open_checked(buf, max_pixels, header_only=check == "header" and store == "encoded", encoding=info.encoding)
+    if isinstance(img, Skipped):
+        return img
+    with img:
+        width, height = img.size
+        bands = len(img.getbands())
+        try:
+            if store == "raw":
+                pixels = img.convert("RGB").tobytes()
+            elif check == "decode":
+                img.load()
+        except Exception as exc:  # truncated or corrupt data; Pillow raises OSError, SyntaxError, ...
+            return Skipped(f"cannot be decoded: {type(exc).__name__}: {exc}")
+    if store == "raw":
+        value = encode_record(pixels, label=label, encoding="raw", width=width, height=height, channels=3)
+        return Loaded(value, "raw", size)
+    channels = info.channels if info.encoding != "other" else bands
+    encode_header_into(buf, label=label, encoding=info.encoding, width=width, height=height, channels=channels)
+    return Loaded(buf, info.encoding, size)
+
+
+def _load_resized(
+    buf: bytearray | memoryview, label: int, store: str, resize: Resize, max_pixels: int | None
+) -> Loaded | Skipped | None:
+    """The resized record, a Skipped, or None when the image keeps its bytes."""
+    size = len(buf) - _HEAD
+    img = _open_checked(buf, max_pixels, header_only=False)
+    if isinstance(img, Skipped):
+        return img
+    with img:
+        width, height = img.size
+        target = resize.target(width, height)
+        if target is None and store == "encoded":
+            return None
+        try:
+            if target is not None and img.format == "JPEG":
+                img.draft("RGB", target)  # DCT-scale while decoding, never below the target
+            rgb = img.convert("RGB")
+            if target is not None and rgb.size != target:
+                rgb = rgb.resize(target, Image.Resampling.BILINEAR)
+        except Exception as exc:  # truncated or corrupt data
+            return Skipped(f"cannot be decoded: {type(exc).__name__}: {exc}")
+    width, height = rgb.size
+    if store == "raw":
+        value = encode_record(rgb.tobytes(), label=label, encoding="raw", width=width, height=height, channels=3)
+        return Loaded(value, "raw", size)
+    out = io.BytesIO()
+    rgb.save(out, "JPEG", quality=resize.quality)
+    value = encode_record(out.getbuffer(), label=label, encoding="jpeg", width=width, height=height, channels=3)
+    return Loaded(value, "jpeg", size)

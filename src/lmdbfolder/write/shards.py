@@ -1,0 +1,673 @@
+"""Sharded packs: a directory of ordinary packs (the shards) and one small JSON index.
+
+Layout (FORMAT.md, "Sharded packs")::
+
+    DST/
+      train-00000-of-00004.lmdb/    an ordinary pack of sources 0 .. a-1
+      train-00001-of-00004.lmdb/    an ordinary pack of sources a .. b-1
+      ...
+      index.json                    shard names, counts, checksums, classes
+
+* The split is deterministic and contiguous: shard ``i`` of ``N`` packs the
+  sources ``floor(i*S/N) .. floor((i+1)*S/N) - 1`` of the complete sample list
+  (``S`` files). So the global sample order of a sharded pack is the order of
+  the single pack of the same source, and any machine that scans the same
+  source can pack any shard by itself (``pack_shard``): a Slurm array, a
+  Kubernetes job or Ray (``lmdbfolder.ray``).
+* Every shard is written by the ordinary writer (``pack_sources`` on a slice
+  of the sample list), so resuming, skipping bad files and ``strict`` work
+  exactly as for a single pack. Each shard's manifest records its place in
+  the split (the optional ``shard`` field).
+* Skipped files shift counts, so the index is built from the finished
+  shards' real counts (``write_index``), never from the plan.
+* Reading is in ``lmdbfolder.read.sharded``: ``open_pack(DST)`` (and so
+  ``LMDBFolder``) opens a sharded pack with the API of a single one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lmdbfolder import environments, packdir
+from lmdbfolder._version import __version__
+from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
+from lmdbfolder.format import (
+    COPYING_SUFFIX,
+    DATA_FILE,
+    FORMAT_VERSION,
+    RECORD_HEADER,
+    SHARD_FIELD,
+    SHARD_INDEX_FILE,
+    SHARD_INDEX_FORMAT,
+    SHARD_INDEX_TMP,
+    SHARD_INDEX_VERSION,
+    decode_meta,
+    encode_shard_index,
+    shard_name,
+    tables_digest,
+)
+from lmdbfolder.progress import Progress
+from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.sources import SourceList, scan
+from lmdbfolder.write.writer import RAW_EXPANSION, pack_sources, per_second
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "ShardResult",
+    "ShardedPackResult",
+    "parse_size",
+    "plan_split",
+    "choose_num_shards",
+    "sources_digest",
+    "shard_field",
+    "shard_sources",
+    "prepare_sharded_output",
+    "plan_sharded_output",
+    "pack_shard",
+    "pack_sharded",
+    "write_index",
+]
+
+#: Shard directories are named ``<prefix>-00003-of-00008.lmdb``.
+DEFAULT_PREFIX = "train"
+SPLIT_METHOD = "contiguous"
+
+
+# -- planning --------------------------------------------------------------------
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a size such as ``4GB`` (10**9), ``4GiB`` (2**30), ``500M`` or ``1234``."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = _SIZE.match(text)
+        if m is None:
+            raise ValueError(f"cannot read the size {text!r}; write it like 4GB, 500MB or 2GiB")
+        base = 1024 if m.group(3) else 1000
+        value = int(float(m.group(1)) * base ** _POWERS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return value
+
+
+def plan_split(total: int, num_shards: int) -> list[tuple[int, int]]:
+    """The contiguous split: ``[start, stop)`` source ranges of the ``num_shards`` shards.
+
+    Shard ``i`` gets sources ``floor(i*total/num_shards)`` up to
+    ``floor((i+1)*total/num_shards)``: sizes differ by at most one, and the
+    ranges depend only on the two numbers.
+    """
+    if num_shards < 1:
+        raise ValueError(f"the number of shards must be positive, got {num_shards}")
+    if num_shards > total:
+        raise ValueError(f"cannot split {total} samples into {num_shards} shards")
+    return [(i * total // num_shards, (i + 1) * total // num_shards) for i in range(num_shards)]
+
+
+def estimate_pack_bytes(sources: SourceList, store: str = "encoded") -> float:
+    """Expected size of a pack of ``sources``, from up to 5000 evenly spaced ``stat`` calls."""
+    expansion = RAW_EXPANSION if store == "raw" else 1
+    return len(sources) * (sources.mean_file_size() * expansion + RECORD_HEADER.size)
+
+
+def choose_num_shards(
+    sources: SourceList, *, shards: int | None = None, shard_size: int | str | None = None, store: str = "encoded"
+) -> int:
+    """The number of shards: ``shards`` itself, or enough shards of about ``shard_size`` bytes.
+
+    Raises SourceError when there are fewer source files than shards.
+    """
+    if (shards is None) == (shard_size is None):
+        raise ValueError("pass exactly one of shards and shard_size")
+    if shard_size is not None:
+        size = parse_size(shard_size)
+        shards = max(1, math.ceil(estimate_pack_bytes(sources, store) / size))
+    if shards is None:
+        raise ValueError("pass exactly one of shards and shard_size")
+    if shards < 1:
+        raise ValueError(f"the number of shards must be positive, got {shards}")
+    if shards > len(sources):
+        raise SourceError(
+            sources.list_file or sources.root,
+            f"cannot split {len(sources)} source files into {shards} shards",
+            "use fewer shards (or a larger --shard-size)",
+        )
+    return shards
+
+
+def sources_digest(sources: SourceList) -> str:
+    """SHA-256 (hex) of the complete sample list: every path and label, and the class names.
+
+    Every shard records it, so ``write_index`` can tell shards of one split
+    from shards packed from another scan.
+    """
+    h = hashlib.sha256()
+    h.update(json.dumps([sources.layout, sources.classes], ensure_ascii=True).encode())
+    return sources.hash_samples(h).hexdigest()
+
+
+def shard_field(
+    sources: SourceList, index: int, num_shards: int, *, prefix: str = DEFAULT_PREFIX, digest: str | None = None
+) -> dict[str, Any]:
+    """The ``shard`` manifest field of shard ``index``: its place in the split (FORMAT.md)."""
+    start, stop = plan_split(len(sources), num_shards)[index]
+    return {
+        "split": SPLIT_METHOD,
+        "prefix": prefix,
+        "index": index,
+        "num_shards": num_shards,
+        "first_source": start,
+        "sources": stop - start,
+        "total_sources": len(sources),
+        "sources_sha256": digest or sources_digest(sources),
+    }
+
+
+def shard_sources(sources: SourceList, start: int, stop: int) -> SourceList:
+    """The samples ``start .. stop-1`` of ``sources``, keeping the global classes and labels."""
+    return dataclasses.replace(sources, relpaths=sources.relpaths[start:stop], labels=sources.labels[start:stop])
+
+
+# -- results -----------------------------------------------------------------------
+@dataclass
+class ShardResult:
+    """What packing one shard did."""
+
+    name: str
+    index: int
+    path: str
+    count: int
+    sources: int
+    seconds: float = 0.0
+    input_bytes: int = 0
+    payload_bytes: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    resumed_from: int = 0
+    kept: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary."""
+        out = dataclasses.asdict(self)
+        out["skipped"] = [{"path": p, "reason": r} for p, r in self.skipped]
+        out["seconds"] = round(self.seconds, 3)
+        return out
+
+
+@dataclass
+class ShardedPackResult:
+    """Summary of a finished sharded pack."""
+
+    path: str
+    count: int
+    shards: list[ShardResult]
+    seconds: float
+    store: str = "encoded"
+
+    @property
+    def input_bytes(self) -> int:
+        """Source bytes read in this run."""
+        return sum(s.input_bytes for s in self.shards)
+
+    @property
+    def skipped(self) -> list[tuple[str, str]]:
+        """Every skipped file, ``(relative path, reason)``, in source order."""
+        return [item for s in self.shards for item in s.skipped]
+
+    @property
+    def images_per_second(self) -> float:
+        """Source files handled per second of wall time in this run (packed or skipped)."""
+        return per_second(sum(s.sources - s.resumed_from for s in self.shards if not s.kept), self.seconds)
+
+    @property
+    def mb_per_second(self) -> float:
+        """Source megabytes (10**6) read per second of wall time (this run)."""
+        return per_second(self.input_bytes / 1e6, self.seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (``lmdbfolder pack --shards N --json``)."""
+        return {
+            "path": self.path,
+            "count": self.count,
+            "num_shards": len(self.shards),
+            "input_bytes": self.input_bytes,
+            "seconds": round(self.seconds, 3),
+            "images_per_second": round(self.images_per_second, 1),
+            "mb_per_second": round(self.mb_per_second, 1),
+            "store": self.store,
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+            "shards": [s.as_dict() for s in self.shards],
+        }
+
+
+# -- the output directory --------------------------------------------------------
+def prepare_sharded_output(
+    dst: str | os.PathLike[str],
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    num_shards: int,
+    only: int | None = None,
+    overwrite: bool = False,
+    restart: bool = False,
+) -> str:
+    """Make ``dst`` ready to receive the shards of an ``num_shards``-way split; return its path.
+
+    A new directory is created; an unfinished sharded pack of the same split is
+    kept so that it resumes. Anything else is refused unless ``overwrite``
+    (which replaces only what is provably an lmdbfolder pack). ``only`` is the
+    shard index when a single shard is packed (``--shard-index``): then only
+    that shard and the now stale ``index.json`` are removed. ``restart``
+    discards unfinished shards (all of them, or shard ``only``) instead of
+    resuming them.
+    """
+    dst = os.path.abspath(os.fspath(dst))
+    if not os.path.lexists(dst):
+        os.makedirs(dst, exist_ok=True)  # array jobs may all get here at once
+        return dst
+    if os.path.islink(dst) or not os.path.isdir(dst):
+        raise OutputExistsError(dst, "exists and is not a directory", "choose another output path")
+    names = set(os.listdir(dst))
+    if DATA_FILE in names:
+        if not overwrite:
+            raise OutputExistsError(dst, "already holds a single (unsharded) pack")
+        packdir.remove(dst)
+        os.makedirs(dst)
+        return dst
+    entries = packdir.shard_entries(dst)
+    foreign = sorted(names - set(entries) - {SHARD_INDEX_FILE, SHARD_INDEX_TMP})
+    if foreign:
+        raise OutputExistsError(
+            dst,
+            f"exists and holds other files ({', '.join(foreign[:5])}); refusing to write shards into it",
+            "choose another output path",
+        )
+    finished_index = SHARD_INDEX_FILE in names
+    if only is None:
+        if finished_index and not overwrite:
+            raise OutputExistsError(dst, "already holds a finished sharded pack")
+        other = sorted(n for n, (p, _, total, _) in entries.items() if (p, total) != (prefix, num_shards))
+        if other and not (overwrite or restart):
+            raise OutputExistsError(
+                dst,
+                f"holds shards of another split ({', '.join(other[:3])}); it cannot be resumed as {num_shards} shards",
+                "pass --restart to start over (or --overwrite), or rerun with the original --shards",
+            )
+        if overwrite or restart:
+            for name in entries:
+                packdir.remove(os.path.join(dst, name))
+            for name in (SHARD_INDEX_FILE, SHARD_INDEX_TMP):
+                if name in names:
+                    os.remove(os.path.join(dst, name))
+        return dst
+    if finished_index:
+        if not overwrite:
+            raise OutputExistsError(
+                dst,
+                "already holds a finished sharded pack (index.json)",
+                "pass --overwrite to repack this shard (the index is removed; run `lmdbfolder index` afterwards)",
+            )
+        os.remove(os.path.join(dst, SHARD_INDEX_FILE))
+    return dst
+
+
+def plan_sharded_output(
+    sources: SourceList,
+    dst: str | os.PathLike[str],
+    options: PackOptions,
+    shards: int | None,
+    shard_size: int | str | None,
+    shard_index: int | None,
+    prefix: str,
+) -> tuple[int, str]:
+    """The number of shards and the prepared ``dst`` of a sharded pack of ``sources``
+    (``pack_sharded`` and ``pack_ray`` start with it)."""
+    if shard_index is not None and shards is None:
+        raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
+    num = choose_num_shards(sources, shards=shards, shard_size=shard_size, store=options.store)
+    if shard_index is not None and not 0 <= shard_index < num:
+        raise ValueError(f"shard_index must be in 0..{num - 1}, got {shard_index}")
+    path = prepare_sharded_output(
+        dst, prefix=prefix, num_shards=num, only=shard_index, overwrite=options.overwrite, restart=options.restart
+    )
+    return num, path
+
+
+# -- packing -----------------------------------------------------------------------
+def _finished_manifest(path: str) -> dict[str, Any] | None:
+    """The manifest of the finished pack at ``path``, or None if it is not one."""
+    try:
+        return decode_meta(environments.read_manifest(path), where=path)
+    except NotAPackError:
+        return None
+
+
+def _same_shard(path: str, expected: dict[str, Any], options: PackOptions) -> tuple[bool, str, int]:
+    """(whether ``path`` is this shard, finished, with these options; why not; its count)."""
+    if packdir.inspect(path).kind is not packdir.Kind.PACK:
+        return False, "it is not a finished pack", 0
+    meta = _finished_manifest(path)
+    if meta is None:
+        return False, "it is not a readable lmdbfolder pack", 0
+    if meta.get(SHARD_FIELD) != expected:
+        return False, "it was packed as part of another split", 0
+    why = options.differences(meta)
+    if why is not None:
+        return False, why, 0
+    return True, "", int(meta["count"])
+
+
+def pack_shard(
+    sources: SourceList,
+    dst: str | os.PathLike[str],
+    index: int,
+    num_shards: int,
+    options: PackOptions | None = None,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    digest: str | None = None,
+    staging: str | os.PathLike[str] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    **fields: Any,
+) -> ShardResult:
+    """Pack shard ``index`` of the ``num_shards``-way contiguous split of ``sources`` into ``dst``.
+
+    ``sources`` is the complete sample list (``sources.scan``); the shard is
+    written to ``dst/<prefix>-<index>-of-<num_shards>.lmdb`` by the ordinary
+    writer, so an interrupted shard resumes when this is called again, bad
+    files are skipped (or stop it with ``strict``) and reported. A shard that
+    is already finished with the same split and options is kept as it is
+    (``ShardResult.kept``). ``dst`` must have been prepared with
+    ``prepare_sharded_output`` (``pack_sharded`` and the CLI do it).
+    ``options``/``fields``: as for ``lmdbfolder.pack``.
+
+    ``staging``: build the shard in this (node-local) directory and copy it
+    into ``dst`` when it is finished, for a ``dst`` on a network file system,
+    where LMDB must not be written. ``digest`` is ``sources_digest(sources)``
+    if the caller has it already. ``on_progress(done, total)`` is called as
+    source files of this shard are handled.
+
+    Example:
+        >>> from lmdbfolder.write.sources import scan
+        >>> sources = scan("imagenet/train")  # doctest: +SKIP
+        >>> pack_shard(sources, "train-sharded", 3, 8)  # doctest: +SKIP
+    """
+    opts = pack_options(options, fields)
+    dst = os.path.abspath(os.fspath(dst))
+    name = shard_name(prefix, index, num_shards)
+    target = os.path.join(dst, name)
+    expected = shard_field(sources, index, num_shards, prefix=prefix, digest=digest)
+    start, stop = expected["first_source"], expected["first_source"] + expected["sources"]
+    if os.path.lexists(target) and not opts.overwrite:
+        same, why, count = _same_shard(target, expected, opts)
+        if not same:
+            raise OutputExistsError(
+                target,
+                f"already holds a shard that does not fit this pack: {why}",
+                "pass --overwrite to repack it, or choose another output path",
+            )
+        return ShardResult(name, index, target, count, stop - start, kept=True)
+    part = shard_sources(sources, start, stop)
+    extra = {SHARD_FIELD: expected}
+    if staging is None:
+        result = pack_sources(part, target, opts, manifest_extra=extra, on_progress=on_progress)
+    else:
+        built = os.path.join(os.path.abspath(os.fspath(staging)), name)
+        os.makedirs(os.path.dirname(built), exist_ok=True)
+        if os.path.lexists(built):
+            same, _, count = _same_shard(built, expected, opts)
+            if same:  # finished on the staging disk before, never copied in
+                _move_into(built, target)
+                return ShardResult(name, index, target, count, stop - start, kept=True)
+            if packdir.inspect(built).kind is packdir.Kind.PACK:
+                packdir.remove(built)  # a finished shard of other options: repack it
+        result = pack_sources(part, built, opts.replace(overwrite=False), manifest_extra=extra, on_progress=on_progress)
+        _move_into(built, target)
+    return ShardResult(
+        name,
+        index,
+        target,
+        result.count,
+        stop - start,
+        result.seconds,
+        result.input_bytes,
+        result.payload_bytes,
+        list(result.skipped),
+        result.resumed_from,
+    )
+
+
+def _move_into(built: str, target: str) -> None:
+    """Copy the finished shard ``built`` (on a staging disk) into place at ``target``, then remove it."""
+    tmp = target + COPYING_SUFFIX
+    packdir.clear_temp_dir(tmp)
+    packdir.make_temp_dir(tmp)
+    try:
+        packdir.copy_single(built, tmp)
+        packdir.publish(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # made by this call, a moment ago
+        raise
+    packdir.remove(built)
+
+
+def pack_sharded(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    options: PackOptions | None = None,
+    *,
+    shards: int | None = None,
+    shard_size: int | str | None = None,
+    shard_index: int | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    layout: str = "imagefolder",
+    list_file: str | os.PathLike[str] | None = None,
+    allow_empty: bool = False,
+    staging: str | os.PathLike[str] | None = None,
+    **fields: Any,
+) -> ShardedPackResult:
+    """Pack ``src`` into a sharded pack at ``dst``: ``shards`` shards, or shards of about ``shard_size``.
+
+    The shards are packed one after the other in this process (each with the
+    parallel reading pipeline); ``lmdbfolder.ray.pack_ray`` packs them in
+    parallel on a Ray cluster. Rerunning the same call after an interruption
+    keeps the finished shards and resumes the unfinished one. The index is
+    written last, from the finished shards. ``options``/``fields``, ``layout``,
+    ``list_file`` and ``allow_empty`` are those of ``lmdbfolder.pack``.
+
+    ``shard_index``: pack only that shard of the ``shards``-way split and
+    write no index (one job of a Slurm array; ``write_index`` once all are
+    done). ``staging``: see ``pack_shard``.
+
+    Example:
+        >>> from lmdbfolder import pack_sharded
+        >>> result = pack_sharded("imagenet/train", "train", shard_size="4GB")  # doctest: +SKIP
+        >>> result.count, len(result.shards)  # doctest: +SKIP
+        (1281167, 36)
+    """
+    opts = pack_options(options, fields)
+    start_time = time.perf_counter()
+    sources = scan(src, layout=layout, list_file=list_file, allow_empty=allow_empty)
+    num, dst = plan_sharded_output(sources, dst, opts, shards, shard_size, shard_index, prefix)
+    digest = sources_digest(sources)
+    results = []
+    todo = range(num) if shard_index is None else [shard_index]
+    split = plan_split(len(sources), num)
+    total = sum(split[i][1] - split[i][0] for i in todo)
+    desc = f"pack {num} shards" if shard_index is None else f"pack shard {shard_index}"
+    # Each shard's own bar is off; this one bar counts every shard's files.
+    shard_opts = opts.replace(overwrite=opts.overwrite and shard_index is not None, progress=False)
+    with Progress(total, desc, enabled=opts.progress) as bar:
+        for i in todo:
+            lo, hi = split[i]
+            reported = [0]
+
+            def report(done: int, total: int, reported: list[int] = reported) -> None:
+                bar.update(done - reported[0])
+                reported[0] = done
+
+            result = pack_shard(
+                sources, dst, i, num, shard_opts, prefix=prefix, digest=digest, staging=staging, on_progress=report
+            )
+            bar.update(hi - lo - reported[0])
+            for path, reason in result.skipped:
+                bar.write(f"skipped {path}: {reason}")
+            results.append(result)
+    if shard_index is not None:
+        return ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, opts.store)
+    index = write_index(dst, prefix=prefix)
+    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+
+
+# -- the index ---------------------------------------------------------------------
+def _find_split(dst: str, prefix: str | None) -> tuple[str, int, dict[int, str], set[int]]:
+    entries = packdir.shard_entries(dst)
+    groups: dict[tuple[str, int], tuple[dict[int, str], set[int]]] = {}
+    for name, (p, i, total, finished) in entries.items():
+        if prefix is not None and p != prefix:
+            continue
+        done, unfinished = groups.setdefault((p, total), ({}, set()))
+        if finished:
+            done[i] = name
+        else:
+            unfinished.add(i)
+    if not groups:
+        raise NotAPackError(
+            dst,
+            "it holds no shard" + (f" named {prefix}-*" if prefix else ""),
+            "pack the shards first (`lmdbfolder pack SRC DST --shards N`, or --shard-index I per job)",
+        )
+    if len(groups) > 1:
+        kinds = ", ".join(shard_name(p, 0, n).replace("-00000-", "-*-") for p, n in sorted(groups))
+        raise NotAPackError(
+            dst, f"it holds shards of several splits ({kinds})", "remove the ones that do not belong, or pass --prefix"
+        )
+    (found_prefix, total), (done, unfinished) = next(iter(groups.items()))
+    return found_prefix, total, done, unfinished
+
+
+def write_index(
+    dst: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+) -> dict[str, Any]:
+    """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index.
+
+    Every shard of the split must be present and finished, and all must come
+    from the same scan (same sample list, classes and store) and tile it
+    without gaps. Missing or unfinished shards are named in the error.
+    ``prefix`` selects the shards named ``<prefix>-*`` when several splits
+    share ``dst``. The index is written atomically (a temporary file renamed).
+
+    Example:
+        >>> index = write_index("train-sharded")  # doctest: +SKIP
+        >>> index["count"], len(index["shards"])  # doctest: +SKIP
+        (1281167, 8)
+    """
+    dst = os.path.abspath(os.fspath(dst))
+    if not os.path.isdir(dst):
+        raise NotAPackError(dst, "no such directory")
+    found_prefix, total, done, unfinished = _find_split(dst, prefix)
+    missing = [i for i in range(total) if i not in done]
+    if missing:
+        described = [
+            shard_name(found_prefix, i, total) + (" (unfinished)" if i in unfinished else "") for i in missing[:10]
+        ]
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise NotAPackError(
+            dst,
+            f"{len(missing)} of {total} shards are missing: {', '.join(described)}{more}",
+            f"pack them (`lmdbfolder pack SRC {dst} --shards {total} --shard-index I`), "
+            "then run `lmdbfolder index` again",
+        )
+    entries: list[dict[str, Any]] = []
+    first: dict[str, Any] = {}
+    encodings: dict[str, int] = {}
+    next_source = 0
+    first_index = 0
+    for i in range(total):
+        name = done[i]
+        path = os.path.join(dst, name)
+        meta_blob, labels_blob, paths_blob = environments.read_tables(path)
+        meta = decode_meta(meta_blob, where=path)
+        count = int(meta["count"])
+        where = f"{name} in {dst}"
+        info = meta.get(SHARD_FIELD)
+        if not isinstance(info, dict):
+            raise NotAPackError(path, "it is a complete pack but was not packed as a shard (no `shard` field)")
+        if not first:
+            first = meta
+        expected_info = {"prefix": found_prefix, "index": i, "num_shards": total, "split": SPLIT_METHOD}
+        wrong = [k for k, v in expected_info.items() if info.get(k) != v]
+        same_scan = (
+            info.get("total_sources") == first[SHARD_FIELD]["total_sources"]
+            and info.get("sources_sha256") == first[SHARD_FIELD]["sources_sha256"]
+        )
+        if wrong or not same_scan or info.get("first_source") != next_source:
+            raise NotAPackError(
+                path,
+                f"it does not belong to this split ({where}): it was packed from another scan of the source, "
+                "or with other shard options",
+                "repack it with `lmdbfolder pack ... --shard-index` from the same source and options",
+            )
+        for key in ("classes", "class_to_idx", "store"):
+            if meta[key] != first[key]:
+                raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
+        digest = tables_digest(meta_blob, labels_blob, paths_blob)
+        for enc, n in (meta.get("encodings") or {}).items():
+            encodings[enc] = encodings.get(enc, 0) + n
+        entries.append(
+            {
+                "name": name,
+                "count": count,
+                "first_index": first_index,
+                "first_source": info["first_source"],
+                "sources": info["sources"],
+                "skipped": len(meta.get("skipped") or []),
+                "payload_bytes": meta.get("payload_bytes"),
+                "bytes": os.path.getsize(os.path.join(path, DATA_FILE)),
+                "tables_sha256": digest,
+            }
+        )
+        next_source += info["sources"]
+        first_index += count
+    if next_source != first[SHARD_FIELD]["total_sources"]:
+        raise NotAPackError(dst, f"the shards cover {next_source} source files, the split has {total}")
+    index = {
+        "format": SHARD_INDEX_FORMAT,
+        "index_version": SHARD_INDEX_VERSION,
+        "pack_format_version": FORMAT_VERSION,
+        "count": first_index,
+        "classes": first["classes"],
+        "class_to_idx": first["class_to_idx"],
+        "store": first["store"],
+        "num_shards": total,
+        "shards": entries,
+        "split": {
+            "method": SPLIT_METHOD,
+            "prefix": found_prefix,
+            "num_shards": total,
+            "sources": next_source,
+            "sources_sha256": first[SHARD_FIELD]["sources_sha256"],
+        },
+        "encodings": dict(sorted(encodings.items())),
+        "payload_bytes": sum(e["payload_bytes"] or 0 for e in entries),
+        "skipped": sum(e["skipped"] for e in entries),
+        "checksum": "sha256 of each shard's tables; crc32 of every record",
+        "source": first.get("source"),
+        "created_by": f"lmdbfolder {__version__}",
+        "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    packdir.write_atomically(dst, SHARD_INDEX_FILE, encode_shard_index(index), SHARD_INDEX_TMP)
+    return index

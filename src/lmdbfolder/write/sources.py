@@ -1,0 +1,239 @@
+"""Build the complete, ordered sample list of a source before anything is written.
+
+Three layouts are supported:
+
+* ``imagefolder``: ``root/<class>/**/<image>``, with exactly the rules of
+  ``torchvision.datasets.ImageFolder`` (sorted class folders, a recursive walk
+  that follows symlinks, the same case-insensitive extension list, labels
+  0..C-1 in class order, an error for classes without images);
+* ``flat``: every image under ``root`` (recursively), no labels, ordered by
+  relative path;
+* ``list``: a text file of ``relative/path label`` lines (the Caffe
+  ``convert_imageset`` / "FileListDataset" input).
+
+Only the standard library is used; no file is opened except the list file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from lmdbfolder.errors import ListFileError, SourceError
+from lmdbfolder.format import NO_LABEL
+
+__all__ = [
+    "IMG_EXTENSIONS",
+    "LAYOUTS",
+    "SourceList",
+    "scan",
+    "scan_imagefolder",
+    "scan_flat",
+    "read_list_file",
+]
+
+#: torchvision.datasets.folder.IMG_EXTENSIONS, matched case-insensitively.
+IMG_EXTENSIONS: tuple[str, ...] = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".ppm",
+    ".bmp",
+    ".pgm",
+    ".tif",
+    ".tiff",
+    ".webp",
+)
+LAYOUTS = ("imagefolder", "flat", "list")
+
+
+@dataclass
+class SourceList:
+    """The ordered samples of a source: sample ``i`` is ``relpaths[i]`` with ``labels[i]``.
+
+    ``relpaths`` are relative to ``root`` (or absolute, when a list file says so).
+    """
+
+    root: str
+    layout: str
+    relpaths: list[str]
+    labels: list[int]
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    list_file: str | None = None
+    extensions: tuple[str, ...] = field(default=IMG_EXTENSIONS)
+
+    def __len__(self) -> int:
+        return len(self.relpaths)
+
+    def abspath(self, index: int) -> str:
+        """The file to read for sample ``index``."""
+        return os.path.join(self.root, self.relpaths[index])
+
+    def mean_file_size(self, max_stat: int = 5000) -> float:
+        """Mean size of the files, from up to ``max_stat`` evenly spaced ``stat`` calls.
+
+        Enough to plan a pack (map size, free space, shard count) without
+        stat-ing a million files. Files that cannot be stat-ed are left out.
+        """
+        n = len(self)
+        sizes = []
+        for i in range(0, n, max(1, n // max_stat)):
+            try:
+                sizes.append(os.stat(self.abspath(i)).st_size)
+            except OSError:
+                continue
+        return sum(sizes) / len(sizes) if sizes else 0.0
+
+    def hash_samples(self, h: Any) -> Any:
+        """Feed every path and label, in order, to the hash object ``h``; returns ``h``."""
+        for path, label in zip(self.relpaths, self.labels):
+            h.update(os.fsencode(path))
+            h.update(b"\0%d\n" % label)
+        return h
+
+    def describe(self) -> dict[str, object]:
+        """JSON-ready description stored in the pack's manifest."""
+        return {
+            "layout": self.layout,
+            "root": self.root,
+            "list_file": self.list_file,
+            "extensions": list(self.extensions),
+        }
+
+
+def _check_root(root: str) -> str:
+    root = os.path.abspath(os.path.expanduser(os.fspath(root)))
+    if not os.path.exists(root):
+        raise SourceError(root, "does not exist", "check the source path")
+    if not os.path.isdir(root):
+        raise SourceError(root, "is not a directory", "pass the folder that holds the images")
+    return root
+
+
+def _is_image(name: str, extensions: tuple[str, ...]) -> bool:
+    return name.lower().endswith(extensions)
+
+
+def scan_imagefolder(root: str, *, extensions: Sequence[str] = IMG_EXTENSIONS, allow_empty: bool = False) -> SourceList:
+    """List an ImageFolder tree exactly as ``torchvision.datasets.ImageFolder`` does."""
+    root = _check_root(root)
+    exts = tuple(e.lower() for e in extensions)
+    with os.scandir(root) as entries:
+        classes = sorted(e.name for e in entries if e.is_dir())
+    if not classes:
+        raise SourceError(
+            root,
+            "no class folders found (an ImageFolder tree is root/<class>/<image>)",
+            "for a folder of images without classes use --flat; for a `path label` file use --list",
+        )
+    class_to_idx = {c: i for i, c in enumerate(classes)}
+    relpaths: list[str] = []
+    labels: list[int] = []
+    empty = []
+    for cls in classes:
+        before = len(relpaths)
+        target = os.path.join(root, cls)
+        # sorted(os.walk(...)) and sorted(fnames): the order torchvision uses.
+        for dirpath, _, fnames in sorted(os.walk(target, followlinks=True)):
+            rel_dir = os.path.relpath(dirpath, root)
+            for fname in sorted(fnames):
+                if _is_image(fname, exts):
+                    relpaths.append(os.path.join(rel_dir, fname))
+        labels.extend([class_to_idx[cls]] * (len(relpaths) - before))
+        if len(relpaths) == before:
+            empty.append(cls)
+    if empty and not allow_empty:
+        raise SourceError(
+            root,
+            f"found no image for the classes {', '.join(empty)}; supported extensions are {', '.join(exts)}",
+            "remove the empty class folders, or pass --allow-empty to keep them as classes",
+        )
+    return SourceList(root, "imagefolder", relpaths, labels, classes, class_to_idx, extensions=exts)
+
+
+def scan_flat(root: str, *, extensions: Sequence[str] = IMG_EXTENSIONS) -> SourceList:
+    """List every image under ``root`` (recursively), sorted by relative path, unlabelled."""
+    root = _check_root(root)
+    exts = tuple(e.lower() for e in extensions)
+    relpaths = []
+    for dirpath, _, fnames in os.walk(root, followlinks=True):
+        rel_dir = os.path.relpath(dirpath, root)
+        for fname in fnames:
+            if _is_image(fname, exts):
+                relpaths.append(fname if rel_dir == "." else os.path.join(rel_dir, fname))
+    if not relpaths:
+        raise SourceError(root, f"no images found; supported extensions are {', '.join(exts)}")
+    relpaths.sort()
+    return SourceList(root, "flat", relpaths, [NO_LABEL] * len(relpaths), [], {}, extensions=exts)
+
+
+def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None = None) -> SourceList:
+    """Read ``relative/path label`` lines; paths are relative to ``root``.
+
+    The label is the last whitespace-separated token, so paths may contain
+    spaces. Blank lines and lines starting with ``#`` are ignored. Class names
+    default to ``"0" .. str(max_label)``; pass ``classes`` to name them.
+    """
+    root = _check_root(root)
+    list_file = os.path.abspath(os.fspath(list_file))
+    relpaths: list[str] = []
+    labels: list[int] = []
+    try:
+        # utf-8-sig drops a BOM; surrogateescape keeps undecodable bytes as in file names.
+        with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
+            for lineno, line in enumerate(f, start=1):
+                text = line.strip()
+                if not text or text.startswith("#"):
+                    continue
+                parts = text.rsplit(None, 1)
+                if len(parts) != 2:
+                    raise ListFileError(list_file, lineno, text, "expected `path label`")
+                path, label_text = parts
+                try:
+                    label = int(label_text)
+                except ValueError:
+                    raise ListFileError(list_file, lineno, text, f"label {label_text!r} is not an integer") from None
+                if label < 0 or label >= 1 << 31:
+                    raise ListFileError(list_file, lineno, text, f"label {label} is outside 0..2**31-1")
+                relpaths.append(path)
+                labels.append(label)
+    except OSError as exc:
+        raise SourceError(list_file, f"cannot read the list file ({exc.strerror})") from None
+    if not relpaths:
+        raise SourceError(list_file, "the list file holds no `path label` lines")
+    n_classes = max(labels) + 1
+    if classes is None:
+        names = [str(i) for i in range(n_classes)]
+    else:
+        names = list(classes)
+        if len(names) < n_classes:
+            raise SourceError(
+                list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given"
+            )
+    return SourceList(root, "list", relpaths, labels, names, {c: i for i, c in enumerate(names)}, list_file=list_file)
+
+
+def scan(
+    root: str | os.PathLike[str],
+    *,
+    layout: str = "imagefolder",
+    list_file: str | os.PathLike[str] | None = None,
+    allow_empty: bool = False,
+) -> SourceList:
+    """Build the sample list of ``root`` for the given ``layout``
+    (``list_file`` implies ``layout="list"``)."""
+    root = os.fspath(root)
+    list_file = None if list_file is None else os.fspath(list_file)
+    if list_file is not None:
+        layout = "list"
+    if layout == "imagefolder":
+        return scan_imagefolder(root, allow_empty=allow_empty)
+    if layout == "flat":
+        return scan_flat(root)
+    if layout == "list":
+        if list_file is None:
+            raise ValueError("layout='list' needs list_file")
+        return read_list_file(list_file, root)
+    raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")

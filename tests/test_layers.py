@@ -1,0 +1,157 @@
+"""The package's layers: every import points down, read and write never meet, no cycles.
+
+The imports are read from the source (every ``import`` statement, also the
+ones inside functions), so a lazy import counts like any other. Layers, from
+the bottom (docs/design.md, "Module boundaries"):
+
+0. core: the format, errors, image codecs, progress bars, LMDB environments,
+   the pack directory;
+1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
+   which share only the core;
+2. the tools (``lmdbfolder.tools``);
+3. the PyTorch layer (``torch``, ``fused``, ``sampler``);
+4. the benchmarks and the demo (``lmdbfolder.bench``);
+5. the command line, the package's public surface and the old import paths.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import lmdbfolder
+
+PACKAGE = Path(lmdbfolder.__file__).parent
+CORE = {"_version", "errors", "format", "codecs", "progress", "environments", "packdir"}
+TORCH = {"torch", "fused", "sampler", "gpu"}
+TOP = {"", "__main__", "cli"}
+#: One-line re-exports kept for the old flat layout; nothing inside the package may use them.
+COMPAT = {
+    "reader",
+    "sharded",
+    "decoders",
+    "writer",
+    "sources",
+    "shards",
+    "ray",
+    "copying",
+    "cache",
+    "legacy",
+    "loading",
+}
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(layer number, side) of ``lmdbfolder.<module>``; side tells read from write."""
+    rel = module[len("lmdbfolder") :].lstrip(".")
+    head = rel.split(".")[0]
+    if head in CORE:
+        return 0, "core"
+    if head in ("read", "write"):
+        return 1, head
+    if head == "tools":
+        return 2, "tools"
+    if head in TORCH:
+        return 3, "torch"
+    if head == "bench":
+        return 4, "bench"
+    if head in TOP or head in COMPAT:
+        return 5, "top"
+    raise AssertionError(f"{module} is in no layer: add it to tests/test_layers.py (and docs/design.md)")
+
+
+def all_modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(("lmdbfolder", *parts))] = path
+    return out
+
+
+MODULES = all_modules()
+
+
+def imports_of(path: Path) -> set[str]:
+    """The lmdbfolder modules that the file imports (anywhere in it)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: use absolute imports"
+            base = node.module or ""
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name == "lmdbfolder" or name.startswith("lmdbfolder."):
+                # ``import lmdbfolder.a.b`` depends on lmdbfolder.a.b (the package
+                # __init__ files on the way hold no code that matters here).
+                while name not in MODULES:
+                    name = name.rsplit(".", 1)[0]
+                found.add(name)
+    return found
+
+
+GRAPH = {name: imports_of(path) - {name} for name, path in MODULES.items()}
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_point_down(module: str) -> None:
+    level, side = layer_of(module)
+    for target in sorted(GRAPH[module]):
+        t_level, t_side = layer_of(target)
+        assert t_level <= level, f"{module} (layer {level}) imports {target} (layer {t_level}): an upward import"
+        if level == t_level == 1:
+            assert side == t_side, f"{module} imports {target}: the read and write sides share only the core"
+        if target.split(".")[1] in COMPAT and target.count(".") == 1:
+            assert module == "lmdbfolder", f"{module} imports the old path {target}: import its new home"
+
+
+def test_no_import_cycles() -> None:
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt) :] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+
+
+def test_the_checker_sees_lazy_and_from_imports(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "def f():\n    from lmdbfolder.write.writer import pack\n    import lmdbfolder.read.reader\n"
+        "from lmdbfolder import packdir\n"
+    )
+    assert imports_of(source) == {"lmdbfolder.write.writer", "lmdbfolder.read.reader", "lmdbfolder.packdir"}
+
+
+def test_old_import_paths_still_work() -> None:
+    import lmdbfolder.loading
+    import lmdbfolder.reader
+    import lmdbfolder.shards
+    import lmdbfolder.writer
+    from lmdbfolder.read.reader import Reader
+    from lmdbfolder.write.options import Resize
+    from lmdbfolder.write.shards import pack_sharded
+
+    assert lmdbfolder.reader.Reader is Reader
+    assert lmdbfolder.loading.Resize is Resize
+    assert lmdbfolder.shards.pack_sharded is pack_sharded
+    assert lmdbfolder.writer.pack is lmdbfolder.pack

@@ -567,6 +567,14 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of that pack (default 90)")
     p.add_argument("--raw", action="store_true", help="with --max-size: also measure a --store raw pack of that size")
     p.add_argument("--size", type=int, default=224, metavar="PX", help="training resolution (default 224)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="DataLoader batch size (default 64)")
+    p.add_argument(
+        "--device",
+        default=None,
+        metavar="DEV",
+        help="also measure the GPU batch path (workers ship bytes, DEV decodes + crops + flips): cuda, cuda:N, "
+        "or cpu (the same code on the CPU)",
+    )
     p.add_argument("--chart", default="lmdbfolder-bench.png", metavar="PNG", help="chart file (default %(default)s)")
     p.add_argument("--no-chart", action="store_true", help="do not draw the chart")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON (progress goes to stderr)")
@@ -580,6 +588,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
 
+    problem = _bench_device_problem(args.device)
+    if problem:
+        print(f"lmdbfolder bench: error: {problem}", file=sys.stderr)
+        return 2
     cpus = os.cpu_count() or 1
     cfg = BenchConfig(
         src=args.src,
@@ -593,6 +605,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         max_size_raw=args.raw,
         quality=args.quality,
         size=args.size,
+        batch_size=max(1, args.batch_size),
+        device=args.device,
         progress=False if args.json else None,
         say=say,
     )
@@ -612,6 +626,26 @@ def _run_bench(args: argparse.Namespace) -> int:
         if chart:
             print(f"chart: {chart}")
     return 0
+
+
+def _bench_device_problem(device: str | None) -> str | None:
+    """Why ``bench --device`` cannot run here (None if it can)."""
+    if device is None:
+        return None
+    try:
+        import torch
+        import torchvision  # noqa: F401
+    except ImportError:
+        return "--device needs torch and torchvision (pip install lmdbfolder[torch])"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"--device {device!r} is not a torch device; use cuda, cuda:N or cpu"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return "--device cuda: torch sees no CUDA GPU here (torch.cuda.is_available() is False); use --device cpu"
+    if dev.type not in ("cuda", "cpu"):
+        return f"--device {device!r}: the GPU path decodes on cuda (or cpu) only"
+    return None
 
 
 # -- warm ---------------------------------------------------------------------

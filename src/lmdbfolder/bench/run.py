@@ -83,6 +83,8 @@ class BenchConfig:
     size: int = 224
     batch_size: int = BATCH
     seed: int = 0
+    #: also measure the GPU batch path (lmdbfolder.gpu) on this device ("cuda", "cpu"); None: not
+    device: str | None = None
     workdir: str | None = None
     progress: bool | None = None
     say: Callable[[str], None] = print
@@ -285,6 +287,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
 
         # -- training pipeline ------------------------------------------------------
         single: dict[str, Measurement] = {}
+        device_summary: dict[str, Any] | None = None
         fastest_decoder = resolve_decoder_name("auto")
         if _torch_available():
             from torchvision.datasets import ImageFolder
@@ -327,6 +330,8 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                         _close(ds)
                         m = best.add(_tag(m, cache))
                         say(f"  train pipeline, {cache}, {w} workers, {name}: {_rate(m)}")
+            if cfg.device:
+                device_summary = _device_rows(cfg, packed, subset, best, say)
         else:
             say("torch/torchvision are not installed: only the raw-read workload was measured")
 
@@ -347,6 +352,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 "size": cfg.size,
                 "batch_size": cfg.batch_size,
                 "max_size": cfg.max_size,
+                "device": cfg.device,
                 "fastest_settings": (
                     f"decoder={fastest_decoder!r}, size_hint={cfg.size}, fused RandomResizedCrop"
                     f"({cfg.size}, resize={'opencv' if _has_cv2() else 'pil'}, output='tensor'), get_many prefetch"
@@ -361,11 +367,70 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         )
         result_obj.summary = _summarize(best, cfg, single)
         result_obj.summary["read_path"] = overhead
+        if device_summary is not None:
+            result_obj.summary["device"] = device_summary
         result_obj.recommendation = _recommend(best, cfg, result_obj.summary, fastest_decoder)
         return result_obj
     finally:
         if made_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def device_contestant(device: str) -> str:
+    """The contestant name of the GPU batch path's rows (``lmdbfolder.gpu``) on ``device``."""
+    return f"GPU path ({device})"
+
+
+def _device_rows(
+    cfg: BenchConfig, packed: str, subset: list[int], best: _Best, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """``lmdbfolder bench --device``: the GPU batch path beside the CPU rows (same workers, subset, batch size).
+
+    Workers ship record bytes and planned crop boxes (``RecordBytes``); the
+    training process decodes + crops + flips each batch on ``cfg.device``
+    (``DeviceRandomResizedCrop``). Rows: the transform alone on batches read
+    beforehand ("decode+augment"), then the DataLoader epoch for each worker
+    count ("train pipeline"). Returns the per-batch times (GPU time from CUDA
+    events on CUDA), the fallback counters and the ratio to the CPU fast path.
+    """
+    import torch
+
+    from lmdbfolder.bench.gpu_timing import time_device_path, time_device_transform
+
+    device = str(cfg.device)
+    name = device_contestant(device)
+    out: dict[str, Any] = {"device": device, "batch_size": cfg.batch_size, "per_workers": {}}
+    if device.startswith("cuda"):
+        out["name"] = torch.cuda.get_device_name(torch.device(device))
+    alone, details = time_device_transform(
+        packed, device=device, batch_size=cfg.batch_size, size=cfg.size, indices=subset, contestant=name
+    )
+    best.add(_tag(alone, "warm"))
+    out["transform_alone"] = details
+    say(
+        f"  decode+augment on {device}, batches read beforehand: {_rate(alone)} "
+        f"({details['transform_ms_per_batch']} ms/batch wall, {details['gpu_ms_per_batch']} ms/batch GPU)"
+    )
+    for w in cfg.workers:
+        for _rep in range(cfg.repeat):
+            m, details = time_device_path(
+                packed,
+                device=device,
+                workers=w,
+                batch_size=cfg.batch_size,
+                size=cfg.size,
+                indices=subset,
+                contestant=name,
+            )
+            m = best.add(_tag(m, "warm"))
+            out["per_workers"].setdefault(str(w), []).append(details)
+            say(f"  train pipeline, warm, {w} workers, {name}: {_rate(m)} ({details['gpu_ms_per_batch']} ms/batch GPU)")
+    top = max(cfg.workers)
+    out["vs_fastest"] = _ratio(
+        best.get(name, "train pipeline, warm", top), best.get(FASTEST, "train pipeline, warm", top)
+    )
+    out["stats"] = details["stats"]
+    return out
 
 
 def _has_cv2() -> bool:
@@ -474,6 +539,24 @@ def _recommend(best: _Best, cfg: BenchConfig, summary: dict[str, Any], decoder: 
     return f"Use {setting}, num_workers={top.workers}; {verdict}{extra}."
 
 
+def _device_lines(dev: dict[str, Any], top: int) -> list[str]:
+    """The report lines of ``--device``: per-batch times, the ratio to the CPU fast path, the fallbacks."""
+    where = dev["device"] + (f" ({dev['name']})" if dev.get("name") else "")
+    alone = dev["transform_alone"]
+    lines = [
+        f"GPU path on {where}, batch {dev['batch_size']}: decode+crop+flip alone {alone['transform_ms_per_batch']} "
+        f"ms/batch wall, {alone['gpu_ms_per_batch']} ms/batch GPU (CUDA events; None off CUDA)"
+    ]
+    for w, runs in dev["per_workers"].items():
+        gpu = [r["gpu_ms_per_batch"] for r in runs]
+        wall = [r["transform_ms_per_batch"] for r in runs]
+        lines.append(f"  {w} workers: transform {wall} ms/batch wall, {gpu} ms/batch GPU, per run")
+    lines.append(
+        f"GPU path vs LMDBFolder fastest at {top} workers: {dev['vs_fastest']}x; samples by path: {dev['stats']}"
+    )
+    return lines
+
+
 def _format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Plain-text table with right-aligned numeric columns."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
@@ -545,6 +628,8 @@ def format_report(result: BenchResult) -> str:
     for name, by_w in s.get("loader_efficiency", {}).items():
         text = ", ".join(f"{w} workers {e:.0%}" for w, e in by_w.items())
         lines.append(f"loader efficiency (img/s / (workers x one-process rate)), {name}: {text}")
+    if "device" in s:
+        lines.extend(_device_lines(s["device"], max(cfg["workers"])))
     lines.append("")
     lines.append("Recommendation: " + result.recommendation)
     return "\n".join(lines)

@@ -4,6 +4,10 @@
 #   bash benchmarks/gpu_check.sh                 # install, GPU tests, photo-like tree, bench: ~3-6 minutes
 #   bash benchmarks/gpu_check.sh --fetch-wheels  # on a machine with PyPI: fetch the wheels an offline one needs
 #
+# For an offline GPU machine, prepare on this one and send both folders along (they are git-ignored):
+#   bash benchmarks/gpu_check.sh --fetch-wheels            # .whl/: lmdb and simplejpeg wheels (~1 MB)
+#   python benchmarks/photolike.py sources .photos         # .photos/: the 24 source photographs (~17 MB)
+#
 # Steps (each under its own time limit; the script goes on after a failed step and exits non-zero at the end):
 #   1. env.txt      nvidia-smi, Python and library versions
 #   2. install.log  a virtual environment from the project's own files. If this machine's python3 already has
@@ -136,7 +140,10 @@ grep -E "GPU vs CPU path|GPU fallbacks|GPU ms per batch|passed|failed|skipped" "
 # -- 4. photo-like data ------------------------------------------------------------------------------------
 TREE=$WORK/photolike-$IMAGES
 PACK=$WORK/photolike-$IMAGES.lmdb
-step data 240 "$OUT_DIR/photolike.txt" "$VPY" benchmarks/photolike.py "$TREE" --count "$IMAGES" --classes 100
+# The source photos: the Debian wallpaper packages where installed, else the copies in .photos/
+# (made beforehand with `python benchmarks/photolike.py sources .photos` and sent along).
+if [ -z "${PHOTOLIKE_SOURCES:-}" ] && [ -d "$ROOT/.photos" ]; then export PHOTOLIKE_SOURCES="$ROOT/.photos"; fi
+step data 240 "$OUT_DIR/photolike.txt" "$VPY" benchmarks/photolike.py make "$TREE" --images "$IMAGES" --classes 100
 if [ ! -d "$PACK" ]; then
     step pack 240 "$OUT_DIR/photolike.txt" "$VPY" -m lmdbfolder pack "$TREE" "$PACK" --no-progress
 fi

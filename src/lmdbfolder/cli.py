@@ -150,6 +150,21 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
     p.add_argument("--restart", action="store_true", help="discard an unfinished pack at DST instead of resuming it")
     p.add_argument("--allow-empty", action="store_true", help="keep class folders that hold no image")
+    p.add_argument(
+        "--extensions",
+        type=_extension_list,
+        default=None,
+        metavar=".EXT,...",
+        help="file endings to pack, case-insensitive (default: ImageFolder's .jpg,.jpeg,.png,.ppm,.bmp,.pgm,"
+        ".tif,.tiff,.webp); recorded in the pack",
+    )
+    p.add_argument(
+        "--match",
+        default=None,
+        metavar="REGEX",
+        help="pack only files whose path relative to SRC contains a match of REGEX (Python re.search, / "
+        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack",
+    )
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
     _add_output_flags(p, "print the summary as JSON")
     _add_shard_options(p)
@@ -181,8 +196,22 @@ def _pack_options(args: argparse.Namespace) -> Any:
 
 
 def _source_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Where ``pack`` reads from: layout, list file, empty classes."""
-    return dict(layout="flat" if args.flat else "imagefolder", list_file=args.list_file, allow_empty=args.allow_empty)
+    """Where ``pack`` reads from: layout, list file, empty classes, file filters."""
+    return dict(
+        layout="flat" if args.flat else "imagefolder",
+        list_file=args.list_file,
+        allow_empty=args.allow_empty,
+        extensions=args.extensions,
+        match=args.match,
+    )
+
+
+def _extension_list(text: str) -> tuple[str, ...]:
+    """``--extensions .jpg,.png`` (commas and/or spaces; the dot may be left out)."""
+    names = [e.strip() for e in text.replace(",", " ").split()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one extension, e.g. --extensions .jpg,.png")
+    return tuple(e if e.startswith(".") else "." + e for e in names)
 
 
 def _run_pack(args: argparse.Namespace) -> int:

@@ -8,11 +8,14 @@ an exit code, so these messages are the user interface for failures.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 __all__ = [
     "LmdbFolderError",
     "NotAPackError",
+    "PackNotFoundError",
+    "NoSamplesError",
     "FormatVersionError",
     "CorruptRecordError",
     "SourceError",
@@ -63,6 +66,56 @@ class NotAPackError(LmdbFolderError):
     def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
         self.path = str(path)
         super().__init__(f"{self.path} is not an lmdbfolder pack: {why}", hint)
+
+
+def _not_found(error: OSError, filename: str) -> None:
+    # The OSError fields that code catching FileNotFoundError reads.
+    error.errno = errno.ENOENT
+    error.strerror = "No such file or directory"
+    error.filename = filename
+
+
+def _rebuild_not_found(cls: type[LmdbFolderError], state: dict[str, Any], filename: str) -> LmdbFolderError:
+    """Unpickle an lmdbfolder error that is also a FileNotFoundError (errno and filename are not in ``__dict__``)."""
+    error = _rebuild_error(cls, state)
+    if isinstance(error, OSError):
+        _not_found(error, filename)
+    return error
+
+
+class PackNotFoundError(NotAPackError, FileNotFoundError):
+    """There is no pack at the path: nothing at all, or a directory without ``data.mdb``/``index.json``.
+
+    Also a ``FileNotFoundError`` (``errno.ENOENT``, ``filename`` is the path), which is what
+    ``ImageFolder`` raises for a root without class folders, so code written for it
+    (``except FileNotFoundError``) handles this too.
+    """
+
+    def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
+        super().__init__(path, why, hint)
+        _not_found(self, self.path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_not_found, (type(self), self.__dict__.copy(), self.path))
+
+
+class NoSamplesError(LmdbFolderError, FileNotFoundError):
+    """Classes without a sample after filtering a pack at read time (``LMDBFolder(extensions=...,
+    is_valid_file=..., find_classes override)``), where ImageFolder raises FileNotFoundError too.
+
+    ``classes`` names them; ``where`` is the pack.
+    """
+
+    hint = "pass allow_empty=True to keep classes without samples, or change the filter"
+
+    def __init__(self, where: str, classes: list[str], why: str, hint: str | None = None) -> None:
+        self.where = where
+        self.classes = list(classes)
+        super().__init__(f"{where}: {why}", hint)
+        _not_found(self, where)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_not_found, (type(self), self.__dict__.copy(), self.where))
 
 
 class FormatVersionError(NotAPackError):

@@ -129,7 +129,7 @@ def imagefolder_differences(files_ds: Any, packed_ds: Any, *, limit: int | None 
         problems.append("classes differ")
     if list(files_ds.targets) != list(packed_ds.targets) or len(files_ds) != len(packed_ds):
         problems.append("targets differ")
-    elif [os.path.join(files_ds.root, p) for p, _ in packed_ds.samples] != [p for p, _ in files_ds.samples]:
+    elif packed_ds.filenames() != [os.path.relpath(p, files_ds.root) for p, _ in files_ds.samples]:
         problems.append("sample paths differ")
     if problems:
         return problems

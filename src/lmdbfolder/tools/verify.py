@@ -170,10 +170,23 @@ def _source_files(
         )
         return None
     listing = os.fspath(list_file) if list_file is not None else recorded.get("list_file")
-    sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True)
+    # The same file filters as the pack. An is_valid_file callable cannot be run again:
+    # then every file is listed, and only the pack's own files are compared.
+    filters: dict[str, Any] = {}
+    chosen_by_callable = layout != "list" and bool(recorded.get("is_valid_file"))
+    if chosen_by_callable:
+        filters["is_valid_file"] = lambda _path: True
+    elif layout != "list" and recorded.get("extensions"):
+        filters["extensions"] = tuple(recorded["extensions"])
+    if layout != "list" and recorded.get("match") is not None:
+        filters["match"] = recorded["match"]
+    sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True, **filters)
     skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
-    expected = [p for p in sources.relpaths if p not in skipped]
     packed = reader.paths()
+    expected = [p for p in sources.relpaths if p not in skipped]
+    if chosen_by_callable:
+        in_pack_only = set(packed)
+        expected = [p for p in expected if p in in_pack_only]
     if expected != packed:
         in_pack = set(packed)
         in_source = set(expected)

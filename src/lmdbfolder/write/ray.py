@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from lmdbfolder.errors import LmdbFolderError, PackError
 from lmdbfolder.progress import Progress
@@ -107,6 +107,9 @@ def pack_ray(
     layout: str = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    extensions: Sequence[str] | str | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
     staging: str | os.PathLike[str] | None = None,
     task_cpus: float = 1.0,
     on_progress: Callable[[int, int], None] | None = None,
@@ -140,7 +143,15 @@ def pack_ray(
     opts = pack_options(options, fields)
     ray = _import_ray()
     start_time = time.perf_counter()
-    sources = scan(src, layout=layout, list_file=list_file, allow_empty=allow_empty)
+    sources = scan(
+        src,
+        layout=layout,
+        list_file=list_file,
+        allow_empty=allow_empty,
+        extensions=extensions,
+        is_valid_file=is_valid_file,
+        match=match,
+    )
     num, dst = plan_sharded_output(sources, dst, opts, shards, shard_size, None, prefix)
     task_opts = opts.replace(
         workers=opts.workers if opts.workers is not None else max(4, int(2 * task_cpus)),
@@ -150,7 +161,7 @@ def pack_ray(
     shard_args: dict[str, Any] = dict(
         prefix=prefix,
         digest=sources_digest(sources),
-        staging=None if staging is None else os.path.abspath(os.fspath(staging)),
+        staging=None if staging is None else os.path.abspath(os.path.expanduser(os.fspath(staging))),
     )
     started = not ray.is_initialized()
     if started:

@@ -36,7 +36,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from lmdbfolder import environments, packdir
 from lmdbfolder._version import __version__
@@ -272,7 +272,7 @@ def prepare_sharded_output(
     discards unfinished shards (all of them, or shard ``only``) instead of
     resuming them.
     """
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     if not os.path.lexists(dst):
         os.makedirs(dst, exist_ok=True)  # array jobs may all get here at once
         return dst
@@ -404,7 +404,7 @@ def pack_shard(
         >>> pack_shard(sources, "train-sharded", 3, 8)  # doctest: +SKIP
     """
     opts = pack_options(options, fields)
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     name = shard_name(prefix, index, num_shards)
     target = os.path.join(dst, name)
     expected = shard_field(sources, index, num_shards, prefix=prefix, digest=digest)
@@ -423,7 +423,7 @@ def pack_shard(
     if staging is None:
         result = pack_sources(part, target, opts, manifest_extra=extra, on_progress=on_progress)
     else:
-        built = os.path.join(os.path.abspath(os.fspath(staging)), name)
+        built = os.path.join(os.path.abspath(os.path.expanduser(os.fspath(staging))), name)
         os.makedirs(os.path.dirname(built), exist_ok=True)
         if os.path.lexists(built):
             same, _, count = _same_shard(built, expected, opts)
@@ -474,6 +474,9 @@ def pack_sharded(
     layout: str = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    extensions: Sequence[str] | str | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
     staging: str | os.PathLike[str] | None = None,
     **fields: Any,
 ) -> ShardedPackResult:
@@ -484,7 +487,8 @@ def pack_sharded(
     parallel on a Ray cluster. Rerunning the same call after an interruption
     keeps the finished shards and resumes the unfinished one. The index is
     written last, from the finished shards. ``options``/``fields``, ``layout``,
-    ``list_file`` and ``allow_empty`` are those of ``lmdbfolder.pack``.
+    ``list_file``, ``allow_empty`` and the file filters (``extensions``,
+    ``is_valid_file``, ``match``) are those of ``lmdbfolder.pack``.
 
     ``shard_index``: pack only that shard of the ``shards``-way split and
     write no index (one job of a Slurm array; ``write_index`` once all are
@@ -498,7 +502,15 @@ def pack_sharded(
     """
     opts = pack_options(options, fields)
     start_time = time.perf_counter()
-    sources = scan(src, layout=layout, list_file=list_file, allow_empty=allow_empty)
+    sources = scan(
+        src,
+        layout=layout,
+        list_file=list_file,
+        allow_empty=allow_empty,
+        extensions=extensions,
+        is_valid_file=is_valid_file,
+        match=match,
+    )
     num, dst = plan_sharded_output(sources, dst, opts, shards, shard_size, shard_index, prefix)
     digest = sources_digest(sources)
     results = []
@@ -575,7 +587,7 @@ def write_index(
         >>> index["count"], len(index["shards"])  # doctest: +SKIP
         (1281167, 8)
     """
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     if not os.path.isdir(dst):
         raise NotAPackError(dst, "no such directory")
     found_prefix, total, done, unfinished = _find_split(dst, prefix)

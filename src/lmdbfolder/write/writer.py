@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import lmdb
 from PIL import Image
@@ -154,6 +154,9 @@ def pack(
     layout: str = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    extensions: Sequence[str] | str | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
     **fields: Any,
 ) -> PackResult:
     """Pack the images under ``src`` into a new LMDB pack at ``dst``.
@@ -169,6 +172,15 @@ def pack(
             rules), ``"flat"`` (all images, unlabelled) or ``"list"``.
         list_file: a ``relative/path label`` file; implies ``layout="list"``.
         allow_empty: keep ImageFolder class folders that hold no image.
+        extensions: the file name endings to pack (case-insensitive; default:
+            ImageFolder's ``IMG_EXTENSIONS``). Recorded in the manifest
+            (``source.extensions``) and part of the resume fingerprint.
+        is_valid_file: instead of ``extensions``, a callable that gets each
+            file's full path and says whether to pack it (ImageFolder's
+            ``is_valid_file``); its name is recorded in the manifest.
+        match: a regular expression that the path relative to ``src`` must
+            contain (``re.search``, ``/`` separators), on top of either filter
+            (``pack --match``); recorded and fingerprinted.
 
     The options (``PackOptions`` fields):
         store: ``"encoded"`` keeps each file's bytes unchanged; ``"raw"``
@@ -203,7 +215,15 @@ def pack(
         (1281167, 0)
     """
     opts = pack_options(options, fields)
-    sources = scan(src, layout=layout, list_file=list_file, allow_empty=allow_empty)
+    sources = scan(
+        src,
+        layout=layout,
+        list_file=list_file,
+        allow_empty=allow_empty,
+        extensions=extensions,
+        is_valid_file=is_valid_file,
+        match=match,
+    )
     return pack_sources(sources, dst, opts)
 
 
@@ -231,7 +251,7 @@ def pack_sources(
     """
     opts = pack_options(options, fields)
     workers = default_workers() if opts.workers is None else opts.workers
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     start_time = time.perf_counter()
     partial = _prepare_output(dst, overwrite=opts.overwrite, restart=opts.restart)
     fingerprint = _fingerprint(sources, opts)
@@ -593,6 +613,7 @@ def _fingerprint(sources: SourceList, options: PackOptions) -> dict[str, Any]:
         "samples": len(sources),
         "samples_sha256": h.hexdigest(),
         "classes_sha256": hashlib.sha256(json.dumps(sources.classes, ensure_ascii=True).encode()).hexdigest(),
+        **sources.filter_fingerprint(),
         **options.fingerprint(),
     }
 
@@ -604,6 +625,8 @@ _FINGERPRINT_WORDS = {
     "samples": "the number of source files",
     "samples_sha256": "the list of source files or their labels",
     "classes_sha256": "the class names",
+    "extensions": "--extensions",
+    "match": "--match",
     "store": "--store",
     "check": "--check",
     "resize": "--max-size/--quality/--resize-side",

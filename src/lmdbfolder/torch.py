@@ -12,10 +12,14 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-import torch.utils.data
+from lmdbfolder.errors import DecodeError, MissingDependencyError
+
+try:
+    import torch.utils.data
+except ImportError as exc:  # a core-only install: say what to install
+    raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder.codecs import decode_rgb
-from lmdbfolder.errors import DecodeError
 from lmdbfolder.read.decoders import (
     Decoder,
     decode_payload,

@@ -94,7 +94,7 @@ def test_resume_refuses_other_resize_options(mixed_tree: Path, tmp_path: Path) -
     dst = tmp_path / "p"
     with pytest.raises(SourceError):
         pack(mixed_tree, dst, resize=Resize(80), strict=True, commit_every=1, progress=False)
-    with pytest.raises(OutputExistsError, match="--max-size"):
+    with pytest.raises(OutputExistsError, match="resize was \\[80, 90, .longer.\\], now \\[81"):
         pack(mixed_tree, dst, resize=Resize(81), progress=False)
     (mixed_tree / "b" / "zz_bad.jpg").unlink()
     with pytest.raises(OutputExistsError):  # the source list changed too

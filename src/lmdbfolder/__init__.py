@@ -1,7 +1,7 @@
 """lmdbfolder: pack image datasets into LMDB; read them from PyTorch as an ImageFolder.
 
 The core (this package) needs only lmdb, numpy and Pillow. The PyTorch
-Dataset lives in ``lmdbfolder.torch`` (``pip install lmdbfolder[torch]``).
+Dataset lives in ``lmdbfolder.torch`` (the ``torch`` extra: ``pip install ".[torch]"``).
 
 The package is layered (docs/design.md, "Module boundaries"): the format and
 the pack directory at the bottom (``format``, ``errors``, ``codecs``,

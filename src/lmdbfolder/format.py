@@ -49,6 +49,8 @@ __all__ = [
     "TEMP_MARKER",
     "SYNC_PROBE",
     "COMPACT_DIR",
+    "LEGACY_KEYS",
+    "LEGACY_META_FILES",
     "RecordHeader",
     "encode_key",
     "decode_key",
@@ -148,6 +150,11 @@ TEMP_MARKER = ".lmdbfolder-temp"
 #: fdatasync probe file and its compaction folder.
 SYNC_PROBE = ".sync-probe"
 COMPACT_DIR = "compact.tmp"
+#: Keys by which the folder2lmdb recipes' LMDBs are recognised (pickled
+#: samples; ``lmdbfolder import`` converts them), and the files beside
+#: ``data.mdb`` that mark a BasicSR-style image LMDB.
+LEGACY_KEYS = (b"__keys__", b"__len__")
+LEGACY_META_FILES = ("meta_info.txt", "meta_info.pkl")
 
 _LABEL = struct.Struct("<i")
 _OFFSET = struct.Struct("<Q")
@@ -183,7 +190,7 @@ def decode_key(key: bytes | memoryview) -> int:
 def _crc32_implementation() -> tuple[Any, str]:
     # zlib-ng computes the same CRC-32 (same polynomial, same values) at about
     # 20 GB/s against zlib's 2.3 GB/s here: 40 us less per 100 KB record, for
-    # packing and for verify alike. Optional (`pip install lmdbfolder[fast]`).
+    # packing and for verify alike. Optional (the `fast` extra, or `pip install zlib-ng`).
     try:
         from zlib_ng import zlib_ng
 
@@ -343,7 +350,8 @@ def decode_meta(blob: bytes | memoryview | None, *, where: str) -> dict[str, Any
         raise NotAPackError(
             where,
             "it is an LMDB but has no lmdbfolder manifest (key __meta__)",
-            "if it was made by another tool, convert it with a fresh `lmdbfolder pack` from the source images",
+            "an LMDB of the folder2lmdb or BasicSR recipes converts with `lmdbfolder import OLD NEW`; "
+            "one made by another tool: pack the source images with `lmdbfolder pack`",
         )
     raw = bytes(blob)
     if not raw.startswith(b"{"):

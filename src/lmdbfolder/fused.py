@@ -28,10 +28,18 @@ import sys
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 from PIL import Image
-from torchvision import transforms as T
-from torchvision.transforms.functional import InterpolationMode, pil_modes_mapping
+
+from lmdbfolder.errors import MissingDependencyError
+
+try:
+    import torch
+    from torchvision import transforms as T
+    from torchvision.transforms.functional import InterpolationMode, pil_modes_mapping
+except ImportError as exc:  # a core-only install: say what to install
+    raise MissingDependencyError(
+        "lmdbfolder.fused (the fused RandomResizedCrop)", "torch", "torch and torchvision"
+    ) from exc
 
 from lmdbfolder.read.crops import RESIZE_BACKENDS, Box, crop_scale, resize_region, scaled_box
 from lmdbfolder.read.decoders import Decoder, decode_payload, to_pil

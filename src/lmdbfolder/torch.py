@@ -18,12 +18,18 @@ import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from torchvision import get_image_backend
-from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset
-from torchvision.datasets.folder import IMG_EXTENSIONS, accimage_loader, default_loader, pil_loader
+
+from lmdbfolder.errors import DecodeError, MissingDependencyError, OptionError
+
+try:
+    import torch.utils.data  # noqa: F401
+    from torchvision import get_image_backend
+    from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset
+    from torchvision.datasets.folder import IMG_EXTENSIONS, accimage_loader, default_loader, pil_loader
+except ImportError as exc:  # a core-only install: say what to install
+    raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder.codecs import decode_rgb
-from lmdbfolder.errors import DecodeError, OptionError
 from lmdbfolder.read.decoders import (
     Decoder,
     decode_payload,

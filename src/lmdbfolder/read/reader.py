@@ -36,6 +36,8 @@ from lmdbfolder.errors import CorruptRecordError, DecodeError, NotAPackError
 from lmdbfolder.format import (
     KEY,
     LABELS_KEY,
+    LEGACY_KEYS,
+    LEGACY_META_FILES,
     META_KEY,
     PATHS_KEY,
     decode_labels,
@@ -201,7 +203,10 @@ class Reader(PackAPI):
         env = environments.acquire(self.path, readahead)
         try:
             with env.begin(buffers=True) as txn:
-                self.meta: dict[str, Any] = decode_meta(txn.get(META_KEY), where=self.path)
+                meta_blob = txn.get(META_KEY)
+                if meta_blob is None:
+                    _refuse_foreign(self.path, txn)
+                self.meta: dict[str, Any] = decode_meta(meta_blob, where=self.path)
                 count = self.meta["count"]
                 labels_blob = txn.get(LABELS_KEY)
                 if labels_blob is None:
@@ -380,6 +385,21 @@ class Reader(PackAPI):
 
     def __repr__(self) -> str:
         return f"Reader({self.path!r}, count={self._count}, classes={len(self.meta['classes'])}, store={self.store!r})"
+
+
+def _refuse_foreign(path: str, txn: lmdb.Transaction) -> None:
+    """Raise NotAPackError for an LMDB without a manifest that a recipe made, naming the conversion."""
+    recipe = None
+    if any(os.path.exists(os.path.join(path, name)) for name in LEGACY_META_FILES):
+        recipe = "a BasicSR-style image LMDB (meta_info beside data.mdb)"
+    elif any(txn.get(key) is not None for key in LEGACY_KEYS):
+        recipe = "a folder2lmdb-style LMDB (pickled samples with __len__/__keys__)"
+    if recipe is not None:
+        raise NotAPackError(
+            path,
+            f"it is {recipe}, not an lmdbfolder pack",
+            f"convert it with `lmdbfolder import {path} NEW` (pickles are read safely), then use NEW",
+        )
 
 
 def _load_madvise() -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 from lmdbfolder import packdir
 from lmdbfolder.errors import NotAPackError, OutputExistsError, PackError
 from lmdbfolder.format import COPYING_SUFFIX, SHARD_INDEX_FILE, encode_shard_index
+from lmdbfolder.text import plural
 
 __all__ = ["CopyResult", "copy_pack"]
 
@@ -91,7 +92,7 @@ def copy_pack(
             report = verify_pack(tmp, progress=False)
             if not report.ok:
                 raise PackError(
-                    f"the copy of {src_path} has {len(report.problems)} problem(s): {report.problems[0]}",
+                    f"the copy of {src_path} has {plural(len(report.problems), 'problem')}: {report.problems[0]}",
                     "run `lmdbfolder verify` on the source: it is probably damaged",
                 )
         packdir.publish(tmp, dst_path)

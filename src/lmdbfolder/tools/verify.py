@@ -16,7 +16,7 @@ from typing import Any
 from PIL import Image
 
 from lmdbfolder import packdir
-from lmdbfolder.codecs import decode_rgb, raw_rgb
+from lmdbfolder.codecs import decode_rgb, raw_rgb, truncation
 from lmdbfolder.errors import CorruptRecordError, NotAPackError
 from lmdbfolder.format import (
     LABELS_KEY,
@@ -97,8 +97,10 @@ def verify(
 
     Checks: the manifest parses and its version is supported; the keys are
     exactly ``0..count-1`` plus the known reserved keys; every record header
-    is well formed, its payload length and CRC-32 match, and its label agrees
-    with the label table and the class list. With ``decode=True`` every image
+    is well formed, its payload length and CRC-32 match, its label agrees
+    with the label table and the class list, and every encoded JPEG and PNG
+    ends with its end marker (a pack made before that check existed may hold
+    files cut short). With ``decode=True`` every image
     is also decoded (as ImageFolder would load it). With ``against=SRC`` the
     source folder is scanned again (same layout; ``list_file`` overrides the
     recorded list file) and the pack must hold the same files (minus those
@@ -264,6 +266,9 @@ def _check_one(
         report.problems.append(
             Problem("label", f"label {header.label} is not a class index (0..{n_classes - 1})", index, path)
         )
+    cut = truncation(payload, header.encoding)
+    if cut is not None:
+        report.problems.append(Problem("truncated", f"{cut}: the file was cut short before it was packed", index, path))
     if decode:
         try:
             decode_rgb(payload, header.encoding, header.width, header.height).load()

@@ -9,7 +9,8 @@ Three layouts are supported:
 * ``flat``: every image under ``root`` (recursively), no labels, ordered by
   relative path;
 * ``list``: a text file of ``relative/path label`` lines (the Caffe
-  ``convert_imageset`` / "FileListDataset" input).
+  ``convert_imageset`` / "FileListDataset" input); labels are class indices
+  or class names (``path cat``).
 
 The folder layouts take ImageFolder's filters: ``extensions`` (matched
 case-insensitively at the end of the name) or ``is_valid_file`` (called with
@@ -265,13 +266,22 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
     """Read ``relative/path label`` lines; paths are relative to ``root``.
 
     The label is the last whitespace-separated token, so paths may contain
-    spaces. Blank lines and lines starting with ``#`` are ignored. Class names
-    default to ``"0" .. str(max_label)``; pass ``classes`` to name them.
+    spaces. Blank lines and lines starting with ``#`` are ignored.
+
+    Labels are either all integers (class indices; class names default to
+    ``"0" .. str(max_label)``, pass ``classes`` to name them) or, as soon as
+    one label is not an integer, class names (``path cat``): the classes are
+    then the distinct names sorted as ImageFolder sorts its class folders
+    (Python's string order, so ``"10"`` before ``"9"``), and each label is the
+    name's index. A path listed twice (the same file after normalising the
+    path, with the same or another label) is refused, naming both lines.
     """
     root = _check_root(root)
     list_file = os.path.abspath(os.path.expanduser(os.fspath(list_file)))
     relpaths: list[str] = []
-    labels: list[int] = []
+    tokens: list[str] = []
+    lines: list[tuple[int, str]] = []
+    seen: dict[str, int] = {}
     try:
         # utf-8-sig drops a BOM; surrogateescape keeps undecodable bytes as in file names.
         with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
@@ -283,28 +293,56 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
                 if len(parts) != 2:
                     raise ListFileError(list_file, lineno, text, "expected `path label`")
                 path, label_text = parts
-                try:
-                    label = int(label_text)
-                except ValueError:
-                    raise ListFileError(list_file, lineno, text, f"label {label_text!r} is not an integer") from None
-                if label < 0 or label >= 1 << 31:
-                    raise ListFileError(list_file, lineno, text, f"label {label} is outside 0..2**31-1")
+                key = os.path.normpath(path)
+                if key in seen:
+                    first = seen[key]
+                    raise ListFileError(
+                        list_file,
+                        lineno,
+                        text,
+                        f"{path!r} is listed twice, on lines {first} and {lineno} (a sample must appear once)",
+                    )
+                seen[key] = lineno
                 relpaths.append(path)
-                labels.append(label)
+                tokens.append(label_text)
+                lines.append((lineno, text))
     except OSError as exc:
         raise SourceError(list_file, f"cannot read the list file ({exc.strerror})") from None
     if not relpaths:
         raise SourceError(list_file, "the list file holds no `path label` lines")
-    n_classes = max(labels) + 1
-    if classes is None:
-        names = [str(i) for i in range(n_classes)]
+    numbers = [_as_int(t) for t in tokens]
+    if all(n is not None for n in numbers):
+        labels = [int(n) for n in numbers if n is not None]
+        for (lineno, text), label in zip(lines, labels):
+            if label < 0 or label >= 1 << 31:
+                raise ListFileError(list_file, lineno, text, f"label {label} is outside 0..2**31-1")
+        n_classes = max(labels) + 1
+        if classes is None:
+            names = [str(i) for i in range(n_classes)]
+        else:
+            names = list(classes)
+            if len(names) < n_classes:
+                raise SourceError(
+                    list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given"
+                )
     else:
-        names = list(classes)
-        if len(names) < n_classes:
+        names = sorted(set(tokens))
+        if classes is not None and list(classes) != names:
             raise SourceError(
-                list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given"
+                list_file,
+                "the labels are class names, and they are not the class names given",
+                "pass classes only with integer labels",
             )
+        index = {name: i for i, name in enumerate(names)}
+        labels = [index[t] for t in tokens]
     return SourceList(root, "list", relpaths, labels, names, {c: i for i, c in enumerate(names)}, list_file=list_file)
+
+
+def _as_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def scan(

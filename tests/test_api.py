@@ -51,7 +51,7 @@ def test_public_api_snapshot() -> None:
         "warm",
         "write_index",
     ]
-    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder"]
+    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder", "BatchSamples", "collate"]
     for name in lmdbfolder.__all__:
         assert hasattr(lmdbfolder, name)
 

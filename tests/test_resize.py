@@ -108,3 +108,37 @@ def test_cli_max_size_flags(mixed_tree: Path, tmp_path: Path, capsys: pytest.Cap
     assert Reader(tmp_path / "p").meta["params"]["quality"] == 70
     assert main(["pack", str(mixed_tree), str(tmp_path / "q"), "--quality", "70"]) == 2
     assert "--quality needs --max-size" in capsys.readouterr().err
+
+
+def test_webp_re_encoding(mixed_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pack", str(mixed_tree), str(tmp_path / "w"), "--max-size", "80", "--format", "webp"]) == 0
+    assert "WebP quality 90" in capsys.readouterr().out
+    with Reader(tmp_path / "w") as r:
+        assert r.meta["params"]["resize_format"] == "webp"
+        kinds = {r.path_of(rec.index): rec.encoding for rec in r}
+        for rec in r:
+            img = Image.open(io.BytesIO(rec.payload))
+            assert img.size == (rec.width, rec.height) and max(img.size) <= 80 or kinds[r.path_of(rec.index)] != "webp"
+    assert kinds == {"a/big.jpg": "webp", "a/tall.jpg": "webp", "b/alpha.png": "webp", "b/small.jpg": "jpeg"}
+    assert main(["verify", str(tmp_path / "w"), "--against", str(mixed_tree), "--decode"]) == 0
+    capsys.readouterr()
+    # JPEG packs of the same source are another pack: no resume across formats, and the rerun says so
+    assert main(["pack", str(mixed_tree), str(tmp_path / "w"), "--max-size", "80"]) == 4
+    assert "--format was [80, 90, 'longer', 'webp'], now [80, 90, 'longer']" in capsys.readouterr().err
+    assert main(["pack", str(mixed_tree), str(tmp_path / "x"), "--format", "webp"]) == 2  # needs --max-size
+    # the fused crop and its batch path read WebP records like JPEGs
+    from torchvision import transforms as T
+
+    from lmdbfolder import fused
+    from lmdbfolder.torch import BatchSamples
+
+    ds = LMDBFolder(tmp_path / "w", transform=T.Compose([fused.RandomResizedCrop(32, output="tensor")]))
+    batch = ds.__getitems__([0, 1, 2, 3])
+    assert isinstance(batch, BatchSamples) and batch.images.shape == (4, 3, 32, 32)
+    import torch
+
+    for k in range(4):
+        torch.manual_seed(k)
+        one = ds[k][0]
+        torch.manual_seed(k)
+        assert torch.equal(ds.__getitems__([k]).images[0], one)

@@ -59,6 +59,10 @@ class Contestant:
     parallelism: str  # what "W workers" means for it
 
 
+#: lmdbfolder's fast settings: FFCV's model, one process whose decode threads
+#: make each batch (the decoders and OpenCV release the GIL), no transfer.
+LMDBFOLDER_THREADS = "lmdbfolder threads (DataLoader num_workers=0, threads=max(W,1))"
+
 CONTESTANTS: tuple[Contestant, ...] = (
     Contestant("imagefolder", "torchvision ImageFolder", "baseline", "tree", "DataLoader workers"),
     Contestant("recipe", "blog recipe (LMDB + pickle)", "baseline", "recipe", "DataLoader workers"),
@@ -71,27 +75,45 @@ CONTESTANTS: tuple[Contestant, ...] = (
     ),
     Contestant(
         "lmdbfolder-fast",
-        "lmdbfolder fastest full-res (auto decoder + fused crop)",
+        "lmdbfolder fast settings, full-res (fused crop, batch path)",
         "lmdbfolder",
         "lmdbfolder-full",
-        "DataLoader workers",
+        LMDBFOLDER_THREADS,
     ),
     Contestant(
-        "lmdbfolder-256", "lmdbfolder --max-size 256 + fastest", "lmdbfolder", "lmdbfolder-256", "DataLoader workers"
+        "lmdbfolder-fast-workers",
+        "lmdbfolder fast settings, full-res, in DataLoader workers",
+        "lmdbfolder",
+        "lmdbfolder-full",
+        "DataLoader workers (threads=1, collate_fn=lmdbfolder.torch.collate)",
+    ),
+    Contestant(
+        "lmdbfolder-256",
+        "lmdbfolder --max-size 256 + fast settings",
+        "lmdbfolder",
+        "lmdbfolder-256",
+        LMDBFOLDER_THREADS,
+    ),
+    Contestant(
+        "lmdbfolder-256-workers",
+        "lmdbfolder --max-size 256 + fast settings, in DataLoader workers",
+        "lmdbfolder",
+        "lmdbfolder-256",
+        "DataLoader workers (threads=1, collate_fn=lmdbfolder.torch.collate)",
     ),
     Contestant(
         "lmdbfolder-256-raw",
-        "lmdbfolder --max-size 256 --store raw",
+        "lmdbfolder --max-size 256 --store raw + fast settings",
         "lmdbfolder",
         "lmdbfolder-256-raw",
-        "DataLoader workers",
+        LMDBFOLDER_THREADS,
     ),
     Contestant(
         "lmdbfolder-256-webp",
-        "lmdbfolder --max-size 256 WebP + fastest",
+        "lmdbfolder --max-size 256 --format webp + fast settings",
         "lmdbfolder",
         "lmdbfolder-256-webp",
-        "DataLoader workers",
+        LMDBFOLDER_THREADS,
     ),
     Contestant("ffcv-full", "FFCV full-res (JPEG q90)", "peers", "ffcv-full", "FFCV threads (num_workers=max(W,1))"),
     Contestant(
@@ -110,7 +132,9 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "recipe": ("torch", "torchvision", "PIL", "lmdb"),
     "lmdbfolder-default": ("torch", "torchvision", "PIL", "lmdbfolder"),
     "lmdbfolder-fast": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
+    "lmdbfolder-fast-workers": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
+    "lmdbfolder-256-workers": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256-raw": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256-webp": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "ffcv-full": ("torch", "ffcv", "numba", "numpy", "cv2"),
@@ -283,13 +307,15 @@ def loader_lmdbfolder(name: str, work: str, workers: int, batch: int) -> Any:
 
     path = os.path.join(work, BY_NAME[name].fmt)
     if name == "lmdbfolder-default":
-        ds = LMDBFolder(path, transform=pil_transform())
-    else:
-        from lmdbfolder import fused
+        return dataloader(LMDBFolder(path, transform=pil_transform()), workers, batch)
+    from lmdbfolder import fused
+    from lmdbfolder.torch import collate
 
-        tf = T.Compose([fused.RandomResizedCrop(SIZE, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
-        ds = LMDBFolder(path, transform=tf, decoder="auto")
-    return dataloader(ds, workers, batch)
+    tf = T.Compose([fused.RandomResizedCrop(SIZE, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
+    if name.endswith("-workers"):
+        return dataloader(LMDBFolder(path, transform=tf), workers, batch, collate_fn=collate)
+    # Fast settings: the batch path on max(W, 1) threads of this process (as FFCV's threads).
+    return dataloader(LMDBFolder(path, transform=tf, threads=max(workers, 1)), 0, batch, collate_fn=collate)
 
 
 # ----------------------------------------------------------------------------

@@ -135,14 +135,21 @@ def _add_pack(sub: Any) -> None:
         default=None,
         metavar="N",
         help="shrink images whose longer side (see --resize-side) is above N pixels and re-encode them "
-        "as JPEG (or raw pixels with --store raw); smaller images keep their bytes",
+        "as JPEG (--format webp: WebP; or raw pixels with --store raw); smaller images keep their bytes",
     )
     p.add_argument(
         "--quality",
         type=_quality,
         default=None,
         metavar="Q",
-        help="JPEG quality of resized images, 1..100 (default 90)",
+        help="JPEG (or WebP) quality of resized images, 1..100 (default 90)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("jpeg", "webp"),
+        default=None,
+        dest="resize_format",
+        help="with --max-size: re-encode resized images as jpeg (default) or webp",
     )
     p.add_argument(
         "--resize-side",
@@ -198,9 +205,12 @@ def _pack_options(args: argparse.Namespace) -> Any:
 
     resize = None
     if args.max_size is not None:
-        resize = Resize(args.max_size, 90 if args.quality is None else args.quality, args.resize_side)
+        quality = 90 if args.quality is None else args.quality
+        resize = Resize(args.max_size, quality, args.resize_side, args.resize_format or "jpeg")
     elif args.quality is not None:
         raise OptionError("--quality needs --max-size")
+    elif args.resize_format is not None:
+        raise OptionError("--format needs --max-size (only resized images are re-encoded)")
     return PackOptions(
         store=args.store,
         check=args.check,
@@ -258,7 +268,8 @@ def _run_pack(args: argparse.Namespace) -> int:
     resize = options.resize
     if resize is not None:
         print(
-            f"resized to {resize.side} side <= {resize.max_size} px (JPEG quality {resize.quality} unless raw): "
+            f"resized to {resize.side} side <= {resize.max_size} px "
+            f"({'JPEG' if resize.format == 'jpeg' else 'WebP'} quality {resize.quality} unless raw): "
             f"{_mb(result.payload_bytes)} stored ({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
         )
     _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))

@@ -47,7 +47,12 @@ __all__ = [
 #: (regular expression on the flag and its value -> replacement). Longer
 #: patterns first: ``--max-size N --quality Q --resize-side S`` before ``--max-size``.
 PYTHON_FORMS: tuple[tuple[str, str], ...] = (
+    (
+        r"--max-size (\d+) --quality (\d+) --resize-side (\w+) --format (\w+)",
+        r'resize=Resize(\1, \2, "\3", "\4")',
+    ),
     (r"--max-size (\d+) --quality (\d+) --resize-side (\w+)", r'resize=Resize(\1, \2, "\3")'),
+    (r"--max-size/--quality/--resize-side/--format", "resize"),
     (r"--max-size/--quality/--resize-side", "resize"),
     (r"--max-size (\d+)", r"resize=Resize(\1)"),
     (r"--max-size", "resize"),

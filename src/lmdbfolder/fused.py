@@ -17,15 +17,17 @@ decoder the output is pixel-identical to the unfused transform. With DCT
 scaling, libjpeg's scaled IDCT does part of the downsampling (a box-like
 filter in the DCT domain) and the crop box is mapped to the smaller image
 with sub-pixel precision before the bilinear resize; ``resize="opencv"``
-uses ``cv2.resize`` (INTER_AREA when shrinking, INTER_LINEAR otherwise, box
+uses ``cv2.resize`` (INTER_AREA when shrinking 2x or more, INTER_LINEAR otherwise, box
 rounded to whole pixels). Both change pixel values slightly (a few grey
 levels on average on photos), not the geometry.
 """
 
 from __future__ import annotations
 
+import math
 import sys
-from typing import Any, Sequence
+import threading
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 from PIL import Image
@@ -41,10 +43,10 @@ except ImportError as exc:  # a core-only install: say what to install
         "lmdbfolder.fused (the fused RandomResizedCrop)", "torch", "torch and torchvision"
     ) from exc
 
-from lmdbfolder.read.crops import RESIZE_BACKENDS, Box, crop_scale, resize_region, scaled_box
+from lmdbfolder.read.crops import RESIZE_BACKENDS, Box, crop_scale, fusable, resize_region, scaled_box
 from lmdbfolder.read.decoders import Decoder, decode_payload, to_pil
 
-__all__ = ["RandomResizedCrop", "split_fused"]
+__all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe"]
 
 
 class RandomResizedCrop(T.RandomResizedCrop):
@@ -94,10 +96,32 @@ class RandomResizedCrop(T.RandomResizedCrop):
 
     def sample_box(self, width: int, height: int) -> Box:
         """Draw a crop box ``(top, left, height, width)`` for an image of this size,
-        with torchvision's ``get_params`` and the global torch RNG."""
+        exactly as torchvision's ``get_params`` draws it from the global torch RNG
+        (the same boxes and the same random numbers consumed).
+
+        The draws are made with the same torch calls as ``get_params``, without
+        its per-call set-up (a tensor of the image's shape, the logarithms of
+        ``ratio``): about a fifth of the time. That this gives ``get_params``'
+        boxes is checked once per process against ``get_params`` itself; if it
+        ever does not (another torchvision), ``get_params`` is called instead.
+        """
+        if _fast_boxes_ok():
+            return _draw_box(width, height, self.scale, self.ratio, self._log_ratio())
+        return self._torchvision_box(width, height)
+
+    def _torchvision_box(self, width: int, height: int) -> Box:
         shape_only = torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
         top, left, h, w = self.get_params(shape_only, list(self.scale), list(self.ratio))
         return int(top), int(left), int(h), int(w)
+
+    def _log_ratio(self) -> tuple[float, float]:
+        cached = self.__dict__.get("_log_ratio_cache")
+        if cached is None or cached[0] != tuple(self.ratio):
+            # float32 logarithms, as get_params computes them (torch.log of a float tensor).
+            logs = torch.log(torch.tensor(self.ratio))
+            cached = (tuple(self.ratio), (float(logs[0]), float(logs[1])))
+            self.__dict__["_log_ratio_cache"] = cached
+        return cached[1]
 
     def plan(self, width: int, height: int, decoder: Decoder) -> tuple[Box, int]:
         """The crop box and the DCT scale denominator to decode at."""
@@ -113,7 +137,7 @@ class RandomResizedCrop(T.RandomResizedCrop):
     ) -> Any:
         """Decode a stored image and apply this crop in one step; returns a PIL
         image (or a uint8 CHW tensor with ``output="tensor"``)."""
-        if encoding not in ("jpeg", "raw") or width <= 0 or height <= 0 or channels not in (1, 3):
+        if not fusable(encoding, channels) or width <= 0 or height <= 0:
             img = to_pil(decode_payload(payload, encoding, width, height, channels, decoder))
             return self._out(self.forward(img))
         box, denom = self.plan(width, height, decoder)
@@ -164,3 +188,163 @@ def split_fused(transform: Any) -> tuple[RandomResizedCrop | None, Any]:
         kind = v2.Compose if v2 is not None and isinstance(transform, v2.Compose) else T.Compose
         return steps[0], (kind(steps[1:]) if len(steps) > 1 else None)
     return None, transform
+
+
+def _draw_box(
+    width: int, height: int, scale: Sequence[float], ratio: Sequence[float], log_ratio: tuple[float, float]
+) -> Box:
+    """torchvision's RandomResizedCrop box for a ``width`` x ``height`` image, drawn
+    with the same torch random calls in the same order (see ``sample_box``).
+
+    ``get_params`` makes a new one-element tensor for every draw
+    (``torch.empty(1).uniform_``, ``torch.exp``, ``torch.randint``); the same
+    kernels run here in place on two reused tensors (``randint`` is
+    ``empty(...).random_(low, high)``), which draws the same numbers.
+    """
+    u, k = _draw_buffers()
+    area = height * width
+    for _ in range(10):
+        target_area = area * u.uniform_(scale[0], scale[1]).item()
+        aspect_ratio = u.uniform_(log_ratio[0], log_ratio[1]).exp_().item()
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(k.random_(0, height - h + 1).item())
+            left = int(k.random_(0, width - w + 1).item())
+            return top, left, h, w
+    # Ten draws that did not fit: the central crop of the allowed aspect ratio.
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+_DRAW = threading.local()
+
+
+def _draw_buffers() -> tuple[torch.Tensor, torch.Tensor]:
+    buffers = getattr(_DRAW, "buffers", None)
+    if buffers is None:
+        buffers = _DRAW.buffers = (torch.empty(1), torch.empty(1, dtype=torch.int64))
+    return buffers
+
+
+_FAST_BOXES: list[bool] = []
+
+
+def _fast_boxes_ok() -> bool:
+    """Whether ``_draw_box`` gives ``get_params``' boxes here (checked once per process,
+    on sizes that take every branch, with the global RNG state restored)."""
+    if not _FAST_BOXES:
+        state = torch.random.get_rng_state()
+        try:
+            ok = True
+            crop = T.RandomResizedCrop(8)
+            logs = torch.log(torch.tensor(crop.ratio))
+            log_ratio = (float(logs[0]), float(logs[1]))
+            for seed, (w, h) in enumerate([(500, 375), (375, 500), (64, 64), (3, 1000), (1000, 3), (1, 1), (257, 2)]):
+                torch.manual_seed(seed)
+                shape = torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, h, w)
+                expected = [tuple(int(v) for v in crop.get_params(shape, list(crop.scale), list(crop.ratio)))]
+                expected.append(tuple(int(v) for v in crop.get_params(shape, [0.9, 1.0], [0.5, 2.0])))
+                torch.manual_seed(seed)
+                got = [_draw_box(w, h, crop.scale, crop.ratio, log_ratio)]
+                logs2 = torch.log(torch.tensor([0.5, 2.0]))
+                got.append(_draw_box(w, h, [0.9, 1.0], [0.5, 2.0], (float(logs2[0]), float(logs2[1]))))
+                ok = ok and got == expected
+        finally:
+            torch.random.set_rng_state(state)
+        _FAST_BOXES.append(ok)
+    return _FAST_BOXES[0]
+
+
+def _flip_probability(step: Any) -> float | None:
+    """``p`` of a horizontal flip (torchvision's v1 or v2 RandomHorizontalFlip), else None."""
+    if type(step) is T.RandomHorizontalFlip:
+        return float(step.p)
+    v2 = sys.modules.get("torchvision.transforms.v2")
+    if v2 is not None and type(step) is v2.RandomHorizontalFlip:
+        return float(step.p)
+    return None
+
+
+def _is_to_tensor(step: Any) -> bool:
+    """``PILToTensor`` (v1 or v2) or v2's ``ToImage``: uint8 CHW, values unchanged."""
+    if type(step) is T.PILToTensor:
+        return True
+    v2 = sys.modules.get("torchvision.transforms.v2")
+    return v2 is not None and type(step) in (v2.PILToTensor, v2.ToImage)
+
+
+def split_exact(transform: Any) -> tuple[RandomResizedCrop | None, Any]:
+    """``split_fused``, and also for a transform that starts with torchvision's own
+    ``transforms.RandomResizedCrop`` (exactly that class, with an interpolation
+    Pillow has): then the crop is an equivalent fused crop that changes nothing
+    (``reduce=False``, Pillow's resize, PIL output), so the same boxes, random
+    numbers and pixels come out while the decode skips the full-size PIL image
+    and batches can take the fast path. That equivalence is what the tests check
+    against torchvision's transform (and ImageFolder) pixel by pixel.
+    """
+    crop, rest = split_fused(transform)
+    if crop is not None:
+        return crop, rest
+    steps = list(transform.transforms) if type(transform) is T.Compose else [transform]
+    first: Any = steps[0] if steps else None
+    if type(first) is not T.RandomResizedCrop or first.interpolation not in pil_modes_mapping:
+        return None, transform
+    twin = RandomResizedCrop(
+        first.size,
+        scale=first.scale,
+        ratio=first.ratio,
+        interpolation=first.interpolation,
+        antialias=first.antialias,
+        reduce=False,
+        resize="pil",
+        output="pil",
+    )
+    rest = T.Compose(steps[1:]) if len(steps) > 1 else None
+    return twin, rest
+
+
+class BatchRecipe(NamedTuple):
+    """How the batch fast path makes a batch: the crop, then a flip with probability
+    ``flip`` (None: no flip step, so no random number is drawn for it)."""
+
+    flip: float | None
+
+
+def batch_recipe(crop: RandomResizedCrop | None, rest: Any) -> BatchRecipe | None:
+    """The recipe when a fused ``crop`` followed by ``rest`` can be computed a whole
+    batch at a time, into uint8 CHW tensors; None when it cannot (then every
+    sample goes through the transforms as given).
+
+    Batchable: the crop, then at most a horizontal flip and (for a crop with
+    ``output="pil"``) a ``PILToTensor``/``ToImage``; nothing else, because only
+    these are known to give the same values on the batch as on each sample.
+    """
+    if crop is None:
+        return None
+    steps: list[Any] = []
+    if rest is not None:
+        v2 = sys.modules.get("torchvision.transforms.v2")
+        if _flip_probability(rest) is not None or _is_to_tensor(rest):
+            steps = [rest]
+        elif type(rest) is T.Compose or (v2 is not None and type(rest) is v2.Compose):
+            steps = list(rest.transforms)
+        else:
+            return None
+    flip: float | None = None
+    to_tensor = crop.output == "tensor"
+    for step in steps:
+        p = _flip_probability(step)
+        if p is not None and flip is None:
+            flip = p
+        elif _is_to_tensor(step) and not to_tensor:
+            to_tensor = True
+        else:
+            return None
+    return BatchRecipe(flip) if to_tensor else None

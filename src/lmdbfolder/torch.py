@@ -13,8 +13,8 @@ docs/switching-from-imagefolder.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -22,14 +22,17 @@ import numpy as np
 from lmdbfolder.errors import DecodeError, MissingDependencyError, OptionError
 
 try:
-    import torch.utils.data  # noqa: F401
+    import torch
+    import torch.utils.data
     from torchvision import get_image_backend
     from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset
     from torchvision.datasets.folder import IMG_EXTENSIONS, accimage_loader, default_loader, pil_loader
 except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
+from lmdbfolder import fused
 from lmdbfolder.codecs import decode_rgb
+from lmdbfolder.read.batching import BatchDecoder, BatchItemError, CropJob
 from lmdbfolder.read.decoders import (
     Decoder,
     decode_payload,
@@ -49,7 +52,7 @@ from lmdbfolder.read.selection import (
 )
 from lmdbfolder.read.stored_file import stored_file
 
-__all__ = ["LMDBFolder", "LMDBDatasetFolder"]
+__all__ = ["LMDBFolder", "LMDBDatasetFolder", "BatchSamples", "collate"]
 
 
 class LMDBDatasetFolder(DatasetFolder):
@@ -97,11 +100,12 @@ class LMDBDatasetFolder(DatasetFolder):
             dataset's files were moved, or the pack was made on another machine).
         readahead: kernel readahead on the memory map (see ``Reader``).
         verify_checksums: check each record's CRC-32 as it is read.
-        decoder: JPEG decoder (``lmdbfolder.read.decoders``): ``"pillow"`` (default,
-            exactly ImageFolder's loader), ``"simplejpeg"``, ``"turbojpeg"``,
-            ``"opencv"``, ``"torchvision"``, or ``"auto"`` (fastest installed).
-            All return the same RGB pixels as Pillow; non-JPEG images always go
-            through Pillow.
+        decoder: JPEG decoder (``lmdbfolder.read.decoders``): ``"auto"``
+            (default: the fastest installed one whose pixels are identical to
+            Pillow's, checked on probe JPEGs at first use; Pillow if none
+            is), ``"pillow"`` (Pillow itself, exactly ImageFolder's loader),
+            ``"simplejpeg"``, ``"turbojpeg"``, ``"opencv"``, ``"torchvision"``.
+            Non-JPEG images (and CMYK JPEGs) always go through Pillow.
         size_hint: the training resolution. JPEGs are decoded at the smallest
             DCT scale (1/2, 1/4, 1/8) that keeps the shorter side at least
             ``size_hint`` pixels. Put ``lmdbfolder.fused.RandomResizedCrop``
@@ -109,7 +113,30 @@ class LMDBDatasetFolder(DatasetFolder):
             ``transforms.v2.Compose``) instead to choose the scale per sampled crop.
         prefetch: when the DataLoader asks for a whole batch (``__getitems__``),
             ask the kernel to start reading all of its records before decoding
-            (``Reader.get_many``; ``madvise(WILLNEED)``).
+            (``Reader.get_many``; ``madvise(WILLNEED)``). Off by default: on
+            the development VM it never made a cold read faster and cost a few
+            microseconds per record warm (docs/design.md); try it on storage
+            with deep queues (NVMe, network block devices).
+        threads: threads that make one batch on the batch fast path (below):
+            the decoders and OpenCV release the GIL, so with
+            ``DataLoader(num_workers=0)`` and ``threads=N`` one process uses
+            N cores and no batch is copied between processes (FFCV's model).
+            Default 1 (DataLoader workers are the parallelism).
+        torch_threads: torch's intra-op threads while a sample is made in the
+            main process (``num_workers=0``), as DataLoader workers set them
+            (1), restored afterwards; several threads made small tensor ops
+            such as a flip hundreds of times slower on a busy machine. None:
+            leave torch's setting alone.
+
+    The batch fast path: when ``transform`` is
+    ``lmdbfolder.fused.RandomResizedCrop(..., output="tensor")`` followed by at
+    most a ``RandomHorizontalFlip`` (torchvision's v1 or v2; with
+    ``output="pil"``, followed by a ``PILToTensor``/``ToImage``), a batch
+    (``__getitems__``) is decoded, cropped, resized and flipped straight into one
+    contiguous uint8 ``N x 3 x H x W`` tensor, with the same
+    boxes, flips and random numbers as the per-sample path and the same
+    pixels. Pass ``collate_fn=lmdbfolder.torch.collate`` to the DataLoader to
+    take that tensor as the batch (the default collate copies it once more).
 
     Attributes (as ImageFolder's):
         classes, class_to_idx: from the pack (or a ``find_classes`` override).
@@ -150,10 +177,19 @@ class LMDBDatasetFolder(DatasetFolder):
         source_root: str | os.PathLike[str] | None = None,
         readahead: bool = True,
         verify_checksums: bool = False,
-        decoder: str = "pillow",
+        decoder: str = "auto",
         size_hint: int | None = None,
-        prefetch: bool = True,
+        prefetch: bool = False,
+        threads: int = 1,
+        torch_threads: int | None = 1,
     ) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise OptionError(f"threads must be a whole number of at least 1, got {threads!r}")
+        if torch_threads is not None and (isinstance(torch_threads, bool) or torch_threads < 1):
+            raise OptionError(f"torch_threads must be None or at least 1, got {torch_threads!r}")
+        self.threads = threads
+        self.torch_threads = torch_threads
+        self._batcher: BatchDecoder | None = None
         self.decoder = resolve_decoder_name(decoder)
         get_decoder(self.decoder)  # fail now (with an install hint), not in a worker
         if size_hint is not None and size_hint < 1:
@@ -257,10 +293,71 @@ class LMDBDatasetFolder(DatasetFolder):
         return len(self.reader) if self._indices is None else len(self._indices)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        if self._indices is None and self._labels is None:
-            return self._sample(self.reader.get(index), None)
-        position = self._position(index)
-        return self._sample(self.reader.get(self._pack_index(position)), position)
+        with self._torch_threads():
+            if self._indices is None and self._labels is None:
+                return self._sample(self.reader.get(index), None)
+            position = self._position(index)
+            return self._sample(self.reader.get(self._pack_index(position)), position)
+
+    def _torch_threads(self) -> Any:
+        """One torch thread while a sample is made in the main process, like a DataLoader worker."""
+        if self.torch_threads is None or torch.utils.data.get_worker_info() is not None:
+            return contextlib.nullcontext()
+        return _torch_threads(self.torch_threads)
+
+    # -- the batch fast path ------------------------------------------------------------------
+    def _batch_recipe(self) -> Any:
+        """``fused.BatchRecipe`` if this dataset's batches can take the fast path, else None."""
+        if not _decodes_itself(self.loader):
+            return None
+        crop, rest = self._fused_split()
+        if crop is None:
+            return None
+        return fused.batch_recipe(crop, rest)
+
+    def _target(self, rec: Record, position: int | None) -> Any:
+        target: Any = rec.label
+        if position is not None and self._labels is not None:
+            target = self._labels[position]
+            if isinstance(target, np.integer):
+                target = int(target)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return target
+
+    def _fast_batch(self, records: list[Record], positions: list[int | None], flip: float | None) -> BatchSamples:
+        """Plan every box and flip (the per-sample random numbers, in the per-sample
+        order: a sample's box, then its flip), then make the whole batch into one
+        tensor (``read.batching``)."""
+        crop, _rest = self._fused_split()
+        decoder = self._get_decoder()
+        jobs = []
+        targets = []
+        for rec, position in zip(records, positions):
+            box, denom = crop.plan(rec.width, rec.height, decoder)
+            if rec.encoding == "raw":
+                denom = 1
+            flipped = flip is not None and bool(torch.rand(1) < flip)
+            jobs.append(CropJob(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, box, denom, flipped))
+            targets.append(self._target(rec, position))
+        out_h, out_w = crop.size
+        nbytes = len(jobs) * out_h * out_w * 3
+        # In a DataLoader worker the batch goes to the main process through shared
+        # memory: allocate it there, so sending it copies nothing.
+        in_worker = torch.utils.data.get_worker_info() is not None
+        storage = torch.UntypedStorage._new_shared(nbytes) if in_worker else torch.UntypedStorage(nbytes)
+        images = torch.empty(0, dtype=torch.uint8).set_(storage).view(len(jobs), 3, out_h, out_w)
+        if self._batcher is None:
+            resample = int(pil_modes_mapping_of(crop))
+            self._batcher = BatchDecoder(decoder, threads=self.threads, resize=crop.resize, resample=resample)
+        try:
+            self._batcher.run(jobs, images.numpy())
+        except BatchItemError as exc:
+            rec = records[exc.position]
+            raise DecodeError(
+                rec.index, self.reader.path_of(rec.index), f"{type(exc.cause).__name__}: {exc.cause}"
+            ) from exc.cause
+        return BatchSamples(images, targets)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A whole batch (the DataLoader calls this): the records are fetched
@@ -271,12 +368,18 @@ class LMDBDatasetFolder(DatasetFolder):
         """
         if type(self).__getitem__ is not LMDBDatasetFolder.__getitem__:
             return [self[i] for i in indices]
-        if self._indices is None and self._labels is None:
-            records = self.reader.get_many(indices, prefetch=self.prefetch)
-            return [self._sample(rec, None) for rec in records]
-        positions = [self._position(i) for i in indices]
-        records = self.reader.get_many([self._pack_index(p) for p in positions], prefetch=self.prefetch)
-        return [self._sample(rec, p) for rec, p in zip(records, positions)]
+        with self._torch_threads():
+            if self._indices is None and self._labels is None:
+                records = self.reader.get_many(indices, prefetch=self.prefetch)
+                positions: list[int | None] = [None] * len(records)
+            else:
+                chosen = [self._position(i) for i in indices]
+                records = self.reader.get_many([self._pack_index(p) for p in chosen], prefetch=self.prefetch)
+                positions = list(chosen)
+            recipe = self._batch_recipe()
+            if recipe is not None and records and all(r.width > 0 and r.height > 0 for r in records):
+                return self._fast_batch(records, positions, recipe.flip)
+            return [self._sample(rec, p) for rec, p in zip(records, positions)]
 
     def _position(self, index: int) -> int:
         try:
@@ -295,14 +398,7 @@ class LMDBDatasetFolder(DatasetFolder):
 
     def _sample(self, rec: Record, position: int | None) -> tuple[Any, Any]:
         sample = self._decode(rec) if _decodes_itself(self.loader) else self._load_with_loader(rec)
-        target: Any = rec.label
-        if position is not None and self._labels is not None:
-            target = self._labels[position]
-            if isinstance(target, np.integer):
-                target = int(target)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return sample, target
+        return sample, self._target(rec, position)
 
     def _decode(self, rec: Record) -> Any:
         crop, rest = self._fused_split()
@@ -350,14 +446,15 @@ class LMDBDatasetFolder(DatasetFolder):
 
     def _fused_split(self) -> tuple[Any, Any]:
         # (fused crop or None, the transforms after it); recomputed only when
-        # ``transform`` is replaced. A fused crop exists only if its module was
-        # imported, so it is never imported here for nothing.
+        # ``transform`` is replaced. torchvision's own RandomResizedCrop at the
+        # front is replaced by its exact fused twin (``fused.split_exact``).
         split = self._split
         if split is None or split[0] is not self.transform:
             crop, rest = None, self.transform
-            fused = sys.modules.get("lmdbfolder.fused")
-            if fused is not None and self.transform is not None:
-                crop, rest = fused.split_fused(self.transform)
+            if self.transform is not None:
+                # size_hint asks for the DCT-scaled full image: no exact twin then.
+                splitter = fused.split_exact if self.size_hint is None else fused.split_fused
+                crop, rest = splitter(self.transform)
             split = self._split = (self.transform, crop, rest)
         return split[1], split[2]
 
@@ -473,6 +570,7 @@ class LMDBDatasetFolder(DatasetFolder):
         state["_samples"] = None
         state["_decoder"] = None  # decoders hold library handles; made again per process
         state["_split"] = None
+        state["_batcher"] = None  # a thread pool: made again per process
         return state
 
     def extra_repr(self) -> str:
@@ -522,9 +620,11 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         source_root: str | os.PathLike[str] | None = None,
         readahead: bool = True,
         verify_checksums: bool = False,
-        decoder: str = "pillow",
+        decoder: str = "auto",
         size_hint: int | None = None,
-        prefetch: bool = True,
+        prefetch: bool = False,
+        threads: int = 1,
+        torch_threads: int | None = 1,
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(
@@ -541,7 +641,64 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
             decoder=decoder,
             size_hint=size_hint,
             prefetch=prefetch,
+            threads=threads,
+            torch_threads=torch_threads,
         )
+
+
+class BatchSamples(list):  # type: ignore[type-arg]
+    """A batch made by the fast path: a list of ``(image, target)`` like any other
+    (each image a view of one batch tensor), which ``collate`` turns into
+    ``[images, targets]`` without copying ``images``."""
+
+    images: Any
+    targets: list[Any]
+
+    def __init__(self, images: Any, targets: list[Any]) -> None:
+        super().__init__(zip(images, targets))
+        self.images = images
+        self.targets = targets
+
+    @classmethod
+    def of(cls, samples: list[tuple[Any, Any]]) -> BatchSamples:
+        """A batch of samples made one by one (stacked here once)."""
+        return cls(torch.stack([x for x, _ in samples]), [t for _, t in samples])
+
+
+def collate(batch: Any) -> Any:
+    """``collate_fn`` for a DataLoader over an ``LMDBFolder``: a batch from the fast
+    path becomes ``[images, targets]`` as is (no copy); anything else goes
+    through torch's ``default_collate``.
+
+    Example:
+        >>> loader = DataLoader(ds, batch_size=256, shuffle=True, collate_fn=collate)  # doctest: +SKIP
+    """
+    if isinstance(batch, BatchSamples):
+        targets = batch.targets
+        if all(type(t) is int for t in targets):
+            return [batch.images, torch.tensor(targets, dtype=torch.int64)]
+        return [batch.images, torch.utils.data.default_collate(targets)]
+    return torch.utils.data.default_collate(batch)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Any:
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def pil_modes_mapping_of(crop: Any) -> int:
+    """Pillow's resampling constant for a torchvision crop's ``interpolation``."""
+    from torchvision.transforms.functional import pil_modes_mapping
+
+    return int(pil_modes_mapping[crop.interpolation])
 
 
 _RAW_LOADER = "loader= needs a pack that stores the image files, and this pack stores decoded pixels (--store raw)"

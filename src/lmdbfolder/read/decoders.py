@@ -17,6 +17,15 @@ name           needs                       notes
                                            scaling (always full size)
 =============  ==========================  =======================================
 
+``decoder="auto"`` (``LMDBFolder``'s default) picks the fastest installed
+decoder whose pixels are identical to Pillow's: each candidate decodes a set
+of probe JPEGs (4:2:0, 4:2:2, 4:4:4, greyscale, progressive, restart
+markers, odd sizes) once per process and must match Pillow bit for bit, else
+the next one is tried, down to Pillow itself. All of them wrap
+libjpeg-turbo with the same IDCT and upsampling, so on a usual install the
+fastest one passes; the check is what makes "the same pixels" a fact here
+rather than an assumption.
+
 Only baseline/progressive JPEGs with 1 or 3 components go to a fast decoder;
 everything else (PNG, WebP, CMYK JPEGs, raw payloads, ...) goes through
 Pillow, so the colour conversion of odd images stays ImageFolder's. The
@@ -49,6 +58,7 @@ __all__ = [
     "scale_for_size",
     "size_hint_scale",
     "to_pil",
+    "matches_pillow",
 ]
 
 #: What a decoder returns: an HxWx3 uint8 RGB array, or an RGB PIL image.
@@ -78,13 +88,64 @@ class Decoder:
     decoders without scaling support ignore it: check ``scales``).
     """
 
-    def __init__(self, name: str, fn: Callable[[memoryview | bytes, int], Decoded], scales: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[[memoryview | bytes, int], Decoded],
+        scales: tuple[int, ...],
+        into: Callable[[memoryview | bytes, int, np.ndarray, tuple[int, int] | None], np.ndarray] | None = None,
+    ) -> None:
         self.name = name
-        self.decode_jpeg = fn
         self.scales = scales
+        if name == "pillow":
+            self.decode_jpeg = fn
+            self._into = into
+        else:
+            # A JPEG the library refuses (libjpeg-turbo's strict mode stops at
+            # damage that Pillow decodes past, with a warning; Pillow's
+            # LOAD_TRUNCATED_IMAGES) goes to Pillow, so the outcome is always
+            # ImageFolder's: the same pixels, or Pillow's error.
+            self.decode_jpeg = _or_pillow(fn)
+            self._into = None if into is None else _or_pillow_into(into)
+
+    def decode_into(
+        self, payload: memoryview | bytes, denom: int, buffer: np.ndarray, size: tuple[int, int] | None = None
+    ) -> np.ndarray:
+        """Decode into ``buffer`` (a flat uint8 array, reused between calls) when the
+        library can; returns an HxWx3 array (a view of ``buffer``, or a new one).
+
+        Reusing one buffer spares a fresh allocation, and its page faults, per
+        image. ``size`` is the image's ``(width, height)`` when the caller knows
+        it (the record header says), which spares parsing the JPEG header twice.
+        """
+        if self._into is not None:
+            return self._into(payload, denom, buffer, size)
+        return np.asarray(self.decode_jpeg(payload, denom))
 
     def __repr__(self) -> str:
         return f"Decoder({self.name!r}, scales={self.scales})"
+
+
+def _or_pillow(fn: Callable[[memoryview | bytes, int], Decoded]) -> Callable[[memoryview | bytes, int], Decoded]:
+    def decode(payload: memoryview | bytes, denom: int) -> Decoded:
+        try:
+            return fn(payload, denom)
+        except Exception:  # libraries raise many exception types for bad data
+            return _pillow_jpeg(payload, denom)
+
+    return decode
+
+
+def _or_pillow_into(
+    fn: Callable[[memoryview | bytes, int, np.ndarray, tuple[int, int] | None], np.ndarray],
+) -> Callable[[memoryview | bytes, int, np.ndarray, tuple[int, int] | None], np.ndarray]:
+    def decode(payload: memoryview | bytes, denom: int, buffer: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
+        try:
+            return fn(payload, denom, buffer, size)
+        except Exception:  # libraries raise many exception types for bad data
+            return np.asarray(_pillow_jpeg(payload, denom))
+
+    return decode
 
 
 def _pillow_jpeg(payload: memoryview | bytes, denom: int) -> Image.Image:
@@ -105,6 +166,8 @@ def _make_simplejpeg() -> Decoder:
 
     decode = simplejpeg.decode_jpeg
 
+    header = simplejpeg.decode_jpeg_header
+
     def fn(payload: memoryview | bytes, denom: int) -> np.ndarray:
         if denom == 1:
             return decode(payload, "RGB")
@@ -113,7 +176,19 @@ def _make_simplejpeg() -> Decoder:
         width, height = _jpeg_size(payload)
         return decode(payload, "RGB", min_width=-(-width // denom), min_height=-(-height // denom))
 
-    return Decoder("simplejpeg", fn, DCT_SCALES)
+    def into(payload: memoryview | bytes, denom: int, buffer: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
+        if size is None:
+            height, width = header(payload)[:2]
+        else:
+            width, height = size
+        need = 3 * -(-width // denom) * -(-height // denom)
+        if buffer.size < need:
+            return fn(payload, denom)  # an unusually large image: a buffer of its own
+        if denom == 1:
+            return decode(payload, "RGB", buffer=buffer)
+        return decode(payload, "RGB", min_width=-(-width // denom), min_height=-(-height // denom), buffer=buffer)
+
+    return Decoder("simplejpeg", fn, DCT_SCALES, into)
 
 
 def _make_turbojpeg() -> Decoder:
@@ -201,18 +276,63 @@ def get_decoder(name: str = "pillow") -> Decoder:
 
 
 def resolve_decoder_name(name: str) -> str:
-    """``name`` itself, or for ``"auto"`` the first installed decoder of ``FAST_ORDER``."""
+    """``name`` itself, or for ``"auto"`` the first decoder of ``FAST_ORDER`` that is
+    installed and passes ``matches_pillow`` (else ``"pillow"``)."""
     if name == "auto":
         for candidate in FAST_ORDER:
             try:
-                get_decoder(candidate)
+                dec = get_decoder(candidate)
             except DecoderUnavailableError:
                 continue
-            return candidate
+            if candidate == "pillow" or matches_pillow(dec):
+                return candidate
         return "pillow"
     if name not in _FACTORIES:
         raise ValueError(f"unknown decoder {name!r}; choose one of {', '.join(DECODER_NAMES)} or 'auto'")
     return name
+
+
+_PROBES: list[tuple[bytes, np.ndarray]] = []
+_MATCHES: dict[str, bool] = {}
+
+
+def _probe_jpegs() -> list[tuple[bytes, np.ndarray]]:
+    """Small JPEGs of every common kind and Pillow's RGB pixels of each (made once per process)."""
+    if not _PROBES:
+        rng = np.random.default_rng(20261201)
+        yy, xx = np.mgrid[0:45, 0:61]
+        # A smooth gradient plus noise: chroma detail that upsampling has to get right.
+        base = np.stack([xx * 4, yy * 5, (xx + yy) * 2], axis=-1) + rng.integers(0, 60, (45, 61, 3))
+        rgb = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+        cases = [
+            (rgb, {"quality": 90}),  # 4:2:0, odd size
+            (rgb, {"quality": 95, "subsampling": 0}),  # 4:4:4
+            (rgb, {"quality": 85, "subsampling": 1}),  # 4:2:2
+            (rgb, {"quality": 80, "progressive": True}),
+            (rgb.crop((0, 0, 33, 17)), {"quality": 75, "restart_marker_blocks": 1}),
+            (rgb.convert("L"), {"quality": 90}),
+        ]
+        for img, options in cases:
+            out = io.BytesIO()
+            img.save(out, "JPEG", **options)
+            data = out.getvalue()
+            _PROBES.append((data, np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))))
+    return _PROBES
+
+
+def matches_pillow(decoder: Decoder) -> bool:
+    """Whether ``decoder`` gives exactly Pillow's RGB pixels on the probe JPEGs
+    (checked once per process and decoder name)."""
+    known = _MATCHES.get(decoder.name)
+    if known is None:
+        try:
+            known = all(
+                np.array_equal(np.asarray(decoder.decode_jpeg(data, 1)), expected) for data, expected in _probe_jpegs()
+            )
+        except Exception:  # a decoder that fails on a valid JPEG does not match either
+            known = False
+        _MATCHES[decoder.name] = known
+    return known
 
 
 def available_decoders() -> dict[str, str | None]:

@@ -27,6 +27,7 @@ __all__ = [
     "STORES",
     "CHECKS",
     "RESIZE_SIDES",
+    "RESIZE_FORMATS",
     "DEFAULT_COMMIT_EVERY",
     "pack_options",
 ]
@@ -34,6 +35,7 @@ __all__ = [
 STORES = ("encoded", "raw")
 CHECKS = ("none", "header", "decode")
 RESIZE_SIDES = ("longer", "shorter")
+RESIZE_FORMATS = ("jpeg", "webp")
 DEFAULT_COMMIT_EVERY = 2000
 
 
@@ -53,6 +55,9 @@ class Resize:
     max_size: int
     quality: int = 90
     side: str = "longer"
+    #: ``"jpeg"`` or ``"webp"``: how a resized image is re-encoded (WebP is
+    #: smaller at the same quality; see docs/design.md for its decode cost).
+    format: str = "jpeg"
 
     def __post_init__(self) -> None:
         if isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or self.max_size < 1:
@@ -61,6 +66,8 @@ class Resize:
             raise OptionError(f"quality must be a whole number in 1..100, got {self.quality!r}")
         if self.side not in RESIZE_SIDES:
             raise OptionError(f"side must be one of {RESIZE_SIDES}, got {self.side!r}")
+        if self.format not in RESIZE_FORMATS:
+            raise OptionError(f"format must be one of {RESIZE_FORMATS}, got {self.format!r}")
 
     def target(self, width: int, height: int) -> tuple[int, int] | None:
         """The new (width, height), or None when the image is small enough."""
@@ -71,15 +78,29 @@ class Resize:
         return max(1, round(width * scale)), max(1, round(height * scale))
 
     def params(self) -> dict[str, Any]:
-        """The manifest ``params`` entries of this resize."""
-        return {"max_size": self.max_size, "quality": self.quality, "resize_side": self.side}
+        """The manifest ``params`` entries of this resize (``resize_format`` only when not JPEG)."""
+        out: dict[str, Any] = {"max_size": self.max_size, "quality": self.quality, "resize_side": self.side}
+        if self.format != "jpeg":
+            out["resize_format"] = self.format
+        return out
+
+    def fingerprint(self) -> list[Any]:
+        """This resize in the resume fingerprint (the format only when not JPEG, so
+        packs started before the format option existed still resume)."""
+        out: list[Any] = [self.max_size, self.quality, self.side]
+        return out + [self.format] if self.format != "jpeg" else out
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Resize | None:
         """The resize a manifest's ``params`` record, or None for a pack that was not resized."""
         if params.get("max_size") is None:
             return None
-        return cls(int(params["max_size"]), int(params.get("quality", 90)), str(params.get("resize_side", "longer")))
+        return cls(
+            int(params["max_size"]),
+            int(params.get("quality", 90)),
+            str(params.get("resize_side", "longer")),
+            str(params.get("resize_format", "jpeg")),
+        )
 
 
 @dataclass(frozen=True)
@@ -136,7 +157,7 @@ class PackOptions:
         """
         out: dict[str, Any] = {"store": self.store, "check": self.check}
         if self.resize is not None:
-            out["resize"] = [self.resize.max_size, self.resize.quality, self.resize.side]
+            out["resize"] = self.resize.fingerprint()
         return out
 
     def params(self) -> dict[str, Any]:
@@ -170,7 +191,7 @@ class PackOptions:
                 return (
                     "no resize"
                     if r is None
-                    else f"--max-size {r.max_size} --quality {r.quality} --resize-side {r.side}"
+                    else f"--max-size {r.max_size} --quality {r.quality} --resize-side {r.side} --format {r.format}"
                 )
 
             return f"it was packed with {describe(found)}, not {describe(self.resize)}"

@@ -255,6 +255,9 @@ def _load_resized(
         value = encode_record(rgb.tobytes(), label=label, encoding="raw", width=width, height=height, channels=3)
         return Loaded(value, "raw", size)
     out = io.BytesIO()
-    rgb.save(out, "JPEG", quality=resize.quality)
-    value = encode_record(out.getbuffer(), label=label, encoding="jpeg", width=width, height=height, channels=3)
-    return Loaded(value, "jpeg", size)
+    if resize.format == "webp":
+        rgb.save(out, "WEBP", quality=resize.quality, method=4)
+    else:
+        rgb.save(out, "JPEG", quality=resize.quality)
+    value = encode_record(out.getbuffer(), label=label, encoding=resize.format, width=width, height=height, channels=3)
+    return Loaded(value, resize.format, size)

@@ -734,7 +734,7 @@ _FINGERPRINT_WORDS = {
     "match": "--match",
     "store": "--store",
     "check": "--check",
-    "resize": "--max-size/--quality/--resize-side",
+    "resize": "--max-size/--quality/--resize-side/--format",
     "manifest_extra": "the shard's place in its split",
 }
 

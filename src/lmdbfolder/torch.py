@@ -109,7 +109,10 @@ class LMDBDatasetFolder(DatasetFolder):
             ``transforms.v2.Compose``) instead to choose the scale per sampled crop.
         prefetch: when the DataLoader asks for a whole batch (``__getitems__``),
             ask the kernel to start reading all of its records before decoding
-            (``Reader.get_many``; ``madvise(WILLNEED)``).
+            (``Reader.get_many``; ``madvise(WILLNEED)``). Off by default: on
+            the machines measured it cost ~4 us per record with a warm page
+            cache and gained nothing cold (benchmarks/bench_scale.py, "read");
+            it may help storage that serves many requests at once.
 
     Attributes (as ImageFolder's):
         classes, class_to_idx: from the pack (or a ``find_classes`` override).
@@ -152,7 +155,7 @@ class LMDBDatasetFolder(DatasetFolder):
         verify_checksums: bool = False,
         decoder: str = "pillow",
         size_hint: int | None = None,
-        prefetch: bool = True,
+        prefetch: bool = False,
     ) -> None:
         self.decoder = resolve_decoder_name(decoder)
         get_decoder(self.decoder)  # fail now (with an install hint), not in a worker

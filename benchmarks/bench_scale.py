@@ -81,14 +81,20 @@ def evict(paths: list[str]) -> None:
             os.close(fd)
 
 
+_FIELDS = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Anonymous")
+
+
 def rollup(pid: int) -> dict[str, int]:
-    """Rss, Pss, Private_Clean, Private_Dirty (bytes) of ``pid`` from smaps_rollup ({} if gone)."""
+    """Rss, Pss, Private_Clean, Private_Dirty, Anonymous (bytes) of ``pid`` from smaps_rollup ({} if gone).
+
+    Private_Clean includes pages of files mapped by this process alone (a
+    reader's pages of data.mdb): reclaimable, unlike Anonymous memory."""
     out = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) >= 3 and parts[0].rstrip(":") in ("Rss", "Pss", "Private_Clean", "Private_Dirty"):
+                if len(parts) >= 3 and parts[0].rstrip(":") in _FIELDS:
                     out[parts[0].rstrip(":")] = int(parts[1]) * 1024
     except OSError:
         return {}
@@ -132,7 +138,16 @@ class Sampler:
 
     def __init__(self, pid: int, dirs: list[str], period: float = 0.05) -> None:
         self.pid, self.dirs, self.period = pid, dirs, period
-        self.peak = {"rss": 0, "pss": 0, "private": 0, "disk": 0, "processes": 0}
+        self.peak = {
+            "rss": 0,
+            "pss": 0,
+            "private": 0,
+            "anonymous": 0,
+            "writer_rss": 0,
+            "reader_private": 0,
+            "disk": 0,
+            "processes": 0,
+        }
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -152,6 +167,12 @@ class Sampler:
                 "rss": sum(s.get("Rss", 0) for s in stats),
                 "pss": sum(s.get("Pss", 0) for s in stats),
                 "private": sum(s.get("Private_Clean", 0) + s.get("Private_Dirty", 0) for s in stats),
+                "anonymous": sum(s.get("Anonymous", 0) for s in stats),
+                "writer_rss": stats[0].get("Rss", 0) if stats else 0,
+                # the most private memory of one reader process (the writer's children)
+                "reader_private": max(
+                    (s.get("Private_Clean", 0) + s.get("Private_Dirty", 0) for s in stats[1:]), default=0
+                ),
                 "disk": allocated(self.dirs),
                 "processes": len([s for s in stats if s]),
             }
@@ -226,6 +247,9 @@ def timed_pack(src: str, tree: str, dst: str, extra: list[str]) -> dict[str, Any
         "peak_rss": sampler.peak["rss"],
         "peak_pss": sampler.peak["pss"],
         "peak_private": sampler.peak["private"],
+        "peak_anonymous": sampler.peak["anonymous"],
+        "peak_writer_rss": sampler.peak["writer_rss"],
+        "peak_reader_private": sampler.peak["reader_private"],
         "processes": sampler.peak["processes"],
         "disk_peak": sampler.peak["disk"],
         "pack_bytes": allocated([dst]),
@@ -295,6 +319,8 @@ def step_workers(dst: str, context: str, workers: str, batches: str) -> dict[str
     del it
     return {
         "private": [s.get("Private_Clean", 0) + s.get("Private_Dirty", 0) for s in stats],
+        "private_dirty": [s.get("Private_Dirty", 0) for s in stats],
+        "anonymous": [s.get("Anonymous", 0) for s in stats],
         "pss": [s.get("Pss", 0) for s in stats],
         "rss": [s.get("Rss", 0) for s in stats],
         "main_rss": main.get("Rss", 0),
@@ -486,6 +512,13 @@ def table(res: dict[str, Any]) -> str:
         ),
     )
     add(
+        "pack writer Rss / reader private",
+        lambda lb: "{} / {}".format(
+            _mb(max(p["peak_writer_rss"] for m in ("cold", "warm") for p in res["pack"][lb][m])),
+            _mb(max(p["peak_reader_private"] for m in ("cold", "warm") for p in res["pack"][lb][m])),
+        ),
+    )
+    add(
         "pack disk peak / final",
         lambda lb: "{} / {} ({:.2f}x)".format(
             _mb(max(p["disk_peak"] for p in res["pack"][lb]["warm"])),
@@ -507,6 +540,20 @@ def table(res: dict[str, Any]) -> str:
             _mb(_med([o["rss_delta"] for o in res["steps"][lb]["open"]])),
         ),
     )
+    for ctx in ("fork", "spawn"):
+        add(
+            f"worker anon / dirty ({ctx})",
+            lambda lb, ctx=ctx: (
+                " ".join(
+                    f"{a / 1e6:.0f}/{d / 1e6:.0f}"
+                    for a, d in zip(
+                        res["steps"][lb][f"workers_{ctx}"]["anonymous"],
+                        res["steps"][lb][f"workers_{ctx}"]["private_dirty"],
+                    )
+                )
+                + " MB"
+            ),
+        )
     for ctx in ("fork", "spawn"):
         add(
             f"worker private ({ctx})",

@@ -343,6 +343,8 @@ def test_cheap_shard_check_catches_a_repacked_shard_and_old_indexes_still_open(t
     reader.get(0)
     with pytest.raises(NotAPackError, match="manifest or tables do not match the index's manifest_sha256"):
         reader.get(reader.shard_offsets[1])
+    problems = [p.message for p in verify(dst, progress=False).problems]
+    assert any("manifest_sha256" in m for m in problems) and any("tables_sha256" in m for m in problems)
     # An index written before manifest_sha256 existed opens, checked the old (slow) way.
     old = json.loads(index_text)
     for entry in old["shards"]:

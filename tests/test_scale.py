@@ -292,7 +292,10 @@ def test_opening_makes_no_copy_of_the_path_table(tmp_path: Path) -> None:
     torch_mod = pytest.importorskip("lmdbfolder.torch")
     paths_bytes = _tiny_pack(tmp_path / "p", 100_000)
     assert paths_bytes > 3_000_000
-    for make in (Reader, open_pack, torch_mod.LMDBFolder):
+    # Readers hold the labels (400 KB) and the manifest; LMDBFolder adds ImageFolder's
+    # filter bookkeeping (numpy masks and label counts, ~20 bytes a sample, transient).
+    # A copy of the 4 MB path table would put any of them above the table's size.
+    for make, bound in ((Reader, 0.25), (open_pack, 0.25), (torch_mod.LMDBFolder, 0.75)):
         tracemalloc.start()
         try:
             opened = make(tmp_path / "p")
@@ -300,8 +303,7 @@ def test_opening_makes_no_copy_of_the_path_table(tmp_path: Path) -> None:
         finally:
             tracemalloc.stop()
         assert len(opened) == 100_000
-        # The labels (400 KB) and the manifest, never the 3.8 MB path table.
-        assert peak < paths_bytes / 4, (make, peak)
+        assert peak < bound * paths_bytes, (make, peak)
 
 
 def test_lmdbfolder_does_not_prefetch_by_default(small_pack: Path) -> None:

@@ -527,7 +527,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         verify_checksums: bool = False,
         decoder: str = "pillow",
         size_hint: int | None = None,
-        prefetch: bool = True,
+        prefetch: bool = False,
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(

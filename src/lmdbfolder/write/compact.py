@@ -18,6 +18,7 @@ without building a Python object per sample.
 from __future__ import annotations
 
 import array
+import itertools
 import os
 from typing import Any, Collection, Iterable, Iterator, Sequence, overload
 
@@ -152,27 +153,20 @@ class PathList(Sequence[str]):
 
 def _encode(paths: Sequence[str]) -> tuple[bytes, array.array]:
     """One buffer of every path's file-system bytes, and the ``len + 1`` offsets."""
-    offsets = array.array("Q", [0])
-    if not paths:
-        return b"", offsets
-    # One join and one encode in C instead of an object per path: file names
-    # hold no NUL, so NUL can separate them (and the split is checked). The
+    # One join and one encode in C, not a bytes object per path: the
     # encoding (UTF-8 with surrogateescape on Linux) works code point by code
     # point, so encoding the joined text equals joining the encoded names.
-    joined = os.fsencode("\0".join(paths))
-    where = np.flatnonzero(np.frombuffer(joined, np.uint8) == 0)
-    if len(where) == len(paths) - 1:
-        ends = np.empty(len(paths), np.uint64)
-        ends[:-1] = where - np.arange(len(where))  # each NUL before shifts the rest by one
-        ends[-1] = len(joined) - len(where)
-        offsets.frombytes(ends.tobytes())
-        return joined.replace(b"\0", b""), offsets
-    # A path holds NUL itself (never a real file name, but a list file may say so).
-    names = bytearray()
-    for p in paths:
-        names += os.fsencode(p)
-        offsets.append(len(names))
-    return bytes(names), offsets
+    # Offsets come from the lengths of the str when all of it is ASCII (one
+    # byte a character), else from each name's encoding, one at a time. At
+    # most the joined text and its bytes exist beside the caller's list.
+    joined = "".join(paths)
+    ascii_only = joined.isascii()
+    names = os.fsencode(joined)
+    del joined
+    lengths: Iterable[int] = map(len, paths) if ascii_only else map(len, map(os.fsencode, paths))
+    offsets = array.array("Q", [0])
+    offsets.extend(itertools.accumulate(lengths))
+    return names, offsets
 
 
 class LabelList(Sequence[int]):

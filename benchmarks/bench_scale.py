@@ -540,24 +540,21 @@ def table(res: dict[str, Any]) -> str:
             _mb(_med([o["rss_delta"] for o in res["steps"][lb]["open"]])),
         ),
     )
+    # Private_Dirty is the worker's own heap; Private_Clean is mostly pages of
+    # data.mdb that only this worker has mapped (page cache, reclaimable).
     for ctx in ("fork", "spawn"):
         add(
-            f"worker anon / dirty ({ctx})",
+            f"worker private dirty / all ({ctx})",
             lambda lb, ctx=ctx: (
                 " ".join(
-                    f"{a / 1e6:.0f}/{d / 1e6:.0f}"
-                    for a, d in zip(
-                        res["steps"][lb][f"workers_{ctx}"]["anonymous"],
+                    f"{d / 1e6:.0f}/{a / 1e6:.0f}"
+                    for d, a in zip(
                         res["steps"][lb][f"workers_{ctx}"]["private_dirty"],
+                        res["steps"][lb][f"workers_{ctx}"]["private"],
                     )
                 )
                 + " MB"
             ),
-        )
-    for ctx in ("fork", "spawn"):
-        add(
-            f"worker private ({ctx})",
-            lambda lb, ctx=ctx: " ".join(_mb(x) for x in res["steps"][lb][f"workers_{ctx}"]["private"]),
         )
     add("random get warm (us/rec)", lambda lb: f"{res['steps'][lb]['read_get_warm']['us_per_record']:.1f}")
     for temp in ("warm", "cold"):
@@ -587,8 +584,17 @@ def table(res: dict[str, Any]) -> str:
         ),
     )
     add(
-        "sharded worker private (spawn)",
-        lambda lb: " ".join(_mb(x) for x in res["steps"][lb]["sharded_workers_spawn"]["private"]),
+        "sharded worker private dirty / all (spawn)",
+        lambda lb: (
+            " ".join(
+                f"{d / 1e6:.0f}/{a / 1e6:.0f}"
+                for d, a in zip(
+                    res["steps"][lb]["sharded_workers_spawn"]["private_dirty"],
+                    res["steps"][lb]["sharded_workers_spawn"]["private"],
+                )
+            )
+            + " MB"
+        ),
     )
     width = max(len(r[0]) for r in rows) + 2
     colw = [max(len(lb), *(len(r[1][i]) for r in rows)) + 2 for i, lb in enumerate(labels)]

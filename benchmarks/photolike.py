@@ -19,9 +19,15 @@ pasted patch), with mild sensor noise, and stored as a quality-90 JPEG with
 4:2:0 chroma (Pillow's default, as most ImageNet files). Mean file size is
 close to ImageNet's ~110 KB at these shapes (the ``stats`` command measures it).
 
-Deterministic: image ``i`` depends only on ``(seed, i)`` and the source photos
-(for the same Pillow and numpy releases), so a partly written tree is finished
-by running ``make`` again, with any number of processes.
+The ``small`` profile (``make --profile small``) makes thumbnails of the same
+photos for scale benchmarks (``bench_scale.py``: 1.28M files in minutes):
+the same shapes scaled by 0.18 (mostly 90x68), crops of the photos shrunk to
+320 pixels, the same mixing, jitter and noise, a cheaper sharpening, quality
+90: 2-6 KB files (mean ~3.8 KB), whose records straddle LMDB's 4 KB pages.
+
+Deterministic: image ``i`` depends only on ``(seed, i)``, the profile and the
+source photos (for the same Pillow and numpy releases), so a partly written
+tree is finished by running ``make`` again, with any number of processes.
 """
 
 from __future__ import annotations
@@ -41,7 +47,16 @@ from typing import Iterable, Sequence, cast
 import numpy as np
 from PIL import Image, ImageFilter
 
-__all__ = ["SOURCES", "PhotoSpec", "find_sources", "make_tree", "photo_jpeg", "tree_stats"]
+__all__ = [
+    "SOURCES",
+    "PROFILES",
+    "PhotoSpec",
+    "find_sources",
+    "make_tree",
+    "photo_jpeg",
+    "small_photo_jpeg",
+    "tree_stats",
+]
 
 # (Debian package, path) of each photograph used. Illustrations and renders
 # shipped in the same packages are left out on purpose: their flat regions
@@ -70,6 +85,15 @@ SHAPES: tuple[tuple[tuple[int, int], float], ...] = (
     ((400, 300), 0.04),
 )
 
+# The ``small`` profile: ImageNet's shapes scaled down, so that files are 2-6 KB.
+SMALL_SCALE = 0.18
+SMALL_SHAPES: tuple[tuple[tuple[int, int], float], ...] = tuple(
+    ((round(w * SMALL_SCALE), round(h * SMALL_SCALE)), f) for (w, h), f in SHAPES
+)
+#: Longer side of the source photos the small profile crops from.
+_SMALL_SOURCE_SIDE = 320
+PROFILES = ("imagenet", "small")
+
 # Sources are kept at most this large (longer side) in memory: still 4x the
 # largest output, and it bounds each process to ~400 MB.
 _MAX_SOURCE_SIDE = 2560
@@ -83,6 +107,7 @@ class PhotoSpec:
     classes: int = 100
     quality: int = 90
     seed: int = 0
+    profile: str = "imagenet"
 
 
 def find_sources(paths: Sequence[tuple[str, str]] = SOURCES) -> list[str]:
@@ -136,6 +161,70 @@ def _load_sources(paths: Sequence[str]) -> list[np.ndarray]:
                 im = im.resize((round(im.width * s), round(im.height * s)), Image.Resampling.LANCZOS)
             _loaded.append(np.asarray(im))
     return _loaded
+
+
+_loaded_small: list[np.ndarray] = []
+
+
+def _load_small_sources(paths: Sequence[str]) -> list[np.ndarray]:
+    """The sources shrunk to ``_SMALL_SOURCE_SIDE`` (decoded at a DCT scale first: fast)."""
+    if not _loaded_small:
+        side = _SMALL_SOURCE_SIDE
+        for p in paths:
+            with Image.open(p) as f:
+                f.draft("RGB", (2 * side, 2 * side))
+                im = f.convert("RGB")
+            s = side / max(im.size)
+            im = im.resize((round(im.width * s), round(im.height * s)), Image.Resampling.LANCZOS)
+            _loaded_small.append(np.asarray(im))
+    return _loaded_small
+
+
+def _small_crop(rng: np.random.Generator, src: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``_crop`` for thumbnails: 1x-4x the output size, bilinear."""
+    sh, sw = src.shape[:2]
+    cap = min(sw / width, sh / height)
+    lo = min(1.0, cap)
+    scale = float(np.exp(rng.uniform(np.log(lo), np.log(max(lo, min(4.0, cap))) + 1e-9)))
+    cw, ch = max(1, min(sw, round(width * scale))), max(1, min(sh, round(height * scale)))
+    x = int(rng.integers(0, sw - cw + 1))
+    y = int(rng.integers(0, sh - ch + 1))
+    patch = Image.fromarray(src[y : y + ch, x : x + cw]).resize((width, height), Image.Resampling.BILINEAR)
+    return np.asarray(patch, dtype=np.float32)
+
+
+_SMALL_WEIGHTS = np.array([w for _, w in SMALL_SHAPES]) / sum(w for _, w in SMALL_SHAPES)
+
+
+def small_photo_jpeg(rng: np.random.Generator, sources: Sequence[np.ndarray], *, quality: int = 90) -> bytes:
+    """One photo-like thumbnail (the ``small`` profile): the steps of ``photo_jpeg``
+    at ~90x68 pixels, with float32 noise and a 3x3 sharpening (2-6 KB at quality 90)."""
+    width, height = SMALL_SHAPES[int(rng.choice(len(SMALL_SHAPES), p=_SMALL_WEIGHTS))][0]
+
+    def pick() -> np.ndarray:
+        return sources[int(rng.integers(len(sources)))]
+
+    img = _small_crop(rng, pick(), width, height)
+    mix = rng.random()
+    if mix < 0.25:
+        alpha = np.float32(rng.uniform(0.15, 0.35))
+        img = (1 - alpha) * img + alpha * _small_crop(rng, pick(), width, height)
+    elif mix < 0.5:
+        pw, ph = max(1, int(width * rng.uniform(0.25, 0.6))), max(1, int(height * rng.uniform(0.25, 0.6)))
+        px, py = int(rng.integers(0, width - pw + 1)), int(rng.integers(0, height - ph + 1))
+        img[py : py + ph, px : px + pw] = _small_crop(rng, pick(), pw, ph)
+    if rng.random() < 0.5:
+        img = img[:, ::-1]
+    img = img * rng.uniform(0.85, 1.15, 3).astype(np.float32)
+    grey = img.mean(axis=2, keepdims=True)
+    img = grey + (img - grey) * np.float32(rng.uniform(0.6, 1.4))
+    img = img * np.float32(rng.uniform(0.8, 1.2))
+    sigma = np.float32(rng.uniform(2.0, 7.0))
+    img = img + rng.standard_normal((height, width, 1), dtype=np.float32) * sigma
+    pil = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).filter(ImageFilter.SHARPEN)
+    out = io.BytesIO()
+    pil.save(out, "JPEG", quality=quality)
+    return out.getvalue()
 
 
 def _shape(rng: np.random.Generator) -> tuple[int, int]:
@@ -200,7 +289,15 @@ def photo_jpeg(rng: np.random.Generator, sources: Sequence[np.ndarray], *, quali
 def _path(root: str, spec: PhotoSpec, i: int) -> str:
     # Classes are contiguous blocks, as many images in each as possible.
     per_class = -(-spec.images // spec.classes)
-    return os.path.join(root, f"class_{i // per_class:03d}", f"img_{i:06d}.jpg")
+    digits = max(6, len(str(spec.images - 1)))
+    return os.path.join(root, f"class_{i // per_class:03d}", f"img_{i:0{digits}d}.jpg")
+
+
+def _image(spec: PhotoSpec, i: int, paths: Sequence[str]) -> bytes:
+    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, i]))
+    if spec.profile == "small":
+        return small_photo_jpeg(rng, _load_small_sources(paths), quality=spec.quality)
+    return photo_jpeg(rng, _load_sources(paths), quality=spec.quality)
 
 
 def _write_one(args: tuple[str, PhotoSpec, int, tuple[str, ...]]) -> int:
@@ -208,14 +305,19 @@ def _write_one(args: tuple[str, PhotoSpec, int, tuple[str, ...]]) -> int:
     path = _path(root, spec, i)
     if os.path.exists(path):
         return 0
-    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, i]))
-    data = photo_jpeg(rng, _load_sources(paths), quality=spec.quality)
+    data = _image(spec, i, paths)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # a file is there whole or not at all: a rerun finishes the tree
     return 1
+
+
+def _write_range(args: tuple[str, PhotoSpec, int, int, tuple[str, ...]]) -> tuple[int, int]:
+    """Write images ``lo..hi-1`` (those not there yet); returns (done, written)."""
+    root, spec, lo, hi, paths = args
+    return hi - lo, sum(_write_one((root, spec, i, paths)) for i in range(lo, hi))
 
 
 def make_tree(root: str, spec: PhotoSpec = PhotoSpec(), *, processes: int | None = None, quiet: bool = False) -> int:
@@ -224,25 +326,36 @@ def make_tree(root: str, spec: PhotoSpec = PhotoSpec(), *, processes: int | None
     Returns the number of files written now."""
     if spec.images < spec.classes:
         raise ValueError(f"need at least one image per class: images={spec.images} < classes={spec.classes}")
+    if spec.profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {spec.profile!r}")
     paths = tuple(find_sources())
-    todo = [i for i in range(spec.images) if not os.path.exists(_path(root, spec, i))]
-    if not todo:
-        return 0
     processes = processes or os.cpu_count() or 1
     start = time.perf_counter()
-    jobs = [(root, spec, i, paths) for i in todo]
-    written = 0
+    # Ranges of indices, not one task per image: a million-image tree is
+    # planned without a million task tuples, and each worker skips what exists.
+    step = 512
+    jobs = [(root, spec, lo, min(lo + step, spec.images), paths) for lo in range(0, spec.images, step)]
+    written = done = 0
+    report = max(1000, spec.images // 100)
+    next_report = report
     if processes == 1:
-        for n, job in enumerate(jobs, 1):
-            written += _write_one(job)
-            if not quiet and n % 1000 == 0:
-                print(f"photolike: {n:,}/{len(jobs):,}", file=sys.stderr)
+        results: Iterable[tuple[int, int]] = map(_write_range, jobs)
+        pool = None
     else:
-        with get_context("fork").Pool(processes) as pool:
-            for n, w in enumerate(pool.imap_unordered(_write_one, jobs, chunksize=16), 1):
-                written += w
-                if not quiet and n % 1000 == 0:
-                    print(f"photolike: {n:,}/{len(jobs):,}", file=sys.stderr)
+        pool = get_context("fork").Pool(processes)
+        results = pool.imap_unordered(_write_range, jobs)
+    try:
+        for n, w in results:
+            done += n
+            written += w
+            if not quiet and done >= next_report:
+                next_report += report
+                rate = written / max(time.perf_counter() - start, 1e-9)
+                print(f"photolike: {done:,}/{spec.images:,} ({written:,} written, {rate:,.0f}/s)", file=sys.stderr)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
     if not quiet:
         print(
             f"photolike: wrote {written:,} images to {root} in {time.perf_counter() - start:.1f} s "
@@ -353,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     mk.add_argument("--classes", type=int, default=PhotoSpec.classes)
     mk.add_argument("--quality", type=int, default=PhotoSpec.quality)
     mk.add_argument("--seed", type=int, default=PhotoSpec.seed)
+    mk.add_argument("--profile", choices=PROFILES, default=PhotoSpec.profile, help="small: 2-6 KB thumbnails")
     mk.add_argument("--processes", type=int, default=None, help="default: one per CPU")
     cp = sub.add_parser("sources", help="copy the source photos into DIR (00.jpg ...) for PHOTOLIKE_SOURCES=DIR")
     cp.add_argument("root")
@@ -362,7 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = parser.parse_args(argv)
     if args.cmd == "make":
-        spec = PhotoSpec(images=args.images, classes=args.classes, quality=args.quality, seed=args.seed)
+        spec = PhotoSpec(
+            images=args.images, classes=args.classes, quality=args.quality, seed=args.seed, profile=args.profile
+        )
         make_tree(args.root, spec, processes=args.processes)
         print(f"sources: {len(SOURCES)} photos, fingerprint {sources_fingerprint(find_sources())}")
         return 0

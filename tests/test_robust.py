@@ -72,7 +72,7 @@ def test_resume_after_interruptions_equals_uninterrupted(tmp_path: Path, monkeyp
             assert not out.exists()
             assert (tmp_path / "out.partial").is_dir()
     assert attempts > 3
-    assert result.resumed_from > 0 and result.compacted
+    assert result.resumed_from > 0  # (compacted only if free pages are >1%: tests/test_scale.py)
     assert pack_contents(out) == reference
     assert verify(out, progress=False).ok
 
@@ -342,7 +342,7 @@ def test_finished_but_unpublished_pack_is_published_on_rerun(tmp_path: Path, mon
     monkeypatch.setattr(writer_mod, "_publish", original)
     assert not (tmp_path / "out").exists()
     result = pack(src, tmp_path / "out", progress=False)
-    assert result.count == 12 and result.compacted
+    assert result.count == 12
     assert pack_contents(tmp_path / "out") == pack_contents(tmp_path / "ref")
     # ... but not when the sources changed meanwhile
     monkeypatch.setattr(writer_mod, "_publish", crash)

@@ -66,6 +66,8 @@ __all__ = [
     "encode_labels",
     "decode_labels",
     "encode_paths",
+    "labels_table",
+    "paths_table",
     "path_at",
     "decode_paths",
     "SHARD_INDEX_FILE",
@@ -76,6 +78,8 @@ __all__ = [
     "shard_name",
     "parse_shard_name",
     "tables_digest",
+    "shard_identity",
+    "shard_matches",
     "encode_shard_index",
     "decode_shard_index",
 ]
@@ -404,7 +408,18 @@ def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
 
 def encode_labels(labels: Sequence[int]) -> bytes:
     """Labels of all samples as consecutive little-endian int32."""
+    if isinstance(labels, array.array) and labels.typecode == "i" and labels.itemsize == _LABEL.size:
+        return labels_table(labels)
     return struct.pack(f"<{len(labels)}i", *labels)
+
+
+def labels_table(labels: array.array) -> bytes:
+    """``encode_labels`` of an ``array('i')`` (int32) without a Python int per label."""
+    if sys.byteorder == "little":
+        return labels.tobytes()
+    swapped = array.array("i", labels)
+    swapped.byteswap()
+    return swapped.tobytes()
 
 
 def decode_labels(blob: bytes | memoryview, count: int, *, where: str) -> array.array:
@@ -416,7 +431,7 @@ def decode_labels(blob: bytes | memoryview, count: int, *, where: str) -> array.
     if len(blob) != count * _LABEL.size:
         raise NotAPackError(where, f"{LABELS_KEY.decode()} holds {len(blob)} bytes, expected {count * _LABEL.size}")
     labels = array.array("i")
-    labels.frombytes(bytes(blob))
+    labels.frombytes(blob)  # straight from the (zero-copy) value: no transient bytes copy
     if sys.byteorder != "little":
         labels.byteswap()
     return labels
@@ -434,6 +449,26 @@ def encode_paths(paths: Iterable[str]) -> bytes:
     for name in encoded:
         offsets.append(offsets[-1] + len(name))
     return struct.pack(f"<{len(offsets)}Q", *offsets) + b"".join(encoded)
+
+
+def paths_table(offsets: Any, names: bytes | memoryview) -> bytearray:
+    """``encode_paths`` from parts: ``offsets`` is a buffer of ``count + 1`` native
+    uint64 (the first 0, the last ``len(names)``), ``names`` every name's bytes in order.
+
+    Builds the table in one allocation, with no Python object per path.
+    """
+    offs = memoryview(offsets).cast("B")
+    if len(offs) % _OFFSET.size or not len(offs):
+        raise ValueError("offsets must hold count + 1 uint64 values")
+    out = bytearray(len(offs) + len(names))
+    out[: len(offs)] = offs
+    if sys.byteorder != "little":
+        swapped = array.array("Q")
+        swapped.frombytes(offs)
+        swapped.byteswap()
+        out[: len(offs)] = swapped.tobytes()
+    out[len(offs) :] = names
+    return out
 
 
 def path_at(blob: bytes | memoryview, count: int, index: int) -> str:
@@ -509,6 +544,34 @@ def tables_digest(meta: bytes | memoryview, labels: bytes | memoryview, paths: b
     return h.hexdigest()
 
 
+def shard_identity(meta: bytes | memoryview, labels: bytes | memoryview, paths: bytes | memoryview) -> dict[str, Any]:
+    """The index entry fields that identify a shard cheaply: ``manifest_sha256`` (of
+    its stored manifest) and ``tables_bytes`` (the lengths of its label and path tables).
+
+    The manifest names what the shard holds (count, skipped files, payload
+    bytes, encodings, the split and a fingerprint of its sources) and when
+    it was written (``created_at``), so a replaced or repacked shard has
+    another manifest; hashing a few KB instead of the tables (megabytes per
+    shard) is what lets every DataLoader worker check every shard it opens.
+    """
+    return {"manifest_sha256": hashlib.sha256(meta).hexdigest(), "tables_bytes": [len(labels), len(paths)]}
+
+
+def shard_matches(
+    entry: Mapping[str, Any], meta: bytes | memoryview, labels: bytes | memoryview, paths: bytes | memoryview
+) -> bool:
+    """Whether a shard's stored manifest and tables are those its index ``entry`` names.
+
+    Entries that carry ``shard_identity`` are checked by it (cheap); entries of
+    indexes written before it existed carry only ``tables_sha256``, checked
+    over the whole tables. ``verify`` checks ``tables_sha256`` in any case.
+    """
+    if "manifest_sha256" in entry:
+        found = shard_identity(meta, labels, paths)
+        return all(entry.get(key) == value for key, value in found.items())
+    return tables_digest(meta, labels, paths) == entry.get("tables_sha256")
+
+
 def encode_shard_index(index: Mapping[str, Any]) -> bytes:
     """Serialise a sharded pack's index: JSON, sorted keys, ASCII, indented, final newline."""
     return (json.dumps(index, sort_keys=True, indent=1, ensure_ascii=True) + "\n").encode("ascii")
@@ -554,6 +617,16 @@ def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
             total += count
         if not isinstance(digest, str) or not _SHA256_HEX.match(digest):
             problems.append(f"shard {k} has no tables_sha256")
+        if "manifest_sha256" in shard:
+            sizes = shard.get("tables_bytes")
+            if not isinstance(shard["manifest_sha256"], str) or not _SHA256_HEX.match(shard["manifest_sha256"]):
+                problems.append(f"shard {k} has an invalid manifest_sha256")
+            if not (
+                isinstance(sizes, list)
+                and len(sizes) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sizes)
+            ):
+                problems.append(f"shard {k} has manifest_sha256 but no valid tables_bytes")
     if not problems and total != index["count"]:
         problems.append(f"the shard counts add up to {total}, the index says count={index['count']}")
     if problems:

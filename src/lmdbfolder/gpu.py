@@ -229,7 +229,7 @@ class RecordBytes(torch.utils.data.Dataset):
         *,
         readahead: bool = True,
         verify_checksums: bool = False,
-        prefetch: bool = True,
+        prefetch: bool = False,
     ) -> None:
         self.reader = open_pack(root, readahead=readahead, verify_checksums=verify_checksums)
         self.root = self.reader.path

@@ -114,9 +114,9 @@ class LMDBDatasetFolder(DatasetFolder):
         prefetch: when the DataLoader asks for a whole batch (``__getitems__``),
             ask the kernel to start reading all of its records before decoding
             (``Reader.get_many``; ``madvise(WILLNEED)``). Off by default: on
-            the development VM it never made a cold read faster and cost a few
-            microseconds per record warm (docs/design.md); try it on storage
-            with deep queues (NVMe, network block devices).
+            the development VM it cost ~4-8 us per record with a warm page cache
+            and gained nothing cold (``benchmarks/bench_scale.py``, "read");
+            try it on storage with deep queues (NVMe, network block devices).
         threads: threads that make one batch on the batch fast path (below):
             the decoders and OpenCV release the GIL, so with
             ``DataLoader(num_workers=0)`` and ``threads=N`` one process uses

@@ -147,9 +147,12 @@ class BatchDecoder:
                 _flip_in_place(work)
         else:
             img = resize_region(pixels, box, (width, height), resample=self.resample, backend="pil")
-            if job.flip:  # as torchvision flips a PIL image: a transpose, the same pixels as a mirrored array
-                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-            work[...] = np.asarray(img)
+            arr = np.frombuffer(img.tobytes(), np.uint8).reshape(height, width, 3)
+            if not job.flip:
+                _to_planes(arr, dst)
+                return
+            # torchvision flips a PIL image with a transpose: the same pixels as a mirrored array
+            _flip_into(arr, work)
         _to_planes(work, dst)
 
     def _decode(self, job: CropJob) -> np.ndarray:
@@ -172,6 +175,14 @@ def _flip_in_place(img: np.ndarray) -> None:
         img[...] = img[:, ::-1].copy()
         return
     cv2.flip(img, 1, dst=img)
+
+
+def _flip_into(src: np.ndarray, dst: np.ndarray) -> None:
+    cv2 = _cv2_or_none()
+    if cv2 is None:
+        dst[...] = src[:, ::-1]
+        return
+    cv2.flip(src, 1, dst=dst)
 
 
 def _to_planes(hwc: np.ndarray, chw: np.ndarray) -> None:

@@ -27,6 +27,7 @@ from lmdbfolder.format import (
     RecordHeader,
     decode_key,
     decode_record,
+    shard_matches,
     tables_digest,
 )
 from lmdbfolder.progress import Progress
@@ -355,6 +356,7 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
             sub = verify(shard_path, decode=decode, progress=progress)
             with Reader(shard_path) as reader:
                 digest = tables_digest(*reader.tables())
+                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *reader.tables())
                 meta = reader.meta
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
@@ -366,6 +368,10 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         if digest != entry["tables_sha256"]:
             report.problems.append(
                 Problem("checksum", f"shard {name}: its tables do not match the index's tables_sha256")
+            )
+        if not same_manifest:
+            report.problems.append(
+                Problem("checksum", f"shard {name}: its manifest does not match the index's manifest_sha256")
             )
         for key in ("classes", "class_to_idx", "store"):
             if meta[key] != index[key]:

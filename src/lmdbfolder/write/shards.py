@@ -53,6 +53,7 @@ from lmdbfolder.format import (
     SHARD_INDEX_VERSION,
     decode_meta,
     encode_shard_index,
+    shard_identity,
     shard_name,
     tables_digest,
 )
@@ -754,6 +755,7 @@ def write_index(
                 "payload_bytes": meta.get("payload_bytes"),
                 "bytes": os.path.getsize(os.path.join(path, DATA_FILE)),
                 "tables_sha256": digest,
+                **shard_identity(meta_blob, labels_blob, paths_blob),
             }
         )
         next_source += info["sources"]
@@ -780,7 +782,7 @@ def write_index(
         "encodings": dict(sorted(encodings.items())),
         "payload_bytes": sum(e["payload_bytes"] or 0 for e in entries),
         "skipped": sum(e["skipped"] for e in entries),
-        "checksum": "sha256 of each shard's tables; crc32 of every record",
+        "checksum": "sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
         "source": first.get("source"),
         "created_by": f"lmdbfolder {__version__}",
         "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from lmdbfolder.errors import ListFileError, OptionError, SourceError
 from lmdbfolder.format import NO_LABEL
+from lmdbfolder.write.compact import LabelList, PathList
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -61,12 +62,17 @@ class SourceList:
     """The ordered samples of a source: sample ``i`` is ``relpaths[i]`` with ``labels[i]``.
 
     ``relpaths`` are relative to ``root`` (or absolute, when a list file says so).
+    Whatever sequences are passed in, they are kept compact: ``relpaths`` as a
+    ``PathList`` (one buffer of bytes) and ``labels`` as a ``LabelList`` (an
+    int32 array), which index, slice, iterate and compare like lists
+    (``write.compact``). A million Python strings would cost ~100 MB, and
+    every forked reader process would end with its own copy of them.
     """
 
     root: str
     layout: str
-    relpaths: list[str]
-    labels: list[int]
+    relpaths: Sequence[str]
+    labels: Sequence[int]
     classes: list[str]
     class_to_idx: dict[str, int]
     list_file: str | None = None
@@ -74,6 +80,14 @@ class SourceList:
     #: the ``match`` regular expression, and the name of the ``is_valid_file`` callable, if any.
     match: str | None = None
     is_valid_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.relpaths, PathList):
+            self.relpaths = PathList(self.relpaths)
+        if not isinstance(self.labels, LabelList):
+            self.labels = LabelList(self.labels)
+        if len(self.relpaths) != len(self.labels):
+            raise ValueError(f"{len(self.relpaths)} paths but {len(self.labels)} labels")
 
     def __len__(self) -> int:
         return len(self.relpaths)
@@ -88,19 +102,31 @@ class SourceList:
         Enough to plan a pack (map size, free space, shard count) without
         stat-ing a million files. Files that cannot be stat-ed are left out.
         """
+        sizes = [size for _, size in self.sample_file_sizes(max_stat)]
+        return sum(sizes) / len(sizes) if sizes else 0.0
+
+    def sample_file_sizes(self, max_stat: int = 5000) -> list[tuple[int, int]]:
+        """``(index, size)`` of up to ``max_stat`` evenly spaced samples (every one when
+        there are fewer than ``2 * max_stat``). Files that cannot be stat-ed are left out.
+
+        The distribution, not only the mean, sizes a pack: LMDB stores each
+        record in whole pages (``write.sizing``).
+        """
         n = len(self)
-        sizes = []
+        out = []
         for i in range(0, n, max(1, n // max_stat)):
             try:
-                sizes.append(os.stat(self.abspath(i)).st_size)
+                out.append((i, os.stat(self.abspath(i)).st_size))
             except OSError:
                 continue
-        return sum(sizes) / len(sizes) if sizes else 0.0
+        return out
 
     def hash_samples(self, h: Any) -> Any:
         """Feed every path and label, in order, to the hash object ``h``; returns ``h``."""
-        for path, label in zip(self.relpaths, self.labels):
-            h.update(os.fsencode(path))
+        paths = self.relpaths
+        raw = paths.iter_raw() if isinstance(paths, PathList) else (os.fsencode(p) for p in paths)
+        for path, label in zip(raw, self.labels):
+            h.update(path)
             h.update(b"\0%d\n" % label)
         return h
 

@@ -61,6 +61,8 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.progress import Progress
 from lmdbfolder.text import escape_field, plural
+from lmdbfolder.write import sizing
+from lmdbfolder.write.compact import LabelList, PathList
 from lmdbfolder.write.options import DEFAULT_COMMIT_EVERY, PackOptions, pack_options
 from lmdbfolder.write.processes import ProcessReader, processes_available
 from lmdbfolder.write.records import Alloc, Loaded, Skipped, load_sample
@@ -277,23 +279,38 @@ def pack_sources(
     if existing is not None:
         return existing
     partial = _prepare_output(dst, overwrite=opts.overwrite, restart=opts.restart)
+    # The map and the free-space check come from one model of LMDB's page use
+    # (write.sizing): with a map sized from the mean, records of 2-6 KB (whole
+    # pages each) overran it at ImageNet size.
     if mean_size is None:
-        mean_size = sources.mean_file_size()
-    expansion: float = RAW_EXPANSION if opts.store == "raw" else 1
-    if opts.resize is not None and opts.store == "raw" and mean_size > 0:
-        expansion = min(expansion, 3 * opts.resize.max_size**2 / mean_size)
-    map_size = int(mean_size * len(sources) * expansion * 1.5) + _MIN_MAP
+        record_sizes = sizing.sample_records(sources, opts)
+    else:
+        record_sizes = sizing.RecordSizes.of_mean(mean_size, len(sources))
+    tables = sizing.tables_bytes(sources)
+    psize = sizing.page_size()
+    map_size = _map_size(record_sizes, len(sources), psize, tables)
     state = _open_partial(partial, fingerprint, map_size, sources.relpaths)
+    if state.env.stat()["psize"] != psize:  # a partial made where pages have another size
+        psize = state.env.stat()["psize"]
+        state.env.set_mapsize(max(state.env.info()["map_size"], _map_size(record_sizes, len(sources), psize, tables)))
     run = _Run(sources, state, opts, loader, manifest_extra, on_progress)
     try:
         if not state.finished:  # else: written before, stopped before it was published
             if opts.space_check:
-                _check_free_space(partial, mean_size * expansion * (len(sources) - state.next_source))
+                rest = sizing.estimate_pack(record_sizes, len(sources) - state.next_source, psize, tables=tables)
+                _check_free_space(partial, rest.upper)
             with _keep_freed_memory():
-                run.write_all(workers, mean_size * expansion, opts.progress)
+                run.write_all(workers, max(1.0, record_sizes.mean_value), opts.progress)
     finally:
         state.close()
-    compacted = _compact_if_needed(partial, force=state.resumed_from > 0 or state.grew)
+    # Compact only when free pages are measured above 1%. Neither growing the
+    # map nor a resume leaves any by itself: MDB_MAP_FULL aborts a transaction
+    # whose pages were never written to the file (no writemap), and a crash
+    # loses only pages that were free or past the end in the last commit
+    # (measured: the same page count and 0.2% free either way). Forcing the
+    # copy after either cost a full rewrite of an ImageNet pack (282 s, 2x its
+    # size on disk, all of it in RSS through the map).
+    compacted = _compact_if_needed(partial)
     _write_skipped_report(partial, sources, state.skipped)
     _publish(partial, dst)
     return PackResult(
@@ -352,7 +369,9 @@ class _Partial:
         )
 
     def commit(
-        self, batch: list[tuple[bytes, bytes | bytearray | memoryview]], extra: dict[bytes, bytes | None]
+        self,
+        batch: list[tuple[bytes, bytes | bytearray | memoryview]],
+        extra: dict[bytes, bytes | bytearray | None],
     ) -> None:
         """Append ``batch`` and put ``extra`` (None deletes) in one transaction.
 
@@ -458,7 +477,7 @@ class _Run:
             alloc=alloc,
         )
 
-    def _commit(self, extra: dict[bytes, bytes | None] | None = None) -> None:
+    def _commit(self, extra: dict[bytes, bytes | bytearray | None] | None = None) -> None:
         extra = dict(extra or {})
         if PROGRESS_KEY not in extra:
             checkpoint = extra[PROGRESS_KEY] = self.state.checkpoint()
@@ -535,20 +554,19 @@ class _Run:
         """Commit the last batch together with the tables and the manifest."""
         state = self.state
         skipped = {s for s, _ in state.skipped}
-        kept = [s for s in range(len(self.sources)) if s not in skipped]
-        if len(kept) != state.next_index:
+        kept = len(self.sources) - len(skipped)
+        if kept != state.next_index:
             raise PackError(
-                f"{state.path}: the checkpoint counts {state.next_index} records but {len(kept)} sources were kept",
+                f"{state.path}: the checkpoint counts {state.next_index} records but {kept} sources were kept",
                 "start over with --restart",
             )
         if not kept:
             raise SourceError(self.sources.root, "every source file was skipped; nothing to pack")
-        labels = [self.sources.labels[s] for s in kept]
-        paths = [self.sources.relpaths[s] for s in kept]
+        # Straight from the compact sample list: no Python object per sample.
         self._commit(
             {
-                LABELS_KEY: encode_labels(labels),
-                PATHS_KEY: encode_paths(paths),
+                LABELS_KEY: _labels_table(self.sources.labels, skipped),
+                PATHS_KEY: _paths_table(self.sources.relpaths, skipped),
                 META_KEY: encode_meta(self._manifest()),
                 PROGRESS_KEY: None,
             }
@@ -579,6 +597,18 @@ class _Run:
             raise ValueError(f"manifest_extra must not replace the manifest fields {clash}")
         manifest.update(self.manifest_extra)
         return manifest
+
+
+def _labels_table(labels: Sequence[int], skipped: set[int]) -> bytes:
+    if isinstance(labels, LabelList):
+        return labels.table(skipped)
+    return encode_labels([label for s, label in enumerate(labels) if s not in skipped])
+
+
+def _paths_table(paths: Sequence[str], skipped: set[int]) -> bytes | bytearray:
+    if isinstance(paths, PathList):
+        return paths.table(skipped)
+    return encode_paths(p for s, p in enumerate(paths) if s not in skipped)
 
 
 @contextlib.contextmanager
@@ -787,9 +817,18 @@ def sync_latency(directory: str, rounds: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _map_size(sizes: sizing.RecordSizes, count: int, psize: int, tables: int) -> int:
+    """The map for ``count`` records: the estimate with its margin, plus _MIN_MAP of slack
+    (the map is sparse on Linux: unused room costs address space, not disk)."""
+    estimate = sizing.estimate_pack(sizes, count, psize, tables=tables)
+    return -(-(estimate.upper + _MIN_MAP) // (1 << 20)) << 20
+
+
 def _check_free_space(partial: str, estimate: float) -> None:
+    """Refuse to start when the disk holding ``partial`` has less room than the
+    estimate (``sizing.estimate_pack(...).upper`` of what is left to write)."""
     free = shutil.disk_usage(partial).free
-    need = estimate * 1.05
+    need = estimate + (1 << 20)  # and skipped.txt, the sync probe, lock.mdb
     if need > free:
         raise PackError(
             f"the pack needs about {need / 1e9:,.2f} GB but only {free / 1e9:,.2f} GB are free "
@@ -849,7 +888,7 @@ def _open_env(partial: str, map_size: int) -> lmdb.Environment:
         ) from None
 
 
-def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int, relpaths: list[str]) -> _Partial:
+def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int, relpaths: Sequence[str]) -> _Partial:
     """Open ``<dst>.partial``; resume its checkpoint if it has one that matches."""
     env = _open_env(partial, map_size)
     try:
@@ -884,7 +923,7 @@ def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int, relp
 
 
 def _finished_partial(
-    partial: str, env: lmdb.Environment, fingerprint: dict[str, Any], relpaths: list[str]
+    partial: str, env: lmdb.Environment, fingerprint: dict[str, Any], relpaths: Sequence[str]
 ) -> _Partial:
     """A partial pack whose last transaction (the manifest) committed, but which
     was not published (for example the disk filled up while compacting it)."""
@@ -898,14 +937,17 @@ def _finished_partial(
             + describe_change(meta.get("fingerprint") or {}, fingerprint),
             "pass --restart to start over",
         )
-    position = {p: i for i, p in enumerate(relpaths)}  # same sources: the fingerprint matched
+    # Same sources (the fingerprint matched): find the skipped ones' positions
+    # without a dict of every path.
+    wanted = {item["path"] for item in meta.get("skipped", [])}
+    position = {p: i for i, p in enumerate(relpaths) if p in wanted} if wanted else {}
     progress = {
         "next_source": len(relpaths),
         "next_index": meta["count"],
         "skipped": [[position[item["path"]], item.get("reason", "")] for item in meta.get("skipped", [])],
         "encodings": meta.get("encodings", {}),
         "payload_bytes": meta.get("payload_bytes", 0),
-        "grew": True,  # compact it on the way out, whatever happened before
+        "grew": True,  # unknown: it may have (informational only)
         "finished": True,
     }
     return _Partial(partial, env, fingerprint, progress)
@@ -918,9 +960,9 @@ def _free_fraction(env: lmdb.Environment) -> float:
     return max(0.0, (total - used) / total)
 
 
-def _compact_if_needed(partial: str, *, force: bool) -> bool:
-    """Rewrite data.mdb without free pages when growth, resumes or aborted
-    batches left some (LMDB's consistent copy with compaction)."""
+def _compact_if_needed(partial: str, *, force: bool = False) -> bool:
+    """Rewrite data.mdb without free pages (LMDB's consistent copy with
+    compaction) when they are at least 1% of it, or when ``force``."""
     env = lmdb.open(partial, readonly=True, lock=False, subdir=True)
     try:
         if not force and _free_fraction(env) < _COMPACT_FREE_FRACTION:

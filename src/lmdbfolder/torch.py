@@ -3,7 +3,9 @@
 This is the only module that imports torch. It is safe with DataLoader
 workers under fork, spawn and forkserver, with ``persistent_workers`` and
 over many epochs: the pack is opened lazily in each worker process (see
-``lmdbfolder.environments``), and the dataset pickles without any open handle.
+``lmdbfolder.read.reader``), and the dataset pickles without any open handle.
+A worker that finds another pack at the path than the one the dataset was
+made from (replaced by ``pack --overwrite``) raises instead of mixing them.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ class LMDBFolder(torch.utils.data.Dataset):
         transform: applied to the RGB ``PIL.Image`` (as in ImageFolder).
         target_transform: applied to the integer target.
         readahead: kernel readahead on the memory map (see ``Reader``).
-        verify_checksums: check each record's CRC-32 as it is read.
+        verify_checksums: check each record's CRC-32 as it is read (default:
+            about 0.3 % of a JPEG decode; format-2 packs also bind it to the
+            index, so no record is ever returned in another's place).
         decoder: JPEG decoder (``lmdbfolder.read.decoders``): ``"pillow"`` (default,
             exactly ImageFolder's loader), ``"simplejpeg"``, ``"turbojpeg"``,
             ``"opencv"``, ``"torchvision"``, or ``"auto"`` (fastest installed).
@@ -81,7 +85,7 @@ class LMDBFolder(torch.utils.data.Dataset):
         target_transform: Callable[..., Any] | None = None,
         *,
         readahead: bool = True,
-        verify_checksums: bool = False,
+        verify_checksums: bool = True,
         decoder: str = "pillow",
         size_hint: int | None = None,
         prefetch: bool = True,

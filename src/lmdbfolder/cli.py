@@ -394,7 +394,7 @@ def _add_info(sub: Any) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    from lmdbfolder.tools.info import pack_info
+    from lmdbfolder.tools.info import INVALID, pack_info
 
     info = pack_info(args.pack)
     if args.json:
@@ -402,20 +402,39 @@ def _run_info(args: argparse.Namespace) -> int:
         return 0
     classes = info["classes"]
     shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
-    encodings = ", ".join(f"{k} {v:,}" for k, v in info["encodings"].items()) or "-"
+    # Informational fields may read "invalid" (a damaged or foreign manifest): shown as such.
+    encodings = info["encodings"]
+    encodings = (
+        ", ".join(f"{k} {v:,}" for k, v in encodings.items()) or "-" if isinstance(encodings, dict) else encodings
+    )
+    payload = info["payload_bytes"]
     source = info.get("source") or {}
+    source_text = (
+        f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"
+        if isinstance(source, dict)
+        else str(source)
+    )
+    skipped = info["skipped"] if isinstance(info["skipped"], list) else []
+    version = f"{info['format']} version {info['format_version']}"
+    if info.get("pack_id"):
+        version += f" (pack {info['pack_id']})"
     rows = [
         ("pack", info["path"]),
-        ("format", f"{info['format']} version {info['format_version']}"),
+        ("format", version + (f"; {info['note']}" if info.get("note") else "")),
         ("samples", f"{info['count']:,}"),
         ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
         ("store", info["store"]),
         ("encodings", encodings),
-        ("payload", _mb(info["payload_bytes"] or 0)),
+        ("payload", _mb(payload) if isinstance(payload, int) else str(payload)),
         ("size on disk", _mb(info["size_on_disk"])),
-        ("source", f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"),
+        ("source", source_text),
         ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
-        ("skipped", f"{len(info['skipped']):,} source file(s)" + (" (listed below)" if info["skipped"] else "")),
+        (
+            "skipped",
+            f"{len(skipped):,} source file(s)" + (" (listed below)" if skipped else "")
+            if isinstance(info["skipped"], list)
+            else str(info["skipped"]),
+        ),
     ]
     if "shards" in info:
         names = [s["name"] for s in info["shards"]]
@@ -424,8 +443,8 @@ def _run_info(args: argparse.Namespace) -> int:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key + ':':<{width + 2}}{value}")
-    for item in info["skipped"]:
-        print(f"  {item.get('path')}: {item.get('reason')}")
+    for item in skipped:
+        print(f"  {item.get('path')}: {item.get('reason')}" if isinstance(item, dict) else f"  {INVALID}")
     return 0
 
 
@@ -455,6 +474,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     else:
         for problem in report.problems:
             print(problem, file=sys.stderr)
+        for note in report.notes:
+            print(f"note: {note}", file=sys.stderr)
         what = (
             "checksums"
             + (", decoding" if report.decoded else "")

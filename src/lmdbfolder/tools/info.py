@@ -1,4 +1,9 @@
-"""``pack_info``: a summary of a pack (single or sharded) from its metadata, no record read."""
+"""``pack_info``: a summary of a pack (single or sharded) from its metadata, no record read.
+
+Informational manifest fields (FORMAT.md) are shown as they are when they
+have their documented type and as ``"invalid"`` when not: a damaged or
+hostile field never makes ``info`` fail.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,11 @@ import os
 from typing import Any
 
 from lmdbfolder import packdir
-from lmdbfolder.format import SHARD_INDEX_FILE
+from lmdbfolder.format import INVALID, SHARD_INDEX_FILE, informational
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
 
-__all__ = ["pack_info"]
+__all__ = ["pack_info", "INVALID"]
 
 
 def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -28,10 +33,12 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     found = packdir.require_pack(path)
     if found.kind is packdir.Kind.SHARDED:
         return _sharded_info(found.path)
-    reader = Reader(found.path)
-    meta = reader.meta
-    info = _summary(reader.path, meta, packdir.dir_size(reader.path))
-    info.update(format_version=meta["format_version"], skipped=meta.get("skipped", []))
+    with Reader(found.path) as reader:
+        meta = reader.meta
+        info = _summary(reader.path, meta, packdir.dir_size(reader.path))
+        info.update(format_version=meta["format_version"], pack_id=reader.pack_id, skipped=reader.skipped())
+    if meta["format_version"] < 2:
+        info["note"] = "format version 1: records are not bound to their index and pack (repack to get format 2)"
     return info
 
 
@@ -44,12 +51,12 @@ def _summary(path: str, meta: dict[str, Any], size: int) -> dict[str, Any]:
         "num_classes": len(meta["classes"]),
         "classes": meta["classes"],
         "store": meta["store"],
-        "encodings": meta.get("encodings", {}),
-        "payload_bytes": meta.get("payload_bytes"),
+        "encodings": informational(meta, "encodings", {}),
+        "payload_bytes": informational(meta, "payload_bytes"),
         "size_on_disk": size,
-        "source": meta.get("source"),
-        "created_by": meta.get("created_by"),
-        "created_at": meta.get("created_at"),
+        "source": informational(meta, "source"),
+        "created_by": informational(meta, "created_by"),
+        "created_at": informational(meta, "created_at"),
     }
 
 
@@ -60,7 +67,10 @@ def _sharded_info(path: str) -> dict[str, Any]:
     skipped: list[dict[str, Any]] = []
     size = os.path.getsize(os.path.join(reader.path, SHARD_INDEX_FILE))
     for entry, shard_path in zip(meta["shards"], reader.shards):
-        skipped.extend(Reader(shard_path).meta.get("skipped", []))
+        with Reader(shard_path) as shard:
+            items = shard.skipped()
+        if isinstance(items, list):
+            skipped.extend(items)
         shard_size = packdir.dir_size(shard_path)
         size += shard_size
         shards.append({"name": entry["name"], "count": entry["count"], "size_on_disk": shard_size})

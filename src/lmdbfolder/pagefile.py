@@ -78,6 +78,12 @@ _OVERFLOW_HEADER = struct.Struct("<QHHI")
 _NODE = struct.Struct("<HHHH")
 _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
+_U16_AT, _NODE_AT, _U64_AT, _OVERFLOW_AT = (
+    _U16.unpack_from,
+    _NODE.unpack_from,
+    _U64.unpack_from,
+    _OVERFLOW_HEADER.unpack_from,
+)
 #: MDB_meta after the page header: magic, version, address, mapsize, then two
 #: MDB_db (pad, flags, depth, branch, leaf, overflow, entries, root), last_pg, txnid.
 _META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
@@ -340,11 +346,41 @@ class PageFile:
             if first >= 0 and len(key) == 8 and key[0] == 0:
                 guess = int.from_bytes(key, "big") - first
                 if 0 <= guess < n:
-                    off, dsize, flags, ksize = self._node(pgno, guess, upper)
-                    if ksize == 8 and self._key(off, 8) == key:
-                        return self._value(pgno, guess, off, dsize, flags, ksize)
+                    hit = self._guess(pgno, guess, upper, key)
+                    if hit is not None:
+                        return hit
             return self._leaf_lookup(pgno, n, upper, key)
         raise PageDamage(self.path, f"the tree is deeper than {CURSOR_STACK} levels (a page cycle?)", pgno=pgno)
+
+    def _guess(self, pgno: int, i: int, upper: int, key: bytes) -> tuple[int, int] | None:
+        """The value of node ``i`` of leaf ``pgno`` if its key is ``key`` (8 bytes), else None.
+
+        The common case of a lookup (record ``i`` is node ``i - first`` of its
+        leaf), with the checks of ``_node`` and ``_value`` inlined: every
+        lookup of a record pays for it. Anything unusual takes the general
+        path, which raises the precise PageDamage.
+        """
+        mm, psize = self._mm, self.psize
+        base = pgno * psize
+        ptr = _U16_AT(mm, base + PAGEHDRSZ + 2 * i)[0]
+        if ptr < upper or ptr & 1 or ptr + _NODE.size + 8 > psize:
+            off, dsize, flags, ksize = self._node(pgno, i, upper)  # raises, or it is a short key: not ours
+            return None
+        off = base + ptr
+        lo, hi, flags, ksize = _NODE_AT(mm, off)
+        if ksize != 8 or mm[off + 8 : off + 16] != key:
+            return None
+        dsize = lo | hi << 16
+        if flags == F_BIGDATA and off + 24 <= base + psize:
+            first = _U64_AT(mm, off + 16)[0]
+            need = (PAGEHDRSZ - 1 + dsize) // psize + 1
+            if first >= NUM_METAS and first + need <= self.next_pgno:
+                stored, _, oflags, pages = _OVERFLOW_AT(mm, first * psize)
+                if stored == first and oflags & ~P_DIRTY == P_OVERFLOW and pages == need:
+                    return first * psize + PAGEHDRSZ, dsize
+        elif not flags and off + 16 + dsize <= base + psize:
+            return off + 16, dsize
+        return self._value(pgno, i, off, dsize, flags, ksize)  # raises the precise PageDamage
 
     def _leaf_lookup(self, pgno: int, n: int, upper: int, key: bytes) -> tuple[int, int] | None:
         low, high = 0, n - 1

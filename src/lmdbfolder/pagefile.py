@@ -445,17 +445,6 @@ class PageFile:
         """Bytes ``offset .. offset + size`` of the file (as ``locate`` returned them), zero-copy."""
         return self._view[offset : offset + size]
 
-    def advise_willneed(self, offset: int, size: int) -> None:
-        """Ask the kernel to start reading this range of the file (advice only)."""
-        if size <= 0 or not hasattr(self._mm, "madvise"):
-            return
-        start = offset - offset % mmap.PAGESIZE
-        end = min(self.size, offset + size)
-        try:
-            self._mm.madvise(mmap.MADV_WILLNEED, start, end - start)
-        except (OSError, ValueError):
-            pass
-
     # -- whole-tree walks ----------------------------------------------------------
     def pages(self, root: int | None = None) -> Iterator[tuple[int, int, int, list[tuple[int, bytes, int, int]]]]:
         """Every B-tree page reachable from ``root`` (default: the main database's),

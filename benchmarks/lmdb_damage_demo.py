@@ -43,6 +43,7 @@ from typing import Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fuzz_packs import build_sources  # noqa: E402
+
 from lmdbfolder.pagefile import F_BIGDATA, P_BRANCH, P_LEAF, PageFile  # noqa: E402
 
 READ_ALL = """

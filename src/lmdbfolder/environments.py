@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from lmdbfolder.errors import NotAPackError
+from lmdbfolder.errors import FormatVersionError, NotAPackError
 from lmdbfolder.format import (
     CHECK_KEY,
     DAMAGED_HINT,
@@ -142,9 +142,21 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
     check_blob = read_value(pf, CHECK_KEY, where)
     check = None
     if check_blob is not None and meta_blob is not None:
-        # Checked before the manifest is parsed: a damaged one is said to be damaged.
+        # Checked before the manifest is parsed: a damaged one is said to be
+        # damaged, not "invalid". Unless it names a newer format version: a
+        # newer writer may mean something else by __check__, and "upgrade"
+        # is the answer then (decode_meta raises FormatVersionError).
         check = decode_check(check_blob, where=where)
-        check_table(check, META_KEY, meta_blob, where=where)
+        try:
+            check_table(check, META_KEY, meta_blob, where=where)
+        except NotAPackError as damaged:
+            try:
+                decode_meta(meta_blob, where=where)
+            except FormatVersionError:
+                raise
+            except NotAPackError:
+                pass
+            raise damaged from None
     meta = decode_meta(meta_blob, where=where)
     if meta_blob is None:  # decode_meta refuses a missing manifest; this tells the type checker
         raise NotAPackError(where, "it has no manifest")

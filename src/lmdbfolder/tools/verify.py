@@ -31,7 +31,7 @@ from PIL import Image
 
 from lmdbfolder import environments, packdir
 from lmdbfolder.codecs import decode_rgb, raw_rgb
-from lmdbfolder.errors import CorruptRecordError, LmdbFolderError, NotAPackError
+from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError
 from lmdbfolder.format import (
     CHECK_KEY,
     DAMAGED_HINT,
@@ -209,6 +209,8 @@ class _Checked:
                 self.damaged_meta = exc  # reported with the tables, if the manifest still parses
         try:
             self.meta = decode_meta(blob, where=path)  # nothing to check against without it
+        except FormatVersionError:
+            raise  # a newer format: "upgrade" says more than "damaged"
         except NotAPackError:
             if self.damaged_meta is not None:
                 raise self.damaged_meta from None

@@ -1,44 +1,74 @@
-# The two commands of the README: `make demo` and `make test`.
-# Both create (or reuse) a virtual environment in .venv and install what they need.
+# The commands of the README. Each creates (or reuses) the virtual environment .venv and
+# installs what that command needs, in layers, saying what and why:
+#   make demo  -> requirements-demo.txt: the runtime, PyTorch, the fast JPEG decoder
+#   make test  -> requirements-test.txt: + pytest, Ray, torchdata, the other decoders, matplotlib
+#   make lint  -> requirements-dev.txt:  + ruff, mypy
+# System libraries are never installed behind your back: `make system-deps` does it, on request.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip install --disable-pip-version-check
 
-.PHONY: demo test test-all lint bench clean
+.PHONY: demo test test-all lint bench system-deps clean
 
-$(STAMP): requirements-test.txt requirements-dev.txt pyproject.toml
-	@# PyTurboJPEG (an optional decoder) needs the system libturbojpeg: install it when we can.
+$(BIN)/python:
+	@echo "==> creating the virtual environment $(VENV) with $(PYTHON)"
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml | $(BIN)/python
+	@echo "==> installing what the demo needs into $(VENV) (requirements-demo.txt): lmdb, numpy, Pillow, tqdm"
+	@echo "    (lmdbfolder's own dependencies), PyTorch 2.14.1 and torchvision 0.29.1 (the big download),"
+	@echo "    simplejpeg (the fast JPEG decoder) and zlib-ng (fast checksums)"
+	$(PIP) -r requirements-demo.txt
+	@echo "==> installing lmdbfolder itself from this folder, editable (changes to src/ apply at once)"
+	$(PIP) --no-deps --no-build-isolation -e .
+	@touch $@
+
+$(VENV)/.test-installed: requirements-test.txt $(VENV)/.demo-installed
+	@echo "==> installing what the tests need on top (requirements-test.txt): pytest, pytest-timeout and"
+	@echo "    hypothesis; Ray and torchdata (sharded packs, distributed sampling); OpenCV and PyTurboJPEG"
+	@echo "    (the other decoders under test); matplotlib (the bench chart)"
+	$(PIP) -r requirements-test.txt
 	@if ! ldconfig -p 2>/dev/null | grep -q libturbojpeg; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get install -y -q libturbojpeg0 >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libturbojpeg0 >/dev/null 2>&1; } || \
-	    echo "note: could not install libturbojpeg0; the turbojpeg decoder will not be tested"; \
-	  else echo "note: libturbojpeg is missing (apt-get install libturbojpeg0): the turbojpeg decoder will not be tested"; fi; \
+	  echo "note: the system library libturbojpeg is missing, so the turbojpeg decoder's tests will be skipped;"; \
+	  echo "      to run them, install it: sudo apt-get install libturbojpeg0 (or: make system-deps)"; \
 	fi
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	touch $(STAMP)
+	@touch $@
 
-demo: $(STAMP)
+$(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.test-installed
+	@echo "==> installing the linters on top (requirements-dev.txt): ruff, mypy"
+	$(PIP) -r requirements-dev.txt
+	@touch $@
+
+demo: $(VENV)/.demo-installed
+	@echo "==> running \`lmdbfolder demo\`: generate 1,000 JPEGs, pack, verify, compare with ImageFolder, bench"
 	$(BIN)/lmdbfolder demo
 
-test: $(STAMP)
+test: $(VENV)/.test-installed
+	@echo "==> running the test suite (pytest; a few minutes)"
 	$(BIN)/python -m pytest -q
 
 # The long fault-injection soak and other slow tests.
-test-all: $(STAMP)
+test-all: $(VENV)/.test-installed
+	@echo "==> running the test suite with the slow tests (soak, full distributed matrix)"
 	$(BIN)/python -m pytest -q --run-slow
 
-lint: $(STAMP)
+lint: $(VENV)/.dev-installed
+	@echo "==> ruff (lint and format) and mypy"
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(VENV)/.test-installed
+	@echo "==> benchmarks/bench_pack.py: pack throughput against cat"
 	$(BIN)/python benchmarks/bench_pack.py
+
+# Opt-in: the system library PyTurboJPEG needs (Debian/Ubuntu), with apt-get, as root or through sudo.
+system-deps:
+	@echo "==> installing the system library libturbojpeg0 with apt-get (for the optional turbojpeg decoder)"
+	@if [ "$$(id -u)" = 0 ]; then apt-get install -y libturbojpeg0 || { apt-get update && apt-get install -y libturbojpeg0; }; \
+	else sudo apt-get install -y libturbojpeg0; fi
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

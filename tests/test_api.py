@@ -19,10 +19,12 @@ def test_public_api_snapshot() -> None:
         "IMG_EXTENSIONS",
         "ListFileError",
         "LmdbFolderError",
+        "NoSamplesError",
         "NotAPackError",
         "OptionError",
         "OutputExistsError",
         "PackError",
+        "PackNotFoundError",
         "PackOptions",
         "PackResult",
         "Problem",
@@ -49,7 +51,7 @@ def test_public_api_snapshot() -> None:
         "warm",
         "write_index",
     ]
-    assert lmdbfolder.torch.__all__ == ["LMDBFolder"]
+    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder"]
     for name in lmdbfolder.__all__:
         assert hasattr(lmdbfolder, name)
 

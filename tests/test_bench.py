@@ -37,9 +37,14 @@ def test_bench_json_chart_and_resized_pack(
     result = json.loads(out.out)
     contestants = {(m["workload"], m["contestant"]) for m in result["measurements"]}
     for cache in ("cold", "warm"):
-        for name in ("ImageFolder (files)", "LMDBFolder default", "LMDBFolder fastest", "dd data.mdb"):
+        for name in ("ImageFolder (files)", "pack, Reader.get", "pack, get_many + prefetch", "dd data.mdb"):
             assert (f"raw read, {cache}", name) in contestants
-    pipeline = ("ImageFolder (files)", "LMDBFolder default", "LMDBFolder fastest", "LMDBFolder max-size")
+    pipeline = (
+        "ImageFolder (files)",
+        "LMDBFolder default",
+        "LMDBFolder auto decoder + fused crop",
+        "LMDBFolder max-size",
+    )
     for name in (*pipeline, "LMDBFolder max-size raw"):
         assert ("train pipeline, warm", name) in contestants
         assert ("train pipeline, cold", name) in contestants  # at the largest worker count
@@ -50,8 +55,11 @@ def test_bench_json_chart_and_resized_pack(
     assert result["images"] == 12 and result["pack"]["max_size"]["max_size"] == 16
     assert result["pack"]["max_size_raw"]["size"] > 0
     assert "evicted" in result["eviction"] or not can_evict()
-    assert "raw_cold_fastest_vs_dd" in result["summary"] and "loader_efficiency" in result["summary"]
-    assert result["recommendation"].startswith("Use LMDBFolder")
+    assert "raw_cold_batched_vs_dd" in result["summary"] and "loader_efficiency" in result["summary"]
+    assert (
+        result["recommendation"].startswith("Fastest measured: LMDBFolder")
+        and "Use LMDBFolder" in result["recommendation"]
+    )
     if result["chart"] is not None:
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not any(p.startswith("lmdbfolder-bench-") for p in os.listdir(tmp_path))

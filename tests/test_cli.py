@@ -63,15 +63,15 @@ def test_errors_go_to_stderr_with_exit_codes(
     out = tmp_path / "p"
     assert main(["pack", str(small_tree), str(out), "--json"]) == 0
     capsys.readouterr()
-    assert main(["pack", str(small_tree), str(out)]) == EXIT_CODES["output exists"]
+    assert main(["pack", str(small_tree), str(out), "--check", "decode"]) == EXIT_CODES["output exists"]
     err = capsys.readouterr().err
-    assert err.startswith("lmdbfolder pack: error: ") and "already exists" in err and "--overwrite" in err
+    assert err.startswith("lmdbfolder pack: error: ") and "already holds a pack" in err and "--overwrite" in err
     assert main(["info", str(tmp_path / "nothing")]) == EXIT_CODES["not a pack"]
     assert "no such file" in capsys.readouterr().err
     assert main(["pack", str(tmp_path / "nosrc"), str(tmp_path / "q")]) == EXIT_CODES["source error"]
     assert "does not exist" in capsys.readouterr().err
     bad_list = tmp_path / "bad.txt"
-    bad_list.write_text("a.jpg zero\n")
+    bad_list.write_text("a.jpg\n")
     assert main(["pack", str(small_tree), str(tmp_path / "q"), "--list", str(bad_list)]) == EXIT_CODES["source error"]
     assert f"{bad_list}:1" in capsys.readouterr().err
     assert main(["pack", str(small_tree)]) == EXIT_CODES["usage"]
@@ -94,7 +94,7 @@ def test_verify_exit_code_on_damage(small_pack: Path, capsys: pytest.CaptureFixt
     assert main(["verify", str(small_pack), "--no-progress"]) == EXIT_CODES["problems found"]
     captured = capsys.readouterr()
     assert "checksum: record 2 (class0/img2.jpg)" in captured.err
-    assert "1 problem(s) in 1 record(s)" in captured.out
+    assert "1 problem in 1 record" in captured.out
     assert main(["verify", str(small_pack), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["bad_indices"] == [2]
 
@@ -150,9 +150,12 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "verified 12 records" in out
     assert "LMDBFolder == ImageFolder" in out and ": yes" in out
     assert "ImageFolder (files)" in out and "vs files" in out and "train pipeline" in out
-    assert "LMDBFolder fastest" in out and "Recommendation:" in out
+    assert "LMDBFolder auto decoder + fused crop" in out and "Recommendation:" in out
+    assert f"work folder: {tmp_path / 'demo'} (kept" in out
+    assert "  train pipeline, warm, 0 workers, LMDBFolder default: " in out  # the bench's progress, as it goes
     code, out, err = run("demo", "--classes", "2", "--per-class", "3", "--workers", "0", "--json")
     assert code == 0, err
     result = json.loads(out)
+    assert "(temporary, deleted at the end" in err and "deleted the work folder " in err
     assert result["verified"] and result["same_as_imagefolder"] and result["images"] == 6
     assert result["bench"]["measurements"] and result["bench"]["recommendation"]

@@ -24,7 +24,7 @@ import pytest
 import lmdbfolder
 
 PACKAGE = Path(lmdbfolder.__file__).parent
-CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir"}
+CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text"}
 TORCH = {"torch", "fused", "sampler", "gpu"}
 TOP = {"", "__main__", "cli"}
 #: One-line re-exports kept for the old flat layout; nothing inside the package may use them.

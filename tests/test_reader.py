@@ -50,8 +50,16 @@ def test_foreign_lmdb_without_manifest(tmp_path: Path) -> None:
         txn.put(b"0", b"\x80\x04whatever")
         txn.put(b"__len__", b"1")
     env.close()
-    with pytest.raises(NotAPackError, match="has no lmdbfolder manifest"):
+    with pytest.raises(NotAPackError, match="folder2lmdb-style LMDB") as info:
         Reader(tmp_path / "recipe")
+    assert f"`lmdbfolder import {tmp_path / 'recipe'} NEW`" in info.value.hint
+    env = lmdb.open(str(tmp_path / "other"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"hello", b"world")
+    env.close()
+    with pytest.raises(NotAPackError, match="has no lmdbfolder manifest") as info:
+        Reader(tmp_path / "other")
+    assert "lmdbfolder import OLD NEW" in info.value.hint and "lmdbfolder pack" in info.value.hint
 
 
 def test_wrong_format_version(small_pack: Path) -> None:

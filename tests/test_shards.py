@@ -174,8 +174,9 @@ def test_interrupted_sharded_pack_resumes_and_keeps_finished_shards(tmp_path: Pa
     assert [p for p, _ in result.skipped] == ["class2/img2_bad.jpg"]
     pack(tree, tmp_path / "single", progress=False)
     _same_as_single(tmp_path / "single", tmp_path / "sh")
-    with pytest.raises(OutputExistsError, match="finished sharded pack"):
-        pack_sharded(tree, tmp_path / "sh", shards=4, progress=False)
+    assert pack_sharded(tree, tmp_path / "sh", shards=4, progress=False).already_packed  # nothing to do
+    with pytest.raises(OutputExistsError, match="finished sharded pack of other sources or options"):
+        pack_sharded(tree, tmp_path / "sh", shards=4, check="decode", progress=False)
     os.remove(tmp_path / "sh" / SHARD_INDEX_FILE)  # as if the last run stopped before the index
     with pytest.raises(OutputExistsError, match="another split"):
         pack_sharded(tree, tmp_path / "sh", shards=2, progress=False)

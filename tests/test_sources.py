@@ -85,7 +85,8 @@ def test_list_file(tmp_path: Path) -> None:
     "line, message",
     [
         ("lonely.jpg", "expected `path label`"),
-        ("a.jpg cat", "label 'cat' is not an integer"),
+        ("ok.jpg 1", "'ok.jpg' is listed twice, on lines 1 and 3"),
+        ("./ok.jpg 0", "listed twice, on lines 1 and 3"),
         ("a.jpg -1", "outside"),
     ],
 )

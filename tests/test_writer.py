@@ -73,14 +73,15 @@ def test_commit_bytes_limit(small_tree: Path, tmp_path: Path) -> None:
 def test_refuses_existing_output(small_tree: Path, tmp_path: Path) -> None:
     out = tmp_path / "p"
     pack(small_tree, out, progress=False)
+    write(tmp_path / "taken" / "file.txt", b"x")
     with pytest.raises(OutputExistsError, match="already exists") as info:
-        pack(small_tree, out, progress=False)
-    assert "--overwrite" in info.value.hint
+        pack(small_tree, tmp_path / "taken", progress=False)
+    assert "--overwrite" in info.value.hint and "overwrite=True" in str(info.value)
     # --overwrite replaces a pack
     make_small_tree(tmp_path / "other", classes=2, per_class=2, seed=5)
     assert pack(tmp_path / "other", out, overwrite=True, progress=False).count == 4
     assert len(Reader(out)) == 4
-    assert sorted(os.listdir(tmp_path)) == ["other", "p", "small"]
+    assert sorted(os.listdir(tmp_path)) == ["other", "p", "small", "taken"]
 
 
 def test_overwrite_refuses_what_is_not_a_pack(small_tree: Path, tmp_path: Path) -> None:
@@ -105,7 +106,7 @@ def test_failed_pack_leaves_no_output(small_tree: Path, tmp_path: Path) -> None:
         Reader(out)
     with pytest.raises(NotAPackError, match="unfinished pack"):
         Reader(tmp_path / "p.partial")
-    with pytest.raises(OutputExistsError, match="different sources or options: --check was 'header', now 'none'"):
+    with pytest.raises(OutputExistsError, match="different sources or options: check was 'header', now 'none'"):
         pack(small_tree, out, check="none", progress=False)
 
 

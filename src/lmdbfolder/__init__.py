@@ -1,7 +1,7 @@
 """lmdbfolder: pack image datasets into LMDB; read them from PyTorch as an ImageFolder.
 
 The core (this package) needs only lmdb, numpy and Pillow. The PyTorch
-Dataset lives in ``lmdbfolder.torch`` (``pip install lmdbfolder[torch]``).
+Dataset lives in ``lmdbfolder.torch`` (the ``torch`` extra: ``pip install ".[torch]"``).
 
 The package is layered (docs/design.md, "Module boundaries"): the format and
 the pack directory at the bottom (``format``, ``errors``, ``codecs``,
@@ -28,10 +28,12 @@ from lmdbfolder.errors import (
     FormatVersionError,
     ListFileError,
     LmdbFolderError,
+    NoSamplesError,
     NotAPackError,
     OptionError,
     OutputExistsError,
     PackError,
+    PackNotFoundError,
     SourceError,
     UnsafePickleError,
 )
@@ -57,10 +59,12 @@ __all__ = [
     "IMG_EXTENSIONS",
     "ListFileError",
     "LmdbFolderError",
+    "NoSamplesError",
     "NotAPackError",
     "OptionError",
     "OutputExistsError",
     "PackError",
+    "PackNotFoundError",
     "PackOptions",
     "PackResult",
     "Problem",

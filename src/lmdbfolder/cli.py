@@ -1,9 +1,11 @@
-"""The ``lmdbfolder`` command line: pack, info, verify, import, index, copy, bench, warm, demo.
+"""The ``lmdbfolder`` command line: pack, info, verify, show, export, import, index, copy, bench, warm, demo.
 
 ``main(argv) -> int`` is the whole interface: it parses, runs one subcommand
 and turns every lmdbfolder error into one message on stderr and an exit code
-(see EXIT_CODES). Subcommands import what they need when they run, so
-``lmdbfolder info`` never imports torch.
+(see EXIT_CODES). Usage errors (bad arguments, bad option values) are one
+line and a hint, exit code 2. Errors name options by their flags
+(``LmdbFolderError.text(cli=True)``). Subcommands import what they need when
+they run, so ``lmdbfolder info`` never imports torch.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from typing import Any, Callable, Sequence
 from lmdbfolder._version import __version__
 from lmdbfolder.errors import (
     LmdbFolderError,
+    MissingDependencyError,
     NotAPackError,
     OptionError,
     OutputExistsError,
     PackError,
     SourceError,
+    install_hint,
 )
 from lmdbfolder.format import SKIPPED_REPORT
+from lmdbfolder.text import plural
 
 __all__ = ["main", "EXIT_CODES"]
 
@@ -40,11 +45,21 @@ EXIT_CODES = {
     "source error": 5,
     "pack failed": 6,
     "other error": 7,
+    "missing dependency": 8,
     "interrupted": 130,
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and a hint (not the whole usage), exit code 2."""
+
+    def error(self, message: str) -> Any:  # argparse's signature says NoReturn
+        self.exit(EXIT_CODES["usage"], f"{self.prog}: error: {message}\n  hint: see `{self.prog} --help`\n")
+
+
 def _exit_code(exc: LmdbFolderError) -> int:
+    if isinstance(exc, MissingDependencyError):
+        return EXIT_CODES["missing dependency"]
     if isinstance(exc, OptionError):
         return EXIT_CODES["usage"]
     if isinstance(exc, NotAPackError):
@@ -81,7 +96,7 @@ def _print_skipped(skipped: Sequence[tuple[str, str]], listed_in: str, shown: in
     """The first ``shown`` skipped files and why, after a pack."""
     if not skipped:
         return
-    print(f"skipped {len(skipped):,} file(s) (listed in {listed_in}):")
+    print(f"skipped {plural(len(skipped), 'file')} (listed in {listed_in}):")
     for path, reason in skipped[:shown]:
         print(f"  {path}: {reason}")
     if len(skipped) > shown:
@@ -116,13 +131,19 @@ def _add_pack(sub: Any) -> None:
     )
     p.add_argument(
         "--max-size",
-        type=int,
+        type=_positive_int,
         default=None,
         metavar="N",
         help="shrink images whose longer side (see --resize-side) is above N pixels and re-encode them "
         "as JPEG (or raw pixels with --store raw); smaller images keep their bytes",
     )
-    p.add_argument("--quality", type=int, default=None, metavar="Q", help="JPEG quality of resized images (default 90)")
+    p.add_argument(
+        "--quality",
+        type=_quality,
+        default=None,
+        metavar="Q",
+        help="JPEG quality of resized images, 1..100 (default 90)",
+    )
     p.add_argument(
         "--resize-side",
         choices=("longer", "shorter"),
@@ -142,7 +163,7 @@ def _add_pack(sub: Any) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=_positive_int,
         default=None,
         metavar="N",
         help="reader processes on Linux, else threads (default: 2x CPUs, at least 4; 1 reads in the writer)",
@@ -150,6 +171,21 @@ def _add_pack(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
     p.add_argument("--restart", action="store_true", help="discard an unfinished pack at DST instead of resuming it")
     p.add_argument("--allow-empty", action="store_true", help="keep class folders that hold no image")
+    p.add_argument(
+        "--extensions",
+        type=_extension_list,
+        default=None,
+        metavar=".EXT,...",
+        help="file endings to pack, case-insensitive (default: ImageFolder's .jpg,.jpeg,.png,.ppm,.bmp,.pgm,"
+        ".tif,.tiff,.webp); recorded in the pack",
+    )
+    p.add_argument(
+        "--match",
+        default=None,
+        metavar="REGEX",
+        help="pack only files whose path relative to SRC contains a match of REGEX (Python re.search, / "
+        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack",
+    )
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
     _add_output_flags(p, "print the summary as JSON")
     _add_shard_options(p)
@@ -181,8 +217,22 @@ def _pack_options(args: argparse.Namespace) -> Any:
 
 
 def _source_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Where ``pack`` reads from: layout, list file, empty classes."""
-    return dict(layout="flat" if args.flat else "imagefolder", list_file=args.list_file, allow_empty=args.allow_empty)
+    """Where ``pack`` reads from: layout, list file, empty classes, file filters."""
+    return dict(
+        layout="flat" if args.flat else "imagefolder",
+        list_file=args.list_file,
+        allow_empty=args.allow_empty,
+        extensions=args.extensions,
+        match=args.match,
+    )
+
+
+def _extension_list(text: str) -> tuple[str, ...]:
+    """``--extensions .jpg,.png`` (commas and/or spaces; the dot may be left out)."""
+    names = [e.strip() for e in text.replace(",", " ").split()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one extension, e.g. --extensions .jpg,.png")
+    return tuple(e if e.startswith(".") else "." + e for e in names)
 
 
 def _run_pack(args: argparse.Namespace) -> int:
@@ -196,9 +246,13 @@ def _run_pack(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result.as_dict())
         return 0
-    resumed = f" (resumed after {result.resumed_from:,} files)" if result.resumed_from else ""
+    if result.already_packed:
+        skipped = f", {plural(len(result.skipped), 'file')} skipped" if result.skipped else ""
+        print(_nothing_to_do(result.path, plural(result.count, "image") + skipped))
+        return 0
+    resumed = f" (resumed after {plural(result.resumed_from, 'file')})" if result.resumed_from else ""
     print(
-        f"packed {result.count:,} images into {result.path}{resumed}: {_mb(result.input_bytes)} read "
+        f"packed {plural(result.count, 'image')} into {result.path}{resumed}: {_mb(result.input_bytes)} read "
         f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
     )
     resize = options.resize
@@ -211,12 +265,19 @@ def _run_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nothing_to_do(path: str, what: str) -> str:
+    return (
+        f"{path} is already packed from this source with these options: nothing to do ({what}; "
+        "--overwrite packs it again)"
+    )
+
+
 # -- pack: shards, a Slurm array, Ray ------------------------------------------------
 def _add_shard_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("shards and clusters")
     g.add_argument(
         "--shards",
-        type=int,
+        type=_positive_int,
         metavar="N",
         help="write N shards DST/<prefix>-00000-of-0000N.lmdb ... (a contiguous split) and DST/index.json",
     )
@@ -225,7 +286,7 @@ def _add_shard_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--shard-index",
-        type=int,
+        type=_count,
         metavar="I",
         help="pack only shard I of --shards N (one job of a Slurm array); afterwards run `lmdbfolder index DST`",
     )
@@ -250,14 +311,29 @@ def _add_shard_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive_int(text: str) -> int:
+def _whole_number(text: str, low: int, high: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole_number(text, 1)
+
+
+def _count(text: str) -> int:
+    """A whole number of at least 0 (DataLoader workers, limits where 0 means all)."""
+    return _whole_number(text, 0)
+
+
+def _quality(text: str) -> int:
+    return _whole_number(text, 1, 100)
 
 
 def _wants_shards(args: argparse.Namespace) -> bool:
@@ -265,7 +341,7 @@ def _wants_shards(args: argparse.Namespace) -> bool:
 
 
 def _usage(command: str, message: str) -> int:
-    print(f"lmdbfolder {command}: error: {message}", file=sys.stderr)
+    print(f"lmdbfolder {command}: error: {message}\n  hint: see `lmdbfolder {command} --help`", file=sys.stderr)
     return EXIT_CODES["usage"]
 
 
@@ -303,6 +379,14 @@ def _run_pack_sharded(args: argparse.Namespace, options: Any) -> int:
     if args.json:
         _print_json(result.as_dict())
         return 0
+    if result.already_packed:
+        shards = (
+            f"shard {args.shard_index} of {result.path}"
+            if args.shard_index is not None
+            else f"{result.path} ({plural(len(result.shards), 'shard')})"
+        )
+        print(_nothing_to_do(shards, plural(result.count, "image")))
+        return 0
     kept = sum(s.kept for s in result.shards)
     resumed = sum(1 for s in result.shards if s.resumed_from)
     notes = [f"{kept} already packed"] if kept else []
@@ -312,13 +396,14 @@ def _run_pack_sharded(args: argparse.Namespace, options: Any) -> int:
     if args.shard_index is not None:
         shard = result.shards[0]
         print(
-            f"packed shard {shard.index} of {args.shards}: {shard.count:,} images into {shard.path}{note} "
+            f"packed shard {shard.index} of {args.shards}: {plural(shard.count, 'image')} into {shard.path}{note} "
             f"in {result.seconds:.1f} s, {speed}\n"
             f"when every shard is packed, run: lmdbfolder index {result.path}"
         )
     else:
         print(
-            f"packed {result.count:,} images into {result.path} as {len(result.shards)} shards{note}: "
+            f"packed {plural(result.count, 'image')} into {result.path} as "
+            f"{plural(len(result.shards), 'shard')}{note}: "
             f"{_mb(result.input_bytes)} read in {result.seconds:.1f} s, {speed}"
         )
     _print_skipped(result.skipped, "each shard's skipped.txt")
@@ -346,9 +431,9 @@ def _run_index(args: argparse.Namespace) -> int:
         _print_json(index)
         return 0
     print(
-        f"wrote {os.path.join(os.path.abspath(args.dst), 'index.json')}: {index['count']:,} images "
-        f"in {index['num_shards']} shards, {len(index['classes']):,} classes"
-        + (f", {index['skipped']:,} source file(s) skipped" if index["skipped"] else "")
+        f"wrote {os.path.join(os.path.abspath(args.dst), 'index.json')}: {plural(index['count'], 'image')} "
+        f"in {plural(index['num_shards'], 'shard')}, {plural(len(index['classes']), 'class', 'classes')}"
+        + (f", {plural(index['skipped'], 'source file')} skipped" if index["skipped"] else "")
     )
     return 0
 
@@ -357,8 +442,9 @@ def _run_index(args: argparse.Namespace) -> int:
 def _add_copy(sub: Any) -> None:
     p = sub.add_parser(
         "copy",
-        help="copy a pack (or sharded pack) safely: LMDB's consistent copy, compacted",
-        description="Copy the pack SRC to the new path DST with LMDB's consistent copy (compacted); "
+        help="copy a pack (or sharded pack) safely: every page and record checked, compacted",
+        description="Copy the pack SRC to the new path DST, compacted, reading every page and record "
+        "checked (a damaged SRC is an error, never a crash); "
         "a sharded pack is copied shard by shard with its index. DST appears only when complete.",
     )
     p.add_argument("src", help="pack or sharded pack directory")
@@ -377,9 +463,9 @@ def _run_copy(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result.as_dict())
         return 0
-    shards = f" ({result.shards} shards)" if packdir.inspect(result.dst).kind is packdir.Kind.SHARDED else ""
+    shards = f" ({plural(result.shards, 'shard')})" if packdir.inspect(result.dst).kind is packdir.Kind.SHARDED else ""
     print(
-        f"copied {result.count:,} images{shards} to {result.dst} in {result.seconds:.1f} s: "
+        f"copied {plural(result.count, 'image')}{shards} to {result.dst} in {result.seconds:.1f} s: "
         f"{_mb(result.bytes_before)} -> {_mb(result.bytes_after)}" + (", verified" if args.verify else "")
     )
     return 0
@@ -387,16 +473,33 @@ def _run_copy(args: argparse.Namespace) -> int:
 
 # -- info ---------------------------------------------------------------------
 def _add_info(sub: Any) -> None:
-    p = sub.add_parser("info", help="describe a pack (count, classes, size, encodings, version)")
+    p = sub.add_parser(
+        "info",
+        help="describe a pack (count, classes, size, encodings, version)",
+        description="Describe the pack DST from its manifest: count, classes, store, encodings, size on disk, "
+        "format version, source and skipped files.",
+    )
     p.add_argument("pack", help="pack directory")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--sizes",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="read N evenly spaced record headers for the image sizes (default 10000; 0 = every record)",
+    )
+    p.add_argument("--no-sizes", action="store_true", help="leave out the image sizes (reads no record at all)")
+    p.add_argument("--json", action="store_true", help="print JSON (every class's count included)")
     p.set_defaults(run=_run_info)
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    from lmdbfolder.tools.info import INVALID, pack_info
+    from lmdbfolder.tools.info import DEFAULT_SIZE_SAMPLE, INVALID, pack_info, pack_statistics
 
     info = pack_info(args.pack)
+    sizes = -1 if args.no_sizes else (DEFAULT_SIZE_SAMPLE if args.sizes is None else args.sizes)
+    stats = pack_statistics(info["path"], sizes=sizes)
+    info.update({k: v for k, v in stats.items() if k not in ("path", "count", "encodings")})
+    info["encoding_shares"] = {k: v["share"] for k, v in stats["encodings"].items()}
     if args.json:
         _print_json(info)
         return 0
@@ -405,7 +508,9 @@ def _run_info(args: argparse.Namespace) -> int:
     # Informational fields may read "invalid" (a damaged or foreign manifest): shown as such.
     encodings = info["encodings"]
     encodings = (
-        ", ".join(f"{k} {v:,}" for k, v in encodings.items()) or "-" if isinstance(encodings, dict) else encodings
+        ", ".join(f"{k} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items()) or "-"
+        if isinstance(encodings, dict)
+        else encodings
     )
     payload = info["payload_bytes"]
     source = info.get("source") or {}
@@ -431,7 +536,7 @@ def _run_info(args: argparse.Namespace) -> int:
         ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
         (
             "skipped",
-            f"{len(skipped):,} source file(s)" + (" (listed below)" if skipped else "")
+            plural(len(skipped), "source file") + (" (listed below)" if skipped else "")
             if isinstance(info["skipped"], list)
             else str(info["skipped"]),
         ),
@@ -440,6 +545,21 @@ def _run_info(args: argparse.Namespace) -> int:
         names = [s["name"] for s in info["shards"]]
         shown_shards = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
         rows.insert(3, ("shards", f"{info['num_shards']:,} ({shown_shards})"))
+    after_classes = [k for k, _ in rows].index("classes") + 1
+    rows[after_classes:after_classes] = _class_rows(info)
+    sizes_info = info.get("image_sizes")
+    if sizes_info and sizes_info["width"]:
+        w, h = sizes_info["width"], sizes_info["height"]
+        rows.append(
+            (
+                "image sizes",
+                f"width {w['min']:,}..{w['max']:,} (median {w['median']:,g}), "
+                f"height {h['min']:,}..{h['max']:,} (median {h['median']:,g}) px, "
+                f"from {sizes_info['sampled']:,} of {plural(sizes_info['of'], 'record header')}"
+                + (f" ({sizes_info['unknown']:,} without a size)" if sizes_info["unknown"] else "")
+                + (f" ({sizes_info['unreadable']:,} damaged)" if sizes_info.get("unreadable") else ""),
+            )
+        )
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key + ':':<{width + 2}}{value}")
@@ -448,9 +568,36 @@ def _run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, str]]:
+    """The per-class lines of ``info``: every class's count for a few classes,
+    else the spread and the smallest and largest classes."""
+    counts: dict[str, int] = info.get("class_counts") or {}
+    if not counts:
+        return []
+    if len(counts) <= every_up_to:
+        return [("per class", ", ".join(f"{name} {n:,}" for name, n in counts.items()))]
+    values = sorted(counts.values())
+    median = values[len(values) // 2]
+
+    def named(pairs: list[list[Any]]) -> str:
+        return ", ".join(f"{name} {n:,}" for name, n in pairs)
+
+    return [
+        ("per class", f"{values[0]:,}..{values[-1]:,} samples (median {median:,}); every count: --json"),
+        ("smallest", named(info["smallest_classes"])),
+        ("largest", named(info["largest_classes"])),
+    ]
+
+
 # -- verify -------------------------------------------------------------------
 def _add_verify(sub: Any) -> None:
-    p = sub.add_parser("verify", help="check every record's checksum, the count and the keys")
+    p = sub.add_parser(
+        "verify",
+        help="check every record's checksum, the count and the keys",
+        description="Check the pack DST: the manifest, the keys 0..count-1, every record's header, CRC-32 and "
+        "label, and that every JPEG/PNG ends with its end marker; --decode also decodes every image, --against "
+        "compares with the source files. Exit code 1 when a problem is found; each is named by record and path.",
+    )
     p.add_argument("pack", help="pack directory")
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.add_argument("--against", metavar="SRC", help="compare with the source folder: same files, labels and bytes")
@@ -461,6 +608,9 @@ def _add_verify(sub: Any) -> None:
 
 def _run_verify(args: argparse.Namespace) -> int:
     from lmdbfolder.tools.verify import verify
+
+    if args.list_file is not None and args.against is None:
+        return _usage("verify", "--list FILE compares with a source and needs --against SRC")
 
     report = verify(
         args.pack,
@@ -481,12 +631,108 @@ def _run_verify(args: argparse.Namespace) -> int:
             + (", decoding" if report.decoded else "")
             + (f", against {args.against}" if args.against else "")
         )
-        status = "OK" if report.ok else f"{len(report.problems)} problem(s) in {len(report.bad_indices)} record(s)"
+        status = (
+            "OK"
+            if report.ok
+            else f"{plural(len(report.problems), 'problem')} in {plural(len(report.bad_indices), 'record')}"
+        )
         print(
-            f"{report.path}: {report.checked:,} of {report.count:,} records checked ({what}), "
+            f"{report.path}: {report.checked:,} of {plural(report.count, 'record')} checked ({what}), "
             f"{_mb(report.payload_bytes)} in {report.seconds:.1f} s: {status}"
         )
     return 0 if report.ok else EXIT_CODES["problems found"]
+
+
+# -- show -----------------------------------------------------------------------
+def _add_show(sub: Any) -> None:
+    p = sub.add_parser(
+        "show",
+        help="draw samples of a pack as a PNG contact sheet, to check it by eye",
+        description="Write a PNG grid of samples of the pack DST, decoded as ImageFolder loads them, each "
+        "captioned with its index and class: a few per class (default 4, a row per class), a random sample, "
+        "or the given indices.",
+    )
+    p.add_argument("pack", help="pack directory")
+    p.add_argument("-o", "--output", metavar="PNG", help="the sheet to write (default: <pack name>-sheet.png here)")
+    choice = p.add_mutually_exclusive_group()
+    choice.add_argument("--per-class", type=_positive_int, metavar="K", help="K samples of every class (default 4)")
+    choice.add_argument("--random", type=_positive_int, metavar="N", help="N samples drawn at random")
+    choice.add_argument("--indices", type=_count, nargs="+", metavar="I", help="these samples, in this order")
+    p.add_argument("--size", type=_positive_int, default=128, metavar="PX", help="tile size in pixels (default 128)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for --random (default 0)")
+    p.add_argument("--json", action="store_true", help="print where each tile is, as JSON")
+    p.set_defaults(run=_run_show)
+
+
+def _run_show(args: argparse.Namespace) -> int:
+    from lmdbfolder import packdir
+    from lmdbfolder.tools.show import contact_sheet
+
+    found = packdir.require_pack(args.pack)
+    output = args.output or f"{os.path.basename(found.path.rstrip(os.sep))}-sheet.png"
+    result = contact_sheet(
+        found.path,
+        output,
+        per_class=args.per_class,
+        random=args.random,
+        indices=args.indices,
+        size=args.size,
+        seed=args.seed,
+    )
+    if args.json:
+        _print_json(result.as_dict())
+        return 0
+    print(
+        f"wrote {result.path}: {plural(len(result.indices), 'sample')} of {found.path} in "
+        f"{plural(result.rows, 'row')} of {plural(result.columns, 'tile')} ({result.size} px), "
+        f"{result.width}x{result.height} px"
+    )
+    if result.undecodable:
+        print(f"{plural(len(result.undecodable), 'sample')} did not decode (red tiles): {result.undecodable[:10]}")
+    return 0
+
+
+# -- export ---------------------------------------------------------------------
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a pack back out as files (byte for byte) or as WebDataset tar shards",
+        description="Write the samples of the pack DST into the new directory OUT (it must not exist, or be "
+        "empty). files: the tree the pack came from (ImageFolder tree, flat folder, or list file and files), "
+        "each file byte for byte as packed, at its relative path (not for --store raw or --max-size packs). "
+        "webdataset: tar shards of about --shard-size, members <key>.jpg/.png/... and <key>.cls, __key__ = "
+        "the path without its extension, and classes.txt.",
+    )
+    p.add_argument("pack", help="pack directory")
+    p.add_argument("out", help="new directory to write")
+    p.add_argument("--format", choices=("files", "webdataset"), default="files", help="files (default) or webdataset")
+    p.add_argument("--shard-size", default="1GB", metavar="SIZE", help="webdataset: bytes per tar shard (default 1GB)")
+    _add_output_flags(p, "print the summary as JSON")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from lmdbfolder.tools.export import export
+    from lmdbfolder.write.shards import parse_size
+
+    try:
+        parse_size(args.shard_size)
+    except ValueError as exc:
+        return _usage("export", f"--shard-size: {exc}")
+    result = export(args.pack, args.out, format=args.format, shard_size=args.shard_size, progress=_progress(args))
+    if args.json:
+        _print_json(result.as_dict())
+        return 0
+    what = (
+        f"{plural(len(result.shards), 'tar shard')}"
+        if result.format == "webdataset"
+        else "files" + (f" and the list {result.list_file}" if result.list_file else "")
+    )
+    print(
+        f"exported {plural(result.samples, 'sample')} ({_mb(result.bytes)}) to {result.path} as {what} "
+        f"in {result.seconds:.1f} s"
+    )
+    return 0
 
 
 # -- import -------------------------------------------------------------------
@@ -526,7 +772,12 @@ def _run_import(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result.as_dict())
     else:
-        print(f"imported {result.count:,} samples ({result.store}) into {result.path} in {result.seconds:.1f} s")
+        if result.already_packed:
+            print(_nothing_to_do(result.path, plural(result.count, "sample")))
+            return 0
+        print(
+            f"imported {plural(result.count, 'sample')} ({result.store}) into {result.path} in {result.seconds:.1f} s"
+        )
         for path, reason in result.skipped[:20]:
             print(f"  skipped {path}: {reason}")
     return 0
@@ -537,11 +788,14 @@ def _add_demo(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="generate a small image dataset, pack it, verify it and compare it with plain files",
+        description="The whole job on a generated dataset: make an ImageFolder tree of JPEGs, pack it, verify "
+        "it, check that LMDBFolder returns what ImageFolder returns, and end with the `lmdbfolder bench` table. "
+        "Everything goes to a temporary folder that is deleted at the end, unless --dir keeps it.",
     )
     p.add_argument("--dir", help="work folder to keep (default: a temporary folder, removed afterwards)")
-    p.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
-    p.add_argument("--per-class", type=int, default=100, help="images per class (default 100)")
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 2], help="DataLoader worker counts (default 0 2)")
+    p.add_argument("--classes", type=_positive_int, default=10, help="number of classes (default 10)")
+    p.add_argument("--per-class", type=_positive_int, default=100, help="images per class (default 100)")
+    p.add_argument("--workers", type=_count, nargs="+", default=[0, 2], help="DataLoader worker counts (default 0 2)")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     p.set_defaults(run=_run_demo)
 
@@ -549,7 +803,19 @@ def _add_demo(sub: Any) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     from lmdbfolder.bench.demo import run_demo
 
-    workdir = args.dir or tempfile.mkdtemp(prefix="lmdbfolder-demo-")
+    out = sys.stderr if args.json else sys.stdout
+    if args.dir is not None:
+        workdir = os.path.abspath(args.dir)
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=workdir, prefix=".lmdbfolder-write-test-"):
+                pass  # the folder is writable
+        except OSError as exc:
+            return _usage("demo", f"cannot use --dir {args.dir} as a work folder: {exc.strerror or exc}")
+        print(f"work folder: {workdir} (kept: the images, the pack and the bench's packs stay there)", file=out)
+    else:
+        workdir = tempfile.mkdtemp(prefix="lmdbfolder-demo-")
+        print(f"work folder: {workdir} (temporary, deleted at the end; --dir DIR keeps everything)", file=out)
     try:
         return run_demo(
             workdir,
@@ -561,6 +827,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     finally:
         if args.dir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+            print(f"deleted the work folder {workdir}", file=out, flush=True)
 
 
 # -- bench --------------------------------------------------------------------
@@ -576,19 +843,29 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("src", help="the ImageFolder tree (the plain files)")
     p.add_argument("packed", nargs="?", help="its pack (default: pack SRC into a temporary folder first)")
     p.add_argument(
-        "--workers", type=int, nargs="+", default=None, metavar="N", help="worker counts (default 0 1 .. CPUs)"
+        "--workers", type=_count, nargs="+", default=None, metavar="N", help="worker counts (default 0 1 .. CPUs)"
     )
     p.add_argument(
-        "--limit", type=int, default=2000, metavar="N", help="images per training-pipeline run (default 2000; 0 = all)"
+        "--limit",
+        type=_count,
+        default=2000,
+        metavar="N",
+        help="images per training-pipeline run (default 2000; 0 = all)",
     )
-    p.add_argument("--raw-limit", type=int, default=0, metavar="N", help="images per raw-read run (default 0 = all)")
-    p.add_argument("--repeat", type=int, default=2, metavar="N", help="alternated runs per contestant (default 2)")
+    p.add_argument("--raw-limit", type=_count, default=0, metavar="N", help="images per raw-read run (default 0 = all)")
+    p.add_argument(
+        "--repeat", type=_positive_int, default=2, metavar="N", help="alternated runs per contestant (default 2)"
+    )
     p.add_argument("--warm-only", action="store_true", help="skip the cold page-cache runs")
-    p.add_argument("--max-size", type=int, default=None, metavar="N", help="also measure a pack resized to N px")
-    p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of that pack (default 90)")
+    p.add_argument(
+        "--max-size", type=_positive_int, default=None, metavar="N", help="also measure a pack resized to N px"
+    )
+    p.add_argument("--quality", type=_quality, default=90, metavar="Q", help="JPEG quality of that pack (default 90)")
     p.add_argument("--raw", action="store_true", help="with --max-size: also measure a --store raw pack of that size")
-    p.add_argument("--size", type=int, default=224, metavar="PX", help="training resolution (default 224)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="DataLoader batch size (default 64)")
+    p.add_argument("--size", type=_positive_int, default=224, metavar="PX", help="training resolution (default 224)")
+    p.add_argument(
+        "--batch-size", type=_positive_int, default=64, metavar="N", help="DataLoader batch size (default 64)"
+    )
     p.add_argument(
         "--device",
         default=None,
@@ -638,7 +915,7 @@ def _run_bench(args: argparse.Namespace) -> int:
             write_chart(result, args.chart)
             chart = os.path.abspath(args.chart)
         else:
-            say("chart skipped: matplotlib is not installed (pip install matplotlib)")
+            say("chart skipped: matplotlib is not installed (`pip install matplotlib`)")
     if args.json:
         _print_json(dict(result.as_dict(), chart=chart))
     else:
@@ -657,7 +934,7 @@ def _bench_device_problem(device: str | None) -> str | None:
         import torch
         import torchvision  # noqa: F401
     except ImportError:
-        return "--device needs torch and torchvision (pip install lmdbfolder[torch])"
+        return "--device needs torch and torchvision; " + install_hint("torch", "torch and torchvision")
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
@@ -671,7 +948,12 @@ def _bench_device_problem(device: str | None) -> str | None:
 
 # -- warm ---------------------------------------------------------------------
 def _add_warm(sub: Any) -> None:
-    p = sub.add_parser("warm", help="read a pack once so that it is in the page cache (before training)")
+    p = sub.add_parser(
+        "warm",
+        help="read a pack once so that it is in the page cache (before training)",
+        description="Read data.mdb of the pack DST (every shard's, for a sharded pack) once, sequentially, so "
+        "that training reads it from memory; says how much of it the page cache held before and after.",
+    )
     p.add_argument("pack", help="pack directory")
     _add_output_flags(p, "print the summary as JSON")
     p.set_defaults(run=_run_warm)
@@ -704,16 +986,18 @@ def _run_warm(args: argparse.Namespace) -> int:
 # -- main -----------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``lmdbfolder`` command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lmdbfolder",
         description="Pack image datasets into LMDB and read them from PyTorch as an ImageFolder.",
     )
-    parser.add_argument("--version", action="version", version=f"lmdbfolder {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"lmdbfolder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (
         _add_pack,
         _add_info,
         _add_verify,
+        _add_show,
+        _add_export,
         _add_import,
         _add_index,
         _add_copy,
@@ -737,7 +1021,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except LmdbFolderError as exc:
-        print(f"lmdbfolder {args.command}: error: {exc}", file=sys.stderr)
+        text = exc.text(cli=True).replace("`lmdbfolder COMMAND ", f"`lmdbfolder {args.command} ")
+        print(f"lmdbfolder {args.command}: error: {text}", file=sys.stderr)
         return _exit_code(exc)
     except KeyboardInterrupt:
         hint = "; run the same command again to resume" if args.command == "pack" else ""

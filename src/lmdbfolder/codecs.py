@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-__all__ = ["ImageInfo", "sniff", "decode_rgb", "raw_rgb"]
+__all__ = ["ImageInfo", "sniff", "truncation", "decode_rgb", "raw_rgb", "END_SEARCH_WINDOW"]
 
 
 class ImageInfo(NamedTuple):
@@ -87,6 +87,73 @@ def _sniff_jpeg(data: bytes | memoryview) -> ImageInfo:
             return ImageInfo("jpeg", width, height, data[i + 9])
         i += 2 + seglen
     return ImageInfo("jpeg", 0, 0, 0)
+
+
+#: How many bytes at the end of a file ``truncation`` looks at first. Real files
+#: may carry data after their end marker (camera trailers, padding); the rest
+#: of the file is searched only when the marker is not among these bytes.
+END_SEARCH_WINDOW = 8192
+_JPEG_EOI = b"\xff\xd9"
+_PNG_IEND = b"IEND\xaeB`\x82"  # the chunk type and its (constant) CRC-32
+
+
+def truncation(data: bytes | memoryview, encoding: str) -> str | None:
+    """Why the encoded JPEG or PNG ``data`` is cut short, or None if it has its end marker.
+
+    A JPEG must hold an end-of-image marker (FFD9) after the header segments
+    (an EXIF thumbnail carries its own, earlier one; entropy-coded data cannot
+    contain FFD9, byte stuffing prevents it); a PNG must hold its IEND chunk.
+    Data after the marker is allowed. For a whole file this looks at the last
+    ``END_SEARCH_WINDOW`` bytes only; other encodings give None. Never raises.
+    """
+    try:
+        if encoding == "jpeg":
+            if _holds_near_end(data, _JPEG_EOI, _jpeg_data_start(data)):
+                return None
+            return "the JPEG has no end-of-image marker (FFD9) after its image data"
+        if encoding == "png":
+            if _holds_near_end(data, _PNG_IEND, 8):
+                return None
+            return "the PNG has no IEND chunk"
+    except (struct.error, IndexError, ValueError):
+        return None
+    return None
+
+
+def _holds_near_end(data: bytes | memoryview, needle: bytes, start: int) -> bool:
+    # The end marker is almost always within the last bytes: look there first,
+    # then (files with long trailers, and truncated files) at the rest.
+    n = len(data)
+    low = max(start, n - END_SEARCH_WINDOW)
+    if needle in bytes(data[low:]):
+        return True
+    if low <= start:
+        return False
+    return needle in bytes(data[start : low + len(needle) - 1])
+
+
+def _jpeg_data_start(data: bytes | memoryview) -> int:
+    """Offset of the first scan's entropy-coded data (after the SOS header), or 2
+    when the marker segments cannot be walked."""
+    n = len(data)
+    i = 2
+    while i + 3 < n:
+        if data[i] != 0xFF:
+            return 2
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in _JPEG_STANDALONE:
+            i += 2
+            continue
+        if marker == 0xD9:
+            return 2
+        (seglen,) = struct.unpack_from(">H", data, i + 2)
+        if marker == 0xDA:
+            return min(n, i + 2 + seglen)
+        i += 2 + seglen
+    return 2
 
 
 def _sniff_webp(head: bytes) -> ImageInfo:

@@ -31,6 +31,8 @@ from lmdbfolder.format import (
     DAMAGED_HINT,
     DATA_FILE,
     LABELS_KEY,
+    LEGACY_KEYS,
+    LEGACY_META_FILES,
     META_KEY,
     PATHS_KEY,
     SKIPPED_KEY,
@@ -48,10 +50,12 @@ from lmdbfolder.pagefile import PageDamage, PageFile
 
 __all__ = [
     "open_data",
+    "refuse_foreign",
     "PackTables",
     "load_tables",
     "paths_table",
     "skipped_items",
+    "read_skipped",
     "read_value",
     "read_manifest",
     "read_tables",
@@ -79,6 +83,21 @@ def open_data(path: str, readahead: bool = True) -> PageFile:
         raise NotAPackError(path, f"{DATA_FILE} is damaged: {exc.why}", DAMAGED_HINT) from None
     except OSError as exc:
         raise NotAPackError(path, f"cannot read {DATA_FILE} ({exc.strerror})") from None
+
+
+def refuse_foreign(path: str, pf: PageFile) -> None:
+    """Raise NotAPackError for an LMDB without a manifest that a recipe made, naming the conversion."""
+    recipe = None
+    if any(os.path.exists(os.path.join(path, name)) for name in LEGACY_META_FILES):
+        recipe = "a BasicSR-style image LMDB (meta_info beside data.mdb)"
+    elif any(read_value(pf, key, path) is not None for key in LEGACY_KEYS):
+        recipe = "a folder2lmdb-style LMDB (pickled samples with __len__/__keys__)"
+    if recipe is not None:
+        raise NotAPackError(
+            path,
+            f"it is {recipe}, not an lmdbfolder pack",
+            f"convert it with `lmdbfolder import {path} NEW` (pickles are read safely), then use NEW",
+        )
 
 
 def read_value(pf: PageFile, key: bytes, where: str) -> memoryview | None:
@@ -139,6 +158,8 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
     what is wrong. The path table is checked when first used (``paths_table``).
     """
     meta_blob = read_value(pf, META_KEY, where)
+    if meta_blob is None:
+        refuse_foreign(where, pf)  # a recipe's LMDB: say how to convert it
     check_blob = read_value(pf, CHECK_KEY, where)
     check = None
     if check_blob is not None and meta_blob is not None:
@@ -205,6 +226,17 @@ def skipped_items(pf: PageFile, tables: PackTables, where: str) -> list[dict[str
         raise NotAPackError(where, f"its list of skipped files (key {SKIPPED_KEY.decode()}) is missing", DAMAGED_HINT)
     check_table(tables.check, SKIPPED_KEY, blob, where=where)
     return decode_skipped(blob, where=where)
+
+
+def read_skipped(path: str) -> list[dict[str, Any]]:
+    """The source files the finished pack at ``path`` left out (``{path, reason}``),
+    from ``__skipped__`` (format 2) or the manifest (format 1); NotAPackError if unreadable."""
+    pf = open_data(path, readahead=False)
+    try:
+        items = skipped_items(pf, load_tables(pf, path), path)
+    finally:
+        pf.close()
+    return items if isinstance(items, list) else []
 
 
 def read_manifest(path: str) -> bytes | None:

@@ -2,17 +2,31 @@
 
 Every error names the file, pack or sample it is about, says what was found
 and what was expected, and carries a ``hint``: what the user can do next.
-The CLI prints ``str(error)`` (which includes the hint) and maps each class to
-an exit code, so these messages are the user interface for failures.
+These messages are the user interface for failures, read in two places:
+
+* the command line prints ``error.text(cli=True)``: options are named by
+  their flags (``--overwrite``), as the messages are written;
+* Python code sees ``str(error)``: the same text with each flag outside a
+  backquoted shell command rewritten to the keyword argument that does the
+  same (``overwrite=True``), so one message never mixes the two
+  (``PYTHON_FORMS``).
+
+The CLI maps each class to an exit code.
 """
 
 from __future__ import annotations
 
+import errno
+import re
 from typing import Any
+
+from lmdbfolder._version import __version__
 
 __all__ = [
     "LmdbFolderError",
     "NotAPackError",
+    "PackNotFoundError",
+    "NoSamplesError",
     "FormatVersionError",
     "CorruptRecordError",
     "SourceError",
@@ -23,7 +37,81 @@ __all__ = [
     "PackError",
     "DecoderUnavailableError",
     "OptionError",
+    "MissingDependencyError",
+    "PYTHON_FORMS",
+    "python_form",
+    "install_hint",
 ]
+
+#: Command-line flags that messages name, and the Python form of each
+#: (regular expression on the flag and its value -> replacement). Longer
+#: patterns first: ``--max-size N --quality Q --resize-side S`` before ``--max-size``.
+PYTHON_FORMS: tuple[tuple[str, str], ...] = (
+    (r"--max-size (\d+) --quality (\d+) --resize-side (\w+)", r'resize=Resize(\1, \2, "\3")'),
+    (r"--max-size/--quality/--resize-side", "resize"),
+    (r"--max-size (\d+)", r"resize=Resize(\1)"),
+    (r"--max-size", "resize"),
+    (r"--store (encoded|raw)", r'store="\1"'),
+    (r"--check (header|decode|none)", r'check="\1"'),
+    (r"--workers (\d+)", r"workers=\1"),
+    (r"--shards (N|\d+)", r"shards=\1"),
+    (r"--shard-index (I|\d+)", r"shard_index=\1"),
+    (r"--overwrite", "overwrite=True"),
+    (r"--restart", "restart=True"),
+    (r"--strict", "strict=True"),
+    (r"--allow-empty", "allow_empty=True"),
+    (r"--no-space-check", "space_check=False"),
+    (r"--flat", 'layout="flat"'),
+    (r"--list", "list_file=..."),
+    (r"--channel-order", "channel_order"),
+    (r"--shard-size", "shard_size"),
+    (r"--shard-index", "shard_index"),
+    (r"--shards", "shards"),
+    (r"--prefix", "prefix"),
+    (r"--staging", "staging"),
+    (r"--store", "store"),
+    (r"--check", "check"),
+    (r"--workers", "workers"),
+    (r"--quality", "quality"),
+    (r"--resize-side", "resize side"),
+)
+_FLAG = re.compile("|".join(f"(?:{pattern})(?![\\w-])" for pattern, _ in PYTHON_FORMS))
+_COMPILED = [(re.compile(f"^(?:{pattern})$"), replacement) for pattern, replacement in PYTHON_FORMS]
+
+
+def python_form(text: str) -> str:
+    """``text`` with every command-line flag outside backquotes replaced by its
+    Python keyword (``pass --overwrite`` -> ``pass overwrite=True``).
+
+    A backquoted command (`` `lmdbfolder index DST --prefix P` ``) is a shell
+    command in either context, so it is left alone.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        flag = match.group(0)
+        for pattern, replacement in _COMPILED:
+            if pattern.match(flag):
+                return pattern.sub(replacement, flag)
+        return flag  # pragma: no cover - every alternative of _FLAG is in _COMPILED
+
+    parts = text.split("`")
+    for k in range(0, len(parts), 2):  # even parts are outside backquotes
+        parts[k] = _FLAG.sub(replace, parts[k])
+    return "`".join(parts)
+
+
+def install_hint(extra: str, what: str | None = None) -> str:
+    """How to install lmdbfolder's optional ``extra`` (``"torch"``, ``"ray"``, ``"fast"``, ...).
+
+    lmdbfolder is not on a package index yet: it is installed from a checkout
+    of its source or from a built wheel. The requirement is double-quoted, so
+    the brackets survive zsh. ``what`` names the libraries (default: the extra).
+    """
+    return (
+        f'install {what or extra}: `pip install ".[{extra}]"` in the lmdbfolder source folder, or '
+        f'`pip install "lmdbfolder[{extra}] @ file:///path/to/lmdbfolder-{__version__}-py3-none-any.whl"` '
+        "from a built wheel"
+    )
 
 
 class LmdbFolderError(Exception):
@@ -37,8 +125,14 @@ class LmdbFolderError(Exception):
         self.message = message
         super().__init__(message)
 
+    def text(self, *, cli: bool = False) -> str:
+        """The message and the hint; options named as command-line flags (``cli=True``,
+        what ``lmdbfolder`` prints) or as Python keywords (``str(error)``)."""
+        full = f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+        return full if cli else python_form(full)
+
     def __str__(self) -> str:
-        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+        return self.text()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The subclasses take structured arguments, so the default
@@ -65,6 +159,56 @@ class NotAPackError(LmdbFolderError):
         super().__init__(f"{self.path} is not an lmdbfolder pack: {why}", hint)
 
 
+def _not_found(error: OSError, filename: str) -> None:
+    # The OSError fields that code catching FileNotFoundError reads.
+    error.errno = errno.ENOENT
+    error.strerror = "No such file or directory"
+    error.filename = filename
+
+
+def _rebuild_not_found(cls: type[LmdbFolderError], state: dict[str, Any], filename: str) -> LmdbFolderError:
+    """Unpickle an lmdbfolder error that is also a FileNotFoundError (errno and filename are not in ``__dict__``)."""
+    error = _rebuild_error(cls, state)
+    if isinstance(error, OSError):
+        _not_found(error, filename)
+    return error
+
+
+class PackNotFoundError(NotAPackError, FileNotFoundError):
+    """There is no pack at the path: nothing at all, or a directory without ``data.mdb``/``index.json``.
+
+    Also a ``FileNotFoundError`` (``errno.ENOENT``, ``filename`` is the path), which is what
+    ``ImageFolder`` raises for a root without class folders, so code written for it
+    (``except FileNotFoundError``) handles this too.
+    """
+
+    def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
+        super().__init__(path, why, hint)
+        _not_found(self, self.path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_not_found, (type(self), self.__dict__.copy(), self.path))
+
+
+class NoSamplesError(LmdbFolderError, FileNotFoundError):
+    """Classes without a sample after filtering a pack at read time (``LMDBFolder(extensions=...,
+    is_valid_file=..., find_classes override)``), where ImageFolder raises FileNotFoundError too.
+
+    ``classes`` names them; ``where`` is the pack.
+    """
+
+    hint = "pass allow_empty=True to keep classes without samples, or change the filter"
+
+    def __init__(self, where: str, classes: list[str], why: str, hint: str | None = None) -> None:
+        self.where = where
+        self.classes = list(classes)
+        super().__init__(f"{where}: {why}", hint)
+        _not_found(self, where)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_not_found, (type(self), self.__dict__.copy(), self.where))
+
+
 class FormatVersionError(NotAPackError):
     """The pack was written in a format version this reader does not know."""
 
@@ -72,7 +216,10 @@ class FormatVersionError(NotAPackError):
         self.found = found if isinstance(found, (int, str, type(None))) else type(found).__name__
         self.expected = expected
         if isinstance(found, int) and found > expected:
-            hint = "it was written by a newer lmdbfolder: upgrade with `pip install -U lmdbfolder`"
+            hint = (
+                "it was written by a newer lmdbfolder: upgrade (`pip install -U .` in an updated source "
+                "folder, or install a newer wheel)"
+            )
         else:
             hint = "repack it from the source images with this version of lmdbfolder"
         shown = repr(self.found) if len(repr(self.found)) <= 40 else repr(self.found)[:37] + "..."
@@ -129,7 +276,10 @@ class SourceError(LmdbFolderError):
 class ListFileError(SourceError):
     """A line of a ``path label`` list file cannot be parsed."""
 
-    hint = "each line must be `relative/path label` with an integer label; blank lines and # comments are allowed"
+    hint = (
+        "each line must be `relative/path label`, the label a class index or a class name, each path once; "
+        "blank lines and # comments are allowed"
+    )
 
     def __init__(self, path: Any, lineno: int, line: str, why: str) -> None:
         self.lineno = lineno
@@ -150,7 +300,7 @@ class UnsafePickleError(SourceError):
 class OutputExistsError(LmdbFolderError):
     """The output path exists and overwriting was not requested."""
 
-    hint = "choose another output path, or pass --overwrite (overwrite=True) to replace it"
+    hint = "choose another output path, or pass --overwrite to replace it"
 
     def __init__(self, path: Any, why: str = "already exists", hint: str | None = None) -> None:
         self.path = str(path)
@@ -189,4 +339,25 @@ class DecoderUnavailableError(LmdbFolderError, ValueError):
 class OptionError(LmdbFolderError, ValueError):
     """An option has a value it cannot take (the command line reports it as a usage error)."""
 
-    hint = "see `lmdbfolder COMMAND --help` (or the function's docstring) for the allowed values"
+    hint = "see the function's docstring for the allowed values"
+    #: The default hint on the command line (``lmdbfolder`` fills in the command).
+    cli_hint = "see `lmdbfolder COMMAND --help` for the allowed values"
+
+    def text(self, *, cli: bool = False) -> str:
+        """As ``LmdbFolderError.text``; the default hint points at ``--help`` on the command line."""
+        if cli and self.hint == OptionError.hint:
+            return f"{self.message}\n  hint: {self.cli_hint}"
+        return super().text(cli=cli)
+
+
+class MissingDependencyError(LmdbFolderError, ImportError):
+    """An optional library that this part of lmdbfolder needs is not installed.
+
+    An ImportError too, so ``except ImportError`` keeps working; the original
+    ImportError is its ``__cause__``.
+    """
+
+    def __init__(self, what: str, extra: str, libraries: str | None = None) -> None:
+        self.what = what
+        self.extra = extra
+        super().__init__(f"{what} needs {libraries or extra} (not installed)", install_hint(extra, libraries))

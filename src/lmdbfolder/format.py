@@ -58,6 +58,8 @@ __all__ = [
     "SYNC_PROBE",
     "COMPACT_DIR",
     "WRITER_LOCK_SUFFIX",
+    "LEGACY_KEYS",
+    "LEGACY_META_FILES",
     "RecordHeader",
     "encode_key",
     "decode_key",
@@ -196,6 +198,11 @@ COMPACT_DIR = "compact.tmp"
 #: ``<dst>.lock``: held (flock) by the ``pack`` writing ``<dst>`` for its whole
 #: run, holding that process's id; removed when it ends.
 WRITER_LOCK_SUFFIX = ".lock"
+#: Keys by which the folder2lmdb recipes' LMDBs are recognised (pickled
+#: samples; ``lmdbfolder import`` converts them), and the files beside
+#: ``data.mdb`` that mark a BasicSR-style image LMDB.
+LEGACY_KEYS = (b"__keys__", b"__len__")
+LEGACY_META_FILES = ("meta_info.txt", "meta_info.pkl")
 
 _LABEL = struct.Struct("<i")
 _OFFSET = struct.Struct("<Q")
@@ -232,7 +239,7 @@ def decode_key(key: bytes | memoryview) -> int:
 def _crc32_implementation() -> tuple[Any, str]:
     # zlib-ng computes the same CRC-32 (same polynomial, same values) at about
     # 20 GB/s against zlib's 2.3 GB/s here: 40 us less per 100 KB record, for
-    # packing and for verify alike. Optional (`pip install lmdbfolder[fast]`).
+    # packing and for verify alike. Optional (the `fast` extra, or `pip install zlib-ng`).
     try:
         from zlib_ng import zlib_ng
 
@@ -505,7 +512,8 @@ def decode_meta(blob: bytes | memoryview | None, *, where: str) -> dict[str, Any
         raise NotAPackError(
             where,
             "it is an LMDB but has no lmdbfolder manifest (key __meta__)",
-            "if it was made by another tool, convert it with a fresh `lmdbfolder pack` from the source images",
+            "an LMDB of the folder2lmdb or BasicSR recipes converts with `lmdbfolder import OLD NEW`; "
+            "one made by another tool: pack the source images with `lmdbfolder pack`",
         )
     if not bytes(blob[:1]) == b"{":
         raise NotAPackError(where, "its manifest (key __meta__) is not a JSON object")
@@ -593,7 +601,7 @@ _INFORMATIONAL: dict[str, Callable[[Any], bool]] = {
     "encodings": lambda v: isinstance(v, dict) and all(isinstance(k, str) and type(n) is int for k, n in v.items()),
     "payload_bytes": lambda v: type(v) is int and v >= 0,
     "checksum": lambda v: isinstance(v, str),
-    "source": lambda v: isinstance(v, dict) and all(isinstance(x, (str, list, type(None))) for x in v.values()),
+    "source": lambda v: isinstance(v, dict),
     "created_by": lambda v: isinstance(v, str),
     "created_at": lambda v: isinstance(v, str),
     "params": lambda v: isinstance(v, dict),

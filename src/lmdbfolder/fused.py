@@ -24,13 +24,22 @@ levels on average on photos), not the geometry.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 from PIL import Image
-from torchvision import transforms as T
-from torchvision.transforms.functional import InterpolationMode, pil_modes_mapping
+
+from lmdbfolder.errors import MissingDependencyError
+
+try:
+    import torch
+    from torchvision import transforms as T
+    from torchvision.transforms.functional import InterpolationMode, pil_modes_mapping
+except ImportError as exc:  # a core-only install: say what to install
+    raise MissingDependencyError(
+        "lmdbfolder.fused (the fused RandomResizedCrop)", "torch", "torch and torchvision"
+    ) from exc
 
 from lmdbfolder.read.crops import RESIZE_BACKENDS, Box, crop_scale, resize_region, scaled_box
 from lmdbfolder.read.decoders import Decoder, decode_payload, to_pil
@@ -141,15 +150,17 @@ class RandomResizedCrop(T.RandomResizedCrop):
 
 
 def split_fused(transform: Any) -> tuple[RandomResizedCrop | None, Any]:
-    """If ``transform`` is a fused crop, or a ``Compose`` that starts with one,
-    return ``(crop, rest)`` (``rest`` may be None); else ``(None, transform)``."""
+    """If ``transform`` is a fused crop, or a ``Compose`` (``transforms.Compose`` or
+    ``transforms.v2.Compose``) that starts with one, return ``(crop, rest)`` (``rest``,
+    a ``Compose`` of the same kind, may be None); else ``(None, transform)``."""
     if isinstance(transform, RandomResizedCrop):
         return transform, None
-    if (
-        isinstance(transform, T.Compose)
-        and transform.transforms
-        and isinstance(transform.transforms[0], RandomResizedCrop)
-    ):
-        rest = transform.transforms[1:]
-        return transform.transforms[0], (T.Compose(rest) if rest else None)
+    composes: tuple[type, ...] = (T.Compose,)
+    v2 = sys.modules.get("torchvision.transforms.v2")  # only if the caller uses v2 (importing it costs time)
+    if v2 is not None:
+        composes += (v2.Compose,)
+    steps: list[Any] = list(getattr(transform, "transforms", None) or []) if isinstance(transform, composes) else []
+    if steps and isinstance(steps[0], RandomResizedCrop):
+        kind = v2.Compose if v2 is not None and isinstance(transform, v2.Compose) else T.Compose
+        return steps[0], (kind(steps[1:]) if len(steps) > 1 else None)
     return None, transform

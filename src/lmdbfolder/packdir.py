@@ -26,6 +26,7 @@ import enum
 import json
 import os
 import re
+import shlex
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import lmdb
 
 from lmdbfolder import environments
-from lmdbfolder.errors import CorruptRecordError, NotAPackError, OutputExistsError, PackError
+from lmdbfolder.errors import CorruptRecordError, NotAPackError, OutputExistsError, PackError, PackNotFoundError
 from lmdbfolder.format import (
     COMPACT_DIR,
     COPYING_SUFFIX,
@@ -158,7 +159,8 @@ def require_pack(path: str | os.PathLike[str]) -> Found:
         return found
     p = found.path
     if found.kind is Kind.MISSING:
-        raise NotAPackError(
+        # Also a FileNotFoundError: what ImageFolder raises for a root it cannot use.
+        raise PackNotFoundError(
             p, "no such file or directory", "check the path (it should be the DST of `lmdbfolder pack`)"
         )
     if found.kind is Kind.FILE:
@@ -182,23 +184,27 @@ def require_pack(path: str | os.PathLike[str]) -> Found:
         else:
             hint = f"every shard is finished: run `lmdbfolder index {p}` to write the index"
         raise NotAPackError(p, f"it holds shards but no {SHARD_INDEX_FILE} (an unfinished sharded pack)", hint)
-    raise NotAPackError(p, f"the directory holds no {DATA_FILE} and no {SHARD_INDEX_FILE}", _hint_for_directory(p))
+    raise PackNotFoundError(p, f"the directory holds no {DATA_FILE} and no {SHARD_INDEX_FILE}", _hint_for_directory(p))
 
 
 def _hint_for_directory(path: str) -> str | None:
     # An image folder given where a pack is expected is the most likely mistake.
     image_ext = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+    command = f"lmdbfolder pack {shlex.quote(path)} {shlex.quote(path.rstrip(os.sep) + '.lmdb')}"
     try:
         with os.scandir(path) as entries:
             for n, entry in enumerate(entries):
                 if n > 200:
                     break
                 if entry.is_file() and entry.name.lower().endswith(image_ext):
-                    return f"this looks like a folder of images: pack it first with `lmdbfolder pack {path} DST --flat`"
+                    return f"this is a folder of images, not a pack: pack it first with `{command} --flat`"
                 if entry.is_dir():
                     with os.scandir(entry.path) as inner:
                         if any(e.name.lower().endswith(image_ext) for _, e in zip(range(50), inner)):
-                            return f"this looks like an image folder: pack it first with `lmdbfolder pack {path} DST`"
+                            return (
+                                "this is an image folder (class folders of images), not a pack: "
+                                f"pack it first with `{command}` and pass the pack"
+                            )
     except OSError:
         return None
     return None

@@ -36,9 +36,14 @@ import itertools
 import math
 from typing import Any, Iterator, Sequence, Sized
 
-import torch
-import torch.distributed as dist
-from torch.utils.data import Sampler
+from lmdbfolder.errors import MissingDependencyError
+
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import Sampler
+except ImportError as exc:  # a core-only install: say what to install
+    raise MissingDependencyError("lmdbfolder.sampler (ExactDistributedSampler)", "torch", "torch") from exc
 
 __all__ = ["ExactDistributedSampler", "ORDERS"]
 

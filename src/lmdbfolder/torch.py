@@ -1,11 +1,16 @@
-"""PyTorch integration: ``LMDBFolder``, a drop-in for ``torchvision.datasets.ImageFolder``.
+"""PyTorch integration: ``LMDBFolder``, a drop-in for ``torchvision.datasets.ImageFolder``
+(and ``LMDBDatasetFolder``, the same with ``DatasetFolder``'s argument order).
 
-This is the only module that imports torch. It is safe with DataLoader
-workers under fork, spawn and forkserver, with ``persistent_workers`` and
-over many epochs: the pack is opened lazily in each worker process (see
+This is the only module that imports torch (and torchvision, whose dataset
+classes these subclass). It is safe with DataLoader workers under fork,
+spawn and forkserver, with ``persistent_workers`` and over many epochs: the
+pack is opened lazily in each worker process (see
 ``lmdbfolder.read.reader``), and the dataset pickles without any open handle.
 A worker that finds another pack at the path than the one the dataset was
 made from (replaced by ``pack --overwrite``) raises instead of mixing them.
+
+How each of ImageFolder's attributes and arguments maps onto a pack is in
+docs/switching-from-imagefolder.md.
 """
 
 from __future__ import annotations
@@ -14,10 +19,19 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
-import torch.utils.data
+import numpy as np
+
+from lmdbfolder.errors import DecodeError, MissingDependencyError, OptionError
+
+try:
+    import torch.utils.data  # noqa: F401
+    from torchvision import get_image_backend
+    from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset
+    from torchvision.datasets.folder import IMG_EXTENSIONS, accimage_loader, default_loader, pil_loader
+except ImportError as exc:  # a core-only install: say what to install
+    raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder.codecs import decode_rgb
-from lmdbfolder.errors import DecodeError
 from lmdbfolder.read.decoders import (
     Decoder,
     decode_payload,
@@ -26,21 +40,63 @@ from lmdbfolder.read.decoders import (
     size_hint_scale,
     to_pil,
 )
-from lmdbfolder.read.opening import open_pack
+from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.reader import Record
+from lmdbfolder.read.selection import (
+    PathIndex,
+    normalize_extensions,
+    sample_path,
+    select,
+    source_root_of,
+)
+from lmdbfolder.read.stored_file import stored_file
 
-__all__ = ["LMDBFolder"]
+__all__ = ["LMDBFolder", "LMDBDatasetFolder"]
 
 
-class LMDBFolder(torch.utils.data.Dataset):
-    """A packed image dataset with the interface of ``torchvision.datasets.ImageFolder``.
+class LMDBDatasetFolder(DatasetFolder):
+    """A pack read as ``torchvision.datasets.DatasetFolder``: the same arguments, in its order.
+
+    ``LMDBDatasetFolder(root, loader, extensions, transform, target_transform,
+    is_valid_file, allow_empty)``; ``LMDBFolder`` is the same dataset with
+    ImageFolder's order. Both are ``VisionDataset`` s (and ``DatasetFolder`` /
+    ``ImageFolder`` s, for ``isinstance`` and
+    ``torchvision.datasets.wrap_dataset_for_transforms_v2``).
 
     Args:
         root: the pack directory written by ``lmdbfolder pack`` (a single
             pack, or a sharded pack: its shards are opened lazily in each
-            process; ``reader.shard_offsets`` says where each shard starts).
-        transform: applied to the RGB ``PIL.Image`` (as in ImageFolder).
+            process). ``~`` is expanded. A missing path raises
+            ``PackNotFoundError`` (a ``FileNotFoundError``, as ImageFolder).
+        loader: ``None`` (default), torchvision's ``default_loader`` or
+            ``pil_loader``: the stored image is decoded to RGB by lmdbfolder,
+            exactly as ``pil_loader`` does (and with ``decoder``, ``size_hint``
+            and the fused crop). Any other callable is called as ImageFolder
+            calls it, with a path: a ``str`` naming a file that holds exactly
+            the packed bytes of the sample (in memory on Linux), whose
+            ``.source`` is the sample's path in ``samples``. So loaders that
+            open a path work unchanged (``accimage_loader``,
+            ``torchvision.io.decode_image``/``read_image``, ``cv2.imread``,
+            ``Image.open``, ``np.load``, copies of ``pil_loader``); one that
+            parses the name should read ``path.source``. Needs a pack that
+            stores the files (not ``--store raw``).
+        extensions: keep only the packed samples whose path ends with one of
+            these (case-insensitive; a string or a tuple). Default: every
+            packed sample (the pack applied its own extensions when it was
+            made: ``lmdbfolder pack --extensions``).
+        transform: applied to the image (a PIL image, or what ``loader`` returns).
         target_transform: applied to the integer target.
+        is_valid_file: keep only the samples for whose path (as in
+            ``samples``) it returns True. Not together with ``extensions``.
+        allow_empty: with a filter (``extensions``, ``is_valid_file``, a
+            ``find_classes`` override), a class left without samples raises
+            ``NoSamplesError`` (a ``FileNotFoundError``, as ImageFolder) unless
+            this is True; the same for a pack of an ImageFolder tree that kept
+            empty class folders (``pack --allow-empty``).
+        source_root: the folder that ``samples`` paths start with. Default:
+            the folder the pack was made from, as recorded in its manifest
+            (``lmdbfolder info`` shows it); pass another to re-root them (the
+            dataset's files were moved, or the pack was made on another machine).
         readahead: kernel readahead on the memory map (see ``Reader``).
         verify_checksums: check each record's CRC-32 as it is read (default:
             about 0.3 % of a JPEG decode; format-2 packs also bind it to the
@@ -53,37 +109,49 @@ class LMDBFolder(torch.utils.data.Dataset):
         size_hint: the training resolution. JPEGs are decoded at the smallest
             DCT scale (1/2, 1/4, 1/8) that keeps the shorter side at least
             ``size_hint`` pixels. Put ``lmdbfolder.fused.RandomResizedCrop``
-            first in ``transform`` instead to choose the scale per sampled crop.
+            first in ``transform`` (a ``transforms.Compose`` or
+            ``transforms.v2.Compose``) instead to choose the scale per sampled crop.
         prefetch: when the DataLoader asks for a whole batch (``__getitems__``),
             ask the kernel to start reading all of its records before decoding
             (``Reader.get_many``; ``madvise(WILLNEED)``).
 
-    Attributes:
-        classes: class names sorted as ImageFolder sorts them.
-        class_to_idx: class name -> index.
+    Attributes (as ImageFolder's):
+        classes, class_to_idx: from the pack (or a ``find_classes`` override).
+        samples: ``(path, class index)`` per sample, the path under
+            ``source_root``; ``imgs`` is the same. Assigning a list of such
+            pairs (``ds.samples = [s for s in ds.samples if ...]``) restricts
+            and relabels the dataset as it does ImageFolder's; the list is
+            read-only in place (assign a new one).
         targets: the class index of every sample (-1 for unlabelled packs).
-        samples: ``(relative path, class index)`` for every sample; ``imgs``
-            is the same list. Paths are relative to the packed source folder.
+            Assigning a list replaces what ``targets`` returns and, as in
+            ImageFolder, not the targets the samples are loaded with.
+        root: the pack directory. ``source_root``: see above.
+        loader, extensions, transform, target_transform, transforms.
 
-    ``len()`` and every attribute come from the pack's metadata: nothing is
+    Subclasses: override ``__getitem__`` to change what a sample is; the
+    batched path the DataLoader takes (``__getitems__``) then calls it for
+    every index (the faster batch read is used only when ``__getitem__`` is
+    this class's). ``find_classes(directory)`` and the static
+    ``make_dataset(directory, class_to_idx, extensions, is_valid_file,
+    allow_empty)`` have ImageFolder's signatures (``directory`` is the pack)
+    and are called the same way, once, at construction.
+
+    ``len()`` and the attributes come from the pack's metadata: nothing is
     scanned. ``targets``/``samples`` are built on first access and are not
-    sent to worker processes.
-
-    Example:
-        >>> from torch.utils.data import DataLoader
-        >>> from torchvision import transforms as T
-        >>> from lmdbfolder.torch import LMDBFolder
-        >>> tf = T.Compose([T.RandomResizedCrop(224), T.ToTensor()])
-        >>> ds = LMDBFolder("train.lmdb", transform=tf)  # doctest: +SKIP
-        >>> loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=8)  # doctest: +SKIP
+    sent to worker processes; a selection is, as one number per sample.
     """
 
     def __init__(
         self,
         root: str | os.PathLike[str],
+        loader: Callable[[str], Any] | None = None,
+        extensions: str | tuple[str, ...] | None = None,
         transform: Callable[..., Any] | None = None,
         target_transform: Callable[..., Any] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
         *,
+        source_root: str | os.PathLike[str] | None = None,
         readahead: bool = True,
         verify_checksums: bool = True,
         decoder: str = "pillow",
@@ -94,31 +162,153 @@ class LMDBFolder(torch.utils.data.Dataset):
         get_decoder(self.decoder)  # fail now (with an install hint), not in a worker
         if size_hint is not None and size_hint < 1:
             raise ValueError(f"size_hint must be a positive number of pixels, got {size_hint}")
+        if extensions is not None and is_valid_file is not None:
+            raise ValueError("Both extensions and is_valid_file cannot be not None at the same time")
         self.size_hint = size_hint
         self.prefetch = prefetch
         self._decoder: Decoder | None = None
         self._split: tuple[Any, Any, Any] | None = None
-        self.reader = open_pack(root, readahead=readahead, verify_checksums=verify_checksums)
-        self.root = self.reader.path
-        self.transform = transform
-        self.target_transform = target_transform
-        self.classes: list[str] = self.reader.classes
-        self.class_to_idx: dict[str, int] = self.reader.class_to_idx
-        self._targets: list[int] | None = None
-        self._samples: list[tuple[str, int]] | None = None
+        self._indices: np.ndarray | None = None
+        self._labels: Any = None
+        self._targets: list[Any] | None = None
+        self._samples: list[tuple[str, Any]] | None = None
+        self._assigned_targets: Any = None
+        self.reader: AnyReader = open_pack(root, readahead=readahead, verify_checksums=verify_checksums)
+        VisionDataset.__init__(self, self.reader.path, transform=transform, target_transform=target_transform)
+        self.recorded_root = source_root_of(self.reader.meta)
+        self.source_root = self.recorded_root
+        if source_root is not None:
+            self.source_root = os.path.abspath(os.path.expanduser(os.fspath(source_root)))
+        self.loader = default_loader if loader is None else loader
+        if not _decodes_itself(self.loader) and self.reader.store == "raw":
+            raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
+        source = self.reader.meta.get("source") or {}
+        if extensions is not None:
+            self.extensions: tuple[str, ...] | None = normalize_extensions(extensions)
+        elif is_valid_file is not None or source.get("is_valid_file"):
+            self.extensions = None  # a callable chose the files, as ImageFolder's None says
+        else:
+            self.extensions = tuple(source.get("extensions") or IMG_EXTENSIONS)
 
+        classes, class_to_idx = self.find_classes(self.root)
+        if type(self).make_dataset is not LMDBDatasetFolder.make_dataset:
+            # A subclass builds the sample list: take it as the samples (paths -> records).
+            self.samples = self.make_dataset(
+                self.root,
+                class_to_idx=class_to_idx,
+                extensions=extensions,
+                is_valid_file=is_valid_file,
+                allow_empty=allow_empty,
+            )
+        else:
+            chosen = select(
+                self.reader,
+                self.source_root,
+                class_to_idx,
+                extensions=extensions,
+                is_valid_file=is_valid_file,
+                allow_empty=allow_empty,
+            )
+            self._indices, self._labels = chosen.indices, chosen.labels
+        self.classes: list[str] = classes
+        self.class_to_idx: dict[str, int] = class_to_idx
+
+    # -- ImageFolder's overridable steps ------------------------------------------------------
+    def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
+        """The classes of the pack at ``directory`` and their indices, as packed.
+
+        Override it (as for ImageFolder) to use a subset of the classes or
+        other indices: the samples of the classes it leaves out are dropped,
+        the others get its indices.
+        """
+        if _same_path(directory, self.root):
+            return list(self.reader.classes), dict(self.reader.class_to_idx)
+        with open_pack(directory) as other:
+            return list(other.classes), dict(other.class_to_idx)
+
+    @staticmethod
+    def make_dataset(  # type: ignore[override]
+        directory: str | os.PathLike[str],
+        class_to_idx: dict[str, int],
+        extensions: str | tuple[str, ...] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        """The ``(path, class index)`` samples of the pack at ``directory``: those of the
+        classes in ``class_to_idx`` (with its indices) that pass ``extensions`` or
+        ``is_valid_file``, in the pack's order, paths under the recorded source root.
+
+        As ImageFolder's: raises ValueError for a missing ``class_to_idx`` or both
+        filters, and ``NoSamplesError`` (a FileNotFoundError) for a class without
+        samples unless ``allow_empty``. A subclass may override it; whatever
+        list it returns becomes ``samples`` (each path must be a packed sample).
+        """
+        if class_to_idx is None:
+            raise ValueError("The class_to_idx parameter cannot be None.")
+        with open_pack(directory) as reader:
+            root = source_root_of(reader.meta)
+            chosen = select(
+                reader, root, class_to_idx, extensions=extensions, is_valid_file=is_valid_file, allow_empty=allow_empty
+            )
+            paths = reader.paths()
+            stored = np.frombuffer(reader.labels, dtype=np.int32) if len(reader) else np.zeros(0, np.int32)
+        index = np.arange(len(paths)) if chosen.indices is None else chosen.indices
+        labels = stored[index] if chosen.labels is None else chosen.labels
+        return [(sample_path(root, paths[i]), int(t)) for i, t in zip(index.tolist(), labels.tolist())]
+
+    # -- samples ------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.reader)
+        return len(self.reader) if self._indices is None else len(self._indices)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        return self._sample(self.reader.get(index))
+        if self._indices is None and self._labels is None:
+            return self._sample(self.reader.get(index), None)
+        position = self._position(index)
+        return self._sample(self.reader.get(self._pack_index(position)), position)
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A whole batch (the DataLoader calls this): the records are fetched
-        together, prefetched from disk at once, then decoded one by one."""
-        return [self._sample(rec) for rec in self.reader.get_many(indices, prefetch=self.prefetch)]
+        together, prefetched from disk at once, then decoded one by one.
 
-    def _sample(self, rec: Record) -> tuple[Any, Any]:
+        If a subclass overrides ``__getitem__``, this calls it for each index
+        instead, so a batched DataLoader gives what ``ds[i]`` gives.
+        """
+        if type(self).__getitem__ is not LMDBDatasetFolder.__getitem__:
+            return [self[i] for i in indices]
+        if self._indices is None and self._labels is None:
+            records = self.reader.get_many(indices, prefetch=self.prefetch)
+            return [self._sample(rec, None) for rec in records]
+        positions = [self._position(i) for i in indices]
+        records = self.reader.get_many([self._pack_index(p) for p in positions], prefetch=self.prefetch)
+        return [self._sample(rec, p) for rec, p in zip(records, positions)]
+
+    def _position(self, index: int) -> int:
+        try:
+            i = index.__index__()
+        except AttributeError:
+            raise TypeError(f"sample index must be an integer, got {type(index).__name__}") from None
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} is out of range for {self.root} ({n} samples)")
+        return i
+
+    def _pack_index(self, position: int) -> int:
+        return position if self._indices is None else int(self._indices[position])
+
+    def _sample(self, rec: Record, position: int | None) -> tuple[Any, Any]:
+        sample = self._decode(rec) if _decodes_itself(self.loader) else self._load_with_loader(rec)
+        target: Any = rec.label
+        if position is not None and self._labels is not None:
+            target = self._labels[position]
+            if isinstance(target, np.integer):
+                target = int(target)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return sample, target
+
+    def _decode(self, rec: Record) -> Any:
         crop, rest = self._fused_split()
         try:
             if crop is not None:
@@ -137,12 +327,25 @@ class LMDBFolder(torch.utils.data.Dataset):
                 )
         except Exception as exc:  # decoders raise many exception types for bad data
             raise DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}") from exc
-        target: Any = rec.label
         if rest is not None:
             sample = rest(sample)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return sample, target
+        return sample
+
+    def _load_with_loader(self, rec: Record) -> Any:
+        # ImageFolder calls loader(path): give it a path to the stored bytes (read.stored_file).
+        if rec.encoding == "raw":
+            raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
+        source = sample_path(self.source_root, self.reader.path_of(rec.index))
+        with stored_file(rec.payload, source, rec.index) as path:
+            try:
+                sample = self.loader(path)
+            except Exception as exc:
+                if hasattr(exc, "add_note"):  # Python 3.11+
+                    exc.add_note(f"lmdbfolder: loader {self.loader!r} failed on record {rec.index} ({source})")
+                raise
+            if self.transform is not None:
+                sample = self.transform(sample)  # inside the block: a lazy loader may still read the file
+        return sample
 
     def _get_decoder(self) -> Decoder:
         if self._decoder is None:
@@ -152,7 +355,7 @@ class LMDBFolder(torch.utils.data.Dataset):
     def _fused_split(self) -> tuple[Any, Any]:
         # (fused crop or None, the transforms after it); recomputed only when
         # ``transform`` is replaced. A fused crop exists only if its module was
-        # imported, so torchvision is never imported here for nothing.
+        # imported, so it is never imported here for nothing.
         split = self._split
         if split is None or split[0] is not self.transform:
             crop, rest = None, self.transform
@@ -162,25 +365,110 @@ class LMDBFolder(torch.utils.data.Dataset):
             split = self._split = (self.transform, crop, rest)
         return split[1], split[2]
 
+    # -- ImageFolder's lists --------------------------------------------------------------------
+    def _current_labels(self) -> list[Any]:
+        if self._labels is not None:
+            return self._labels.tolist() if isinstance(self._labels, np.ndarray) else list(self._labels)
+        stored = self.reader.labels
+        if self._indices is None:
+            return stored.tolist()
+        return np.frombuffer(stored, dtype=np.int32)[self._indices].tolist()
+
     @property
-    def targets(self) -> list[int]:
-        """Class index of every sample, in index order."""
+    def targets(self) -> Any:
+        """Class index of every sample, in index order (or the list last assigned to it)."""
+        if self._assigned_targets is not None:
+            return self._assigned_targets
         if self._targets is None:
-            self._targets = self.reader.labels.tolist()
+            self._targets = self._current_labels()
         return self._targets
 
+    @targets.setter
+    def targets(self, value: Any) -> None:
+        # ImageFolder keeps ``targets`` as a plain attribute next to ``samples``, and
+        # loads each sample's target from ``samples``: so does this.
+        self._assigned_targets = value
+
     @property
-    def samples(self) -> list[tuple[str, int]]:
-        """``(relative path, class index)`` of every sample, in index order."""
+    def samples(self) -> list[tuple[str, Any]]:
+        """``(path, class index)`` of every sample, in index order; paths under ``source_root``."""
         if self._samples is None:
-            self._samples = list(zip(self.reader.paths(), self.targets))
+            paths = self.reader.paths()
+            if self._indices is not None:
+                paths = [paths[i] for i in self._indices.tolist()]
+            root = self.source_root
+            self._samples = _SampleList(zip([sample_path(root, p) for p in paths], self._current_labels()))
         return self._samples
 
+    @samples.setter
+    def samples(self, value: Any) -> None:
+        """Show exactly these ``(path, target)`` samples, in this order (ImageFolder's
+        ``ds.samples = [...]``): each path must name a packed sample."""
+        items = [(os.fspath(p), t) for p, t in value]
+        current = self._samples
+        lookup = PathIndex(self.reader, [self.source_root, self.recorded_root])
+        if current is not None:
+            current_paths = [p for p, _ in current]
+            indices = _match_in_order([p for p, _ in items], current_paths, self._pack_index, lookup)
+        else:
+            indices = np.array([lookup(p) for p, _ in items], dtype=np.int64)
+        targets = [t for _, t in items]
+        stored = np.frombuffer(self.reader.labels, dtype=np.int32) if len(self.reader) else np.zeros(0, np.int32)
+        labels: Any = None
+        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in targets):
+            wanted = np.array(targets, dtype=np.int64)
+            if not np.array_equal(wanted, stored[indices].astype(np.int64)):
+                labels = wanted
+        else:
+            labels = targets  # targets of any kind, as ImageFolder allows
+        every = len(indices) == len(self.reader) and bool(np.array_equal(indices, np.arange(len(self.reader))))
+        self._indices = None if every else indices
+        self._labels = labels
+        self._samples = _SampleList(items)
+        self._targets = None
+        self._assigned_targets = None
+
     @property
-    def imgs(self) -> list[tuple[str, int]]:
-        """Alias of ``samples``, as in ImageFolder."""
+    def imgs(self) -> list[tuple[str, Any]]:
+        """Alias of ``samples``, as in ImageFolder (assigning it assigns ``samples``)."""
         return self.samples
 
+    @imgs.setter
+    def imgs(self, value: Any) -> None:
+        self.samples = value
+
+    def filenames(self, basename: bool = False, absolute: bool = False) -> list[str]:
+        """The file name of every sample, as timm's datasets give them: relative to the
+        source root (default), just the ``basename``, or the ``absolute`` path (as in ``samples``)."""
+        paths = self.reader.paths()
+        if self._indices is not None:
+            paths = [paths[i] for i in self._indices.tolist()]
+        if basename:
+            return [os.path.basename(p) for p in paths]
+        if absolute:
+            return [sample_path(self.source_root, p) for p in paths]
+        return paths
+
+    def filename(self, index: int, basename: bool = False, absolute: bool = False) -> str:
+        """The file name of sample ``index`` (see ``filenames``)."""
+        rel = self.reader.path_of(self._pack_index(self._position(index)))
+        if basename:
+            return os.path.basename(rel)
+        return sample_path(self.source_root, rel) if absolute else rel
+
+    @property
+    def shard_offsets(self) -> list[int] | None:
+        """First index of each shard, then ``len(self)`` (sharded packs only; for the
+        shard-aware sampler). A selection out of pack order counts as one shard."""
+        offsets = getattr(self.reader, "shard_offsets", None)
+        if offsets is None or self._indices is None:
+            return offsets
+        idx = self._indices
+        if len(idx) > 1 and bool(np.any(idx[1:] < idx[:-1])):
+            return [0, len(idx)]
+        return [int(x) for x in np.searchsorted(idx, offsets)]
+
+    # -- pickling, printing -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         # Workers need neither list; rebuilding them on demand keeps a
         # million-entry list out of every worker's memory.
@@ -191,14 +479,143 @@ class LMDBFolder(torch.utils.data.Dataset):
         state["_split"] = None
         return state
 
-    def __repr__(self) -> str:
-        lines = [
-            f"Dataset {type(self).__name__}",
-            f"    Number of datapoints: {len(self)}",
-            f"    Root location: {self.root}",
-        ]
-        if self.transform is not None:
-            lines.append(f"    Transform: {self.transform!r}".replace("\n", "\n    "))
-        if self.target_transform is not None:
-            lines.append(f"    Target transform: {self.target_transform!r}")
+    def extra_repr(self) -> str:
+        """The pack-specific lines of ``repr`` (after VisionDataset's count and root)."""
+        lines = [f"Source root: {self.source_root}", f"Store: {self.reader.store}, decoder: {self.decoder}"]
+        if self._indices is not None:
+            lines.append(f"Selected: {len(self)} of {len(self.reader)} packed samples")
+        if not _decodes_itself(self.loader):
+            lines.append(f"Loader: {self.loader!r}")
         return "\n".join(lines)
+
+
+class LMDBFolder(LMDBDatasetFolder, ImageFolder):
+    """A packed image dataset with the interface of ``torchvision.datasets.ImageFolder``.
+
+    ``LMDBFolder(root, transform, target_transform, loader, is_valid_file,
+    allow_empty)``: ImageFolder's arguments, in its order, with its meaning
+    (see ``LMDBDatasetFolder`` for each, and for ``extensions``,
+    ``source_root``, ``decoder``, ``size_hint``, ``readahead``,
+    ``verify_checksums`` and ``prefetch``, which are keyword-only here). Code
+    written with DatasetFolder's order ``(root, loader, extensions, ...)``
+    should use ``LMDBDatasetFolder``; a torchvision loader passed where the
+    transform goes is refused with that advice.
+
+    ``samples`` paths are under the folder the pack was made from
+    (``source_root``); ``root`` is the pack.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> from torchvision import transforms as T
+        >>> from lmdbfolder.torch import LMDBFolder
+        >>> tf = T.Compose([T.RandomResizedCrop(224), T.ToTensor()])
+        >>> ds = LMDBFolder("train.lmdb", transform=tf)  # doctest: +SKIP
+        >>> loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=8)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[..., Any] | None = None,
+        loader: Callable[[str], Any] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+        *,
+        extensions: str | tuple[str, ...] | None = None,
+        source_root: str | os.PathLike[str] | None = None,
+        readahead: bool = True,
+        verify_checksums: bool = True,
+        decoder: str = "pillow",
+        size_hint: int | None = None,
+        prefetch: bool = True,
+    ) -> None:
+        _refuse_datasetfolder_order(transform, target_transform)
+        super().__init__(
+            root,
+            loader,
+            extensions,
+            transform,
+            target_transform,
+            is_valid_file,
+            allow_empty,
+            source_root=source_root,
+            readahead=readahead,
+            verify_checksums=verify_checksums,
+            decoder=decoder,
+            size_hint=size_hint,
+            prefetch=prefetch,
+        )
+
+
+_RAW_LOADER = "loader= needs a pack that stores the image files, and this pack stores decoded pixels (--store raw)"
+_RAW_LOADER_HINT = (
+    "leave loader unset (the pixels need no loading) and do the rest in transform, or repack with --store encoded"
+)
+
+
+def _decodes_itself(loader: Any) -> bool:
+    # torchvision's own loaders are pil_loader underneath (with the PIL backend): the
+    # stored image is decoded here instead, to the same pixels, without a file.
+    return loader is None or loader is pil_loader or (loader is default_loader and get_image_backend() == "PIL")
+
+
+def _torchvision_readers() -> tuple[Any, ...]:
+    import torchvision.io as tio
+
+    return (pil_loader, default_loader, accimage_loader, tio.decode_image, tio.read_image, tio.read_file)
+
+
+def _refuse_datasetfolder_order(transform: Any, target_transform: Any) -> None:
+    # DatasetFolder's order is (root, loader, extensions, ...): a loader there lands in
+    # ``transform`` and would fail at the first sample, far from the cause.
+    if transform is not None and any(transform is f for f in _torchvision_readers()):
+        raise TypeError(
+            f"LMDBFolder takes ImageFolder's arguments (root, transform, target_transform, loader, ...), "
+            f"but transform is the loader {getattr(transform, '__name__', transform)!r}: pass loader=..., or use "
+            "LMDBDatasetFolder for DatasetFolder's order (root, loader, extensions, ...)"
+        )
+    if target_transform is not None and not callable(target_transform):
+        raise TypeError(
+            f"target_transform must be callable, got {target_transform!r}; for DatasetFolder's order "
+            "(root, loader, extensions, ...) use LMDBDatasetFolder"
+        )
+
+
+def _same_path(a: Any, b: Any) -> bool:
+    return os.path.abspath(os.path.expanduser(os.fspath(a))) == os.path.abspath(os.fspath(b))
+
+
+def _match_in_order(
+    paths: list[str], current: list[str], pack_index: Callable[[int], int], lookup: Callable[[str], int]
+) -> np.ndarray:
+    # The usual new list is the old one filtered (``[s for s in ds.samples if ...]``):
+    # find each path by walking the old list once; a path out of order is looked up.
+    out = np.empty(len(paths), dtype=np.int64)
+    j, n = 0, len(current)
+    for k, p in enumerate(paths):
+        while j < n and current[j] is not p and current[j] != p:
+            j += 1
+        if j < n:
+            out[k] = pack_index(j)
+            j += 1
+        else:
+            out[k] = lookup(p)
+    return out
+
+
+class _SampleList(list):  # type: ignore[type-arg]
+    """``samples`` as a list that refuses changes in place: the dataset would not see
+    them (ImageFolder's would), so say how to change it instead."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "LMDBFolder.samples cannot be changed in place; assign a new list instead, "
+            "e.g. ds.samples = [s for s in ds.samples if ...]"
+        )
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))

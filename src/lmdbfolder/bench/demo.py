@@ -3,7 +3,8 @@
 Generates an ImageNet-like folder of real JPEGs, packs it, verifies it,
 checks that ``LMDBFolder`` returns exactly what ``ImageFolder`` returns, and
 runs ``lmdbfolder bench`` on it (raw reads and the training pipeline, cold
-and warm, default and fastest settings, a ``--max-size 256`` copy).
+and warm, LMDBFolder with its defaults and with the auto decoder and the fused crop, a
+``--max-size 256`` copy).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from typing import Any, Sequence
 
 from lmdbfolder.bench.synthetic import SyntheticSpec, make_imagefolder
+from lmdbfolder.errors import install_hint
 from lmdbfolder.tools.verify import verify
 from lmdbfolder.write.writer import pack
 
@@ -62,7 +64,7 @@ def run_demo(
 
         from lmdbfolder.torch import LMDBFolder
     except ImportError:
-        _say(as_json, "torch/torchvision are not installed: `pip install lmdbfolder[torch]` for the DataLoader part")
+        _say(as_json, f"torch/torchvision are not installed: the DataLoader part is left out; {install_hint('torch')}")
         return 0
 
     files_ds = ImageFolder(src)
@@ -78,7 +80,10 @@ def run_demo(
 
     from lmdbfolder.bench.run import BenchConfig, format_report, run_bench
 
-    _say(as_json, "5. benchmarking plain files against the pack (lmdbfolder bench) ...")
+    _say(
+        as_json,
+        "5. benchmarking plain files against the pack (lmdbfolder bench; each measurement is printed as it is made)",
+    )
     bench = run_bench(
         BenchConfig(
             src=src,
@@ -89,7 +94,7 @@ def run_demo(
             max_size=256 if max_size else None,
             workdir=os.path.join(workdir, "bench"),
             progress=False,
-            say=lambda text: None,
+            say=lambda text: _say(as_json, text),
         )
     )
     if as_json:
@@ -129,7 +134,7 @@ def imagefolder_differences(files_ds: Any, packed_ds: Any, *, limit: int | None 
         problems.append("classes differ")
     if list(files_ds.targets) != list(packed_ds.targets) or len(files_ds) != len(packed_ds):
         problems.append("targets differ")
-    elif [os.path.join(files_ds.root, p) for p, _ in packed_ds.samples] != [p for p, _ in files_ds.samples]:
+    elif packed_ds.filenames() != [os.path.relpath(p, files_ds.root) for p, _ in files_ds.samples]:
         problems.append("sample paths differ")
     if problems:
         return problems

@@ -6,14 +6,19 @@ shared machine drifts; ratios measured in one run are what to compare):
 * raw read (bytes only, random order), page cache cold and warm: ``dd`` of
   ``data.mdb`` (the sequential reference), the plain files (open/read/close,
   what ImageFolder does per sample), the pack read record by record
-  (``Reader.get``, the default) and batch by batch with prefetching
+  (``Reader.get``) and batch by batch with prefetching
   (``Reader.get_many``, what ``LMDBFolder`` does under a DataLoader);
 * the training pipeline (``RandomResizedCrop(224)``, flip, to tensor) through
   a DataLoader for each worker count, warm, and cold at the largest count:
-  ``ImageFolder``, ``LMDBFolder`` default, ``LMDBFolder`` fastest (fastest
-  installed decoder, crop fused into decoding) and optionally the same on a
-  pack resized at pack time (``--max-size``);
+  ``ImageFolder``, ``LMDBFolder`` with its defaults, ``LMDBFolder`` with
+  ``decoder="auto"`` and the crop fused into decoding, and optionally the
+  latter on a pack resized at pack time (``--max-size``). With 0 workers the
+  pipeline runs in the main process with torch limited to one intra-op
+  thread, as DataLoader workers are (else torch's threads fight the process);
 * decode + augment alone in one process, to tell how much the loader costs.
+
+Contestants are named by their settings; the report calls a ratio below 1
+slower and above 1 faster, and "fastest" only what measured fastest.
 
 The page cache is made cold by ``os.sync()`` and ``posix_fadvise(DONTNEED)``
 on every file (no root needed); the report says when that is impossible.
@@ -42,6 +47,7 @@ from lmdbfolder.bench.timing import (
     time_sequential,
     train_transform,
 )
+from lmdbfolder.text import plural
 from lmdbfolder.tools.cache import EvictReport, can_evict, evict, warm
 
 __all__ = [
@@ -49,16 +55,22 @@ __all__ = [
     "BenchResult",
     "run_bench",
     "format_report",
+    "versus",
     "FILES",
     "DEFAULT",
-    "FASTEST",
+    "FUSED",
+    "RAW_GET",
+    "RAW_BATCH",
     "RESIZED",
     "RESIZED_RAW",
 ]
 
 FILES = "ImageFolder (files)"
+#: Raw reads of the pack: one record at a time, and a batch at a time with prefetching.
+RAW_GET = "pack, Reader.get"
+RAW_BATCH = "pack, get_many + prefetch"
 DEFAULT = "LMDBFolder default"
-FASTEST = "LMDBFolder fastest"
+FUSED = "LMDBFolder auto decoder + fused crop"
 RESIZED = "LMDBFolder max-size"
 RESIZED_RAW = "LMDBFolder max-size raw"
 DD = "dd data.mdb"
@@ -186,6 +198,8 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     source_bytes = sum(os.path.getsize(p) for p in files)
     workdir = cfg.workdir or tempfile.mkdtemp(prefix="lmdbfolder-bench-")
     made_workdir = cfg.workdir is None
+    if made_workdir and (cfg.packed is None or cfg.max_size):
+        say(f"packs for the bench go to the temporary folder {workdir} (deleted at the end)")
     try:
         pack_info: dict[str, Any] = {}
         packed = cfg.packed
@@ -245,10 +259,10 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         raw: list[tuple[str, Callable[[], Measurement]]] = [
             (DD, lambda: time_sequential(main_files)),
             (FILES, lambda: _renamed(time_raw_files(raw_files, seed=cfg.seed), FILES)),
-            (DEFAULT, lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, contestant=DEFAULT)),
+            (RAW_GET, lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, contestant=RAW_GET)),
             (
-                FASTEST,
-                lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, batch=BATCH, contestant=FASTEST),
+                RAW_BATCH,
+                lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, batch=BATCH, contestant=RAW_BATCH),
             ),
         ]
         caches = (["cold"] if cfg.cold else []) + ["warm"]
@@ -304,7 +318,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                     path, transform=fast_train_transform(cfg.size), decoder=fastest_decoder, size_hint=cfg.size
                 )
 
-            names = [FILES, DEFAULT, FASTEST] + ([RESIZED] if resized else []) + ([RESIZED_RAW] if resized_raw else [])
+            names = [FILES, DEFAULT, FUSED] + ([RESIZED] if resized else []) + ([RESIZED_RAW] if resized_raw else [])
             small = subset[: min(len(subset), 300)]
             for name in names:  # warm-up and the single-process rate of decode + augment
                 ds = make(name)
@@ -329,12 +343,13 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                         )
                         _close(ds)
                         m = best.add(_tag(m, cache))
-                        say(f"  train pipeline, {cache}, {w} workers, {name}: {_rate(m)}")
+                        say(f"  train pipeline, {cache}, {plural(w, 'worker')}, {name}: {_rate(m)}")
             if cfg.device:
                 device_summary = _device_rows(cfg, packed, subset, best, say)
         else:
             say("torch/torchvision are not installed: only the raw-read workload was measured")
 
+        torch_measured = bool(single)
         measurements = list(best.runs.values())
         eviction = (
             last_evict[-1].describe()
@@ -353,10 +368,23 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
                 "batch_size": cfg.batch_size,
                 "max_size": cfg.max_size,
                 "device": cfg.device,
-                "fastest_settings": (
-                    f"decoder={fastest_decoder!r}, size_hint={cfg.size}, fused RandomResizedCrop"
-                    f"({cfg.size}, resize={'opencv' if _has_cv2() else 'pil'}, output='tensor'), get_many prefetch"
-                ),
+                "settings": {
+                    RAW_BATCH: f"Reader.get_many in batches of {BATCH}, the next batch prefetched (madvise WILLNEED)",
+                    RAW_GET: "Reader.get, one record at a time",
+                    **(
+                        {
+                            DEFAULT: "LMDBFolder(root) with the pipeline as given (Pillow decoder)",
+                            FUSED: (
+                                f"decoder='auto' (here {fastest_decoder!r}), size_hint={cfg.size}, "
+                                f"lmdbfolder.fused.RandomResizedCrop({cfg.size}, resize="
+                                f"{'opencv' if _has_cv2() else 'pil'!r}, output='tensor') first"
+                            ),
+                        }
+                        if torch_measured
+                        else {}
+                    ),
+                },
+                "in_process_threads": "0 workers: the main process, torch.set_num_threads(1) like a DataLoader worker",
             },
             machine=_machine(),
             images=n,
@@ -369,11 +397,13 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         result_obj.summary["read_path"] = overhead
         if device_summary is not None:
             result_obj.summary["device"] = device_summary
-        result_obj.recommendation = _recommend(best, cfg, result_obj.summary, fastest_decoder)
+        result_obj.recommendation = _recommend(best, cfg, result_obj.summary)
         return result_obj
     finally:
         if made_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+            if cfg.packed is None or cfg.max_size:
+                say(f"deleted the temporary folder {workdir}")
 
 
 def device_contestant(device: str) -> str:
@@ -427,7 +457,7 @@ def _device_rows(
             say(f"  train pipeline, warm, {w} workers, {name}: {_rate(m)} ({details['gpu_ms_per_batch']} ms/batch GPU)")
     top = max(cfg.workers)
     out["vs_fastest"] = _ratio(
-        best.get(name, "train pipeline, warm", top), best.get(FASTEST, "train pipeline, warm", top)
+        best.get(name, "train pipeline, warm", top), best.get(FUSED, "train pipeline, warm", top)
     )
     out["stats"] = details["stats"]
     return out
@@ -478,18 +508,18 @@ def _summarize(best: _Best, cfg: BenchConfig, single: dict[str, Measurement]) ->
     out: dict[str, Any] = {}
     for cache in ("cold", "warm"):
         wl = f"raw read, {cache}"
-        fast, files, dd = best.get(FASTEST, wl, 0), best.get(FILES, wl, 0), best.get(DD, wl, 0)
-        if fast is not None:
-            out[f"raw_{cache}_fastest_vs_dd"] = _ratio(fast, dd, "mb_per_second")
-            out[f"raw_{cache}_fastest_vs_files"] = _ratio(fast, files)
-            out[f"raw_{cache}_default_vs_files"] = _ratio(best.get(DEFAULT, wl, 0), files)
+        batched, files, dd = best.get(RAW_BATCH, wl, 0), best.get(FILES, wl, 0), best.get(DD, wl, 0)
+        if batched is not None:
+            out[f"raw_{cache}_batched_vs_dd"] = _ratio(batched, dd, "mb_per_second")
+            out[f"raw_{cache}_batched_vs_files"] = _ratio(batched, files)
+            out[f"raw_{cache}_get_vs_files"] = _ratio(best.get(RAW_GET, wl, 0), files)
     top = max(cfg.workers)
     for cache in ("warm", "cold"):
         wl = f"train pipeline, {cache}"
         files = best.get(FILES, wl, top)
         for name, key in (
             (DEFAULT, "default"),
-            (FASTEST, "fastest"),
+            (FUSED, "fused"),
             (RESIZED, "max_size"),
             (RESIZED_RAW, "max_size_raw"),
         ):
@@ -506,37 +536,70 @@ def _summarize(best: _Best, cfg: BenchConfig, single: dict[str, Measurement]) ->
     return out
 
 
-def _recommend(best: _Best, cfg: BenchConfig, summary: dict[str, Any], decoder: str) -> str:
+def versus(ratio: float, what: str) -> str:
+    """A speed ratio in words that never call a loss a gain:
+    ``"1.81x faster than ImageFolder"``, ``"about as fast as ImageFolder (1.02x)"``,
+    ``"slower than plain files (0.92x)"``."""
+    if ratio >= 1.05:
+        return f"{ratio:.2f}x faster than {what}"
+    if ratio > 0.95:
+        return f"about as fast as {what} ({ratio:.2f}x)"
+    return f"slower than {what} ({ratio:.2f}x)"
+
+
+def _best_raw(best: _Best, cache: str) -> Measurement | None:
+    """The faster of the pack's two raw-read contestants."""
+    found = [m for m in (best.get(RAW_GET, f"raw read, {cache}", 0), best.get(RAW_BATCH, f"raw read, {cache}", 0)) if m]
+    return max(found, key=lambda m: m.images_per_second) if found else None
+
+
+def _recommend(best: _Best, cfg: BenchConfig, summary: dict[str, Any]) -> str:
     wl = "train pipeline, warm"
-    candidates = [m for (c, w_l, _w), m in best.runs.items() if w_l == wl and c in (DEFAULT, FASTEST)]
+    raw_cache = "cold" if cfg.cold else "warm"
+    raw = _best_raw(best, raw_cache)
+    raw_ratio = _ratio(raw, best.get(FILES, f"raw read, {raw_cache}", 0))
+    raw_words = (
+        f"{raw_cache} raw reads ({raw.contestant}) are {versus(raw_ratio, 'plain files')}"
+        if raw is not None and raw_ratio
+        else ""
+    )
+    candidates = [m for (c, w_l, _w), m in best.runs.items() if w_l == wl and c in (DEFAULT, FUSED)]
     if not candidates:
-        cold = summary.get("raw_cold_fastest_vs_files")
         return (
-            f"Packing pays off for cold reads here ({cold}x plain files)."
-            if cold and cold > 1.1
-            else "Install torch and torchvision to measure the training pipeline."
+            "Install torch and torchvision to measure the training pipeline"
+            + (f"; {raw_words}" if raw_words else "")
+            + "."
         )
     top = max(candidates, key=lambda m: m.images_per_second)
     files = best.get(FILES, wl, top.workers)
     gain = _ratio(top, files) or 0.0
-    cold = summary.get("raw_cold_fastest_vs_files")
     setting = (
-        f"LMDBFolder(..., decoder={decoder!r}) with lmdbfolder.fused.RandomResizedCrop({cfg.size}) first"
-        if top.contestant == FASTEST
+        f"LMDBFolder(..., decoder='auto') with lmdbfolder.fused.RandomResizedCrop({cfg.size}) first in the transform"
+        if top.contestant == FUSED
         else "LMDBFolder(...) with its defaults"
     )
-    verdict = (
-        f"packing pays off here: {gain:.2f}x ImageFolder warm"
-        + (f", {cold:.2f}x plain files on cold raw reads" if cold else "")
-        if gain >= 1.1 or (cold or 0) >= 1.1
-        else f"packing buys little on this machine ({gain:.2f}x ImageFolder warm); plain files are fine here"
+    parts = [f"the training pipeline is {versus(gain, 'ImageFolder')} (warm cache)"] + (
+        [raw_words] if raw_words else []
     )
+    pays = gain >= 1.1 or (raw_ratio or 0) >= 1.1
+    verdict = ("packing pays off here: " if pays else "packing buys little on this machine: ") + "; ".join(parts)
+    if not pays:
+        verdict += "; plain files are fine here"
     resized = summary.get(f"train_warm_max_size_vs_files_{max(cfg.workers)}w")
     resized_raw = summary.get(f"train_warm_max_size_raw_vs_files_{max(cfg.workers)}w")
-    extra = f"; a --max-size {cfg.max_size} pack reaches {resized:.2f}x" if resized else ""
+    extra = f"; a --max-size {cfg.max_size} pack is {versus(resized, 'ImageFolder')}" if resized else ""
     if resized_raw:
-        extra += f" ({resized_raw:.2f}x with --store raw)"
-    return f"Use {setting}, num_workers={top.workers}; {verdict}{extra}."
+        extra += f" ({versus(resized_raw, 'ImageFolder')} with --store raw)"
+    in_process = (
+        " (0 workers loads in the training process itself; with a GPU to feed, workers let loading overlap "
+        "the training steps)"
+        if top.workers == 0
+        else ""
+    )
+    return (
+        f"Fastest measured: {top.contestant} with {plural(top.workers, 'worker')}{in_process}. "
+        f"Use {setting}, num_workers={top.workers}; {verdict}{extra}."
+    )
 
 
 def _device_lines(dev: dict[str, Any], top: int) -> list[str]:
@@ -551,9 +614,7 @@ def _device_lines(dev: dict[str, Any], top: int) -> list[str]:
         gpu = [r["gpu_ms_per_batch"] for r in runs]
         wall = [r["transform_ms_per_batch"] for r in runs]
         lines.append(f"  {w} workers: transform {wall} ms/batch wall, {gpu} ms/batch GPU, per run")
-    lines.append(
-        f"GPU path vs LMDBFolder fastest at {top} workers: {dev['vs_fastest']}x; samples by path: {dev['stats']}"
-    )
+    lines.append(f"GPU path vs {FUSED} at {top} workers: {dev['vs_fastest']}x; samples by path: {dev['stats']}")
     return lines
 
 
@@ -572,7 +633,7 @@ def _format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def format_report(result: BenchResult) -> str:
     """The human-readable table, the target ratios and the recommendation."""
     rows = []
-    order = {FILES: 1, DD: 0, DEFAULT: 2, FASTEST: 3, RESIZED: 4, RESIZED_RAW: 5, RECIPE: 6}
+    order = {FILES: 1, DD: 0, RAW_GET: 2, RAW_BATCH: 3, DEFAULT: 2, FUSED: 3, RESIZED: 4, RESIZED_RAW: 5, RECIPE: 6}
     ms = sorted(
         result.measurements,
         key=lambda m: (
@@ -598,12 +659,14 @@ def format_report(result: BenchResult) -> str:
             ]
         )
     cfg = result.config
+    runs = "one run per contestant" if cfg["repeat"] == 1 else f"median of {cfg['repeat']} alternated runs"
     lines = [
         f"{result.images:,} images, {result.source_bytes / 1e6:,.0f} MB; pack {result.pack.get('size', 0) / 1e6:,.0f} "
-        f"MB; {result.machine.get('cpus')} CPUs; median of {cfg['repeat']} alternated runs; pipeline = "
+        f"MB; {plural(result.machine.get('cpus') or 0, 'CPU')}; {runs}; pipeline = "
         f"RandomResizedCrop({cfg['size']}) + flip + to tensor, batch {cfg['batch_size']}, "
         f"{cfg['limit']:,} images/run",
-        f"fastest = {result.config['fastest_settings']}",
+        *(f"{name} = {text}" for name, text in (cfg.get("settings") or {}).items()),
+        cfg.get("in_process_threads", ""),
         result.eviction,
         "",
         _format_table(["workload", "workers", "contestant", "img/s", "MB/s", "vs files"], rows),
@@ -611,14 +674,24 @@ def format_report(result: BenchResult) -> str:
     ]
     s = result.summary
     for cache in ("cold", "warm"):
-        if f"raw_{cache}_fastest_vs_dd" in s:
+        if f"raw_{cache}_batched_vs_dd" in s:
+            dd = s[f"raw_{cache}_batched_vs_dd"]
+            batched, get = s[f"raw_{cache}_batched_vs_files"], s[f"raw_{cache}_get_vs_files"]
             lines.append(
-                f"raw read, {cache}: fastest = {s[f'raw_{cache}_fastest_vs_dd']}x dd (MB/s), "
-                f"{s[f'raw_{cache}_fastest_vs_files']}x files; default = {s[f'raw_{cache}_default_vs_files']}x files"
+                f"raw read, {cache}: {RAW_BATCH} is "
+                + (versus(batched, "plain files") if batched else "not compared")
+                + (f" and reads at {dd:.2f}x dd's MB/s" if dd else "")
+                + (f"; {RAW_GET} is {versus(get, 'plain files')}" if get else "")
             )
+    names = {"default": DEFAULT, "fused": FUSED, "max_size": RESIZED, "max_size_raw": RESIZED_RAW}
     for key, value in s.items():
-        if key.startswith("train_"):
-            lines.append(f"{key.replace('_', ' ')}: {value}x")
+        if key.startswith("train_") and value is not None:
+            _, cache, *what, _vs, _files, workers = key.split("_")
+            label = names.get("_".join(what), "_".join(what))
+            lines.append(
+                f"train pipeline, {cache}, {plural(int(workers.rstrip('w')), 'worker')}: "
+                f"{label} is {versus(value, 'ImageFolder')}"
+            )
     if "read_path" in s:
         rp = s["read_path"]
         lines.append(
@@ -626,7 +699,7 @@ def format_report(result: BenchResult) -> str:
             f"({rp['pillow_decode_us']:,.0f} us)"
         )
     for name, by_w in s.get("loader_efficiency", {}).items():
-        text = ", ".join(f"{w} workers {e:.0%}" for w, e in by_w.items())
+        text = ", ".join(f"{plural(int(w), 'worker')} {e:.0%}" for w, e in by_w.items())
         lines.append(f"loader efficiency (img/s / (workers x one-process rate)), {name}: {text}")
     if "device" in s:
         lines.extend(_device_lines(s["device"], max(cfg["workers"])))

@@ -30,7 +30,7 @@ from typing import Any
 from PIL import Image
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.codecs import decode_rgb, raw_rgb
+from lmdbfolder.codecs import decode_rgb, raw_rgb, truncation
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError
 from lmdbfolder.format import (
     CHECK_KEY,
@@ -136,8 +136,10 @@ def verify(
 ) -> VerifyReport:
     """Check every record and table of the pack at ``path`` (see the module docstring).
 
-    With ``decode=True`` every image is also decoded (as ImageFolder would
-    load it). With ``against=SRC`` the source folder is scanned again (same
+    Also: every encoded JPEG and PNG ends with its end marker (a pack made
+    before that check existed may hold files cut short). With
+    ``decode=True`` every image is also decoded (as ImageFolder would load
+    it). With ``against=SRC`` the source folder is scanned again (same
     layout; ``list_file`` overrides the recorded list file) and the pack must
     hold the same files (minus those the pack skipped), with the same labels
     and the same bytes (for raw packs: the same decoded pixels).
@@ -201,6 +203,8 @@ class _Checked:
             check_blob = pf.get(CHECK_KEY)
         except PageDamage as exc:
             raise NotAPackError(path, f"its manifest cannot be read: {exc.why}", DAMAGED_HINT) from None
+        if blob is None:
+            environments.refuse_foreign(path, pf)  # a recipe's LMDB: say how to convert it
         self.damaged_meta: NotAPackError | None = None
         if blob is not None and check_blob is not None:
             try:
@@ -389,11 +393,32 @@ def _source_files(
             Problem("source", f"cannot compare with a source folder: the pack's layout is {str(layout)[:40]!r}")
         )
         return None
-    listing = os.fspath(list_file) if list_file is not None else recorded.get("list_file")
-    sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True)
+    extensions, match, recorded_list = recorded.get("extensions"), recorded.get("match"), recorded.get("list_file")
+    if not (
+        (extensions is None or (isinstance(extensions, list) and all(isinstance(e, str) for e in extensions)))
+        and isinstance(match, (str, type(None)))
+        and isinstance(recorded_list, (str, type(None)))
+    ):
+        report.problems.append(Problem("source", "cannot compare with a source folder: the pack's source is invalid"))
+        return None
+    listing = os.fspath(list_file) if list_file is not None else recorded_list
+    # The same file filters as the pack. An is_valid_file callable cannot be run again:
+    # then every file is listed, and only the pack's own files are compared.
+    filters: dict[str, Any] = {}
+    chosen_by_callable = layout != "list" and bool(recorded.get("is_valid_file"))
+    if chosen_by_callable:
+        filters["is_valid_file"] = lambda _path: True
+    elif layout != "list" and recorded.get("extensions"):
+        filters["extensions"] = tuple(recorded["extensions"])
+    if layout != "list" and recorded.get("match") is not None:
+        filters["match"] = recorded["match"]
+    sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True, **filters)
     skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
-    expected = [p for p in sources.relpaths if p not in skipped]
     packed = reader.paths()
+    expected = [p for p in sources.relpaths if p not in skipped]
+    if chosen_by_callable:
+        in_pack_only = set(packed)
+        expected = [p for p in expected if p in in_pack_only]
     if expected != packed:
         in_pack = set(packed)
         in_source = set(expected)
@@ -448,6 +473,9 @@ def _check_one(
         report.problems.append(
             Problem("header", f"a {header.encoding} record in a pack of {store} images", index, path)
         )
+    cut = truncation(payload, header.encoding)
+    if cut is not None:
+        report.problems.append(Problem("truncated", f"{cut}: the file was cut short before it was packed", index, path))
     if decode:
         try:
             decode_rgb(payload, header.encoding, header.width, header.height).load()

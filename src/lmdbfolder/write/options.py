@@ -159,7 +159,7 @@ class PackOptions:
         if not isinstance(params, dict):
             params = {}
         if meta.get("store") != self.store or params.get("check") != self.check:
-            return f"it was packed with --store {meta.get('store')} --check {params.get('check')}"
+            return f"it was packed with --store {meta.get('store')} and --check {params.get('check')}"
         try:
             found = Resize.from_params(params)
         except (OptionError, TypeError, ValueError):

@@ -1,4 +1,4 @@
-"""Pack a sharded pack on a Ray cluster: one task per shard (``pip install lmdbfolder[ray]``).
+"""Pack a sharded pack on a Ray cluster: one task per shard (needs Ray: the ``ray`` extra).
 
 The driver (the machine that runs ``lmdbfolder pack --ray`` or ``pack_ray``)
 scans the source once, puts the sample list in Ray's object store and starts
@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from lmdbfolder.errors import LmdbFolderError, PackError
+from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, PackError
 from lmdbfolder.progress import Progress
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.shards import (
     DEFAULT_PREFIX,
     ShardedPackResult,
     ShardResult,
+    finished_sharded_pack,
     pack_shard,
     plan_sharded_output,
     plan_split,
@@ -41,6 +42,7 @@ from lmdbfolder.write.shards import (
     write_index,
 )
 from lmdbfolder.write.sources import SourceList, scan
+from lmdbfolder.write.writer import check_outside_source
 
 __all__ = ["pack_ray"]
 
@@ -51,11 +53,10 @@ REPORT_EVERY = 0.5
 def _import_ray() -> Any:
     try:
         import ray
-    except ImportError:
-        raise PackError(
-            "packing on a Ray cluster needs Ray, which is not installed",
-            "install it with `pip install 'lmdbfolder[ray]'` (on the driver and on every node)",
-        ) from None
+    except ImportError as exc:
+        error = MissingDependencyError("packing on a Ray cluster (--ray)", "ray", "Ray")
+        error.hint += " (on the driver and on every node)"
+        raise error from exc
     return ray
 
 
@@ -107,6 +108,9 @@ def pack_ray(
     layout: str = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    extensions: Sequence[str] | str | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
     staging: str | os.PathLike[str] | None = None,
     task_cpus: float = 1.0,
     on_progress: Callable[[int, int], None] | None = None,
@@ -140,7 +144,21 @@ def pack_ray(
     opts = pack_options(options, fields)
     ray = _import_ray()
     start_time = time.perf_counter()
-    sources = scan(src, layout=layout, list_file=list_file, allow_empty=allow_empty)
+    check_outside_source(src, dst)
+    if staging is not None:
+        check_outside_source(src, staging)
+    sources = scan(
+        src,
+        layout=layout,
+        list_file=list_file,
+        allow_empty=allow_empty,
+        extensions=extensions,
+        is_valid_file=is_valid_file,
+        match=match,
+    )
+    done = finished_sharded_pack(sources, dst, opts, shards, shard_size, None, prefix, start_time)
+    if done is not None:
+        return done
     num, dst = plan_sharded_output(sources, dst, opts, shards, shard_size, None, prefix)
     task_opts = opts.replace(
         workers=opts.workers if opts.workers is not None else max(4, int(2 * task_cpus)),
@@ -150,7 +168,7 @@ def pack_ray(
     shard_args: dict[str, Any] = dict(
         prefix=prefix,
         digest=sources_digest(sources),
-        staging=None if staging is None else os.path.abspath(os.fspath(staging)),
+        staging=None if staging is None else os.path.abspath(os.path.expanduser(os.fspath(staging))),
     )
     started = not ray.is_initialized()
     if started:

@@ -13,7 +13,9 @@ Checks (``check=``):
 * ``"header"`` (default): Pillow identifies the format and reads the size
   from the header, and the pixel count must be within Pillow's
   ``Image.MAX_IMAGE_PIXELS`` (decompression-bomb limit). No pixels decoded.
-* ``"decode"``: the image is fully decoded once (catches truncated files).
+  JPEGs and PNGs must also end with their end marker (``codecs.truncation``:
+  a look at the file's last bytes), which catches files cut short.
+* ``"decode"``: the image is fully decoded once (catches corrupt data too).
 * ``"none"``: trust the input; only unreadable and zero-byte files are skipped.
 """
 
@@ -28,7 +30,7 @@ from typing import Callable
 
 from PIL import Image, UnidentifiedImageError
 
-from lmdbfolder.codecs import sniff
+from lmdbfolder.codecs import sniff, truncation
 from lmdbfolder.format import RECORD_HEADER, encode_header_into, encode_record
 from lmdbfolder.write.options import Resize
 
@@ -193,6 +195,10 @@ def load_sample(
     if size == 0:
         return Skipped("empty file (0 bytes)")
     info = sniff(memoryview(buf)[_HEAD:])
+    if check != "none":
+        cut = truncation(memoryview(buf)[_HEAD:], info.encoding)
+        if cut is not None:
+            return Skipped(f"truncated: {cut}")
     if resize is not None:
         resized = _load_resized(buf, label, store, resize, max_pixels)
         if resized is not None:

@@ -36,7 +36,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from lmdbfolder import environments, packdir
 from lmdbfolder._version import __version__
@@ -59,7 +59,14 @@ from lmdbfolder.format import (
 from lmdbfolder.progress import Progress
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.sources import SourceList, scan
-from lmdbfolder.write.writer import RAW_EXPANSION, pack_sources, per_second
+from lmdbfolder.write.writer import (
+    RAW_EXPANSION,
+    check_outside_source,
+    describe_change,
+    pack_fingerprint,
+    pack_sources,
+    per_second,
+)
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -73,6 +80,7 @@ __all__ = [
     "shard_sources",
     "prepare_sharded_output",
     "plan_sharded_output",
+    "finished_sharded_pack",
     "pack_shard",
     "pack_sharded",
     "write_index",
@@ -215,6 +223,9 @@ class ShardedPackResult:
     shards: list[ShardResult]
     seconds: float
     store: str = "encoded"
+    #: True when ``path`` already held this sharded pack (same sources, split
+    #: and options): nothing was read or written.
+    already_packed: bool = False
 
     @property
     def input_bytes(self) -> int:
@@ -249,6 +260,7 @@ class ShardedPackResult:
             "store": self.store,
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "shards": [s.as_dict() for s in self.shards],
+            "already_packed": self.already_packed,
         }
 
 
@@ -272,7 +284,7 @@ def prepare_sharded_output(
     discards unfinished shards (all of them, or shard ``only``) instead of
     resuming them.
     """
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     if not os.path.lexists(dst):
         os.makedirs(dst, exist_ok=True)  # array jobs may all get here at once
         return dst
@@ -344,6 +356,87 @@ def plan_sharded_output(
     return num, path
 
 
+def finished_sharded_pack(
+    sources: SourceList,
+    dst: str | os.PathLike[str],
+    options: PackOptions,
+    shards: int | None,
+    shard_size: int | str | None,
+    shard_index: int | None,
+    prefix: str,
+    start_time: float,
+) -> ShardedPackResult | None:
+    """The finished sharded pack at ``dst`` when it is what this run would write (nothing to do).
+
+    It is when ``dst`` holds ``index.json`` and every shard this run would
+    pack (all of them, or shard ``shard_index``) carries the fingerprint the
+    writer would give it: same sample list, source folder, list file, classes,
+    split and store/check/resize options (``pack_fingerprint``; no image is
+    read). Another such pack raises OutputExistsError saying what differs.
+    None when there is no finished index or ``overwrite`` is set.
+    """
+    dst = os.path.abspath(os.fspath(dst))
+    if options.overwrite or os.path.islink(dst) or not os.path.isfile(os.path.join(dst, SHARD_INDEX_FILE)):
+        return None
+    try:
+        _, index = packdir.load_index(dst)
+    except NotAPackError:
+        return None
+    num = choose_num_shards(sources, shards=shards, shard_size=shard_size, store=options.store)
+    if shard_index is not None and not 0 <= shard_index < num:
+        return None  # plan_sharded_output says what is wrong
+    split = index.get("split") or {}
+    why = None
+    if (split.get("prefix"), index.get("num_shards")) != (prefix, num):
+        why = (
+            f"it was packed as {index.get('num_shards')} shards named {split.get('prefix')}-*, "
+            f"this run packs {num} named {prefix}-*"
+        )
+    results: list[ShardResult] = []
+    digest = sources_digest(sources)
+    ranges = plan_split(len(sources), num)
+    todo = [] if why is not None else (range(num) if shard_index is None else [shard_index])
+    for i in todo:
+        name = shard_name(prefix, i, num)
+        path = os.path.join(dst, name)
+        meta = _finished_manifest(path) if packdir.inspect(path).kind is packdir.Kind.PACK else None
+        if meta is None:
+            why = f"its shard {name} is missing or not a finished pack"
+            break
+        lo, hi = ranges[i]
+        extra = {SHARD_FIELD: shard_field(sources, i, num, prefix=prefix, digest=digest)}
+        expected = pack_fingerprint(shard_sources(sources, lo, hi), options, extra)
+        found = meta.get("fingerprint")
+        if found != expected:
+            why = f"{name}: " + (
+                describe_change(found, expected) if isinstance(found, dict) else "it records no fingerprint"
+            )
+            break
+        skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in meta.get("skipped") or []]
+        results.append(
+            ShardResult(
+                name,
+                i,
+                path,
+                int(meta["count"]),
+                hi - lo,
+                payload_bytes=int(meta.get("payload_bytes") or 0),
+                skipped=skipped,
+                kept=True,
+            )
+        )
+    if why is not None:
+        raise OutputExistsError(
+            dst,
+            f"already holds a finished sharded pack of other sources or options: {why}",
+            "pass --overwrite to replace it, or choose another output path",
+        )
+    count = int(index["count"]) if shard_index is None else results[0].count
+    return ShardedPackResult(
+        dst, count, results, time.perf_counter() - start_time, str(index.get("store")), already_packed=True
+    )
+
+
 # -- packing -----------------------------------------------------------------------
 def _finished_manifest(path: str) -> dict[str, Any] | None:
     """The manifest of the finished pack at ``path``, or None if it is not one."""
@@ -404,7 +497,7 @@ def pack_shard(
         >>> pack_shard(sources, "train-sharded", 3, 8)  # doctest: +SKIP
     """
     opts = pack_options(options, fields)
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     name = shard_name(prefix, index, num_shards)
     target = os.path.join(dst, name)
     expected = shard_field(sources, index, num_shards, prefix=prefix, digest=digest)
@@ -423,7 +516,7 @@ def pack_shard(
     if staging is None:
         result = pack_sources(part, target, opts, manifest_extra=extra, on_progress=on_progress)
     else:
-        built = os.path.join(os.path.abspath(os.fspath(staging)), name)
+        built = os.path.join(os.path.abspath(os.path.expanduser(os.fspath(staging))), name)
         os.makedirs(os.path.dirname(built), exist_ok=True)
         if os.path.lexists(built):
             same, _, count = _same_shard(built, expected, opts)
@@ -474,6 +567,9 @@ def pack_sharded(
     layout: str = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    extensions: Sequence[str] | str | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
     staging: str | os.PathLike[str] | None = None,
     **fields: Any,
 ) -> ShardedPackResult:
@@ -484,7 +580,8 @@ def pack_sharded(
     parallel on a Ray cluster. Rerunning the same call after an interruption
     keeps the finished shards and resumes the unfinished one. The index is
     written last, from the finished shards. ``options``/``fields``, ``layout``,
-    ``list_file`` and ``allow_empty`` are those of ``lmdbfolder.pack``.
+    ``list_file``, ``allow_empty`` and the file filters (``extensions``,
+    ``is_valid_file``, ``match``) are those of ``lmdbfolder.pack``.
 
     ``shard_index``: pack only that shard of the ``shards``-way split and
     write no index (one job of a Slurm array; ``write_index`` once all are
@@ -495,10 +592,29 @@ def pack_sharded(
         >>> result = pack_sharded("imagenet/train", "train", shard_size="4GB")  # doctest: +SKIP
         >>> result.count, len(result.shards)  # doctest: +SKIP
         (1281167, 36)
+
+    Rerunning a finished sharded pack with the same source, split and
+    options does nothing (``already_packed``; see ``finished_sharded_pack``).
     """
     opts = pack_options(options, fields)
     start_time = time.perf_counter()
-    sources = scan(src, layout=layout, list_file=list_file, allow_empty=allow_empty)
+    check_outside_source(src, dst)
+    if staging is not None:
+        check_outside_source(src, staging)
+    sources = scan(
+        src,
+        layout=layout,
+        list_file=list_file,
+        allow_empty=allow_empty,
+        extensions=extensions,
+        is_valid_file=is_valid_file,
+        match=match,
+    )
+    if shard_index is not None and shards is None:
+        raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
+    done = finished_sharded_pack(sources, dst, opts, shards, shard_size, shard_index, prefix, start_time)
+    if done is not None:
+        return done
     num, dst = plan_sharded_output(sources, dst, opts, shards, shard_size, shard_index, prefix)
     digest = sources_digest(sources)
     results = []
@@ -575,7 +691,7 @@ def write_index(
         >>> index["count"], len(index["shards"])  # doctest: +SKIP
         (1281167, 8)
     """
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     if not os.path.isdir(dst):
         raise NotAPackError(dst, "no such directory")
     found_prefix, total, done, unfinished = _find_split(dst, prefix)

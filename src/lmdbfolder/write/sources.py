@@ -9,7 +9,14 @@ Three layouts are supported:
 * ``flat``: every image under ``root`` (recursively), no labels, ordered by
   relative path;
 * ``list``: a text file of ``relative/path label`` lines (the Caffe
-  ``convert_imageset`` / "FileListDataset" input).
+  ``convert_imageset`` / "FileListDataset" input); labels are class indices
+  or class names (``path cat``).
+
+The folder layouts take ImageFolder's filters: ``extensions`` (matched
+case-insensitively at the end of the name) or ``is_valid_file`` (called with
+the file's full path, as torchvision does; the two exclude each other), and
+``match``, a regular expression the path relative to the root must contain
+(``re.search``; the CLI's ``--match``), on top of either.
 
 Only the standard library is used; no file is opened except the list file.
 """
@@ -17,10 +24,11 @@ Only the standard library is used; no file is opened except the list file.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from lmdbfolder.errors import ListFileError, SourceError
+from lmdbfolder.errors import ListFileError, OptionError, SourceError
 from lmdbfolder.format import NO_LABEL
 
 __all__ = [
@@ -63,6 +71,9 @@ class SourceList:
     class_to_idx: dict[str, int]
     list_file: str | None = None
     extensions: tuple[str, ...] = field(default=IMG_EXTENSIONS)
+    #: the ``match`` regular expression, and the name of the ``is_valid_file`` callable, if any.
+    match: str | None = None
+    is_valid_file: str | None = None
 
     def __len__(self) -> int:
         return len(self.relpaths)
@@ -95,12 +106,28 @@ class SourceList:
 
     def describe(self) -> dict[str, object]:
         """JSON-ready description stored in the pack's manifest."""
-        return {
+        out: dict[str, object] = {
             "layout": self.layout,
             "root": self.root,
             "list_file": self.list_file,
             "extensions": list(self.extensions),
         }
+        if self.match is not None:
+            out["match"] = self.match
+        if self.is_valid_file is not None:
+            out["is_valid_file"] = self.is_valid_file
+        return out
+
+    def filter_fingerprint(self) -> dict[str, object]:
+        """The file filters, for the resume fingerprint: only those that differ from
+        ImageFolder's defaults, so packs started before filters existed still resume.
+        (What an ``is_valid_file`` callable kept is in the list of files itself.)"""
+        out: dict[str, object] = {}
+        if self.extensions != IMG_EXTENSIONS:
+            out["extensions"] = sorted(self.extensions)  # the order does not change what is packed
+        if self.match is not None:
+            out["match"] = self.match
+        return out
 
 
 def _check_root(root: str) -> str:
@@ -112,14 +139,71 @@ def _check_root(root: str) -> str:
     return root
 
 
-def _is_image(name: str, extensions: tuple[str, ...]) -> bool:
-    return name.lower().endswith(extensions)
+#: Decides whether a file (full path; root-relative path) is packed.
+_Keep = Callable[[str, str], bool]
 
 
-def scan_imagefolder(root: str, *, extensions: Sequence[str] = IMG_EXTENSIONS, allow_empty: bool = False) -> SourceList:
-    """List an ImageFolder tree exactly as ``torchvision.datasets.ImageFolder`` does."""
+def _file_filter(
+    extensions: Sequence[str] | str | None, is_valid_file: Callable[[str], bool] | None, match: str | None
+) -> tuple[_Keep, tuple[str, ...], dict[str, str | None]]:
+    """(keep(full path, relative path), extensions recorded, SourceList fields) for the filters,
+    with ImageFolder's rule: ``extensions`` (default: IMG_EXTENSIONS) or ``is_valid_file``, not both."""
+    if extensions is not None and is_valid_file is not None:
+        raise OptionError(
+            "pass extensions or is_valid_file, not both (as for torchvision's DatasetFolder)",
+            "is_valid_file decides alone; to combine it with extensions, check the extension inside it",
+        )
+    if is_valid_file is not None and not callable(is_valid_file):
+        raise OptionError(f"is_valid_file must be a callable taking a path, got {type(is_valid_file).__name__}")
+    if isinstance(extensions, str):
+        extensions = (extensions,)
+    exts = IMG_EXTENSIONS if extensions is None else tuple(e.lower() for e in extensions)
+    if extensions is not None and (not exts or not all(isinstance(e, str) and e for e in exts)):
+        raise OptionError(f"extensions must be non-empty strings such as '.jpg', got {extensions!r}")
+    pattern = None
+    if match is not None:
+        try:
+            pattern = re.compile(match)
+        except re.error as exc:
+            raise OptionError(f"match is not a valid regular expression ({exc}): {match!r}") from None
+    valid = is_valid_file
+
+    def keep(full: str, rel: str) -> bool:
+        ok = bool(valid(full)) if valid is not None else full.lower().endswith(exts)
+        if ok and pattern is not None:
+            ok = pattern.search(rel.replace(os.sep, "/")) is not None
+        return ok
+
+    name = None
+    if is_valid_file is not None:
+        name = getattr(is_valid_file, "__module__", None) or ""
+        name = f"{name}.{getattr(is_valid_file, '__qualname__', type(is_valid_file).__qualname__)}".lstrip(".")
+    return keep, (() if is_valid_file is not None else exts), {"match": match, "is_valid_file": name}
+
+
+def _what_counts(exts: tuple[str, ...], fields: dict[str, str | None]) -> str:
+    # For "no images found" messages: what the filters let through.
+    what = f"is_valid_file ({fields['is_valid_file']})" if fields["is_valid_file"] else "supported extensions are "
+    if not fields["is_valid_file"]:
+        what += ", ".join(exts)
+    if fields["match"] is not None:
+        what += f"; paths must match {fields['match']!r}"
+    return what
+
+
+def scan_imagefolder(
+    root: str,
+    *,
+    extensions: Sequence[str] | str | None = None,
+    allow_empty: bool = False,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
+) -> SourceList:
+    """List an ImageFolder tree exactly as ``torchvision.datasets.ImageFolder`` does
+    (``extensions`` defaults to ImageFolder's ``IMG_EXTENSIONS``; see the module docstring
+    for ``is_valid_file`` and ``match``)."""
     root = _check_root(root)
-    exts = tuple(e.lower() for e in extensions)
+    keep, exts, fields = _file_filter(extensions, is_valid_file, match)
     with os.scandir(root) as entries:
         classes = sorted(e.name for e in entries if e.is_dir())
     if not classes:
@@ -139,47 +223,65 @@ def scan_imagefolder(root: str, *, extensions: Sequence[str] = IMG_EXTENSIONS, a
         for dirpath, _, fnames in sorted(os.walk(target, followlinks=True)):
             rel_dir = os.path.relpath(dirpath, root)
             for fname in sorted(fnames):
-                if _is_image(fname, exts):
-                    relpaths.append(os.path.join(rel_dir, fname))
+                rel = os.path.join(rel_dir, fname)
+                if keep(os.path.join(dirpath, fname), rel):
+                    relpaths.append(rel)
         labels.extend([class_to_idx[cls]] * (len(relpaths) - before))
         if len(relpaths) == before:
             empty.append(cls)
     if empty and not allow_empty:
         raise SourceError(
             root,
-            f"found no image for the classes {', '.join(empty)}; supported extensions are {', '.join(exts)}",
+            f"found no image for the classes {', '.join(empty)}; {_what_counts(exts, fields)}",
             "remove the empty class folders, or pass --allow-empty to keep them as classes",
         )
-    return SourceList(root, "imagefolder", relpaths, labels, classes, class_to_idx, extensions=exts)
+    return SourceList(root, "imagefolder", relpaths, labels, classes, class_to_idx, extensions=exts, **fields)
 
 
-def scan_flat(root: str, *, extensions: Sequence[str] = IMG_EXTENSIONS) -> SourceList:
-    """List every image under ``root`` (recursively), sorted by relative path, unlabelled."""
+def scan_flat(
+    root: str,
+    *,
+    extensions: Sequence[str] | str | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
+) -> SourceList:
+    """List every image under ``root`` (recursively), sorted by relative path, unlabelled
+    (filters as for ``scan_imagefolder``)."""
     root = _check_root(root)
-    exts = tuple(e.lower() for e in extensions)
+    keep, exts, fields = _file_filter(extensions, is_valid_file, match)
     relpaths = []
     for dirpath, _, fnames in os.walk(root, followlinks=True):
         rel_dir = os.path.relpath(dirpath, root)
         for fname in fnames:
-            if _is_image(fname, exts):
-                relpaths.append(fname if rel_dir == "." else os.path.join(rel_dir, fname))
+            rel = fname if rel_dir == "." else os.path.join(rel_dir, fname)
+            if keep(os.path.join(dirpath, fname), rel):
+                relpaths.append(rel)
     if not relpaths:
-        raise SourceError(root, f"no images found; supported extensions are {', '.join(exts)}")
+        raise SourceError(root, f"no images found; {_what_counts(exts, fields)}")
     relpaths.sort()
-    return SourceList(root, "flat", relpaths, [NO_LABEL] * len(relpaths), [], {}, extensions=exts)
+    return SourceList(root, "flat", relpaths, [NO_LABEL] * len(relpaths), [], {}, extensions=exts, **fields)
 
 
 def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None = None) -> SourceList:
     """Read ``relative/path label`` lines; paths are relative to ``root``.
 
     The label is the last whitespace-separated token, so paths may contain
-    spaces. Blank lines and lines starting with ``#`` are ignored. Class names
-    default to ``"0" .. str(max_label)``; pass ``classes`` to name them.
+    spaces. Blank lines and lines starting with ``#`` are ignored.
+
+    Labels are either all integers (class indices; class names default to
+    ``"0" .. str(max_label)``, pass ``classes`` to name them) or, as soon as
+    one label is not an integer, class names (``path cat``): the classes are
+    then the distinct names sorted as ImageFolder sorts its class folders
+    (Python's string order, so ``"10"`` before ``"9"``), and each label is the
+    name's index. A path listed twice (the same file after normalising the
+    path, with the same or another label) is refused, naming both lines.
     """
     root = _check_root(root)
-    list_file = os.path.abspath(os.fspath(list_file))
+    list_file = os.path.abspath(os.path.expanduser(os.fspath(list_file)))
     relpaths: list[str] = []
-    labels: list[int] = []
+    tokens: list[str] = []
+    lines: list[tuple[int, str]] = []
+    seen: dict[str, int] = {}
     try:
         # utf-8-sig drops a BOM; surrogateescape keeps undecodable bytes as in file names.
         with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
@@ -191,28 +293,56 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
                 if len(parts) != 2:
                     raise ListFileError(list_file, lineno, text, "expected `path label`")
                 path, label_text = parts
-                try:
-                    label = int(label_text)
-                except ValueError:
-                    raise ListFileError(list_file, lineno, text, f"label {label_text!r} is not an integer") from None
-                if label < 0 or label >= 1 << 31:
-                    raise ListFileError(list_file, lineno, text, f"label {label} is outside 0..2**31-1")
+                key = os.path.normpath(path)
+                if key in seen:
+                    first = seen[key]
+                    raise ListFileError(
+                        list_file,
+                        lineno,
+                        text,
+                        f"{path!r} is listed twice, on lines {first} and {lineno} (a sample must appear once)",
+                    )
+                seen[key] = lineno
                 relpaths.append(path)
-                labels.append(label)
+                tokens.append(label_text)
+                lines.append((lineno, text))
     except OSError as exc:
         raise SourceError(list_file, f"cannot read the list file ({exc.strerror})") from None
     if not relpaths:
         raise SourceError(list_file, "the list file holds no `path label` lines")
-    n_classes = max(labels) + 1
-    if classes is None:
-        names = [str(i) for i in range(n_classes)]
+    numbers = [_as_int(t) for t in tokens]
+    if all(n is not None for n in numbers):
+        labels = [int(n) for n in numbers if n is not None]
+        for (lineno, text), label in zip(lines, labels):
+            if label < 0 or label >= 1 << 31:
+                raise ListFileError(list_file, lineno, text, f"label {label} is outside 0..2**31-1")
+        n_classes = max(labels) + 1
+        if classes is None:
+            names = [str(i) for i in range(n_classes)]
+        else:
+            names = list(classes)
+            if len(names) < n_classes:
+                raise SourceError(
+                    list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given"
+                )
     else:
-        names = list(classes)
-        if len(names) < n_classes:
+        names = sorted(set(tokens))
+        if classes is not None and list(classes) != names:
             raise SourceError(
-                list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given"
+                list_file,
+                "the labels are class names, and they are not the class names given",
+                "pass classes only with integer labels",
             )
+        index = {name: i for i, name in enumerate(names)}
+        labels = [index[t] for t in tokens]
     return SourceList(root, "list", relpaths, labels, names, {c: i for i, c in enumerate(names)}, list_file=list_file)
+
+
+def _as_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 def scan(
@@ -221,19 +351,34 @@ def scan(
     layout: str = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    extensions: Sequence[str] | str | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
 ) -> SourceList:
     """Build the sample list of ``root`` for the given ``layout``
-    (``list_file`` implies ``layout="list"``)."""
+    (``list_file`` implies ``layout="list"``).
+
+    ``extensions``, ``is_valid_file`` and ``match`` filter the files of the
+    folder layouts (see the module docstring); a list file names its files,
+    so they are refused with ``layout="list"``.
+    """
     root = os.fspath(root)
     list_file = None if list_file is None else os.fspath(list_file)
     if list_file is not None:
         layout = "list"
+    filters: dict[str, Any] = dict(extensions=extensions, is_valid_file=is_valid_file, match=match)
     if layout == "imagefolder":
-        return scan_imagefolder(root, allow_empty=allow_empty)
+        return scan_imagefolder(root, allow_empty=allow_empty, **filters)
     if layout == "flat":
-        return scan_flat(root)
+        return scan_flat(root, **filters)
     if layout == "list":
         if list_file is None:
             raise ValueError("layout='list' needs list_file")
+        given = sorted(k for k, v in filters.items() if v is not None)
+        if given:
+            raise OptionError(
+                f"{', '.join(given)} filter the files of a folder; a list file names its files itself",
+                "remove the unwanted lines from the list file instead",
+            )
         return read_list_file(list_file, root)
     raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")

@@ -30,14 +30,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import lmdb
 from PIL import Image
 
-from lmdbfolder import packdir
+from lmdbfolder import environments, packdir
 from lmdbfolder._version import __version__
-from lmdbfolder.errors import OutputExistsError, PackError, SourceError
+from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError
 from lmdbfolder.format import (
     CHECK_KEY,
     COMPACT_DIR,
@@ -68,6 +68,7 @@ from lmdbfolder.format import (
     new_pack_id,
 )
 from lmdbfolder.progress import Progress
+from lmdbfolder.text import escape_field, plural
 from lmdbfolder.write.lock import writer_lock
 from lmdbfolder.write.options import DEFAULT_COMMIT_EVERY, PackOptions, pack_options
 from lmdbfolder.write.processes import ProcessReader, processes_available
@@ -79,6 +80,9 @@ __all__ = [
     "PackResult",
     "pack",
     "pack_sources",
+    "pack_fingerprint",
+    "describe_change",
+    "check_outside_source",
     "DEFAULT_COMMIT_EVERY",
     "DEFAULT_COMMIT_BYTES",
     "MIN_BATCH_BYTES",
@@ -126,10 +130,15 @@ class PackResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     resumed_from: int = 0
     compacted: bool = False
+    #: True when ``path`` already held this pack (same sources, same options):
+    #: nothing was read or written, and the numbers are the existing pack's.
+    already_packed: bool = False
 
     @property
     def images_per_second(self) -> float:
-        """Samples written per second of wall time (this run)."""
+        """Samples written per second of wall time (this run; 0 when nothing was to do)."""
+        if self.already_packed:
+            return 0.0
         return per_second(self.count + len(self.skipped) - self.resumed_from, self.seconds)
 
     @property
@@ -152,6 +161,7 @@ class PackResult:
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "resumed_from": self.resumed_from,
             "compacted": self.compacted,
+            "already_packed": self.already_packed,
         }
 
 
@@ -163,6 +173,9 @@ def pack(
     layout: str = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
+    extensions: Sequence[str] | str | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    match: str | None = None,
     **fields: Any,
 ) -> PackResult:
     """Pack the images under ``src`` into a new LMDB pack at ``dst``.
@@ -170,14 +183,25 @@ def pack(
     Args:
         src: the source folder (for ``layout="list"``, the folder that the
             list file's relative paths start from).
-        dst: the pack directory to create. It must not exist unless
-            ``overwrite=True`` (and then it must be an lmdbfolder pack).
+        dst: the pack directory to create, outside ``src``. It must not exist
+            unless ``overwrite=True`` (and then it must be an lmdbfolder pack),
+            or unless it is already the pack this call would write: then
+            nothing is done and the result says ``already_packed``.
         options: how to write it, a ``PackOptions``; its fields may also be
             given (or overridden) as keywords, e.g. ``pack(src, dst, store="raw")``.
         layout: ``"imagefolder"`` (``src/<class>/**/<image>``, torchvision's
             rules), ``"flat"`` (all images, unlabelled) or ``"list"``.
         list_file: a ``relative/path label`` file; implies ``layout="list"``.
         allow_empty: keep ImageFolder class folders that hold no image.
+        extensions: the file name endings to pack (case-insensitive; default:
+            ImageFolder's ``IMG_EXTENSIONS``). Recorded in the manifest
+            (``source.extensions``) and part of the resume fingerprint.
+        is_valid_file: instead of ``extensions``, a callable that gets each
+            file's full path and says whether to pack it (ImageFolder's
+            ``is_valid_file``); its name is recorded in the manifest.
+        match: a regular expression that the path relative to ``src`` must
+            contain (``re.search``, ``/`` separators), on top of either filter
+            (``pack --match``); recorded and fingerprinted.
 
     The options (``PackOptions`` fields):
         store: ``"encoded"`` keeps each file's bytes unchanged; ``"raw"``
@@ -204,6 +228,10 @@ def pack(
 
     Returns:
         A PackResult with the count, bytes, time and the skipped files.
+        Rerunning a finished ``pack`` with the same source and options does
+        nothing and returns the existing pack's result with
+        ``already_packed=True``; the same ``dst`` with other sources or
+        options raises OutputExistsError saying what differs.
 
     Example:
         >>> from lmdbfolder import pack
@@ -212,7 +240,16 @@ def pack(
         (1281167, 0)
     """
     opts = pack_options(options, fields)
-    sources = scan(src, layout=layout, list_file=list_file, allow_empty=allow_empty)
+    check_outside_source(src, dst)  # before the scan, which would see a DST inside SRC as a class
+    sources = scan(
+        src,
+        layout=layout,
+        list_file=list_file,
+        allow_empty=allow_empty,
+        extensions=extensions,
+        is_valid_file=is_valid_file,
+        match=match,
+    )
     return pack_sources(sources, dst, opts)
 
 
@@ -233,7 +270,7 @@ def pack_sources(
     pack of the same ``dst`` meanwhile fails at once, saying which process
     holds it. Other arguments: see ``_pack_sources``.
     """
-    with writer_lock(os.path.abspath(os.fspath(dst))):
+    with writer_lock(os.path.abspath(os.path.expanduser(os.fspath(dst)))):
         return _pack_sources(
             sources,
             dst,
@@ -270,13 +307,16 @@ def _pack_sources(
     """
     opts = pack_options(options, fields)
     workers = default_workers() if opts.workers is None else opts.workers
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     start_time = time.perf_counter()
+    if loader is None:
+        check_outside_source(sources.root, dst)
     check_manifest_size(encode_meta({"classes": sources.classes, "class_to_idx": sources.class_to_idx}), sources.root)
+    fingerprint = pack_fingerprint(sources, opts, manifest_extra)
+    existing = _existing_result(dst, fingerprint, opts, start_time)
+    if existing is not None:
+        return existing
     partial = _prepare_output(dst, overwrite=opts.overwrite, restart=opts.restart)
-    fingerprint = _fingerprint(sources, opts)
-    if manifest_extra:
-        fingerprint["manifest_extra"] = dict(manifest_extra)
     if mean_size is None:
         mean_size = sources.mean_file_size()
     expansion: float = RAW_EXPANSION if opts.store == "raw" else 1
@@ -517,7 +557,7 @@ class _Run:
                             self.sources.abspath(s),
                             result.reason,
                             "fix or remove the file and run the same command again to resume, "
-                            "or drop --strict to skip such files",
+                            "or pack without --strict to skip such files",
                         )
                     state.skipped.append((s, result.reason))
                     bar.write(f"skipped {self.sources.relpaths[s]}: {result.reason}")
@@ -641,18 +681,105 @@ def _glibc_mallopt() -> Any:
 
 
 # -- planning ------------------------------------------------------------------
-def _fingerprint(sources: SourceList, options: PackOptions) -> dict[str, Any]:
-    """What a resumed pack must share with the run that started it."""
+def pack_fingerprint(
+    sources: SourceList, options: PackOptions, manifest_extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What identifies a pack of ``sources`` written with ``options``: the
+    resume checkpoint and the finished manifest both store it.
+
+    A resumed pack must share it with the run that started it, and a finished
+    pack with the same fingerprint is what a rerun of the same command would
+    write again (``pack`` then does nothing). It costs a hash of the sample
+    list (paths and labels), no file is read.
+    """
     h = sources.hash_samples(hashlib.sha256())
-    return {
+    fingerprint = {
         "layout": sources.layout,
         "root": sources.root,
         "list_file": sources.list_file,
         "samples": len(sources),
         "samples_sha256": h.hexdigest(),
         "classes_sha256": hashlib.sha256(json.dumps(sources.classes, ensure_ascii=True).encode()).hexdigest(),
+        **sources.filter_fingerprint(),
         **options.fingerprint(),
     }
+    if manifest_extra:
+        fingerprint["manifest_extra"] = dict(manifest_extra)
+    return fingerprint
+
+
+def check_outside_source(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Refuse (OptionError) a pack directory ``dst`` inside the source folder ``src``, or around it.
+
+    A pack written into its own source becomes part of it (``DST.partial``
+    while it is written, then ``DST``): the next scan would see it, and an
+    ImageFolder tree would gain a class folder without images. For a list
+    file, ``src`` is the folder its paths start from.
+    """
+    root = os.path.abspath(os.path.expanduser(os.fspath(src)))
+    out = os.path.abspath(os.path.expanduser(os.fspath(dst)))
+    if not os.path.isdir(root):
+        return  # the scan reports a missing source
+    for path in (out, out + PARTIAL_SUFFIX):
+        if packdir.overlap(path, root):
+            inside = os.path.realpath(path) != os.path.realpath(root) and os.path.realpath(root).startswith(
+                os.path.realpath(path) + os.sep
+            )
+            if os.path.realpath(path) == os.path.realpath(root):
+                where = "it is the source folder"
+            elif inside:
+                where = f"the source folder {root} is inside it"
+            else:
+                where = f"it is inside the source folder {root}"
+            suggestion = os.path.join(os.path.dirname(root.rstrip(os.sep)) or os.sep, os.path.basename(out))
+            raise OptionError(
+                f"cannot pack into {path}: {where}, so the pack would become part of the source it packs",
+                f"choose an output path outside {root}"
+                + (f", for example {suggestion}" if not packdir.overlap(suggestion, root) else ""),
+            )
+
+
+def _existing_result(
+    dst: str, fingerprint: dict[str, Any], options: PackOptions, start_time: float
+) -> PackResult | None:
+    """The finished pack at ``dst`` if it is the one this run would write (nothing to do).
+
+    None when ``dst`` does not exist, ``overwrite`` is set, or it is not a
+    readable pack (``_prepare_output`` then decides). A pack of other
+    sources or options raises OutputExistsError saying what differs.
+    """
+    if options.overwrite or os.path.islink(dst) or packdir.inspect(dst).kind is not packdir.Kind.PACK:
+        return None
+    try:
+        blob = environments.read_manifest(dst)
+        meta = decode_meta(blob, where=dst)
+        skipped_items = environments.read_skipped(dst) if meta.get("fingerprint") == fingerprint else []
+    except NotAPackError:
+        return None
+    old = meta.get("fingerprint")
+    if old != fingerprint:
+        what = (
+            describe_change(old, fingerprint)
+            if isinstance(old, dict)
+            else "it records no fingerprint (an older lmdbfolder made it)"
+        )
+        raise OutputExistsError(
+            dst,
+            f"already holds a pack of other sources or options: {what}",
+            "pass --overwrite to replace it, or choose another output path",
+        )
+    skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in skipped_items]
+    return PackResult(
+        dst,
+        int(meta["count"]),
+        0,
+        int(meta.get("payload_bytes") or 0),
+        time.perf_counter() - start_time,
+        str(meta["store"]),
+        dict(meta.get("encodings") or {}),
+        skipped,
+        already_packed=True,
+    )
 
 
 _FINGERPRINT_WORDS = {
@@ -662,17 +789,21 @@ _FINGERPRINT_WORDS = {
     "samples": "the number of source files",
     "samples_sha256": "the list of source files or their labels",
     "classes_sha256": "the class names",
+    "extensions": "--extensions",
+    "match": "--match",
     "store": "--store",
     "check": "--check",
     "resize": "--max-size/--quality/--resize-side",
+    "manifest_extra": "the shard's place in its split",
 }
 
 
-def _describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
+def describe_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """In words, how the fingerprint ``new`` (this run) differs from ``old`` (on disk)."""
     changes = []
     for key, words in _FINGERPRINT_WORDS.items():
         if old.get(key) != new.get(key):
-            if key.endswith("sha256"):
+            if key.endswith("sha256") or key == "manifest_extra":
                 changes.append(f"{words} changed")
             else:
                 changes.append(f"{words} was {old.get(key)!r}, now {new.get(key)!r}")
@@ -812,7 +943,7 @@ def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int, relp
         raise OutputExistsError(
             partial,
             "holds an unfinished pack started with different sources or options: "
-            + _describe_change(progress.get("fingerprint") or {}, fingerprint),
+            + describe_change(progress.get("fingerprint") or {}, fingerprint),
             "rerun with the original sources and options to resume it, or pass --restart to start over",
         )
     return _Partial(partial, env, fingerprint, progress)
@@ -831,7 +962,7 @@ def _finished_partial(
         raise OutputExistsError(
             partial,
             "holds a finished but unpublished pack of different sources or options: "
-            + _describe_change(meta.get("fingerprint") or {}, fingerprint),
+            + describe_change(meta.get("fingerprint") or {}, fingerprint),
             "pass --restart to start over",
         )
     position = {p: i for i, p in enumerate(relpaths)}  # same sources: the fingerprint matched
@@ -888,9 +1019,12 @@ def _write_skipped_report(partial: str, sources: SourceList, skipped: list[tuple
             os.remove(path)
         return
     with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
-        f.write(f"# {len(skipped)} source file(s) were not packed (path<TAB>reason), relative to {sources.root}\n")
+        f.write(
+            f"# {plural(len(skipped), 'source file')} not packed (path<TAB>reason), relative to {sources.root}\n"
+            "# a backslash, tab, newline or carriage return in a path or reason is written as \\\\, \\t, \\n, \\r\n"
+        )
         for s, reason in skipped:
-            f.write(f"{sources.relpaths[s]}\t{reason}\n")
+            f.write(f"{escape_field(sources.relpaths[s])}\t{escape_field(reason)}\n")
 
 
 def _publish(partial: str, dst: str) -> None:

@@ -1,0 +1,306 @@
+"""``export``: leave the format freely, as files or as WebDataset tar shards.
+
+* ``format="files"`` writes the tree the pack came from, the file bytes
+  exactly as packed, at the same relative paths: an ImageFolder tree
+  (``OUT/<class>/...``, every class folder made, also empty ones), a flat
+  folder, or for a list-file pack the files plus the list (``OUT/<list
+  name>``, ``path label`` lines: the class names when the list used names,
+  else the indices). Packing the export again gives the same samples.
+  Only packs that hold the original bytes can be exported this way: a
+  ``--store raw`` pack (decoded pixels) or a ``--max-size`` pack (images
+  above the limit re-encoded) is refused, because the files would not be
+  the originals; ``format="webdataset"`` takes them.
+* ``format="webdataset"`` writes ``OUT/shard-000000.tar``, ... of about
+  ``shard_size`` bytes each, in WebDataset's convention: the members of a
+  sample are adjacent and named ``<key>.<ext>``, where ``__key__`` is the
+  sample's path without its extension (a dot left in the file name's stem
+  becomes ``_``, since WebDataset splits the name at the first dot; a key
+  that is then taken gets ``_<index>``). Members: the image (``.jpg``,
+  ``.png``, ... by its encoding, the stored bytes; raw pixels as a lossless
+  ``.png``) and ``.cls`` (the class index as text; none for unlabelled
+  samples). ``OUT/classes.txt`` names the classes, one per line, line = index.
+
+``OUT`` must not exist (or be an empty directory): nothing is overwritten.
+The export is written to ``OUT.partial`` and renamed to ``OUT`` when
+complete; an interrupted export leaves ``OUT.partial``, which the next run
+refuses until it is removed. Paths that would lead outside ``OUT`` (``..``)
+are refused; absolute paths of a list file are written below ``OUT``
+without their leading ``/``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import os
+import shutil
+import tarfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, BinaryIO
+
+from PIL import Image
+
+from lmdbfolder import packdir
+from lmdbfolder.errors import OptionError, OutputExistsError, SourceError
+from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX
+from lmdbfolder.progress import Progress
+from lmdbfolder.read.opening import open_pack
+from lmdbfolder.read.reader import Reader
+from lmdbfolder.write.shards import parse_size
+
+__all__ = ["ExportResult", "export", "FORMATS", "DEFAULT_SHARD_SIZE", "webdataset_key", "EXTENSIONS"]
+
+FORMATS = ("files", "webdataset")
+DEFAULT_SHARD_SIZE = "1GB"
+#: WebDataset member extension of each stored encoding (``pnm`` and ``other``: the file's own).
+EXTENSIONS = {
+    "jpeg": "jpg",
+    "png": "png",
+    "webp": "webp",
+    "bmp": "bmp",
+    "tiff": "tiff",
+    "gif": "gif",
+    "raw": "png",
+}
+
+
+@dataclass
+class ExportResult:
+    """What ``export`` wrote."""
+
+    path: str
+    format: str
+    samples: int
+    bytes: int
+    seconds: float
+    list_file: str | None = None
+    shards: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (``lmdbfolder export --json``)."""
+        out = asdict(self)
+        out["seconds"] = round(self.seconds, 3)
+        return out
+
+
+def export(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    format: str = "files",
+    shard_size: int | str = DEFAULT_SHARD_SIZE,
+    progress: bool | None = None,
+) -> ExportResult:
+    """Write the samples of the pack at ``path`` into the new directory ``out``; see the module docstring.
+
+    Example:
+        >>> export("train.lmdb", "train-files")  # doctest: +SKIP
+        >>> export("train.lmdb", "train-wds", format="webdataset", shard_size="500MB")  # doctest: +SKIP
+    """
+    if format not in FORMATS:
+        raise OptionError(f"format must be one of {FORMATS}, got {format!r}")
+    limit = parse_size(shard_size) if format == "webdataset" else 0
+    start = time.perf_counter()
+    out = os.path.abspath(os.fspath(out))
+    found = packdir.require_pack(path)
+    if packdir.overlap(out, found.path):
+        raise OptionError(f"cannot export into {out}: it overlaps the pack {found.path}", "choose another OUT")
+    _check_new(out)
+    tmp = out + PARTIAL_SUFFIX
+    if os.path.lexists(tmp):
+        raise OutputExistsError(
+            tmp, "is in the way (an interrupted export?)", f"remove it (`rm -r {tmp}`) and run the export again"
+        )
+    with open_pack(found.path) as reader:
+        meta = reader.meta
+        params = _params(reader)
+        if format == "files":
+            _refuse_changed_bytes(found.path, meta["store"], params)
+        os.makedirs(tmp)
+        try:
+            if format == "files":
+                count, nbytes, list_file = _write_files(reader, tmp, out, progress)
+                shards: list[str] = []
+            else:
+                count, nbytes, shards = _write_webdataset(reader, tmp, limit, progress)
+                list_file = None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # made by this call
+            raise
+    if os.path.isdir(out):
+        os.rmdir(out)  # empty (checked above); the rename needs the name free on every platform
+    os.rename(tmp, out)
+    return ExportResult(
+        out,
+        format,
+        count,
+        nbytes,
+        time.perf_counter() - start,
+        None if list_file is None else os.path.join(out, list_file),
+        [os.path.join(out, name) for name in shards],
+    )
+
+
+def _check_new(out: str) -> None:
+    if os.path.islink(out) or (os.path.lexists(out) and not os.path.isdir(out)):
+        raise OutputExistsError(out, "exists and is not a directory", "choose a new output path")
+    if os.path.isdir(out) and os.listdir(out):
+        raise OutputExistsError(
+            out, "exists and is not empty; export never overwrites", "choose a new output path, or empty it yourself"
+        )
+
+
+def _params(reader: Any) -> dict[str, Any]:
+    """The writing options of a pack (of its first shard, for a sharded pack)."""
+    if isinstance(reader, Reader):
+        return dict(reader.meta.get("params") or {})
+    with Reader(reader.shards[0]) as first:
+        return dict(first.meta.get("params") or {})
+
+
+def _refuse_changed_bytes(path: str, store: str, params: dict[str, Any]) -> None:
+    if store == "raw":
+        raise OptionError(
+            f"{path} stores decoded pixels (--store raw), not the files it was packed from, so they cannot be "
+            "written back byte for byte",
+            "use --format webdataset (raw samples become lossless PNGs), or export from the original files",
+        )
+    if params.get("max_size") is not None:
+        raise OptionError(
+            f"{path} was packed with --max-size {params['max_size']}: images above that size were re-encoded, "
+            "so the files would not be the originals",
+            "use --format webdataset (it takes the stored images as they are), or export from the original files",
+        )
+
+
+def _target(root: str, relpath: str, index: int) -> str:
+    """Where sample ``index`` (stored path ``relpath``) goes below ``root``; never outside it."""
+    rel = relpath.lstrip("/\\") if os.path.isabs(relpath) else relpath
+    target = os.path.normpath(os.path.join(root, rel))
+    if not target.startswith(root + os.sep):
+        raise SourceError(
+            relpath,
+            f"the stored path of record {index} leads outside the export folder",
+            "export as --format webdataset, whose keys are made from the paths",
+        )
+    return target
+
+
+def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tuple[int, int, str | None]:
+    meta = reader.meta
+    source = meta.get("source") or {}
+    layout = source.get("layout")
+    classes = list(meta["classes"])
+    if layout == "imagefolder":
+        for name in classes:  # also the classes kept without images (--allow-empty)
+            os.makedirs(_target(tmp, name, -1), exist_ok=True)
+    paths = reader.paths()
+    labels = reader.labels
+    nbytes = 0
+    made: set[str] = set()
+    with Progress(len(paths), "export", enabled=progress) as bar:
+        for i, relpath in enumerate(paths):
+            target = _target(tmp, relpath, i)
+            folder = os.path.dirname(target)
+            if folder not in made:
+                os.makedirs(folder, exist_ok=True)
+                made.add(folder)
+            payload = reader.get(i).payload
+            with open(target, "xb") as f:  # "x": a path twice in one pack must not overwrite
+                f.write(payload)
+            nbytes += len(payload)
+            bar.update(1, len(payload))
+    if layout != "list":
+        return len(paths), nbytes, None
+    name = os.path.basename(source.get("list_file") or "") or "list.txt"
+    by_name = classes != [str(i) for i in range(len(classes))]
+    with open(os.path.join(tmp, name), "w", encoding="utf-8", errors="surrogateescape") as f:
+        for relpath, label in zip(paths, labels):
+            rel = relpath.lstrip("/\\") if os.path.isabs(relpath) else relpath
+            f.write(f"{rel} {classes[label] if by_name else label}\n")
+    return len(paths), nbytes, name
+
+
+def webdataset_key(relpath: str) -> str:
+    """The WebDataset ``__key__`` of a sample: its path without the extension,
+    dots left in the file name's stem replaced by ``_`` (WebDataset splits a
+    member name at the first dot of its last component)."""
+    rel = relpath.lstrip("/\\").replace("\\", "/")
+    folder, _, name = rel.rpartition("/")
+    stem = os.path.splitext(name)[0] or name
+    stem = stem.replace(".", "_")
+    return f"{folder}/{stem}" if folder else stem
+
+
+def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) -> tuple[int, int, list[str]]:
+    classes = list(reader.meta["classes"])
+    with open(os.path.join(tmp, "classes.txt"), "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.writelines(f"{name}\n" for name in classes)
+    paths = reader.paths()
+    shards: list[str] = []
+    keys: set[str] = set()
+    current: tarfile.TarFile | None = None
+    handle: BinaryIO | None = None
+    written = 0
+    nbytes = 0
+    mtime = _created(reader.meta)
+    try:
+        with Progress(len(paths), "export", enabled=progress) as bar:
+            for i, relpath in enumerate(paths):
+                record = reader.get(i)
+                key = webdataset_key(relpath)
+                if key in keys:
+                    key = f"{key}_{i}"
+                keys.add(key)
+                data, ext = _member(record, relpath)
+                members = [(f"{key}.{ext}", data)]
+                if record.label != NO_LABEL:
+                    members.append((f"{key}.cls", str(record.label).encode("ascii")))
+                size = sum(len(d) + 1024 for _, d in members)  # a header block each, and padding
+                if current is None or (written and written + size > limit):
+                    if current is not None and handle is not None:
+                        current.close()
+                        handle.close()
+                    name = f"shard-{len(shards):06d}.tar"
+                    shards.append(name)
+                    handle = open(os.path.join(tmp, name), "xb")  # noqa: SIM115 - closed when the shard is full
+                    current = tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
+                    written = 0
+                for member_name, blob in members:
+                    info = tarfile.TarInfo(member_name)
+                    info.size = len(blob)
+                    info.mtime = mtime
+                    info.mode = 0o644
+                    current.addfile(info, io.BytesIO(blob))
+                written += size
+                nbytes += len(data)
+                bar.update(1, len(data))
+    finally:
+        if current is not None:
+            current.close()
+        if handle is not None:
+            handle.close()
+    return len(paths), nbytes, shards
+
+
+def _member(record: Any, relpath: str) -> tuple[bytes, str]:
+    """The bytes and the extension of a sample's image member."""
+    if record.encoding == "raw":
+        image = Image.frombytes("RGB", (record.width, record.height), record.payload)
+        out = io.BytesIO()
+        image.save(out, "PNG")
+        return out.getvalue(), "png"
+    ext = EXTENSIONS.get(record.encoding) or (os.path.splitext(relpath)[1].lstrip(".").lower() or "bin")
+    return bytes(record.payload), ext
+
+
+def _created(meta: dict[str, Any]) -> int:
+    """The pack's creation time as a Unix time, for the tar members (so an export is reproducible)."""
+    text = meta.get("created_at")
+    if isinstance(text, str):
+        try:
+            return int(_dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc).timestamp())
+        except ValueError:
+            pass
+    return 0

@@ -1,0 +1,209 @@
+"""``contact_sheet``: a PNG grid of a pack's samples, to check a pack by eye.
+
+What the recipes tell people to do by hand after converting ("spot-check a
+few keys"), in one command: ``lmdbfolder show DST``. Each tile is one sample,
+decoded exactly as ImageFolder loads it (``Reader.image``), shrunk to fit a
+square of ``size`` pixels (aspect ratio kept, centred), with a caption: its
+index and class name. Three selections:
+
+* ``per_class=K`` (the default, K=4): a row per class, its first, middle
+  and last samples evenly spread (so a class that is wrong somewhere in the
+  middle shows it);
+* ``random=N``: N samples drawn at random (``seed``);
+* ``indices=[...]``: exactly those samples, in that order.
+
+A sample that does not decode becomes a red tile saying so, instead of
+stopping the sheet.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random as _random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from PIL import Image, ImageDraw, ImageFont
+
+from lmdbfolder.errors import DecodeError, OptionError
+from lmdbfolder.format import NO_LABEL
+from lmdbfolder.read.opening import open_pack
+
+__all__ = ["SheetResult", "contact_sheet", "choose_samples", "MAX_TILES", "DEFAULT_PER_CLASS", "PAD", "CAPTION"]
+
+#: The most tiles one sheet holds (a 1,000-class pack shows one sample per class).
+MAX_TILES = 1024
+DEFAULT_PER_CLASS = 4
+#: Pixels between tiles, and the height of the caption strip under each tile.
+PAD = 4
+CAPTION = 14
+_BACKGROUND = (24, 24, 24)
+_TEXT = (230, 230, 230)
+_BROKEN = (160, 20, 20)
+
+
+@dataclass
+class SheetResult:
+    """What ``contact_sheet`` drew: the PNG, its size, and where each sample's thumbnail lies."""
+
+    path: str
+    width: int
+    height: int
+    columns: int
+    rows: int
+    size: int
+    indices: list[int]
+    #: ``(left, top, right, bottom)`` of each sample's thumbnail in the sheet (pixels of the image, not the cell).
+    boxes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    undecodable: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``lmdbfolder show --json``)."""
+        return asdict(self)
+
+
+def choose_samples(
+    labels: Sequence[int],
+    num_classes: int,
+    *,
+    per_class: int | None = None,
+    random: int | None = None,
+    indices: Sequence[int] | None = None,
+    seed: int = 0,
+) -> tuple[list[int], int]:
+    """The sample indices to show and the number of columns of the grid.
+
+    At most one of ``per_class``, ``random`` and ``indices``; none means
+    ``per_class=DEFAULT_PER_CLASS`` (or 16 random samples for an unlabelled pack).
+    """
+    n = len(labels)
+    if sum(x is not None for x in (per_class, random, indices)) > 1:
+        raise OptionError("choose one of per_class, random and indices")
+    if indices is not None:
+        chosen = []
+        for i in indices:
+            if not -n <= i < n:
+                raise OptionError(f"index {i} is out of range: the pack holds {n:,} samples (0..{n - 1})")
+            chosen.append(i % n)
+        if not chosen:
+            raise OptionError("give at least one index")
+        return _checked(chosen), _columns(len(chosen))
+    if per_class is None and random is None:
+        if num_classes == 0 or all(label == NO_LABEL for label in labels):
+            random = 16
+        else:
+            per_class = DEFAULT_PER_CLASS
+    if random is not None:
+        if random < 1:
+            raise OptionError(f"random must be at least 1, got {random}")
+        picked = sorted(_random.Random(seed).sample(range(n), min(random, n)))
+        return _checked(picked), _columns(len(picked))
+    per_class = DEFAULT_PER_CLASS if per_class is None else per_class
+    if per_class < 1:
+        raise OptionError(f"per_class must be at least 1, got {per_class}")
+    by_class: dict[int, list[int]] = {}
+    for i, label in enumerate(labels):
+        by_class.setdefault(label, []).append(i)
+    rows = []
+    for label in sorted(by_class):
+        members = by_class[label]
+        k = min(per_class, len(members))
+        # Evenly spread over the class: first, ..., last.
+        rows.append([members[round(j * (len(members) - 1) / max(1, k - 1))] for j in range(k)])
+    width = max(len(r) for r in rows)
+    chosen = []
+    for row in rows:  # a row per class; short classes leave their row's end empty
+        chosen.extend(row + [-1] * (width - len(row)))
+    return _checked(chosen), width
+
+
+def _columns(n: int) -> int:
+    return max(1, math.ceil(math.sqrt(n)))
+
+
+def _checked(chosen: list[int]) -> list[int]:
+    tiles = len(chosen)
+    if tiles > MAX_TILES:
+        raise OptionError(
+            f"that is {tiles:,} tiles; one sheet holds at most {MAX_TILES:,}",
+            "show fewer samples (--per-class 1, --random N or --indices I ...)",
+        )
+    return chosen
+
+
+def _font() -> Any:
+    try:
+        return ImageFont.load_default(size=CAPTION - 3)
+    except TypeError:  # Pillow < 10.1 has only the bitmap font
+        return ImageFont.load_default()
+
+
+def _fit(text: str, draw: ImageDraw.ImageDraw, font: Any, width: int) -> str:
+    """``text`` shortened with an ellipsis until it fits ``width`` pixels."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    while text and draw.textlength(text + "...", font=font) > width:
+        text = text[:-1]
+    return text + "..."
+
+
+def contact_sheet(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    per_class: int | None = None,
+    random: int | None = None,
+    indices: Sequence[int] | None = None,
+    size: int = 128,
+    seed: int = 0,
+) -> SheetResult:
+    """Draw samples of the pack at ``path`` as a PNG grid at ``out``; see the module docstring.
+
+    ``size``: the side of each tile's square, in pixels. Returns a
+    SheetResult with the sheet's size and every thumbnail's box.
+
+    Example:
+        >>> contact_sheet("train.lmdb", "sheet.png", per_class=2)  # doctest: +SKIP
+    """
+    if size < 16:
+        raise OptionError(f"size must be at least 16 pixels, got {size}")
+    out = os.path.abspath(os.fspath(out))
+    with open_pack(path) as reader:
+        classes = reader.classes
+        chosen, columns = choose_samples(
+            reader.labels, len(classes), per_class=per_class, random=random, indices=indices, seed=seed
+        )
+        rows = max(1, math.ceil(len(chosen) / columns))
+        cell_w, cell_h = size + PAD, size + CAPTION + PAD
+        sheet = Image.new("RGB", (PAD + columns * cell_w, PAD + rows * cell_h), _BACKGROUND)
+        draw = ImageDraw.Draw(sheet)
+        font = _font()
+        boxes: list[tuple[int, int, int, int]] = []
+        shown: list[int] = []
+        broken: list[int] = []
+        for k, index in enumerate(chosen):
+            if index < 0:
+                continue  # the empty end of a short class's row
+            x, y = PAD + (k % columns) * cell_w, PAD + (k // columns) * cell_h
+            label = reader.labels[index]
+            name = classes[label] if 0 <= label < len(classes) else ""
+            try:
+                image = reader.image(index)
+            except DecodeError:
+                broken.append(index)
+                draw.rectangle((x, y, x + size - 1, y + size - 1), fill=_BROKEN)
+                draw.text((x + 3, y + 3), "cannot decode", fill=_TEXT, font=font)
+                box = (x, y, x + size, y + size)
+            else:
+                image.thumbnail((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
+                left, top = x + (size - image.width) // 2, y + (size - image.height) // 2
+                sheet.paste(image, (left, top))
+                box = (left, top, left + image.width, top + image.height)
+            caption = _fit(f"{index} {name}".strip(), draw, font, size)
+            draw.text((x, y + size + 1), caption, fill=_TEXT, font=font)
+            boxes.append(box)
+            shown.append(index)
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    sheet.save(out, "PNG")
+    return SheetResult(out, sheet.width, sheet.height, columns, rows, size, shown, boxes, broken)

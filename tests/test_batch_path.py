@@ -19,7 +19,7 @@ from torchvision.transforms import v2
 
 from conftest import image_bytes, write
 from lmdbfolder import fused, pack
-from lmdbfolder.errors import DecodeError
+from lmdbfolder.errors import CorruptRecordError, DecodeError
 from lmdbfolder.format import KEY, decode_record, encode_record
 from lmdbfolder.read.decoders import get_decoder, matches_pillow, resolve_decoder_name
 from lmdbfolder.torch import BatchSamples, LMDBFolder, collate
@@ -162,7 +162,12 @@ def test_a_corrupt_record_in_a_batch_names_the_record(mixed: Path, tmp_path: Pat
             ),
         )
     env.close()
+    # The record's checksum catches the damage first (as it should) ...
     ds = LMDBFolder(tmp_path / "p", transform=fused.RandomResizedCrop(40, output="tensor"))
+    with pytest.raises(CorruptRecordError, match=rf"record 3 \({ds.reader.path_of(3)}\)"):
+        ds.__getitems__([0, 1, 3, 4])
+    # ... and without it, the decoder does, naming the record the same way.
+    ds = LMDBFolder(tmp_path / "p", transform=fused.RandomResizedCrop(40, output="tensor"), verify_checksums=False)
     with pytest.raises(DecodeError, match=rf"record 3 \({ds.reader.path_of(3)}\) cannot be decoded"):
         ds.__getitems__([0, 1, 3, 4])
 

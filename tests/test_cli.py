@@ -28,7 +28,7 @@ def test_pack_info_verify_json(small_tree: Path, tmp_path: Path, capsys: pytest.
     assert summary["count"] == 12 and summary["path"] == str(out)
     assert main(["info", str(out), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["count"] == 12 and info["num_classes"] == 3 and info["format_version"] == 1
+    assert info["count"] == 12 and info["num_classes"] == 3 and info["format_version"] == 2
     assert info["encodings"] == {"jpeg": 12} and info["size_on_disk"] > 0
     assert main(["verify", str(out), "--json", "--decode"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -103,11 +103,11 @@ def test_wrong_version_message(small_pack: Path, capsys: pytest.CaptureFixture[s
     env = lmdb.open(str(small_pack), map_size=1 << 30)
     with env.begin(write=True) as txn:
         meta = json.loads(txn.get(META_KEY))
-        meta["format_version"] = 2
+        meta["format_version"] = 3
         txn.put(META_KEY, json.dumps(meta).encode())
     env.close()
     assert main(["info", str(small_pack)]) == EXIT_CODES["not a pack"]
-    assert "format version 2, this lmdbfolder reads version 1" in capsys.readouterr().err
+    assert "format version 3, this lmdbfolder reads versions 1 and 2" in capsys.readouterr().err
 
 
 def test_subprocess_module_and_console_script(small_tree: Path, tmp_path: Path) -> None:

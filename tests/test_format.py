@@ -28,18 +28,32 @@ GOLDEN_RECORD = bytes.fromhex(
     "616263"  # payload
 )
 
+#: Format 2: the same record bound to pack id 00 01 .. 0f and index 5: the CRC
+#: continues over those 16 bytes and u64le(5).
+PACK_ID = bytes(range(16))
+GOLDEN_BOUND_RECORD = GOLDEN_RECORD[:28] + bytes.fromhex("7d36bb56") + GOLDEN_RECORD[32:]
+
 GOLDEN_META = (
     b'{"class_to_idx":{"cat":0,"\\u00f1":1},"classes":["cat","\\u00f1"],"count":2,'
-    b'"format":"lmdbfolder","format_version":1,"store":"encoded"}'
+    b'"format":"lmdbfolder","format_version":2,"pack_id":"000102030405060708090a0b0c0d0e0f","store":"encoded"}'
 )
 META = {
     "format": "lmdbfolder",
-    "format_version": 1,
+    "format_version": 2,
     "count": 2,
     "classes": ["cat", "ñ"],
     "class_to_idx": {"cat": 0, "ñ": 1},
     "store": "encoded",
+    "pack_id": PACK_ID.hex(),
 }
+GOLDEN_META_V1 = (
+    b'{"class_to_idx":{"cat":0,"\\u00f1":1},"classes":["cat","\\u00f1"],"count":2,'
+    b'"format":"lmdbfolder","format_version":1,"store":"encoded"}'
+)
+#: ``__check__`` of GOLDEN_META, labels [0, 1], paths ["a.jpg", "b.png"] and no skipped file.
+GOLDEN_CHECK = (
+    b'{"__labels__":[8,3718166540],"__meta__":[178,4024643661],"__paths__":[34,2376063627],"__skipped__":[2,223132457]}'
+)
 
 
 def test_header_is_32_bytes_little_endian() -> None:
@@ -55,9 +69,51 @@ def test_golden_record() -> None:
     assert bytes(payload) == b"abc"
 
 
+def test_golden_bound_record() -> None:
+    """Format 2: crc32(pack_id || u64le(index), crc32(payload, crc32(header[:28])))."""
+    bound = fmt.encode_record(b"abc", label=7, encoding="jpeg", width=2, height=3, channels=3, binding=PACK_ID, index=5)
+    assert bound == GOLDEN_BOUND_RECORD
+    assert zlib.crc32(PACK_ID + struct.pack("<Q", 5), 0x3A6B5D5A) == 0x56BB367D
+    header, payload = fmt.decode_record(bound, index=5, verify=True, binding=PACK_ID)
+    assert header.crc32 == 0x56BB367D and bytes(payload) == b"abc"
+    for index, binding in ((4, PACK_ID), (5, bytes(16))):  # another index, another pack
+        with pytest.raises(CorruptRecordError, match="CRC-32") as info:
+            fmt.decode_record(bound, index=index, verify=True, binding=binding)
+        assert info.value.kind == "checksum"
+    # the writer binds records built before their index was known, in place when it can
+    buf = bytearray(GOLDEN_RECORD)
+    assert fmt.bind_record(buf, PACK_ID, 5) is buf and bytes(buf) == GOLDEN_BOUND_RECORD
+    copied = fmt.bind_record(GOLDEN_RECORD, PACK_ID, 5)
+    assert bytes(copied) == GOLDEN_BOUND_RECORD
+    view = memoryview(bytearray(GOLDEN_RECORD))
+    fmt.bind_record(view, PACK_ID, 5)
+    assert bytes(view) == GOLDEN_BOUND_RECORD
+
+
 def test_golden_meta() -> None:
     assert fmt.encode_meta(META) == GOLDEN_META
     assert fmt.decode_meta(GOLDEN_META, where="x") == META
+    assert fmt.pack_binding(META) == PACK_ID
+    old = fmt.decode_meta(GOLDEN_META_V1, where="x")  # format 1 stays readable
+    assert old["format_version"] == 1 and fmt.pack_binding(old) is None
+
+
+def test_golden_check() -> None:
+    tables = {
+        fmt.META_KEY: GOLDEN_META,
+        fmt.LABELS_KEY: fmt.encode_labels([0, 1]),
+        fmt.PATHS_KEY: fmt.encode_paths(["a.jpg", "b.png"]),
+        fmt.SKIPPED_KEY: fmt.encode_skipped([]),
+    }
+    assert fmt.encode_check(tables) == GOLDEN_CHECK
+    check = fmt.decode_check(GOLDEN_CHECK, where="x")
+    for key, blob in tables.items():
+        fmt.check_table(check, key, blob, where="x")
+    with pytest.raises(NotAPackError, match="__paths__ table is damaged"):
+        fmt.check_table(check, fmt.PATHS_KEY, fmt.encode_paths(["a.jpg", "c.png"]), where="x")
+    for bad in (None, b"[]", b'{"__meta__":[1]}', b'{"__meta__":[1,2]}'):  # the three tables are required
+        with pytest.raises(NotAPackError, match="table checksums"):
+            fmt.decode_check(bad, where="x")
 
 
 def test_golden_keys_sort_numerically() -> None:
@@ -128,9 +184,15 @@ def test_crc_is_only_checked_when_asked() -> None:
         (b"[1, 2]", NotAPackError, "not a JSON object"),
         (b"{not json", NotAPackError, "not valid JSON"),
         (b'{"format": "other"}', NotAPackError, "format='lmdbfolder'"),
-        (GOLDEN_META.replace(b'"format_version":1', b'"format_version":2'), FormatVersionError, "format version 2"),
+        (GOLDEN_META.replace(b'"format_version":2', b'"format_version":3'), FormatVersionError, "format version 3"),
+        (GOLDEN_META.replace(b'"format_version":2', b'"format_version":true'), FormatVersionError, "version True"),
         (GOLDEN_META.replace(b'"count":2', b'"count":-1'), NotAPackError, "count=-1"),
         (GOLDEN_META.replace(b'"store":"encoded"', b'"store":"pickle"'), NotAPackError, "store='pickle'"),
+        (GOLDEN_META.replace(b'"cat":0', b'"cat":1'), NotAPackError, "contradict each other"),
+        (GOLDEN_META.replace(b'"cat":0,', b""), NotAPackError, "contradict each other"),
+        (GOLDEN_META.replace(b'"pack_id":"00', b'"pack_id":"zz'), NotAPackError, "pack_id"),
+        (b'{"a":' * 100 + b"1" + b"}" * 100, NotAPackError, "nested more than 16 levels"),
+        (b'{"a":"' + b"x" * (fmt.MAX_MANIFEST_BYTES) + b'"}', NotAPackError, "more than the 16,777,216 allowed"),
     ],
 )
 def test_decode_meta_rejects(blob, error, message) -> None:
@@ -140,7 +202,7 @@ def test_decode_meta_rejects(blob, error, message) -> None:
 
 def test_newer_version_says_upgrade() -> None:
     with pytest.raises(FormatVersionError) as info:
-        fmt.decode_meta(GOLDEN_META.replace(b'"format_version":1', b'"format_version":7'), where="p")
+        fmt.decode_meta(GOLDEN_META.replace(b'"format_version":2', b'"format_version":7'), where="p")
     assert "upgrade" in info.value.hint
 
 
@@ -154,7 +216,7 @@ def test_bad_label_and_shape_arguments() -> None:
 @given(
     payload=st.binary(max_size=300),
     label=st.integers(-(1 << 31), (1 << 31) - 1),
-    encoding=st.sampled_from(sorted(fmt.ENCODING_IDS)),
+    encoding=st.sampled_from(sorted(set(fmt.ENCODING_IDS) - {"raw"})),
     width=st.integers(0, (1 << 32) - 1),
     height=st.integers(0, (1 << 32) - 1),
     channels=st.integers(0, 255),
@@ -173,6 +235,57 @@ def test_record_round_trip(payload, label, encoding, width, height, channels) ->
 
 
 @given(
+    width=st.integers(0, 40),
+    height=st.integers(0, 40),
+    extra=st.integers(-3, 3),
+    index=st.integers(0, fmt.MAX_INDEX),
+)
+def test_raw_records_must_hold_width_x_height_x_3_bytes(width, height, extra, index) -> None:
+    n = max(0, width * height * 3 + extra)
+    value = fmt.encode_record(
+        bytes(n), label=0, encoding="raw", width=width, height=height, channels=3, binding=PACK_ID, index=index
+    )
+    if n == width * height * 3:
+        assert fmt.decode_record(value, index=index, verify=True, binding=PACK_ID)[0].payload_len == n
+    else:
+        with pytest.raises(CorruptRecordError, match="raw pixels"):
+            fmt.decode_record(value, index=index, verify=False)
+
+
+def test_labels_and_paths_are_checked() -> None:
+    labels = fmt.decode_labels(fmt.encode_labels([0, 2, -1]), 3, where="x")
+    fmt.check_labels(labels, 3, where="x")
+    with pytest.raises(NotAPackError, match="sample 1 the label 2"):
+        fmt.check_labels(labels, 2, where="x")
+    with pytest.raises(NotAPackError, match="label -2"):
+        fmt.check_labels(fmt.decode_labels(fmt.encode_labels([-2]), 1, where="x"), 1, where="x")
+    blob = bytearray(fmt.encode_paths(["a", "bc"]))
+    fmt.check_paths(blob, 2, where="x")
+    blob[8] = 9  # offset 1 beyond offset 2
+    with pytest.raises(NotAPackError, match="inconsistent offsets"):
+        fmt.check_paths(blob, 2, where="x")
+    with pytest.raises(NotAPackError, match="too short"):
+        fmt.check_paths(b"\0" * 8, 5, where="x")
+
+
+def test_informational_fields() -> None:
+    meta = {"encodings": {"jpeg": 3}, "payload_bytes": "lots", "source": 7, "somethingnew": [1]}
+    assert fmt.informational(meta, "encodings") == {"jpeg": 3}
+    assert fmt.informational(meta, "payload_bytes") == fmt.INVALID == fmt.informational(meta, "source")
+    assert fmt.informational(meta, "created_at", "-") == "-" and fmt.informational(meta, "somethingnew") == [1]
+
+
+def test_json_bounds_before_parsing() -> None:
+    assert fmt.loads_json(b'{"a":"[[[[[[[[[[[[[[[[[[[[[[[\\"[["}', where="x", what="v", max_bytes=100) == {
+        "a": '[[[[[[[[[[[[[[[[[[[[[[["[['
+    }  # brackets inside strings do not count
+    with pytest.raises(NotAPackError, match="more than 3 arrays and objects"):
+        fmt.loads_json(b"[[],[],[]]", where="x", what="v", max_bytes=100, max_containers=3)
+    with pytest.raises(NotAPackError, match="not valid JSON"):
+        fmt.loads_json(b"\xff", where="x", what="v", max_bytes=100)
+
+
+@given(
     st.lists(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))), max_size=20)
 )
 def test_paths_round_trip(paths) -> None:
@@ -188,8 +301,10 @@ def test_format_md_matches_constants() -> None:
         doc = f.read()
     assert fmt.RECORD_HEADER.format in doc
     assert fmt.KEY.format in doc
-    for key in (fmt.META_KEY, fmt.LABELS_KEY, fmt.PATHS_KEY):
+    for key in (fmt.META_KEY, fmt.LABELS_KEY, fmt.PATHS_KEY, fmt.CHECK_KEY, fmt.SKIPPED_KEY):
         assert key.decode() in doc
     for enc_id, name in fmt.ENCODINGS.items():
         assert f"| {enc_id} | `{name}` |" in doc
-    assert GOLDEN_RECORD.hex() in doc.replace(" ", "").replace("\n", "")
+    flat = doc.replace(" ", "").replace("\n", "")
+    assert GOLDEN_RECORD.hex() in flat and GOLDEN_BOUND_RECORD.hex() in flat
+    assert GOLDEN_CHECK.decode() in doc and f"version {fmt.FORMAT_VERSION}" in doc

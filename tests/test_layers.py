@@ -4,8 +4,8 @@ The imports are read from the source (every ``import`` statement, also the
 ones inside functions), so a lazy import counts like any other. Layers, from
 the bottom (docs/design.md, "Module boundaries"):
 
-0. core: the format, errors, image codecs, progress bars, LMDB environments,
-   the pack directory;
+0. core: the format, errors, image codecs, progress bars, the checked page
+   reader (pagefile), opening a pack on it (environments), the pack directory;
 1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
    which share only the core;
 2. the tools (``lmdbfolder.tools``);
@@ -24,7 +24,7 @@ import pytest
 import lmdbfolder
 
 PACKAGE = Path(lmdbfolder.__file__).parent
-CORE = {"_version", "errors", "format", "codecs", "progress", "environments", "packdir", "text"}
+CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text"}
 TORCH = {"torch", "fused", "sampler", "gpu"}
 TOP = {"", "__main__", "cli"}
 #: One-line re-exports kept for the old flat layout; nothing inside the package may use them.

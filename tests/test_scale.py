@@ -328,27 +328,32 @@ def test_shard_check_hashes_the_manifest_not_the_tables(tmp_path: Path, monkeypa
 
 
 def test_cheap_shard_check_catches_a_repacked_shard_and_old_indexes_still_open(tmp_path: Path) -> None:
+    from lmdbfolder.write.shards import pack_shard
+    from lmdbfolder.write.sources import scan
+
     src = make_small_tree(tmp_path / "src")
     dst = tmp_path / "sh"
     pack_sharded(src, dst, shards=3, progress=False)
     index_text = (dst / "index.json").read_text()
-    # The same shard packed again from the same files: other bytes only in its manifest (created_at).
-    name = fmt.shard_name("train", 1, 3)
-    with Reader(dst / name) as r:
-        meta = json.loads(bytes(r.tables()[0]))
-    meta["created_at"] = "2001-01-01T00:00:00Z"
-    env = lmdb.open(str(dst / name), map_size=64 << 20)
-    with env.begin(write=True) as txn:
-        txn.put(fmt.META_KEY, fmt.encode_meta(meta))
-    env.close()
+    # The same shard packed again from the same files: a new pack (id, created_at), same records.
+    pack_shard(scan(src), dst, 1, 3, overwrite=True, progress=False)
+    reader = open_pack(dst)
+    reader.get(0)
+    with pytest.raises(NotAPackError, match="pack_id differs from the index's"):
+        reader.get(reader.shard_offsets[1])
+    problems = [p.message for p in verify(dst, progress=False).problems]
+    for what in ("pack_id", "manifest_sha256", "tables_sha256"):
+        assert any(what in m for m in problems), what
+    # An index written before pack_ids: the manifest's hash and the tables' lengths.
+    old = json.loads(index_text)
+    for entry in old["shards"]:
+        del entry["pack_id"]
+    (dst / "index.json").write_text(json.dumps(old))
     reader = open_pack(dst)
     reader.get(0)
     with pytest.raises(NotAPackError, match="manifest or tables do not match the index's manifest_sha256"):
         reader.get(reader.shard_offsets[1])
-    problems = [p.message for p in verify(dst, progress=False).problems]
-    assert any("manifest_sha256" in m for m in problems) and any("tables_sha256" in m for m in problems)
-    # An index written before manifest_sha256 existed opens, checked the old (slow) way.
-    old = json.loads(index_text)
+    # ... and before manifest_sha256 existed: the old (slow) full hash.
     for entry in old["shards"]:
         del entry["manifest_sha256"], entry["tables_bytes"]
     (dst / "index.json").write_text(json.dumps(old))

@@ -202,7 +202,7 @@ def test_missing_truncated_and_replaced_shards_are_named(
     shutil.copytree(tmp_path / "o" / name1, dst / name1)
     reader = open_pack(dst)
     reader.get(0)  # shard 0 is fine and is the only one opened
-    with pytest.raises(NotAPackError, match="tables do not match") as info:
+    with pytest.raises(NotAPackError, match="pack_id differs from the index") as info:
         reader.get(reader.shard_offsets[1])
     assert name1 in str(info.value)
     report = verify(dst)

@@ -8,7 +8,20 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from lmdbfolder.format import KEY, LABELS_KEY, decode_record, encode_labels, encode_record
+from lmdbfolder.format import (
+    CHECK_KEY,
+    KEY,
+    LABELS_KEY,
+    META_KEY,
+    PATHS_KEY,
+    SKIPPED_KEY,
+    decode_meta,
+    decode_record,
+    encode_check,
+    encode_labels,
+    encode_record,
+    pack_binding,
+)
 from lmdbfolder.tools.verify import verify
 from lmdbfolder.write.writer import pack
 
@@ -21,9 +34,9 @@ def _edit(pack_dir: Path, edit) -> None:
     (pack_dir / "lock.mdb").unlink()
 
 
-def relabel(value: bytes, label: int) -> bytes:
-    """A well-formed record (valid CRC) with another label."""
-    header, payload = decode_record(value)
+def relabel(txn, index: int, label: int) -> bytes:
+    """Record ``index`` well formed (valid CRC, bound to its index and pack) with another label."""
+    header, payload = decode_record(txn.get(KEY.pack(index)))
     return encode_record(
         payload,
         label=label,
@@ -31,7 +44,16 @@ def relabel(value: bytes, label: int) -> bytes:
         width=header.width,
         height=header.height,
         channels=header.channels,
+        binding=pack_binding(decode_meta(txn.get(META_KEY), where="x")),
+        index=index,
     )
+
+
+def retable(txn, key: bytes, blob: bytes) -> None:
+    """Replace a table and its checksum in __check__ (a consistent, deliberate edit)."""
+    txn.put(key, blob)
+    tables = {k: txn.get(k) for k in (META_KEY, LABELS_KEY, PATHS_KEY, SKIPPED_KEY)}
+    txn.put(CHECK_KEY, encode_check(tables))
 
 
 def test_clean_pack_verifies(small_pack: Path) -> None:
@@ -66,7 +88,7 @@ def test_missing_extra_and_mislabelled_records(small_pack: Path) -> None:
         txn.delete(KEY.pack(3))
         txn.put(KEY.pack(40), encode_record(b"x", label=0, encoding="other"))
         txn.put(b"__surprise__", b"1")
-        txn.put(KEY.pack(5), relabel(txn.get(KEY.pack(5)), 2))  # no longer matching the label table
+        txn.put(KEY.pack(5), relabel(txn, 5, 2))  # no longer matching the label table
         txn.put(KEY.pack(6), b"short")
 
     _edit(small_pack, damage)
@@ -82,14 +104,14 @@ def test_missing_extra_and_mislabelled_records(small_pack: Path) -> None:
 
 def test_label_out_of_class_range(small_pack: Path) -> None:
     def damage(txn) -> None:
-        txn.put(KEY.pack(0), relabel(txn.get(KEY.pack(0)), 9))
+        txn.put(KEY.pack(0), relabel(txn, 0, 9))
         labels = [9] + [0] * 3 + [1] * 4 + [2] * 4
-        txn.put(LABELS_KEY, encode_labels(labels))
+        retable(txn, LABELS_KEY, encode_labels(labels))
 
     _edit(small_pack, damage)
     report = verify(small_pack, progress=False)
-    assert [(p.kind, p.index) for p in report.problems] == [("label", 0)]
-    assert "not a class index" in report.problems[0].message
+    assert [(p.kind, p.index) for p in report.problems] == [("table", None), ("label", 0)]
+    assert all("not a class index" in p.message for p in report.problems)
 
 
 @pytest.mark.parametrize("decode", [False, True])

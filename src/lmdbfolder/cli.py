@@ -453,8 +453,9 @@ def _run_index(args: argparse.Namespace) -> int:
 def _add_copy(sub: Any) -> None:
     p = sub.add_parser(
         "copy",
-        help="copy a pack (or sharded pack) safely: LMDB's consistent copy, compacted",
-        description="Copy the pack SRC to the new path DST with LMDB's consistent copy (compacted); "
+        help="copy a pack (or sharded pack) safely: every page and record checked, compacted",
+        description="Copy the pack SRC to the new path DST, compacted, reading every page and record "
+        "checked (a damaged SRC is an error, never a crash); "
         "a sharded pack is copied shard by shard with its index. DST appears only when complete.",
     )
     p.add_argument("src", help="pack or sharded pack directory")
@@ -503,7 +504,7 @@ def _add_info(sub: Any) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    from lmdbfolder.tools.info import DEFAULT_SIZE_SAMPLE, pack_info, pack_statistics
+    from lmdbfolder.tools.info import DEFAULT_SIZE_SAMPLE, INVALID, pack_info, pack_statistics
 
     info = pack_info(args.pack)
     sizes = -1 if args.no_sizes else (DEFAULT_SIZE_SAMPLE if args.sizes is None else args.sizes)
@@ -515,22 +516,41 @@ def _run_info(args: argparse.Namespace) -> int:
         return 0
     classes = info["classes"]
     shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+    # Informational fields may read "invalid" (a damaged or foreign manifest): shown as such.
+    encodings = info["encodings"]
     encodings = (
-        ", ".join(f"{k} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in info["encodings"].items()) or "-"
+        ", ".join(f"{k} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items()) or "-"
+        if isinstance(encodings, dict)
+        else encodings
     )
+    payload = info["payload_bytes"]
     source = info.get("source") or {}
+    source_text = (
+        f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"
+        if isinstance(source, dict)
+        else str(source)
+    )
+    skipped = info["skipped"] if isinstance(info["skipped"], list) else []
+    version = f"{info['format']} version {info['format_version']}"
+    if info.get("pack_id"):
+        version += f" (pack {info['pack_id']})"
     rows = [
         ("pack", info["path"]),
-        ("format", f"{info['format']} version {info['format_version']}"),
+        ("format", version + (f"; {info['note']}" if info.get("note") else "")),
         ("samples", f"{info['count']:,}"),
         ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
         ("store", info["store"]),
         ("encodings", encodings),
-        ("payload", _mb(info["payload_bytes"] or 0)),
+        ("payload", _mb(payload) if isinstance(payload, int) else str(payload)),
         ("size on disk", _mb(info["size_on_disk"])),
-        ("source", f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"),
+        ("source", source_text),
         ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
-        ("skipped", plural(len(info["skipped"]), "source file") + (" (listed below)" if info["skipped"] else "")),
+        (
+            "skipped",
+            plural(len(skipped), "source file") + (" (listed below)" if skipped else "")
+            if isinstance(info["skipped"], list)
+            else str(info["skipped"]),
+        ),
     ]
     if "shards" in info:
         names = [s["name"] for s in info["shards"]]
@@ -547,14 +567,15 @@ def _run_info(args: argparse.Namespace) -> int:
                 f"width {w['min']:,}..{w['max']:,} (median {w['median']:,g}), "
                 f"height {h['min']:,}..{h['max']:,} (median {h['median']:,g}) px, "
                 f"from {sizes_info['sampled']:,} of {plural(sizes_info['of'], 'record header')}"
-                + (f" ({sizes_info['unknown']:,} without a size)" if sizes_info["unknown"] else ""),
+                + (f" ({sizes_info['unknown']:,} without a size)" if sizes_info["unknown"] else "")
+                + (f" ({sizes_info['unreadable']:,} damaged)" if sizes_info.get("unreadable") else ""),
             )
         )
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key + ':':<{width + 2}}{value}")
-    for item in info["skipped"]:
-        print(f"  {item.get('path')}: {item.get('reason')}")
+    for item in skipped:
+        print(f"  {item.get('path')}: {item.get('reason')}" if isinstance(item, dict) else f"  {INVALID}")
     return 0
 
 
@@ -614,6 +635,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     else:
         for problem in report.problems:
             print(problem, file=sys.stderr)
+        for note in report.notes:
+            print(f"note: {note}", file=sys.stderr)
         what = (
             "checksums"
             + (", decoding" if report.decoded else "")

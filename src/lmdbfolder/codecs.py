@@ -214,9 +214,12 @@ def decode_rgb(payload: bytes | memoryview, encoding: str, width: int, height: i
     ``torchvision.datasets.folder.pil_loader`` does, so grayscale, CMYK,
     palette and alpha images come out pixel-identical to ImageFolder. Raw
     payloads are copied into a new image, so the result never points into the
-    memory map.
+    memory map; their size is checked first (ValueError), because Pillow
+    allocates ``width x height`` pixels before it notices short data.
     """
     if encoding == "raw":
+        if width * height * 3 != len(payload):
+            raise ValueError(f"raw pixels: {width}x{height}x3 is not the {len(payload):,} bytes stored")
         return Image.frombytes("RGB", (width, height), payload)
     img = Image.open(io.BytesIO(payload))
     return img.convert("RGB")

@@ -1,168 +1,268 @@
-"""The read-only LMDB environments this process has open: one per pack directory.
+"""Opening a finished pack's ``data.mdb`` for reading, and its checked tables.
 
-Every finished pack is opened through this module, by readers and by the
-tools alike, because of two rules of py-lmdb and LMDB (docs/design.md,
-"Opening an environment"):
+Every read of a finished pack goes through ``lmdbfolder.pagefile.PageFile``
+(its own read-only map, every page checked; docs/design.md, "Integrity"), not
+through py-lmdb, whose reads can be killed by SIGBUS on a damaged file. That
+also ends the rules py-lmdb imposed on readers (one environment per path and
+process, never used across ``fork()``): a ``PageFile`` is a plain file map,
+so every reader opens its own, in every process, and nothing needs a lock file.
 
-* py-lmdb refuses to open a path that is already open in the same process,
-  so environments are shared, one per directory, reference-counted.
-* An environment must not be used across ``fork()``. When the registry sees
-  a new PID it closes the handles it inherited (closing in the child unmaps
-  only the child's copy; the parent's stay valid) and opens its own.
-
-Environments are opened ``readonly=True, lock=False``: a finished pack never
-changes, so no reader table is needed (no ``MDB_READERS_FULL``, no stale
-slots of killed workers, read-only directories work). Before an environment
-is handed out, ``data.mdb`` is checked to be as long as its meta pages say:
-touching a page past the end of a truncated file kills the process (SIGBUS).
+This module turns a pack directory into a ``PageFile`` (``open_data``: a
+file that is not an LMDB, or is truncated, is a NotAPackError naming the
+pack) and reads its tables with every check a reader relies on
+(``load_tables``): the manifest (size and nesting bounded), the format-2 table
+checksums (``__check__``) over the manifest and the label table, labels that
+are class indices, and the identity of the pack (its ``pack_id``, or a digest
+of a format-1 manifest) that a worker process compares with what its parent
+opened. The write side uses ``read_manifest``/``read_tables``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import array
+import hashlib
 import os
-import threading
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any
 
-import lmdb
+from lmdbfolder.errors import FormatVersionError, NotAPackError
+from lmdbfolder.format import (
+    CHECK_KEY,
+    DAMAGED_HINT,
+    DATA_FILE,
+    LABELS_KEY,
+    LEGACY_KEYS,
+    LEGACY_META_FILES,
+    META_KEY,
+    PATHS_KEY,
+    SKIPPED_KEY,
+    check_labels,
+    check_paths,
+    check_table,
+    decode_check,
+    decode_labels,
+    decode_meta,
+    decode_skipped,
+    informational,
+    pack_binding,
+)
+from lmdbfolder.pagefile import PageDamage, PageFile
 
-from lmdbfolder.errors import NotAPackError
-from lmdbfolder.format import DATA_FILE, LABELS_KEY, META_KEY, PATHS_KEY
-
-__all__ = ["acquire", "release", "opened", "read_tables", "read_manifest"]
-
-
-class _Registry:
-    """The environments this process has open, one per pack directory."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._envs: dict[str, lmdb.Environment] = {}
-        self._users: dict[str, int] = {}
-
-    def _forget_inherited(self) -> None:
-        # Runs in a forked child: the handles belong to the parent. Closing them
-        # here unmaps the child's copy only; the parent's stay valid.
-        for env in self._envs.values():
-            try:
-                env.close()
-            except lmdb.Error:
-                pass
-        self._envs.clear()
-        self._users.clear()
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-
-    def acquire(self, path: str, readahead: bool) -> lmdb.Environment:
-        if os.getpid() != self._pid:
-            self._forget_inherited()
-        with self._lock:
-            env = self._envs.get(path)
-            if env is None:
-                env = _open(path, readahead)
-                self._envs[path] = env
-                self._users[path] = 0
-            self._users[path] += 1
-            return env
-
-    def release(self, path: str) -> None:
-        if os.getpid() != self._pid:
-            self._forget_inherited()
-            return
-        with self._lock:
-            if path not in self._users:
-                return
-            self._users[path] -= 1
-            if self._users[path] <= 0:
-                env = self._envs.pop(path)
-                del self._users[path]
-                env.close()
+__all__ = [
+    "open_data",
+    "refuse_foreign",
+    "PackTables",
+    "load_tables",
+    "paths_table",
+    "skipped_items",
+    "read_skipped",
+    "read_value",
+    "read_manifest",
+    "read_tables",
+]
 
 
-_REGISTRY = _Registry()
+def open_data(path: str, readahead: bool = True) -> PageFile:
+    """The ``PageFile`` of the pack directory ``path`` (absolute).
 
-
-def acquire(path: str, readahead: bool = True) -> lmdb.Environment:
-    """The read-only environment of the pack directory ``path`` (absolute), opened
-    on first use in this process; pair every call with ``release(path)``.
-
-    Raises NotAPackError if ``data.mdb`` is not an LMDB or is truncated.
-    ``readahead`` applies when this call opens the environment.
+    Raises NotAPackError if ``data.mdb`` is missing, not an LMDB (0.9) file,
+    or truncated.
     """
-    return _REGISTRY.acquire(path, readahead)
-
-
-def release(path: str) -> None:
-    """Give back one ``acquire``; the environment closes when nobody holds it."""
-    _REGISTRY.release(path)
-
-
-@contextlib.contextmanager
-def opened(path: str, readahead: bool = False) -> Iterator[lmdb.Environment]:
-    """``acquire``/``release`` as a context manager, for short looks into a pack."""
-    env = acquire(path, readahead)
+    data = os.path.join(path, DATA_FILE)
     try:
-        yield env
+        return PageFile(data, readahead=readahead)
+    except PageDamage as exc:
+        if exc.kind == "format":
+            raise NotAPackError(path, f"{DATA_FILE} is not an LMDB file ({exc.why})") from None
+        if exc.kind == "truncated":
+            raise NotAPackError(
+                path,
+                f"{DATA_FILE} is truncated: {exc.why.removeprefix('it is truncated: ')}",
+                "the file was cut short (an interrupted copy?): copy it again with `lmdbfolder copy`, or repack it",
+            ) from None
+        raise NotAPackError(path, f"{DATA_FILE} is damaged: {exc.why}", DAMAGED_HINT) from None
+    except OSError as exc:
+        raise NotAPackError(path, f"cannot read {DATA_FILE} ({exc.strerror})") from None
+
+
+def refuse_foreign(path: str, pf: PageFile) -> None:
+    """Raise NotAPackError for an LMDB without a manifest that a recipe made, naming the conversion."""
+    recipe = None
+    if any(os.path.exists(os.path.join(path, name)) for name in LEGACY_META_FILES):
+        recipe = "a BasicSR-style image LMDB (meta_info beside data.mdb)"
+    elif any(read_value(pf, key, path) is not None for key in LEGACY_KEYS):
+        recipe = "a folder2lmdb-style LMDB (pickled samples with __len__/__keys__)"
+    if recipe is not None:
+        raise NotAPackError(
+            path,
+            f"it is {recipe}, not an lmdbfolder pack",
+            f"convert it with `lmdbfolder import {path} NEW` (pickles are read safely), then use NEW",
+        )
+
+
+def read_value(pf: PageFile, key: bytes, where: str) -> memoryview | None:
+    """The value of a reserved key (a table), or None; NotAPackError when the pages on the way are damaged."""
+    try:
+        return pf.get(key)
+    except PageDamage as exc:
+        raise NotAPackError(where, f"its {key.decode()} table cannot be read: {exc.why}", DAMAGED_HINT) from None
+
+
+def _required(pf: PageFile, key: bytes, where: str, what: str) -> memoryview:
+    value = read_value(pf, key, where)
+    if value is None:
+        raise NotAPackError(where, f"its {what} (key {key.decode()}) is missing", DAMAGED_HINT)
+    return value
+
+
+@dataclass(frozen=True)
+class PackTables:
+    """What a reader needs of a pack before its first record, every part checked."""
+
+    meta: dict[str, Any]
+    labels: array.array
+    #: Format 2: what every record's CRC is bound to (the pack id); None for format 1.
+    binding: bytes | None
+    #: Format 2: the parsed ``__check__``; None for format 1.
+    check: dict[bytes, tuple[int, int]] | None
+    #: Names this pack among all others: its ``pack_id`` (format 2), or the
+    #: SHA-256 of its manifest (format 1).
+    identity: str
+
+    @property
+    def version(self) -> int:
+        """The pack's format version."""
+        return int(self.meta["format_version"])
+
+
+def identity_of(pf: PageFile, where: str) -> str:
+    """The identity ``load_tables`` gives the pack in ``pf``, read again (cheaply: the manifest only)."""
+    blob = _required(pf, META_KEY, where, "manifest")
+    meta = decode_meta(blob, where=where)
+    return _identity(meta, blob)
+
+
+def _identity(meta: dict[str, Any], blob: memoryview) -> str:
+    if meta["format_version"] >= 2:
+        return str(meta["pack_id"])
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def load_tables(pf: PageFile, where: str) -> PackTables:
+    """Read and check the manifest and the label table of the pack in ``pf``.
+
+    Checks: the manifest (``decode_meta``); for format 2, ``__check__`` and
+    the manifest's and label table's length and CRC-32 against it, and that
+    the path table has the length it gives; the label table's length (4 x
+    count) and that every label is -1 or a class index. NotAPackError names
+    what is wrong. The path table is checked when first used (``paths_table``).
+    """
+    meta_blob = read_value(pf, META_KEY, where)
+    if meta_blob is None:
+        refuse_foreign(where, pf)  # a recipe's LMDB: say how to convert it
+    check_blob = read_value(pf, CHECK_KEY, where)
+    check = None
+    if check_blob is not None and meta_blob is not None:
+        # Checked before the manifest is parsed: a damaged one is said to be
+        # damaged, not "invalid". Unless it names a newer format version: a
+        # newer writer may mean something else by __check__, and "upgrade"
+        # is the answer then (decode_meta raises FormatVersionError).
+        check = decode_check(check_blob, where=where)
+        try:
+            check_table(check, META_KEY, meta_blob, where=where)
+        except NotAPackError as damaged:
+            try:
+                decode_meta(meta_blob, where=where)
+            except FormatVersionError:
+                raise
+            except NotAPackError:
+                pass
+            raise damaged from None
+    meta = decode_meta(meta_blob, where=where)
+    if meta_blob is None:  # decode_meta refuses a missing manifest; this tells the type checker
+        raise NotAPackError(where, "it has no manifest")
+    if meta["format_version"] >= 2 and check is None:
+        check = decode_check(None, where=where)  # raises: format 2 has table checksums
+    elif meta["format_version"] < 2:
+        check = None
+    labels_blob = _required(pf, LABELS_KEY, where, "label table")
+    if check is not None:
+        check_table(check, LABELS_KEY, labels_blob, where=where)
+    labels = decode_labels(labels_blob, meta["count"], where=where)
+    check_labels(labels, len(meta["classes"]), where=where)
+    try:
+        found = pf.locate(PATHS_KEY)
+    except PageDamage as exc:
+        raise NotAPackError(where, f"its {PATHS_KEY.decode()} table cannot be read: {exc.why}", DAMAGED_HINT) from None
+    if found is None:
+        raise NotAPackError(where, f"its path table (key {PATHS_KEY.decode()}) is missing", DAMAGED_HINT)
+    if check is not None and PATHS_KEY in check and found[1] != check[PATHS_KEY][0]:
+        raise NotAPackError(where, f"its {PATHS_KEY.decode()} table has the wrong length", DAMAGED_HINT)
+    return PackTables(meta, labels, pack_binding(meta), check, _identity(meta, meta_blob))
+
+
+def paths_table(pf: PageFile, tables: PackTables, where: str) -> memoryview:
+    """The path table, checked (against ``__check__`` for format 2, and its offsets)."""
+    blob = _required(pf, PATHS_KEY, where, "path table")
+    if tables.check is not None:
+        check_table(tables.check, PATHS_KEY, blob, where=where)
+    check_paths(blob, tables.meta["count"], where=where)
+    return blob
+
+
+def skipped_items(pf: PageFile, tables: PackTables, where: str) -> list[dict[str, Any]] | str:
+    """The source files the writer left out (``{path, reason}``), or ``"invalid"``.
+
+    Format 2 keeps them in ``__skipped__`` (checked against ``__check__``);
+    format 1 in the manifest.
+    """
+    if tables.version < 2:
+        items = informational(tables.meta, "skipped", [])
+        return items if isinstance(items, list) else str(items)
+    blob = read_value(pf, SKIPPED_KEY, where)
+    if tables.check is None or SKIPPED_KEY not in tables.check:
+        return []
+    if blob is None:
+        raise NotAPackError(where, f"its list of skipped files (key {SKIPPED_KEY.decode()}) is missing", DAMAGED_HINT)
+    check_table(tables.check, SKIPPED_KEY, blob, where=where)
+    return decode_skipped(blob, where=where)
+
+
+def read_skipped(path: str) -> list[dict[str, Any]]:
+    """The source files the finished pack at ``path`` left out (``{path, reason}``),
+    from ``__skipped__`` (format 2) or the manifest (format 1); NotAPackError if unreadable."""
+    pf = open_data(path, readahead=False)
+    try:
+        items = skipped_items(pf, load_tables(pf, path), path)
     finally:
-        release(path)
+        pf.close()
+    return items if isinstance(items, list) else []
 
 
 def read_manifest(path: str) -> bytes | None:
     """The stored manifest (``__meta__``) of the pack at ``path``, or None if it has none."""
-    with opened(path) as env, env.begin() as txn:
-        blob = txn.get(META_KEY)
-    return None if blob is None else bytes(blob)
+    pf = open_data(path, readahead=False)
+    try:
+        blob = read_value(pf, META_KEY, path)
+        return None if blob is None else bytes(blob)
+    finally:
+        pf.close()
 
 
 def read_tables(path: str) -> tuple[bytes, bytes, bytes]:
     """The manifest, label table and path table of the pack at ``path``, as stored.
 
-    Raises NotAPackError naming the missing one.
+    Raises NotAPackError naming the missing or unreadable one. (Format 2: each
+    is checked against ``__check__`` too.)
     """
-    with opened(path) as env, env.begin() as txn:
-        blobs = []
-        for key in (META_KEY, LABELS_KEY, PATHS_KEY):
-            blob = txn.get(key)
-            if blob is None:
-                raise NotAPackError(path, f"its {key.decode()} table is missing")
-            blobs.append(bytes(blob))
-    return blobs[0], blobs[1], blobs[2]
-
-
-def _open(path: str, readahead: bool) -> lmdb.Environment:
+    pf = open_data(path, readahead=False)
     try:
-        env = lmdb.open(
-            path,
-            subdir=True,
-            readonly=True,
-            lock=False,
-            create=False,
-            readahead=readahead,
-            meminit=False,
-            max_spare_txns=0,
-        )
-    except lmdb.InvalidError:
-        raise NotAPackError(path, f"{DATA_FILE} is not an LMDB file") from None
-    except lmdb.Error as exc:
-        raise NotAPackError(path, f"LMDB cannot open it: {exc}") from None
-    try:
-        _check_not_truncated(path, env)
-    except BaseException:
-        env.close()
-        raise
-    return env
-
-
-def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
-    # A data.mdb cut short (an interrupted copy or download) still opens, but
-    # touching a page past its end kills the process with SIGBUS. The meta
-    # pages at the front say how many pages the database uses: check first.
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    size = os.path.getsize(os.path.join(path, DATA_FILE))
-    if size < needed:
-        raise NotAPackError(
-            path,
-            f"{DATA_FILE} is truncated: it holds {size:,} bytes but the database needs {needed:,}",
-            "the file was cut short (an interrupted copy?): copy it again with `lmdbfolder copy`, or repack it",
-        )
+        blobs = [_required(pf, key, path, f"{key.decode()} table") for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
+        meta = decode_meta(blobs[0], where=path)
+        if meta["format_version"] >= 2:
+            check = decode_check(read_value(pf, CHECK_KEY, path), where=path)
+            for key, blob in zip((META_KEY, LABELS_KEY, PATHS_KEY), blobs):
+                check_table(check, key, blob, where=path)
+        return bytes(blobs[0]), bytes(blobs[1]), bytes(blobs[2])
+    finally:
+        pf.close()

@@ -217,8 +217,8 @@ class NoSamplesError(LmdbFolderError, FileNotFoundError):
 class FormatVersionError(NotAPackError):
     """The pack was written in a format version this reader does not know."""
 
-    def __init__(self, path: Any, found: Any, expected: int) -> None:
-        self.found = found
+    def __init__(self, path: Any, found: Any, expected: int, readable: tuple[int, ...] | None = None) -> None:
+        self.found = found if isinstance(found, (int, str, type(None))) else type(found).__name__
         self.expected = expected
         if isinstance(found, int) and found > expected:
             hint = (
@@ -227,7 +227,13 @@ class FormatVersionError(NotAPackError):
             )
         else:
             hint = "repack it from the source images with this version of lmdbfolder"
-        super().__init__(path, f"format version {found!r}, this lmdbfolder reads version {expected}", hint)
+        shown = repr(self.found) if len(repr(self.found)) <= 40 else repr(self.found)[:37] + "..."
+        versions = (
+            f"version {expected}"
+            if not readable or len(readable) == 1
+            else "versions " + ", ".join(map(str, readable[:-1])) + f" and {readable[-1]}"
+        )
+        super().__init__(path, f"format version {shown}, this lmdbfolder reads {versions}", hint)
 
 
 class CorruptRecordError(LmdbFolderError):

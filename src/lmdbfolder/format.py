@@ -16,17 +16,19 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 import struct
 import sys
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, NotAPackError
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
     "RECORD_VERSION",
     "RECORD_MAGIC",
     "RECORD_HEADER",
@@ -36,6 +38,12 @@ __all__ = [
     "LABELS_KEY",
     "PATHS_KEY",
     "PROGRESS_KEY",
+    "CHECK_KEY",
+    "SKIPPED_KEY",
+    "TABLE_KEYS",
+    "PACK_ID_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "MAX_JSON_DEPTH",
     "RESERVED_PREFIX",
     "ENCODINGS",
     "ENCODING_IDS",
@@ -49,6 +57,7 @@ __all__ = [
     "TEMP_MARKER",
     "SYNC_PROBE",
     "COMPACT_DIR",
+    "WRITER_LOCK_SUFFIX",
     "LEGACY_KEYS",
     "LEGACY_META_FILES",
     "RecordHeader",
@@ -58,16 +67,31 @@ __all__ = [
     "CRC32_IMPLEMENTATION",
     "encode_record",
     "encode_header_into",
+    "bind_record",
+    "record_binding",
     "decode_record",
+    "new_pack_id",
+    "pack_binding",
+    "loads_json",
+    "encode_check",
+    "decode_check",
+    "check_table",
+    "encode_skipped",
+    "decode_skipped",
+    "INVALID",
+    "informational",
+    "invalid_fields",
     "encode_meta",
     "decode_meta",
     "encode_progress",
     "decode_progress",
     "encode_labels",
     "decode_labels",
+    "check_labels",
     "encode_paths",
     "labels_table",
     "paths_table",
+    "check_paths",
     "path_at",
     "decode_paths",
     "SHARD_INDEX_FILE",
@@ -85,10 +109,15 @@ __all__ = [
 ]
 
 FORMAT_NAME = "lmdbfolder"
-#: Version of the pack as a whole (metadata keys and their meaning). A reader
-#: refuses any other value; see "Version rules" in FORMAT.md.
-FORMAT_VERSION = 1
-#: Version of the per-record header layout below.
+#: Version of the pack as a whole (metadata keys and their meaning), written
+#: by this writer. Version 2 binds each record's CRC-32 to its index and to
+#: the pack (``pack_id``) and adds the table checksums (``__check__``); see
+#: "Version rules" in FORMAT.md.
+FORMAT_VERSION = 2
+#: The versions this reader understands; it refuses any other.
+READABLE_VERSIONS = (1, 2)
+#: Version of the per-record header layout below (unchanged in format 2:
+#: only what the CRC covers changed, and the pack's format version says so).
 RECORD_VERSION = 1
 RECORD_MAGIC = b"LF"
 
@@ -112,6 +141,22 @@ PATHS_KEY = b"__paths__"
 #: Only in unfinished packs: how far the writer got (JSON), committed in the
 #: same transaction as the batch it describes. Deleted when the pack finishes.
 PROGRESS_KEY = b"__progress__"
+#: Format 2: the length and CRC-32 of each table below (JSON), checked on open.
+CHECK_KEY = b"__check__"
+#: Format 2: the source files left out (JSON list of {path, reason}); format 1
+#: kept them in the manifest, which every reader process parses.
+SKIPPED_KEY = b"__skipped__"
+#: The tables ``__check__`` covers, in this order.
+TABLE_KEYS = (META_KEY, LABELS_KEY, PATHS_KEY, SKIPPED_KEY)
+#: Format 2: bytes of the random pack id (32 hex digits in the manifest).
+PACK_ID_BYTES = 16
+#: A manifest longer than this is refused before it is parsed: every reader
+#: process parses it, and JSON costs up to ~30x its size in memory.
+MAX_MANIFEST_BYTES = 16 << 20
+#: JSON nested deeper than this (manifest, checkpoint, index, ...) is refused.
+MAX_JSON_DEPTH = 16
+#: More arrays and objects than this in one JSON value are refused.
+MAX_JSON_CONTAINERS = 1 << 20
 
 #: Encoding ids stored in the record header. ``raw`` means uint8 pixels,
 #: row-major height x width x channels (always RGB, 3 channels, in version 1).
@@ -154,6 +199,9 @@ TEMP_MARKER = ".lmdbfolder-temp"
 #: fdatasync probe file and its compaction folder.
 SYNC_PROBE = ".sync-probe"
 COMPACT_DIR = "compact.tmp"
+#: ``<dst>.lock``: held (flock) by the ``pack`` writing ``<dst>`` for its whole
+#: run, holding that process's id; removed when it ends.
+WRITER_LOCK_SUFFIX = ".lock"
 #: Keys by which the folder2lmdb recipes' LMDBs are recognised (pickled
 #: samples; ``lmdbfolder import`` converts them), and the files beside
 #: ``data.mdb`` that mark a BasicSR-style image LMDB.
@@ -162,6 +210,7 @@ LEGACY_META_FILES = ("meta_info.txt", "meta_info.pkl")
 
 _LABEL = struct.Struct("<i")
 _OFFSET = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -206,7 +255,7 @@ def _crc32_implementation() -> tuple[Any, str]:
 _crc32, CRC32_IMPLEMENTATION = _crc32_implementation()
 
 
-def checksum(payload: bytes | memoryview, start: int = 0) -> int:
+def checksum(payload: bytes | bytearray | memoryview, start: int = 0) -> int:
     """CRC-32 (zlib's, ISO-HDLC polynomial) of ``payload``, continuing from ``start``.
 
     Computed by zlib-ng when it is installed (``CRC32_IMPLEMENTATION``), else
@@ -251,7 +300,7 @@ def _pack_header(
         0,
     )
     crc = checksum(payload, checksum(memoryview(buf)[:_CRC_OFFSET]))
-    struct.pack_into("<I", buf, _CRC_OFFSET, crc)
+    _CRC.pack_into(buf, _CRC_OFFSET, crc)
 
 
 def encode_record(
@@ -262,16 +311,26 @@ def encode_record(
     width: int = 0,
     height: int = 0,
     channels: int = 0,
+    binding: bytes | None = None,
+    index: int | None = None,
 ) -> bytes:
     """Return header + payload for one sample.
 
-    ``width``, ``height`` and ``channels`` are 0 when unknown. The payload is
+    ``width``, ``height`` and ``channels`` are 0 when unknown. With
+    ``binding`` (``pack_binding(meta)``, format 2) and ``index``, the CRC is
+    bound to that pack and index (``bind_record``); without, it covers header
+    and payload only (format 1, or a record not yet bound). The payload is
     copied once, because an LMDB value must be one contiguous buffer; see
     ``encode_header_into`` to avoid that copy.
     """
     header = bytearray(RECORD_HEADER.size)
     _pack_header(header, payload, label, encoding, width, height, channels)
-    return b"".join((header, payload))
+    value = b"".join((header, payload))
+    if binding is None:
+        return value
+    if index is None:
+        raise ValueError("a bound record needs its index")
+    return bytes(bind_record(value, binding, index))
 
 
 def encode_header_into(
@@ -286,7 +345,8 @@ def encode_header_into(
     """Fill in the header of a record whose payload is already at ``value[32:]``.
 
     The writer reads each file straight into such a buffer, so the payload is
-    never copied on its way to LMDB. Returns ``value``.
+    never copied on its way to LMDB. The CRC is not yet bound (``bind_record``
+    does that once the index is known). Returns ``value``.
     """
     payload = memoryview(value)[RECORD_HEADER.size :]
     try:
@@ -296,15 +356,48 @@ def encode_header_into(
     return value
 
 
+def record_binding(binding: bytes, index: int) -> bytes:
+    """The bytes a format-2 record's CRC continues over: the pack id, then the index (u64 LE)."""
+    return binding + _OFFSET.pack(index)
+
+
+def bind_record(value: bytes | bytearray | memoryview, binding: bytes, index: int) -> bytes | bytearray | memoryview:
+    """Bind a record's CRC to its pack and index (format 2): CRC-32 continued over
+    ``binding || u64le(index)``, written into the header.
+
+    CRC-32 continues cheaply (``crc32(extra, crc_so_far)``), so records built
+    before their index is known (in the writer's reader processes) are bound
+    in place: ``value`` is patched when it is writable (a bytearray, a view of
+    shared memory) and copied into a new bytearray when it is not.
+    """
+    if len(binding) != PACK_ID_BYTES:
+        raise ValueError(f"a pack binding is {PACK_ID_BYTES} bytes, got {len(binding)}")
+    view = memoryview(value)
+    if view.readonly:
+        value = bytearray(view)
+        view = memoryview(value)
+    (crc,) = _CRC.unpack_from(view, _CRC_OFFSET)
+    _CRC.pack_into(view, _CRC_OFFSET, checksum(record_binding(binding, index), crc))
+    return value
+
+
 def decode_record(
-    value: bytes | memoryview, *, index: int | None = None, verify: bool = False
+    value: bytes | memoryview,
+    *,
+    index: int | None = None,
+    verify: bool = False,
+    binding: bytes | None = None,
 ) -> tuple[RecordHeader, memoryview]:
     """Split a stored value into its header and a zero-copy payload view.
 
     Raises CorruptRecordError (naming ``index``) for a value that is too short,
     has the wrong magic, an unknown record version, encoding or flags, a
-    length that disagrees with the header, or (with ``verify=True``) a CRC-32
-    (over header and payload) that does not match.
+    length that disagrees with the header, raw pixels whose count is not
+    width x height x 3 (checked before anything is allocated for them), or
+    (with ``verify=True``) a CRC-32 that does not match. ``binding`` is the
+    pack's (``pack_binding``, format 2): the CRC then also covers the pack id
+    and ``index``, so a record found under another index, or from another
+    pack, fails the check.
     """
     view = value if isinstance(value, memoryview) else memoryview(value)
     if len(view) < RECORD_HEADER.size:
@@ -326,8 +419,16 @@ def decode_record(
     payload = view[RECORD_HEADER.size :]
     if len(payload) != length:
         raise CorruptRecordError(index, f"payload is {len(payload)} bytes but the header says {length}")
+    if encoding == "raw" and (channels != 3 or width * height * 3 != length):
+        raise CorruptRecordError(
+            index, f"raw pixels: the header says {width}x{height}x{channels}, the payload holds {length:,} bytes"
+        )
     if verify:
         actual = checksum(payload, checksum(view[:_CRC_OFFSET]))
+        if binding is not None:
+            if index is None:
+                raise ValueError("checking a bound record needs its index")
+            actual = checksum(record_binding(binding, index), actual)
         if actual != crc:
             raise CorruptRecordError(index, f"record CRC-32 is {actual:08x}, header says {crc:08x}", kind="checksum")
     header = RecordHeader(encoding, channels, width, height, label, crc, length)
@@ -343,12 +444,73 @@ def encode_meta(meta: Mapping[str, Any]) -> bytes:
     return json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
+def _scan_json(raw: bytes, what: str, max_depth: int, max_containers: int) -> str | None:
+    """Why ``raw`` must not be handed to ``json.loads``, or None.
+
+    A linear pre-scan (strings removed by one regular expression, then the
+    brackets counted) that refuses nesting deeper than ``max_depth``, where
+    ``json.loads`` would recurse (RecursionError), and more than
+    ``max_containers`` arrays and objects, which cost memory out of all
+    proportion to their bytes.
+    """
+    brackets = _JSON_BRACKETS.sub(b"", _JSON_STRINGS.sub(b'""', raw))
+    if len(brackets) > 2 * max_containers:
+        return f"its {what} holds more than {max_containers:,} arrays and objects"
+    depth = 0
+    for c in brackets:
+        depth += 1 if c in b"[{" else -1
+        if depth > max_depth:
+            return f"its {what} is nested more than {max_depth} levels deep"
+    return None
+
+
+#: The hint of errors about a damaged (or foreign) table.
+DAMAGED_HINT = (
+    "it is damaged, or was not written by lmdbfolder: run `lmdbfolder verify` on it, "
+    "then copy it again from a good copy or repack it"
+)
+_JSON_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_JSON_BRACKETS = re.compile(rb"[^\[\]{}]")
+
+
+def loads_json(
+    blob: bytes | memoryview,
+    *,
+    where: str,
+    what: str,
+    max_bytes: int,
+    max_depth: int = MAX_JSON_DEPTH,
+    max_containers: int = MAX_JSON_CONTAINERS,
+) -> Any:
+    """``json.loads`` for values read from a pack or an index, with bounds checked first.
+
+    Refuses (NotAPackError naming ``where`` and ``what``) a value longer than
+    ``max_bytes`` (before copying it), nesting deeper than ``max_depth``, more
+    than ``max_containers`` arrays and objects, and anything that is not
+    valid UTF-8 JSON. Never a traceback for hostile input.
+    """
+    if len(blob) > max_bytes:
+        raise NotAPackError(
+            where, f"its {what} is {len(blob):,} bytes, more than the {max_bytes:,} allowed", DAMAGED_HINT
+        )
+    raw = bytes(blob)
+    why = _scan_json(raw, what, max_depth, max_containers)
+    if why is not None:
+        raise NotAPackError(where, why, DAMAGED_HINT)
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise NotAPackError(where, f"its {what} is not valid JSON: {exc}", DAMAGED_HINT) from None
+
+
 def decode_meta(blob: bytes | memoryview | None, *, where: str) -> dict[str, Any]:
     """Parse and validate the manifest stored under ``META_KEY``.
 
     ``where`` names the pack in error messages. Raises NotAPackError for a
-    missing or malformed manifest and FormatVersionError for a version this
-    reader does not understand.
+    missing, oversized or malformed manifest (required fields of the wrong
+    type, classes and class_to_idx that contradict each other, a format-2
+    manifest without a valid ``pack_id``) and FormatVersionError for a
+    version this reader does not understand.
     """
     if blob is None:
         raise NotAPackError(
@@ -357,20 +519,28 @@ def decode_meta(blob: bytes | memoryview | None, *, where: str) -> dict[str, Any
             "an LMDB of the folder2lmdb or BasicSR recipes converts with `lmdbfolder import OLD NEW`; "
             "one made by another tool: pack the source images with `lmdbfolder pack`",
         )
-    raw = bytes(blob)
-    if not raw.startswith(b"{"):
+    if not bytes(blob[:1]) == b"{":
         raise NotAPackError(where, "its manifest (key __meta__) is not a JSON object")
-    try:
-        meta = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotAPackError(where, f"its manifest (key __meta__) is not valid JSON: {exc}") from None
+    meta = loads_json(blob, where=where, what="manifest (key __meta__)", max_bytes=MAX_MANIFEST_BYTES)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise NotAPackError(where, f"its manifest does not say format={FORMAT_NAME!r}")
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        raise FormatVersionError(where, version, FORMAT_VERSION)
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise FormatVersionError(where, version, FORMAT_VERSION, READABLE_VERSIONS)
     _check_meta_fields(meta, where)
     return meta
+
+
+def new_pack_id() -> str:
+    """A fresh random pack id (32 hex digits) for the manifest of a new pack."""
+    return os.urandom(PACK_ID_BYTES).hex()
+
+
+def pack_binding(meta: Mapping[str, Any]) -> bytes | None:
+    """What a format-2 pack's record CRCs are bound to (its ``pack_id``), or None for format 1."""
+    if meta.get("format_version", 1) < 2:
+        return None
+    return bytes.fromhex(meta["pack_id"])
 
 
 def encode_progress(progress: Mapping[str, Any]) -> bytes:
@@ -380,13 +550,13 @@ def encode_progress(progress: Mapping[str, Any]) -> bytes:
 
 def decode_progress(blob: bytes | memoryview, *, where: str) -> dict[str, Any]:
     """Parse a checkpoint written by encode_progress; NotAPackError if malformed."""
-    try:
-        progress = json.loads(bytes(blob))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotAPackError(where, f"its checkpoint (key __progress__) is not valid JSON: {exc}") from None
+    progress = loads_json(blob, where=where, what="checkpoint (key __progress__)", max_bytes=1 << 30)
     if not isinstance(progress, dict) or not isinstance(progress.get("next_source"), int):
         raise NotAPackError(where, "its checkpoint (key __progress__) is malformed")
     return progress
+
+
+_PACK_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
@@ -394,16 +564,118 @@ def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
     classes = meta.get("classes")
     class_to_idx = meta.get("class_to_idx")
     problems = []
-    if not isinstance(count, int) or count < 0:
-        problems.append(f"count={count!r} is not a non-negative integer")
+    if type(count) is not int or count < 0 or count > MAX_INDEX + 1:
+        problems.append(f"count={_short(count)} is not a non-negative integer")
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
         problems.append("classes is not a list of strings")
-    if not isinstance(class_to_idx, dict) or not all(isinstance(v, int) for v in class_to_idx.values()):
+        classes = None
+    if not isinstance(class_to_idx, dict) or not all(type(v) is int for v in class_to_idx.values()):
         problems.append("class_to_idx is not a mapping of strings to integers")
+    elif classes is not None and not _consistent_classes(classes, class_to_idx):
+        problems.append("classes and class_to_idx contradict each other")
     if meta.get("store") not in ("encoded", "raw"):
-        problems.append(f"store={meta.get('store')!r} is neither 'encoded' nor 'raw'")
+        problems.append(f"store={_short(meta.get('store'))} is neither 'encoded' nor 'raw'")
+    if meta.get("format_version") == 2:
+        pack_id = meta.get("pack_id")
+        if not isinstance(pack_id, str) or not _PACK_ID.match(pack_id):
+            problems.append(f"pack_id={_short(pack_id)} is not {2 * PACK_ID_BYTES} hex digits")
     if problems:
-        raise NotAPackError(where, "its manifest is invalid: " + "; ".join(problems))
+        raise NotAPackError(where, "its manifest is invalid: " + "; ".join(problems), DAMAGED_HINT)
+
+
+def _consistent_classes(classes: list[str], class_to_idx: dict[str, int]) -> bool:
+    # Each name maps to a position that holds that name, and every name is
+    # mapped: what ImageFolder's {c: i for i, c in enumerate(classes)} gives
+    # (a name listed twice maps to one of its positions).
+    return len(class_to_idx) == len(set(classes)) and all(
+        0 <= v < len(classes) and classes[v] == k for k, v in class_to_idx.items()
+    )
+
+
+def _short(value: Any) -> str:
+    """A repr of a value read from a file, cut short (a hostile value may be huge)."""
+    text = reprlib.repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+#: The informational manifest fields (FORMAT.md) and what each must be; a reader
+#: shows a field that is not as ``INVALID`` instead of failing on it.
+INVALID = "invalid"
+_INFORMATIONAL: dict[str, Callable[[Any], bool]] = {
+    "encodings": lambda v: isinstance(v, dict) and all(isinstance(k, str) and type(n) is int for k, n in v.items()),
+    "payload_bytes": lambda v: type(v) is int and v >= 0,
+    "checksum": lambda v: isinstance(v, str),
+    "source": lambda v: isinstance(v, dict),
+    "created_by": lambda v: isinstance(v, str),
+    "created_at": lambda v: isinstance(v, str),
+    "params": lambda v: isinstance(v, dict),
+    "fingerprint": lambda v: isinstance(v, dict),
+    "shard": lambda v: isinstance(v, dict),
+    "skipped": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    "skipped_count": lambda v: type(v) is int and v >= 0,
+}
+
+
+def informational(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """Informational field ``key`` of a manifest: its value, ``default`` when it is
+    absent, or ``INVALID`` when it does not have the type FORMAT.md gives it."""
+    if key not in meta:
+        return default
+    value = meta[key]
+    valid = _INFORMATIONAL.get(key, lambda v: True)
+    return value if valid(value) else INVALID
+
+
+def invalid_fields(meta: Mapping[str, Any]) -> list[str]:
+    """The informational fields of ``meta`` that do not have their documented type, sorted."""
+    return sorted(key for key, valid in _INFORMATIONAL.items() if key in meta and not valid(meta[key]))
+
+
+def encode_check(tables: Mapping[bytes, bytes | bytearray | memoryview]) -> bytes:
+    """The ``__check__`` value (format 2): for each table, ``[length, crc32]``, as canonical JSON."""
+    return encode_meta({key.decode(): [len(blob), checksum(blob)] for key, blob in tables.items()})
+
+
+def decode_check(blob: bytes | memoryview | None, *, where: str) -> dict[bytes, tuple[int, int]]:
+    """Parse ``__check__``: table key -> (length, crc32); NotAPackError if missing or malformed."""
+    if blob is None:
+        raise NotAPackError(where, f"its table checksums (key {CHECK_KEY.decode()}) are missing")
+    check = loads_json(blob, where=where, what=f"table checksums (key {CHECK_KEY.decode()})", max_bytes=4096)
+    out: dict[bytes, tuple[int, int]] = {}
+    if isinstance(check, dict):
+        for name, entry in check.items():
+            if isinstance(entry, list) and len(entry) == 2 and all(type(x) is int and x >= 0 for x in entry):
+                out[name.encode("ascii", "replace")] = (entry[0], entry[1])
+    if not isinstance(check, dict) or len(out) != len(check) or not {META_KEY, LABELS_KEY, PATHS_KEY} <= set(out):
+        raise NotAPackError(where, f"its table checksums (key {CHECK_KEY.decode()}) are malformed")
+    return out
+
+
+def check_table(check: Mapping[bytes, tuple[int, int]], key: bytes, blob: bytes | memoryview, *, where: str) -> None:
+    """Raise NotAPackError unless ``blob`` (the value of table ``key``) has the length
+    and CRC-32 that ``__check__`` gives it."""
+    if key not in check:
+        raise NotAPackError(where, f"its table checksums do not cover {key.decode()}")
+    length, crc = check[key]
+    if len(blob) != length or checksum(blob) != crc:
+        raise NotAPackError(
+            where,
+            f"its {key.decode()} table is damaged (its length or CRC-32 differs from {CHECK_KEY.decode()})",
+            DAMAGED_HINT,
+        )
+
+
+def encode_skipped(skipped: Sequence[Mapping[str, str]]) -> bytes:
+    """The ``__skipped__`` value: the list of ``{path, reason}``, canonical JSON."""
+    return json.dumps(list(skipped), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def decode_skipped(blob: bytes | memoryview, *, where: str) -> list[dict[str, Any]]:
+    """Parse ``__skipped__`` (NotAPackError if malformed)."""
+    items = loads_json(blob, where=where, what=f"list of skipped files ({SKIPPED_KEY.decode()})", max_bytes=1 << 30)
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise NotAPackError(where, f"its {SKIPPED_KEY.decode()} is not a list of objects")
+    return items
 
 
 def encode_labels(labels: Sequence[int]) -> bytes:
@@ -435,6 +707,23 @@ def decode_labels(blob: bytes | memoryview, count: int, *, where: str) -> array.
     if sys.byteorder != "little":
         labels.byteswap()
     return labels
+
+
+def check_labels(labels: array.array, n_classes: int, *, where: str) -> None:
+    """NotAPackError unless every label is -1 (unlabelled) or a class index ``0..n_classes-1``."""
+    import numpy as np  # a dependency of the package; the format module itself needs only the standard library
+
+    if not len(labels):
+        return
+    values = np.frombuffer(labels, dtype=np.int32)
+    low, high = int(values.min()), int(values.max())
+    if low < NO_LABEL or high >= n_classes:
+        bad = int(np.flatnonzero((values < NO_LABEL) | (values >= n_classes))[0])
+        raise NotAPackError(
+            where,
+            f"its label table gives sample {bad} the label {int(values[bad])}, "
+            f"not a class index (0..{n_classes - 1}) or -1",
+        )
 
 
 def encode_paths(paths: Iterable[str]) -> bytes:
@@ -471,8 +760,22 @@ def paths_table(offsets: Any, names: bytes | memoryview) -> bytearray:
     return out
 
 
+def check_paths(blob: bytes | memoryview, count: int, *, where: str) -> None:
+    """NotAPackError unless ``blob`` is a well-formed path table for ``count`` samples
+    (then ``path_at`` stays inside it for every index)."""
+    import numpy as np
+
+    base = (count + 1) * _OFFSET.size
+    if len(blob) < base:
+        raise NotAPackError(where, f"{PATHS_KEY.decode()} is too short for {count} samples")
+    offsets = np.frombuffer(blob, dtype="<u8", count=count + 1)
+    if int(offsets[0]) != 0 or base + int(offsets[-1]) != len(blob) or bool(np.any(offsets[1:] < offsets[:-1])):
+        raise NotAPackError(where, f"{PATHS_KEY.decode()} has inconsistent offsets")
+
+
 def path_at(blob: bytes | memoryview, count: int, index: int) -> str:
-    """Return relative path ``index`` from an encode_paths blob without parsing the rest."""
+    """Return relative path ``index`` from an encode_paths blob without parsing the rest
+    (``check_paths`` first: this trusts the offsets)."""
     start, end = struct.unpack_from("<2Q", blob, index * _OFFSET.size)
     base = (count + 1) * _OFFSET.size
     return os.fsdecode(bytes(blob[base + start : base + end]))
@@ -584,16 +887,13 @@ def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
     index and FormatVersionError for an index or shard format version this
     reader does not know.
     """
-    try:
-        index = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotAPackError(where, f"it is not valid JSON: {exc}") from None
+    index = loads_json(blob, where=where, what="index", max_bytes=256 << 20)
     if not isinstance(index, dict) or index.get("format") != SHARD_INDEX_FORMAT:
         raise NotAPackError(where, f"it does not say format={SHARD_INDEX_FORMAT!r}")
     if index.get("index_version") != SHARD_INDEX_VERSION:
         raise FormatVersionError(where, index.get("index_version"), SHARD_INDEX_VERSION)
-    if index.get("pack_format_version") != FORMAT_VERSION:
-        raise FormatVersionError(where, index.get("pack_format_version"), FORMAT_VERSION)
+    if index.get("pack_format_version") not in READABLE_VERSIONS:
+        raise FormatVersionError(where, index.get("pack_format_version"), FORMAT_VERSION, READABLE_VERSIONS)
     _check_meta_fields(index, where)
     shards = index.get("shards")
     problems = []
@@ -607,12 +907,12 @@ def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
             continue
         name, count, digest = shard.get("name"), shard.get("count"), shard.get("tables_sha256")
         if not isinstance(name, str) or parse_shard_name(name) is None:
-            problems.append(f"shard {k} has no valid name ({name!r})")
+            problems.append(f"shard {k} has no valid name ({_short(name)})")
         elif name in names:
             problems.append(f"shard name {name} appears twice")
         names.add(name)
-        if not isinstance(count, int) or count < 0:
-            problems.append(f"shard {k} count={count!r} is not a non-negative integer")
+        if type(count) is not int or count < 0:
+            problems.append(f"shard {k} count={_short(count)} is not a non-negative integer")
         else:
             total += count
         if not isinstance(digest, str) or not _SHA256_HEX.match(digest):
@@ -627,6 +927,9 @@ def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
                 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sizes)
             ):
                 problems.append(f"shard {k} has manifest_sha256 but no valid tables_bytes")
+        pack_id = shard.get("pack_id")
+        if pack_id is not None and (not isinstance(pack_id, str) or not _PACK_ID.match(pack_id)):
+            problems.append(f"shard {k} has an invalid pack_id")
     if not problems and total != index["count"]:
         problems.append(f"the shard counts add up to {total}, the index says count={index['count']}")
     if problems:

@@ -228,7 +228,7 @@ class RecordBytes(torch.utils.data.Dataset):
         plan: DeviceRandomResizedCrop | None = None,
         *,
         readahead: bool = True,
-        verify_checksums: bool = False,
+        verify_checksums: bool = True,
         prefetch: bool = False,
     ) -> None:
         self.reader = open_pack(root, readahead=readahead, verify_checksums=verify_checksums)

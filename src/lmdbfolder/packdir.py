@@ -34,12 +34,13 @@ from typing import Any
 import lmdb
 
 from lmdbfolder import environments
-from lmdbfolder.errors import NotAPackError, OutputExistsError, PackError, PackNotFoundError
+from lmdbfolder.errors import CorruptRecordError, NotAPackError, OutputExistsError, PackError, PackNotFoundError
 from lmdbfolder.format import (
     COMPACT_DIR,
     COPYING_SUFFIX,
     DATA_FILE,
     FORMAT_NAME,
+    KEY,
     LOCK_FILE,
     META_KEY,
     OLD_SUFFIX,
@@ -50,10 +51,15 @@ from lmdbfolder.format import (
     SKIPPED_REPORT,
     SYNC_PROBE,
     TEMP_MARKER,
+    WRITER_LOCK_SUFFIX,
     decode_meta,
+    decode_record,
     decode_shard_index,
+    loads_json,
+    pack_binding,
     parse_shard_name,
 )
+from lmdbfolder.pagefile import PageDamage, PageFile
 
 __all__ = [
     "Kind",
@@ -294,6 +300,7 @@ def why_not_replaceable(path: str | os.PathLike[str]) -> str | None:
     if not names:
         return None
     shards = shard_entries(p)
+    names -= _writer_locks(p, names)
     if TEMP_MARKER in names:
         # A temporary directory we made (a copy being built): whatever it
         # holds was written by us, as long as it holds only what we write.
@@ -313,6 +320,17 @@ def why_not_replaceable(path: str | os.PathLike[str]) -> str | None:
     return f"it holds {_listing(p, sorted(names))} and no {DATA_FILE}"
 
 
+def _writer_locks(path: str, names: set[str]) -> set[str]:
+    """The writer lock files (``<shard>.lock``, see format.WRITER_LOCK_SUFFIX) among ``names``: ours."""
+    found = set()
+    for name in names:
+        if name.endswith(WRITER_LOCK_SUFFIX) and parse_shard_name(name[: -len(WRITER_LOCK_SUFFIX)]) is not None:
+            full = os.path.join(path, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                found.add(name)
+    return found
+
+
 def _single_problem(path: str, names: set[str]) -> str | None:
     foreign = sorted(names - _PACK_FILES)
     if foreign:
@@ -321,27 +339,34 @@ def _single_problem(path: str, names: set[str]) -> str | None:
     if os.path.islink(data) or not os.path.isfile(data):
         return f"its {DATA_FILE} is not a regular file"
     try:
-        with environments.opened(path) as env, env.begin() as txn:
-            meta = txn.get(META_KEY)
-            progress = txn.get(PROGRESS_KEY)
-            empty = env.stat()["entries"] == 0
+        pf = environments.open_data(path, readahead=False)
     except NotAPackError as exc:
         return f"its {DATA_FILE} cannot be opened ({exc.message})"
-    except lmdb.Error as exc:
-        return f"its {DATA_FILE} cannot be read ({exc})"
-    if meta is not None and _json_field(meta, "format") == FORMAT_NAME:
-        return None
-    if progress is not None and _json_field(progress, "fingerprint") is not None:
+    try:
+        meta = environments.read_value(pf, META_KEY, path)
+        progress = environments.read_value(pf, PROGRESS_KEY, path)
+        ours_meta = meta is not None and _json_field(meta, "format") == FORMAT_NAME
+        ours_progress = progress is not None and _json_field(progress, "fingerprint") is not None
+        empty = pf.entries == 0
+    except NotAPackError as exc:
+        return f"its {DATA_FILE} cannot be read ({exc.message})"
+    finally:
+        pf.close()
+    if ours_meta or ours_progress:
         return None
     if empty:
         return None
     return f"its {DATA_FILE} is an LMDB that lmdbfolder did not write (no lmdbfolder manifest or checkpoint)"
 
 
-def _json_field(blob: bytes, name: str) -> Any:
+#: A manifest or checkpoint longer than this is not looked into (not provably ours).
+_PEEK = 64 << 20
+
+
+def _json_field(blob: bytes | memoryview, name: str) -> Any:
     try:
-        obj = json.loads(bytes(blob))
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        obj = loads_json(blob, where="", what="", max_bytes=_PEEK)
+    except NotAPackError:
         return None
     return obj.get(name) if isinstance(obj, dict) else None
 
@@ -425,24 +450,35 @@ def publish(tmp: str, dst: str) -> None:
 
 def copy_single(src: str, out: str) -> tuple[int, int, int]:
     """Copy the finished single pack ``src`` into the directory ``out`` (created if
-    missing) with LMDB's consistent, compacting copy, and check that the copy
-    holds the same manifest and tables. Returns (count, bytes of the source's
-    data.mdb, bytes of the copy's).
+    missing), compacted, and check that the copy holds the same manifest and
+    tables. Returns (count, bytes of the source's data.mdb, bytes of the copy's).
 
-    Through a read transaction, so even a database something is writing
-    copies consistently (``cp`` would mix pages of different transactions);
-    compaction leaves out free pages and renumbers the rest in tree order.
+    Every key and value is read through ``PageFile`` (every page checked: a
+    damaged source is a PackError naming the damage, never a crash of the
+    process, which LMDB's own copy of a damaged file can be), every record's
+    CRC-32 is checked (so damage is never copied on silently), and they are
+    appended in key order to a fresh LMDB: no free pages, pages in tree
+    order, as LMDB's compacting copy would give.
     """
-    tables = environments.read_tables(src)  # also checks that data.mdb is whole
-    count = int(decode_meta(tables[0], where=src)["count"])
+    tables = environments.read_tables(src)  # also checks that data.mdb is whole, and __check__
+    meta = decode_meta(tables[0], where=src)
+    count = int(meta["count"])
     os.makedirs(out, exist_ok=True)
+    pf = environments.open_data(src, readahead=True)
     try:
-        with environments.opened(src) as env:
-            env.copy(out, compact=True)
-    except lmdb.Error as exc:
+        _copy_items(pf, src, out, pack_binding(meta))
+    except CorruptRecordError as exc:
         raise PackError(
-            f"LMDB could not copy {src} to {out}: {exc}", "check the free space at the destination"
-        ) from exc
+            f"{src} is damaged, so it cannot be copied: record {exc.index} is corrupt ({exc.why})",
+            "run `lmdbfolder verify` on it to see what is damaged; copy it from a good copy, or repack it",
+        ) from None
+    except PageDamage as exc:
+        raise PackError(
+            f"{src} is damaged, so it cannot be copied: {exc.why}",
+            "run `lmdbfolder verify` on it to see what is damaged; copy it from a good copy, or repack it",
+        ) from None
+    finally:
+        pf.close()
     report = os.path.join(src, SKIPPED_REPORT)
     if os.path.isfile(report):
         shutil.copy2(report, os.path.join(out, SKIPPED_REPORT))
@@ -453,6 +489,57 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     if environments.read_tables(out) != tables:
         raise PackError(f"the copy of {src} in {out} differs from it", "run `lmdbfolder verify` on the source")
     return count, os.path.getsize(os.path.join(src, DATA_FILE)), os.path.getsize(os.path.join(out, DATA_FILE))
+
+
+#: Bytes appended per write transaction by ``copy_single``.
+_COPY_BATCH = 64 << 20
+
+
+def _copy_items(pf: PageFile, src: str, out: str, binding: bytes | None) -> None:
+    """Append every key and value of ``pf`` in key order to a new LMDB in ``out``,
+    each record checked (CorruptRecordError) as a reader would check it."""
+    map_size = pf.size + pf.size // 4 + (64 << 20)
+    try:
+        env = lmdb.open(out, map_size=map_size, subdir=True, readahead=False, meminit=False, sync=False, max_dbs=0)
+    except lmdb.Error as exc:
+        raise PackError(f"cannot create the copy of {src} in {out}: {exc}", "check the destination") from None
+    try:
+        batch: list[tuple[bytes, memoryview]] = []
+        size = 0
+        for key, value in pf.items():
+            if key[:1] == b"\x00" and len(key) == KEY.size:
+                decode_record(value, index=KEY.unpack(key)[0], verify=True, binding=binding)
+            batch.append((key, value))
+            size += len(value)
+            if size >= _COPY_BATCH:
+                _append(env, batch, src, out)
+                batch, size = [], 0
+        _append(env, batch, src, out)
+        env.sync(True)
+    except lmdb.Error as exc:
+        raise PackError(
+            f"LMDB could not write the copy of {src} in {out}: {exc}", "check the free space at the destination"
+        ) from exc
+    finally:
+        env.close()
+
+
+def _append(env: lmdb.Environment, batch: list[tuple[bytes, memoryview]], src: str, out: str) -> None:
+    while batch:
+        txn = env.begin(write=True)
+        try:
+            with txn.cursor() as cursor:
+                _consumed, added = cursor.putmulti(batch, append=True)
+            if added != len(batch):
+                raise PackError(f"{src} holds keys out of order or twice; it cannot be copied", "repack it")
+            txn.commit()
+            return
+        except lmdb.MapFullError:
+            txn.abort()
+            env.set_mapsize(env.info()["map_size"] * 2)
+        except BaseException:
+            txn.abort()
+            raise
 
 
 def write_atomically(directory: str, name: str, data: bytes, tmp_name: str) -> None:

@@ -15,7 +15,7 @@ __all__ = ["open_pack", "AnyReader"]
 AnyReader = Union[Reader, ShardedReader]
 
 
-def open_pack(path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = False) -> AnyReader:
+def open_pack(path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = True) -> AnyReader:
     """Open the pack at ``path``: a ``Reader`` for a single pack, a ``ShardedReader``
     for a sharded one (a directory holding ``index.json``), with the same API.
 

@@ -1,15 +1,22 @@
-"""Read a single pack: lazily, read-only, lock-free, once per process, fork- and spawn-safe.
+"""Read a single pack: lazily, read-only, lock-free, once per process, fork- and spawn-safe,
+and safely: no damage to the pack can kill the process (docs/design.md, "Integrity").
 
-Rules this module enforces (see docs/design.md, "Opening an environment"):
+Rules this module enforces (see docs/design.md, "Opening a pack"):
 
-* The LMDB environment is opened on first use in each process, through the
-  per-process registry of ``lmdbfolder.environments`` (read-only,
-  ``lock=False``; a forked child closes what it inherited and opens its own).
+* Every read goes through ``lmdbfolder.pagefile.PageFile`` (opened by
+  ``lmdbfolder.environments``): the pack's own read-only map, every page
+  checked before it is used, never py-lmdb. A damaged record raises
+  ``CorruptRecordError`` naming its index, original path and the pack;
+  every other record stays readable.
+* The map is opened on first use in each process. The constructor reads
+  and checks the tables and closes it again, so a parent process that never
+  reads a sample holds nothing open when it starts its workers.
+* Each (re)opening in a new process checks that the pack is still the one
+  the tables were read from (``pack_id``, or a digest of a format-1
+  manifest): a pack replaced under a live dataset raises NotAPackError in
+  the worker instead of mixing two packs.
 * ``Reader`` pickles without any handle (``__getstate__``), so it can be sent
   to spawned DataLoader workers.
-* Reading the metadata at construction opens the environment only briefly and
-  closes it again, so a parent process that never reads a sample holds nothing
-  open when it starts its workers.
 
 A sharded pack is read by ``lmdbfolder.read.sharded.ShardedReader``;
 ``lmdbfolder.read.opening.open_pack`` opens either.
@@ -24,28 +31,23 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence, cast
+from typing import Any, Iterator, Sequence
 
-import lmdb
 import numpy as np
 from PIL import Image
 
 from lmdbfolder import environments, packdir
 from lmdbfolder.codecs import decode_rgb
-from lmdbfolder.errors import CorruptRecordError, DecodeError, NotAPackError
+from lmdbfolder.errors import CorruptRecordError, DecodeError, LmdbFolderError, NotAPackError
 from lmdbfolder.format import (
     KEY,
     LABELS_KEY,
-    LEGACY_KEYS,
-    LEGACY_META_FILES,
     META_KEY,
-    PATHS_KEY,
-    decode_labels,
-    decode_meta,
     decode_paths,
     decode_record,
     path_at,
 )
+from lmdbfolder.pagefile import PageDamage, PageFile
 
 __all__ = ["Record", "Reader", "PackAPI", "PREFETCH_GAP"]
 
@@ -176,11 +178,16 @@ class Reader(PackAPI):
         readahead: let the kernel read ahead around each access. True suits
             image-sized records (cold random reads of ~100 KB records are
             several times faster); set False for tiny records larger than RAM.
-        verify_checksums: check every payload's CRC-32 on read
-            (CorruptRecordError on mismatch).
+        verify_checksums: check every record's CRC-32 on read (default;
+            CorruptRecordError on mismatch). In a format-2 pack the CRC also
+            binds the record to its index and to the pack, so a record found
+            in the wrong place fails it too. It costs about 0.3 % of a JPEG
+            decode (docs/design.md, "Integrity"); False skips it.
 
-    The constructor reads the manifest and labels and closes the environment
-    again; samples are read through a lazily opened, per-process handle.
+    The constructor reads and checks the manifest, the label table and (format
+    2) the table checksums, then closes the file again; samples are read
+    through a lazily opened, per-process map. A pack that is damaged where a
+    record is stored raises CorruptRecordError for that record only.
 
     Example:
         >>> from lmdbfolder import Reader
@@ -189,7 +196,7 @@ class Reader(PackAPI):
         ...     print(len(r), r.classes[rec.label], rec.encoding, rec.width, rec.height)
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = True) -> None:
         found = packdir.require_pack(path)
         if found.kind is packdir.Kind.SHARDED:
             raise NotAPackError(
@@ -200,29 +207,22 @@ class Reader(PackAPI):
         self.path = found.path
         self.readahead = readahead
         self.verify_checksums = verify_checksums
-        env = environments.acquire(self.path, readahead)
+        pf = environments.open_data(self.path, readahead)
         try:
-            with env.begin(buffers=True) as txn:
-                meta_blob = txn.get(META_KEY)
-                if meta_blob is None:
-                    _refuse_foreign(self.path, txn)
-                self.meta: dict[str, Any] = decode_meta(meta_blob, where=self.path)
-                count = self.meta["count"]
-                labels_blob = txn.get(LABELS_KEY)
-                if labels_blob is None:
-                    raise NotAPackError(self.path, "its label table (key __labels__) is missing")
-                self._labels = decode_labels(labels_blob, count, where=self.path)
-                if txn.get(PATHS_KEY) is None:
-                    raise NotAPackError(self.path, "its path table (key __paths__) is missing")
+            tables = environments.load_tables(pf, self.path)
         finally:
-            environments.release(self.path)
-        self._count: int = count
+            pf.close()
+        self.meta: dict[str, Any] = tables.meta
+        self._tables = tables
+        self._labels = tables.labels
+        self._binding = tables.binding
+        self._count: int = self.meta["count"]
         self._reset_handles()
 
     def _reset_handles(self) -> None:
         self._pid: int | None = None
-        self._local = threading.local()
-        self._txns: list[lmdb.Transaction] = []
+        self._pf: PageFile | None = None
+        self._paths: memoryview | None = None
         self._handle_lock = threading.Lock()
 
     # -- metadata ------------------------------------------------------------
@@ -234,6 +234,22 @@ class Reader(PackAPI):
         """Label of every sample (a compact ``array('i')``; -1 = unlabelled)."""
         return self._labels
 
+    @property
+    def format_version(self) -> int:
+        """The pack's format version (1 packs lack the record-to-index binding)."""
+        return self._tables.version
+
+    @property
+    def pack_id(self) -> str | None:
+        """The pack's random id (format 2), which every record's CRC is bound to; None for format 1."""
+        pack_id = self.meta.get("pack_id") if self.format_version >= 2 else None
+        return str(pack_id) if pack_id is not None else None
+
+    @property
+    def identity(self) -> str:
+        """What names this pack among all others (its ``pack_id``, or a digest of a format-1 manifest)."""
+        return self._tables.identity
+
     def path_of(self, index: int) -> str:
         """Original relative path of sample ``index``."""
         i = self._check_index(index)
@@ -243,32 +259,45 @@ class Reader(PackAPI):
         """Original relative paths of all samples, in index order."""
         return decode_paths(self._paths_blob(), self._count, where=self.path)
 
+    def skipped(self) -> list[dict[str, Any]] | str:
+        """The source files the writer left out (``{path, reason}`` dicts), or
+        ``"invalid"`` when a format-1 manifest holds something else there."""
+        return environments.skipped_items(self._file(), self._tables, self.path)
+
     def _paths_blob(self) -> memoryview:
-        blob = self._txn().get(PATHS_KEY)
-        if blob is None:
-            raise NotAPackError(self.path, "its path table (key __paths__) is missing")
-        return cast(memoryview, blob)
+        blob = self._paths
+        if blob is None or self._pid != os.getpid():
+            pf = self._file()
+            blob = environments.paths_table(pf, self._tables, self.path)  # checked once per process
+            self._paths = blob
+        return blob
+
+    def _safe_path(self, i: int) -> str | None:
+        # For error messages: the path of a damaged record, if the path table can say.
+        try:
+            return path_at(self._paths_blob(), self._count, i)
+        except LmdbFolderError:
+            return None
 
     def tables(self) -> tuple[memoryview, memoryview, memoryview]:
-        """The stored manifest, label table and path table: zero-copy views, valid until ``close()``."""
-        txn = self._txn()
-        blobs = []
-        for key in (META_KEY, LABELS_KEY, PATHS_KEY):
-            blob = txn.get(key)
-            if blob is None:
-                raise NotAPackError(self.path, f"its {key.decode()} table is missing")
-            blobs.append(cast(memoryview, blob))
-        return blobs[0], blobs[1], blobs[2]
+        """The stored manifest, label table and path table: zero-copy views (checked
+        against ``__check__`` in a format-2 pack)."""
+        pf = self._file()
+        meta = environments.read_value(pf, META_KEY, self.path)
+        labels = environments.read_value(pf, LABELS_KEY, self.path)
+        if meta is None or labels is None:
+            raise NotAPackError(self.path, "its manifest or label table is missing")
+        return meta, labels, self._paths_blob()
 
     # -- samples ---------------------------------------------------------------
     def get(self, index: int) -> Record:
         """Return sample ``index`` (negative indices count from the end).
 
-        The payload is a memoryview into the map: no copy is made. It stays
-        valid until ``close()``; use ``read_bytes`` for an independent copy.
+        The payload is a memoryview into the map: no copy is made. Use
+        ``read_bytes`` for an independent copy.
         """
         i = self._check_index(index)
-        return self._record(i, self._txn().get(KEY.pack(i)), i)
+        return self._record(i, self._lookup(self._file(), i), i)
 
     def get_many(self, indices: Sequence[int], *, prefetch: bool = True) -> list[Record]:
         """The records of ``indices``, in that order (for batch samplers).
@@ -285,8 +314,8 @@ class Reader(PackAPI):
 
     def _get_many(self, idx: list[int], prefetch: bool, offset: int) -> list[Record]:
         # ``offset`` is added to the index each Record reports (a shard's first global index).
-        txn = self._txn()
-        values = [txn.get(KEY.pack(i)) for i in idx]
+        pf = self._file()
+        values = [self._lookup(pf, i) for i in idx]
         if prefetch and len(values) > 1:
             self._prefetch(values)
         return [self._record(i, v, i + offset) for i, v in zip(idx, values)]
@@ -295,8 +324,14 @@ class Reader(PackAPI):
         """Ask the kernel to start reading these records now, without waiting
         (``madvise(MADV_WILLNEED)``): call it with the next batch's indices
         while working on the current one. A no-op where madvise is missing."""
-        txn = self._txn()
-        self._prefetch([txn.get(KEY.pack(self._check_index(i))) for i in indices])
+        pf = self._file()
+        values = []
+        for i in indices:
+            try:
+                values.append(pf.get(KEY.pack(self._check_index(i))))
+            except PageDamage:
+                continue  # advice only: the read of that record will say what is wrong
+        self._prefetch(values)
 
     def _prefetch(self, values: list[Any]) -> None:
         if _MADVISE is None:
@@ -317,57 +352,75 @@ class Reader(PackAPI):
         if run_end > 0:
             _will_need(run_start, run_end)
 
-    def _record(self, i: int, value: Any, reported: int) -> Record:
-        # ``i`` is the index in this pack; ``reported`` the one the Record carries.
+    def _lookup(self, pf: PageFile, i: int) -> memoryview:
+        """The stored value of record ``i``; CorruptRecordError (index, path, pack) when it cannot be found."""
         try:
+            value = pf.get(KEY.pack(i))
             if value is None:
                 raise CorruptRecordError(i, "the record is missing from the database")
-            header, payload = decode_record(value, index=i, verify=self.verify_checksums)
+        except PageDamage as exc:
+            raise CorruptRecordError(
+                i, f"the database is damaged where it is stored: {exc.why}", self._safe_path(i), self.path, kind="page"
+            ) from None
         except CorruptRecordError as exc:
-            raise exc.locate(path_at(self._paths_blob(), self._count, i), self.path) from None
+            raise exc.locate(self._safe_path(i), self.path) from None
+        return value
+
+    def _record(self, i: int, value: memoryview, reported: int) -> Record:
+        # ``i`` is the index in this pack; ``reported`` the one the Record carries.
+        try:
+            header, payload = decode_record(value, index=i, verify=self.verify_checksums, binding=self._binding)
+        except CorruptRecordError as exc:
+            raise exc.locate(self._safe_path(i), self.path) from None
         return Record(reported, header.label, header.encoding, header.width, header.height, header.channels, payload)
 
     def raw_items(self) -> Iterator[tuple[bytes, memoryview]]:
         """Every key and stored value in key order (records, then reserved keys).
 
-        For tools that check the database itself (``verify``); values are
-        zero-copy views, valid until ``close()``.
+        For tools that look at the database itself; values are zero-copy
+        views. Raises CorruptRecordError at the first damaged page.
         """
-        cursor = self._txn().cursor()
         try:
-            for key, value in cursor:
-                yield bytes(key), cast(memoryview, value)
-        finally:
-            cursor.close()
+            yield from self._file().items()
+        except PageDamage as exc:
+            raise CorruptRecordError(
+                None, f"the database is damaged: {exc.why}", None, self.path, kind="page"
+            ) from None
 
-    def _txn(self) -> lmdb.Transaction:
-        # One long-lived read transaction per process and thread: packs never
-        # change, so it never goes stale, and it keeps payload views valid.
-        pid = os.getpid()
-        if self._pid != pid:
-            self._reset_handles()
-            self._pid = pid
-        txn = getattr(self._local, "txn", None)
-        if txn is None:
-            env = environments.acquire(self.path, self.readahead)
-            txn = env.begin(buffers=True)
-            with self._handle_lock:
-                self._txns.append(txn)
-            self._local.txn = txn
-        return txn
+    def _file(self) -> PageFile:
+        # One map per process, shared by its threads (nothing in it changes). In
+        # a new process (a forked or spawned worker) it is opened again, and the
+        # pack found there must be the one the tables were read from.
+        pf = self._pf
+        if pf is not None and self._pid == os.getpid():
+            return pf
+        if self._pid != os.getpid():
+            self._reset_handles()  # inherited from the parent: its lock and map are not ours to use
+        with self._handle_lock:
+            if self._pf is None:
+                pf = environments.open_data(self.path, self.readahead)
+                try:
+                    found = environments.identity_of(pf, self.path)
+                except BaseException:
+                    pf.close()
+                    raise
+                if found != self._tables.identity:
+                    pf.close()
+                    raise NotAPackError(
+                        self.path,
+                        f"it was replaced since this dataset was opened (it was pack {self._tables.identity}, "
+                        f"it is now pack {found}); reading on would mix samples of two packs",
+                        "open the pack again (create the dataset and its DataLoader anew) after replacing it",
+                    )
+                self._pf = pf
+                self._pid = os.getpid()
+            return self._pf
 
     # -- lifetime --------------------------------------------------------------
     def close(self) -> None:
-        """Release this process's handle. Payload views from ``get`` become invalid."""
-        if self._pid == os.getpid():
-            with self._handle_lock:
-                txns, self._txns = self._txns, []
-            for txn in txns:
-                try:
-                    txn.abort()
-                except lmdb.Error:
-                    pass
-                environments.release(self.path)
+        """Release this process's map. Payload views from ``get`` keep what they show alive."""
+        if self._pid == os.getpid() and self._pf is not None:
+            self._pf.close()
         self._reset_handles()
 
     def __enter__(self) -> Reader:
@@ -375,7 +428,7 @@ class Reader(PackAPI):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_pid", "_local", "_txns", "_handle_lock", "_index_by_path"):
+        for name in ("_pid", "_pf", "_paths", "_handle_lock", "_index_by_path"):
             state.pop(name, None)
         return state
 
@@ -385,21 +438,6 @@ class Reader(PackAPI):
 
     def __repr__(self) -> str:
         return f"Reader({self.path!r}, count={self._count}, classes={len(self.meta['classes'])}, store={self.store!r})"
-
-
-def _refuse_foreign(path: str, txn: lmdb.Transaction) -> None:
-    """Raise NotAPackError for an LMDB without a manifest that a recipe made, naming the conversion."""
-    recipe = None
-    if any(os.path.exists(os.path.join(path, name)) for name in LEGACY_META_FILES):
-        recipe = "a BasicSR-style image LMDB (meta_info beside data.mdb)"
-    elif any(txn.get(key) is not None for key in LEGACY_KEYS):
-        recipe = "a folder2lmdb-style LMDB (pickled samples with __len__/__keys__)"
-    if recipe is not None:
-        raise NotAPackError(
-            path,
-            f"it is {recipe}, not an lmdbfolder pack",
-            f"convert it with `lmdbfolder import {path} NEW` (pickles are read safely), then use NEW",
-        )
 
 
 def _load_madvise() -> Any:

@@ -42,7 +42,7 @@ class ShardedReader(PackAPI):
         (1281167, 8, (0, 1000))
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = True) -> None:
         found = packdir.require_pack(path)
         if found.kind is not packdir.Kind.SHARDED:
             raise NotAPackError(found.path, f"it is a single pack, not a sharded one (it holds no {SHARD_INDEX_FILE})")
@@ -125,9 +125,15 @@ class ShardedReader(PackAPI):
             for key in ("classes", "class_to_idx", "store"):
                 if reader.meta[key] != self.meta[key]:
                     raise NotAPackError(path, f"its {key} differ from the index's ({where})", hint)
-            # The stored manifest's hash and the tables' lengths (format.shard_matches):
-            # microseconds, where hashing the tables took milliseconds per shard per worker.
-            if not shard_matches(entry, *reader.tables()):
+            if "pack_id" in entry:
+                # Format 2: the shard's own table checksums were checked when it
+                # opened; its pack id says it is the shard the index was made of.
+                if reader.pack_id != entry["pack_id"]:
+                    raise NotAPackError(path, f"its pack_id differs from the index's ({where})", hint)
+            elif not shard_matches(entry, *reader.tables()):
+                # Version-1 shards: the stored manifest's hash and the tables' lengths
+                # (format.shard_matches): microseconds, where hashing the tables took
+                # milliseconds per shard per worker.
                 what = "manifest_sha256/tables_bytes" if "manifest_sha256" in entry else "tables_sha256"
                 raise NotAPackError(path, f"its manifest or tables do not match the index's {what} ({where})", hint)
         finally:

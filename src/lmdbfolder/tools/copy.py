@@ -1,12 +1,14 @@
-"""Copy a pack (single or sharded) safely: LMDB's consistent copy, compacted.
+"""Copy a pack (single or sharded) safely: every key read through the checked
+reader, compacted.
 
-``cp`` of an LMDB file that something is writing copies pages of different
-transactions (a corrupt copy that nothing detects). ``copy_pack`` copies
-through a read transaction (``packdir.copy_single``: ``mdb_env_copy2`` with
-compaction, free pages left out and the rest renumbered in tree order, so the
-copy is as small and as sequential as the database allows), checks that the
-copy opens with the same count and tables, and publishes it with one rename,
-so the destination never holds a half-copied pack. What may be replaced at
+``copy_pack`` copies with ``packdir.copy_single``: every key and value is read
+through ``PageFile`` (a damaged source is a PackError naming the damage,
+never a crash, which LMDB's own copy of a damaged file can be), every
+record's checksum is checked, and they are appended in key order to a fresh
+LMDB (free pages left out, pages in tree order, so the copy is as small and
+as sequential as the database allows). It checks that the copy holds the
+same count and tables, and publishes it with one rename, so the destination
+never holds a half-copied pack. What may be replaced at
 the destination, and what the temporary directory is, is ``packdir``'s call.
 """
 
@@ -50,9 +52,10 @@ def copy_pack(
 ) -> CopyResult:
     """Copy the pack (or sharded pack) ``src`` to the new path ``dst``, compacted.
 
-    Every database is copied with LMDB's consistent copy (``compact=True``);
-    a sharded pack's ``index.json`` is copied with each shard's new size. The
-    copy is built in ``<dst>.copying`` and renamed to ``dst`` when complete.
+    Every database is copied key by key through the checked reader
+    (``packdir.copy_single``; a damaged source is a PackError); a sharded
+    pack's ``index.json`` is copied with each shard's new size. The copy is
+    built in ``<dst>.copying`` and renamed to ``dst`` when complete.
     ``dst`` must not exist unless ``overwrite``, and then it must be provably
     an lmdbfolder pack (never a directory holding anything else, never a
     symbolic link); it must not overlap ``src``. ``verify=True`` checks every

@@ -10,10 +10,19 @@ Two layouts are recognised:
   ``meta_info.txt`` (``name (H,W,C) compression``) or ``meta_info.pkl``
   (``{"keys": [...], "resolution": ["C_H_W", ...]}``) next to ``data.mdb``.
 
-Pickle is only ever read through ``RestrictedUnpickler``, which builds plain
-tuples, lists, dicts, str, bytes, int, float, bool and None, and refuses
-every global (class or function) a pickle names, so a malicious file cannot
-run code: it fails with ``UnsafePickleError`` instead.
+Pickle is only ever read through ``safe_loads``: first a scan of its opcodes
+(``pickletools.genops``, which builds nothing) that refuses every global
+(class or function), a pickle larger than its cap, nesting deeper than
+``MAX_PICKLE_DEPTH``, more than ``MAX_PICKLE_MEMO`` memo entries, and one
+that expands through shared references into more objects than its bytes
+could hold (a "billion laughs"); then ``RestrictedUnpickler``, which builds
+plain tuples, lists, dicts, str, bytes, int, float, bool and None and again
+refuses every global. A malicious file cannot run code or exhaust memory: it
+fails with ``UnsafePickleError`` instead. Messages name types, never the
+repr of what a pickle holds.
+
+The old LMDB is read through ``PageFile`` (every page checked), like a pack:
+a damaged or truncated recipe LMDB is a clear error, never a crash.
 """
 
 from __future__ import annotations
@@ -21,15 +30,16 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import pickletools
 import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
-
-import lmdb
 
 from lmdbfolder.codecs import sniff
 from lmdbfolder.errors import NotAPackError, SourceError, UnsafePickleError
 from lmdbfolder.format import DATA_FILE, encode_record
+from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile
 from lmdbfolder.write.options import PackOptions
 from lmdbfolder.write.records import Loaded, Skipped
 from lmdbfolder.write.sources import SourceList
@@ -38,6 +48,11 @@ from lmdbfolder.write.writer import PackResult, pack_sources
 __all__ = [
     "RestrictedUnpickler",
     "safe_loads",
+    "check_pickle",
+    "MAX_PICKLE_BYTES",
+    "MAX_PICKLE_DEPTH",
+    "MAX_PICKLE_MEMO",
+    "MAX_IMPORT_CLASSES",
     "LegacyLayout",
     "detect_legacy",
     "import_legacy",
@@ -45,6 +60,119 @@ __all__ = [
 
 CHANNEL_ORDERS = ("bgr", "rgb")
 _PLAIN = (tuple, list, dict, str, bytes, bytearray, int, float, bool, type(None))
+#: The largest pickle read (a sample's value, ``__keys__``, ``meta_info.pkl``).
+MAX_PICKLE_BYTES = 1 << 30
+#: Deepest nesting of containers in a pickle.
+MAX_PICKLE_DEPTH = 32
+#: Most memo entries in one pickle.
+MAX_PICKLE_MEMO = 1 << 24
+#: Most classes an import makes (labels 0 .. MAX_IMPORT_CLASSES - 1): the class
+#: list is built from the largest label, so one huge label must not build a huge list.
+MAX_IMPORT_CLASSES = 1 << 20
+_MAX_LABEL = (1 << 31) - 1
+#: Opcodes that name or call a class or function: never needed for plain data.
+_GLOBALS = frozenset(
+    {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4"}
+)
+_PERSISTENT = frozenset({"PERSID", "BINPERSID"})
+_MEMO_PUT = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
+_MEMO_GET = frozenset({"GET", "BINGET", "LONG_BINGET"})
+#: Opcodes that add to the container below their items (it keeps its identity).
+_EXTEND = frozenset({"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"})
+_MARK = pickletools.markobject
+
+
+def _short(value: Any) -> str:
+    """A short description of something read from an untrusted file: its type, or a cut repr of a scalar."""
+    if isinstance(value, (bytes, str)):
+        return reprlib.repr(value[:64])
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value) if abs(value) < 10**18 else "a very large integer"
+    return f"a {type(value).__name__}"
+
+
+def check_pickle(data: bytes | memoryview, *, where: str, max_bytes: int = MAX_PICKLE_BYTES) -> None:
+    """Refuse a pickle before anything is built from it (see the module docstring).
+
+    Raises UnsafePickleError for a global or persistent id, a size, depth,
+    memo count or expansion beyond the bounds, and SourceError for bytes that
+    are not a pickle. Costs about a microsecond per opcode.
+    """
+    if len(data) > max_bytes:
+        raise UnsafePickleError(where, f"the pickle is {len(data):,} bytes, more than the {max_bytes:,} allowed")
+    # Every stack entry is a mutable [objects, depth]: a container keeps its
+    # entry while it is extended, and the memo holds the same entry, so an
+    # object fetched from the memo brings everything it holds.
+    max_objects = 1024 + 4 * len(data)
+    stack: list[Any] = []
+    memo: dict[Any, list[int]] = {}
+    names: list[str] = []
+    try:
+        for op, arg, _pos in pickletools.genops(bytes(data)):
+            name = op.name
+            if isinstance(arg, str):
+                names = (names + [arg])[-2:]
+            if name in _GLOBALS or name in _PERSISTENT:
+                what = arg if name == "GLOBAL" and isinstance(arg, str) else ".".join(names) if names else "a global"
+                if name in _PERSISTENT:
+                    raise UnsafePickleError(where, "the pickle uses persistent ids; refused")
+                raise UnsafePickleError(
+                    where,
+                    f"the pickle asks for {str(what).replace(' ', '.')[:120]}; refused (loading it could run code)",
+                )
+            if name in _MEMO_PUT:
+                if not stack or stack[-1] is _MARK:
+                    raise ValueError("memo put with nothing on the stack")
+                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
+                if len(memo) > MAX_PICKLE_MEMO:
+                    raise UnsafePickleError(where, f"the pickle has more than {MAX_PICKLE_MEMO:,} memo entries")
+                continue
+            if name in _MEMO_GET:
+                if arg not in memo:
+                    raise ValueError(f"memo key {arg} was never stored")
+                stack.append(memo[arg])
+                continue
+            if name == "MARK":
+                stack.append(_MARK)
+                continue
+            before = op.stack_before
+            items: list[list[int]] = []
+            if _MARK in before:
+                while stack and stack[-1] is not _MARK:
+                    items.append(stack.pop())
+                if not stack:
+                    raise ValueError("no mark on the stack")
+                stack.pop()
+                below = before.index(_MARK)
+            else:
+                below = len(before)
+            under = [stack.pop() for _ in range(below)] if len(stack) >= below else None
+            if under is None or any(entry is _MARK for entry in under):
+                raise ValueError(f"{name} finds too few items on the stack")
+            if name in _EXTEND:
+                container = under[-1]
+                items += under[:-1]
+                container[0] += sum(entry[0] for entry in items)
+                container[1] = max([container[1]] + [1 + entry[1] for entry in items])
+                stack.append(container)
+                entry = container
+            elif name == "DUP":
+                stack += [under[0], under[0]]
+                continue
+            else:
+                items += under
+                entry = [1 + sum(e[0] for e in items), 1 + max((e[1] for e in items), default=0)]
+                stack += [entry] * len(op.stack_after)
+            if entry[0] > max_objects:
+                raise UnsafePickleError(
+                    where, f"the pickle expands into more than {max_objects:,} objects (shared references); refused"
+                )
+            if entry[1] > MAX_PICKLE_DEPTH:
+                raise UnsafePickleError(where, f"the pickle is nested more than {MAX_PICKLE_DEPTH} levels deep")
+    except UnsafePickleError:
+        raise
+    except Exception as exc:  # genops raises ValueError (and others) for malformed input
+        raise SourceError(where, f"not a readable pickle ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -66,14 +194,15 @@ class RestrictedUnpickler(pickle.Unpickler):
         raise UnsafePickleError(self.where, "the pickle uses persistent ids; refused")
 
 
-def safe_loads(data: bytes | memoryview, *, where: str) -> Any:
-    """Unpickle ``data`` with RestrictedUnpickler; errors name ``where``."""
+def safe_loads(data: bytes | memoryview, *, where: str, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
+    """Unpickle ``data``: ``check_pickle`` first, then RestrictedUnpickler; errors name ``where``."""
+    check_pickle(data, where=where, max_bytes=max_bytes)
     try:
         obj = RestrictedUnpickler(io.BytesIO(bytes(data)), where).load()
     except UnsafePickleError:
         raise
     except Exception as exc:  # malformed pickles raise many types
-        raise SourceError(where, f"not a readable pickle ({type(exc).__name__}: {exc})") from None
+        raise SourceError(where, f"not a readable pickle ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(obj, _PLAIN):
         raise UnsafePickleError(where, f"unexpected {type(obj).__name__} in a pickle")
     return obj
@@ -90,13 +219,47 @@ class LegacyLayout:
     shapes: list[tuple[int, int, int] | None]
 
 
-def _open_old(path: str) -> lmdb.Environment:
+def _open_old(path: str) -> PageFile:
     if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, DATA_FILE)):
         raise NotAPackError(path, "no data.mdb here; pass the LMDB directory made by the recipe")
     try:
-        return lmdb.open(path, readonly=True, lock=False, subdir=True, readahead=True)
-    except lmdb.Error as exc:
-        raise NotAPackError(path, f"LMDB cannot open it: {exc}") from None
+        return PageFile(os.path.join(path, DATA_FILE))
+    except PageDamage as exc:
+        if exc.kind == "truncated":
+            raise NotAPackError(
+                path,
+                f"its {DATA_FILE} is truncated ({exc.why.removeprefix('it is truncated: ')})",
+                "copy it again in full (an interrupted copy or download?)",
+            ) from None
+        raise NotAPackError(path, f"it cannot be read as an LMDB: {exc.why}") from None
+    except OSError as exc:
+        raise NotAPackError(path, f"cannot read {DATA_FILE} ({exc.strerror})") from None
+
+
+_DAMAGED = "the recipe LMDB is damaged: copy it again from a good copy, or repack from the source images"
+
+
+def _get(pf: PageFile, key: bytes, path: str) -> memoryview | None:
+    """The old LMDB's value under ``key``; SourceError when the pages on the way are damaged."""
+    try:
+        return pf.get(key)
+    except PageDamage as exc:
+        raise SourceError(path, f"cannot read key {_short(key)}: {exc.why}", _DAMAGED) from None
+
+
+def _pickle_at(pf: PageFile, key: bytes, path: str, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
+    """Unpickle the value under ``key`` (None if absent), its size checked before it is read."""
+    value = _get(pf, key, path)
+    if value is None:
+        return None
+    return safe_loads(value, where=f"{path} key {key.decode(errors='replace')[:64]}", max_bytes=max_bytes)
+
+
+def _all_keys(pf: PageFile, path: str) -> list[bytes]:
+    try:
+        return [key for _pgno, _depth, kind, nodes in pf.pages() if kind == P_LEAF for _off, key, _lohi, _fl in nodes]
+    except PageDamage as exc:
+        raise SourceError(path, f"cannot list its keys: {exc.why}", _DAMAGED) from None
 
 
 def detect_legacy(path: str) -> LegacyLayout:
@@ -104,48 +267,48 @@ def detect_legacy(path: str) -> LegacyLayout:
     path = os.path.abspath(path)
     if os.path.exists(os.path.join(path, "meta_info.txt")) or os.path.exists(os.path.join(path, "meta_info.pkl")):
         return _basicsr_layout(path)
-    env = _open_old(path)
+    pf = _open_old(path)
     try:
-        with env.begin() as txn:
-            if txn.get(b"__meta__") is not None:
-                raise SourceError(path, "is already an lmdbfolder pack", "use it directly; nothing to import")
-            keys_blob = txn.get(b"__keys__")
-            if keys_blob is not None:
-                keys = safe_loads(keys_blob, where=f"{path} key __keys__")
-                if not isinstance(keys, list) or not all(isinstance(k, (bytes, str)) for k in keys):
-                    raise SourceError(path, "__keys__ is not a list of keys")
-                ordered = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
-            else:
-                numeric = [bytes(k) for k in txn.cursor().iternext(values=False) if bytes(k).isdigit()]
-                ordered = sorted(numeric, key=int)
-            if not ordered:
-                raise SourceError(
-                    path,
-                    "not a recognised recipe LMDB: no __keys__, no numeric keys, no meta_info.txt/.pkl",
-                    "lmdbfolder import reads folder2lmdb-style (pickled (bytes, label)) and BasicSR-style LMDBs",
-                )
-            length_blob = txn.get(b"__len__")
-            if length_blob is not None:
-                length = _parse_length(length_blob, path)
-                if length != len(ordered):
-                    raise SourceError(path, f"__len__ says {length} samples but {len(ordered)} keys were found")
+        if _get(pf, b"__meta__", path) is not None:
+            raise SourceError(path, "is already an lmdbfolder pack", "use it directly; nothing to import")
+        keys = _pickle_at(pf, b"__keys__", path)
+        if keys is not None:
+            if not isinstance(keys, list) or not all(isinstance(k, (bytes, str)) for k in keys):
+                raise SourceError(path, "__keys__ is not a list of keys")
+            ordered = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
+        else:
+            numeric = [k for k in _all_keys(pf, path) if k.isdigit()]
+            ordered = sorted(numeric, key=int)
+        if not ordered:
+            raise SourceError(
+                path,
+                "not a recognised recipe LMDB: no __keys__, no numeric keys, no meta_info.txt/.pkl",
+                "lmdbfolder import reads folder2lmdb-style (pickled (bytes, label)) and BasicSR-style LMDBs",
+            )
+        length_blob = _get(pf, b"__len__", path)
+        if length_blob is not None:
+            length = _parse_length(length_blob, path)
+            if length != len(ordered):
+                raise SourceError(path, f"__len__ says {length} samples but {len(ordered)} keys were found")
     finally:
-        env.close()
+        pf.close()
     return LegacyLayout(
         "pickled", ordered, [k.decode("utf-8", "surrogateescape") for k in ordered], [], [None] * len(ordered)
     )
 
 
-def _parse_length(blob: bytes, path: str) -> int:
+def _parse_length(blob: bytes | memoryview, path: str) -> int:
+    if len(blob) > 1024:
+        raise SourceError(path, f"__len__ is {len(blob):,} bytes, too long for a sample count")
     raw = bytes(blob)
     if raw.strip().isdigit():
         return int(raw)
     value = safe_loads(raw, where=f"{path} key __len__")
     if isinstance(value, (bytes, str)) and str(value if isinstance(value, str) else value.decode()).isdigit():
         return int(value)
-    if isinstance(value, int):
+    if type(value) is int:
         return value
-    raise SourceError(path, f"__len__ holds {value!r}, not a sample count")
+    raise SourceError(path, f"__len__ holds {_short(value)}, not a sample count")
 
 
 _META_LINE = re.compile(r"^(?P<name>.+?)\s+\((?P<shape>\s*\d+\s*(?:,\s*\d+\s*){1,2})\)(?:\s+\S+)?\s*$")
@@ -162,14 +325,19 @@ def _basicsr_layout(path: str) -> LegacyLayout:
                     continue
                 m = _META_LINE.match(line.strip())
                 if m is None:
-                    raise SourceError(f"{txt}:{lineno}", f"expected `name (H,W,C) [compression]`: {line.strip()!r}")
+                    raise SourceError(
+                        f"{txt}:{lineno}", f"expected `name (H,W,C) [compression]`: {_short(line.strip())}"
+                    )
                 dims = [int(x) for x in m["shape"].split(",")]
                 h, w, c = (dims + [1])[:3]
                 names.append(m["name"])
                 shapes.append((h, w, c))
     else:
-        with open(os.path.join(path, "meta_info.pkl"), "rb") as f:
-            meta = safe_loads(f.read(), where=f"{path}/meta_info.pkl")
+        pkl = os.path.join(path, "meta_info.pkl")
+        if os.path.getsize(pkl) > MAX_PICKLE_BYTES:
+            raise UnsafePickleError(pkl, f"it is larger than the {MAX_PICKLE_BYTES:,} bytes allowed")
+        with open(pkl, "rb") as f:
+            meta = safe_loads(f.read(), where=pkl)
         if not isinstance(meta, dict) or not isinstance(meta.get("keys"), list):
             raise SourceError(f"{path}/meta_info.pkl", "expected a dict with a 'keys' list")
         resolutions = meta.get("resolution")
@@ -180,16 +348,15 @@ def _basicsr_layout(path: str) -> LegacyLayout:
     if not names:
         raise SourceError(path, "meta_info lists no images")
     # BasicSR keys are the names without their extension; some variants keep it.
-    env = _open_old(path)
+    pf = _open_old(path)
     try:
-        with env.begin() as txn:
-            keys = []
-            for name in names:
-                stem = os.path.splitext(name)[0].encode("utf-8", "surrogateescape")
-                full = name.encode("utf-8", "surrogateescape")
-                keys.append(stem if txn.get(stem) is not None else full)
+        keys = []
+        for name in names:
+            stem = os.path.splitext(name)[0].encode("utf-8", "surrogateescape")
+            full = name.encode("utf-8", "surrogateescape")
+            keys.append(stem if _get(pf, stem, path) is not None else full)
     finally:
-        env.close()
+        pf.close()
     return LegacyLayout("basicsr", keys, names, [], shapes)
 
 
@@ -230,19 +397,26 @@ def import_legacy(
         raise ValueError(f"channel_order must be one of {CHANNEL_ORDERS}, got {channel_order!r}")
     old = os.path.abspath(os.fspath(old))
     layout = detect_legacy(old)
-    env = _open_old(old)
+    pf = _open_old(old)
     try:
         loader: Callable[[int], Loaded | Skipped]
         if layout.kind == "pickled":
-            labels, loader = _pickled_loader(env, layout, old)
+            labels, loader = _pickled_loader(pf, layout, old)
             n_classes = max(labels) + 1 if labels and max(labels) >= 0 else 0
+            if n_classes > MAX_IMPORT_CLASSES:
+                raise SourceError(
+                    old,
+                    f"its labels go up to {n_classes - 1:,}: "
+                    f"more than the {MAX_IMPORT_CLASSES:,} classes an import makes",
+                    "the labels are probably damaged; check the recipe LMDB (or repack from the source images)",
+                )
             classes = [str(i) for i in range(n_classes)]
             store = "encoded"
         else:
             labels = [-1] * len(layout.keys)
             classes = []
-            store = _basicsr_store(env, layout)
-            loader = _basicsr_loader(env, layout, store, channel_order)
+            store = _basicsr_store(pf, layout, old)
+            loader = _basicsr_loader(pf, layout, store, channel_order, old)
         sources = SourceList(
             old, "legacy-" + layout.kind, layout.names, labels, classes, {c: i for i, c in enumerate(classes)}
         )
@@ -254,20 +428,19 @@ def import_legacy(
             restart=restart,
             progress=progress,
         )
-        return pack_sources(sources, new, options, loader=loader, mean_size=_mean_value_size(env, layout.keys))
+        return pack_sources(sources, new, options, loader=loader, mean_size=_mean_value_size(pf, layout.keys, old))
     finally:
-        env.close()
+        pf.close()
 
 
-def _mean_value_size(env: lmdb.Environment, keys: list[bytes]) -> float:
-    with env.begin() as txn:
-        sample = [txn.get(k) for k in keys[:: max(1, len(keys) // 200)]]
+def _mean_value_size(pf: PageFile, keys: list[bytes], path: str) -> float:
+    sample = [_get(pf, k, path) for k in keys[:: max(1, len(keys) // 200)]]
     sizes = [len(v) for v in sample if v is not None]
     return sum(sizes) / len(sizes) if sizes else 0.0
 
 
-def _pickled_sample(value: bytes, where: str) -> tuple[bytes, int]:
-    if not value.startswith(b"\x80"):
+def _pickled_sample(value: bytes | memoryview, where: str) -> tuple[bytes, int]:
+    if bytes(value[:1]) != b"\x80":
         raise SourceError(
             where,
             "the value is not a pickle (pyarrow-serialised recipes need pyarrow < 2.0 to read)",
@@ -281,31 +454,31 @@ def _pickled_sample(value: bytes, where: str) -> tuple[bytes, int]:
     image, label = obj
     if label is None:
         label = -1
-    if not isinstance(label, int):
-        raise SourceError(where, f"label {label!r} is not an integer")
+    if type(label) is not int:
+        raise SourceError(where, f"its label is {_short(label)}, not an integer")
+    if not (label == -1 or 0 <= label <= _MAX_LABEL):
+        raise SourceError(where, f"its label {_short(label)} is not a class index (0..{_MAX_LABEL}) or -1 (none)")
     return bytes(image), label
 
 
 def _pickled_loader(
-    env: lmdb.Environment, layout: LegacyLayout, old: str
+    pf: PageFile, layout: LegacyLayout, old: str
 ) -> tuple[list[int], Callable[[int], Loaded | Skipped]]:
     # Labels must be known before packing (they are part of the sample list),
     # so every value is unpickled once here; images are re-read by the loader.
     labels = []
-    with env.begin() as txn:
-        for key in layout.keys:
-            value = txn.get(key)
-            if value is None:
-                raise SourceError(old, f"key {key!r} is listed but missing")
-            labels.append(_pickled_sample(value, f"{old} key {key.decode(errors='replace')}")[1])
-    txn = env.begin()
+    for key in layout.keys:
+        value = _get(pf, key, old)
+        if value is None:
+            raise SourceError(old, f"key {_short(key)} is listed but missing")
+        labels.append(_pickled_sample(value, f"{old} key {key.decode(errors='replace')[:64]}")[1])
 
     def load(i: int) -> Loaded | Skipped:
         key = layout.keys[i]
-        value = txn.get(key)
+        value = _get(pf, key, old)
         if value is None:
             return Skipped("the key vanished from the old LMDB")
-        image, label = _pickled_sample(value, f"{old} key {key.decode(errors='replace')}")
+        image, label = _pickled_sample(value, f"{old} key {key.decode(errors='replace')[:64]}")
         if not image:
             return Skipped("empty image bytes")
         info = sniff(image)
@@ -317,23 +490,20 @@ def _pickled_loader(
     return labels, load
 
 
-def _basicsr_store(env: lmdb.Environment, layout: LegacyLayout) -> str:
-    with env.begin() as txn:
-        first = txn.get(layout.keys[0])
+def _basicsr_store(pf: PageFile, layout: LegacyLayout, old: str) -> str:
+    first = _get(pf, layout.keys[0], old)
     if first is None:
         raise SourceError(layout.names[0], "is listed in meta_info but missing from the LMDB")
     return "encoded" if sniff(first).encoding != "other" else "raw"
 
 
 def _basicsr_loader(
-    env: lmdb.Environment, layout: LegacyLayout, store: str, channel_order: str
+    pf: PageFile, layout: LegacyLayout, store: str, channel_order: str, old: str
 ) -> Callable[[int], Loaded | Skipped]:
     import numpy as np
 
-    txn = env.begin()
-
     def load(i: int) -> Loaded | Skipped:
-        value = txn.get(layout.keys[i])
+        value = _get(pf, layout.keys[i], old)
         if value is None:
             return Skipped("listed in meta_info but missing from the LMDB")
         info = sniff(value)

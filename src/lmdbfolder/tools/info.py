@@ -1,6 +1,11 @@
 """``pack_info``: a summary of a pack (single or sharded) from its metadata, and
 ``pack_statistics``: samples per class and image sizes, from the label table and
-the record headers (never an image payload)."""
+the record headers (never an image payload).
+
+Informational manifest fields (FORMAT.md) are shown as they are when they
+have their documented type and as ``"invalid"`` when not: a damaged or
+hostile field never makes ``info`` fail.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,13 @@ from collections import Counter
 from typing import Any
 
 from lmdbfolder import packdir
-from lmdbfolder.format import NO_LABEL, SHARD_INDEX_FILE
+from lmdbfolder.errors import CorruptRecordError
+from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, informational
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
 
-__all__ = ["pack_info", "pack_statistics", "DEFAULT_SIZE_SAMPLE", "SHOWN_CLASSES"]
+__all__ = ["pack_info", "pack_statistics", "DEFAULT_SIZE_SAMPLE", "SHOWN_CLASSES", "INVALID"]
 
 #: Record headers ``pack_statistics`` reads for the image-size distribution by
 #: default (evenly spaced over the pack): a few thousand page reads, so
@@ -41,10 +47,12 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     found = packdir.require_pack(path)
     if found.kind is packdir.Kind.SHARDED:
         return _sharded_info(found.path)
-    reader = Reader(found.path)
-    meta = reader.meta
-    info = _summary(reader.path, meta, packdir.dir_size(reader.path))
-    info.update(format_version=meta["format_version"], skipped=meta.get("skipped", []))
+    with Reader(found.path) as reader:
+        meta = reader.meta
+        info = _summary(reader.path, meta, packdir.dir_size(reader.path))
+        info.update(format_version=meta["format_version"], pack_id=reader.pack_id, skipped=reader.skipped())
+    if meta["format_version"] < 2:
+        info["note"] = "format version 1: records are not bound to their index and pack (repack to get format 2)"
     return info
 
 
@@ -63,11 +71,13 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
       headers only. ``sizes`` is how many evenly spaced records to read
       (None or 0: all of them; a negative number: none, ``image_sizes`` is None).
       Records whose size is unknown (``--check none`` on a format the writer
-      could not sniff) are counted in ``unknown``.
+      could not sniff) are counted in ``unknown``, damaged ones in ``unreadable``.
 
     The counts come from the label table (no record is read).
     """
-    with open_pack(path) as reader:
+    # Only the headers are looked at: no CRC over payloads (a cold pack would be
+    # read in full). A record that cannot be read is counted, not fatal.
+    with open_pack(path, verify_checksums=False) as reader:
         classes = reader.classes
         labels = reader.labels
         counted = Counter(labels)
@@ -76,7 +86,9 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
             counts["(unlabelled)"] = counted[NO_LABEL]
         ranked = sorted(((counts[name], name) for name in classes), key=lambda t: t[0])  # stable: class order
         n = len(reader)
-        encodings = reader.meta.get("encodings") or {}
+        encodings = informational(reader.meta, "encodings", {})
+        if not isinstance(encodings, dict):
+            encodings = {}
         out: dict[str, Any] = {
             "path": reader.path,
             "count": n,
@@ -90,9 +102,13 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
             return out
         step = 1 if not sizes or sizes >= n else n / sizes
         picks = sorted({int(k * step) for k in range(n if step == 1 else int(sizes or n))})
-        widths, heights, unknown = [], [], 0
+        widths, heights, unknown, unreadable = [], [], 0, 0
         for i in picks:
-            record = reader.get(i)
+            try:
+                record = reader.get(i)
+            except CorruptRecordError:
+                unreadable += 1
+                continue
             if record.width and record.height:
                 widths.append(record.width)
                 heights.append(record.height)
@@ -108,6 +124,7 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
             "sampled": len(picks),
             "of": n,
             "unknown": unknown,
+            "unreadable": unreadable,
             "width": spread(widths),
             "height": spread(heights),
         }
@@ -123,12 +140,12 @@ def _summary(path: str, meta: dict[str, Any], size: int) -> dict[str, Any]:
         "num_classes": len(meta["classes"]),
         "classes": meta["classes"],
         "store": meta["store"],
-        "encodings": meta.get("encodings", {}),
-        "payload_bytes": meta.get("payload_bytes"),
+        "encodings": informational(meta, "encodings", {}),
+        "payload_bytes": informational(meta, "payload_bytes"),
         "size_on_disk": size,
-        "source": meta.get("source"),
-        "created_by": meta.get("created_by"),
-        "created_at": meta.get("created_at"),
+        "source": informational(meta, "source"),
+        "created_by": informational(meta, "created_by"),
+        "created_at": informational(meta, "created_at"),
     }
 
 
@@ -139,7 +156,10 @@ def _sharded_info(path: str) -> dict[str, Any]:
     skipped: list[dict[str, Any]] = []
     size = os.path.getsize(os.path.join(reader.path, SHARD_INDEX_FILE))
     for entry, shard_path in zip(meta["shards"], reader.shards):
-        skipped.extend(Reader(shard_path).meta.get("skipped", []))
+        with Reader(shard_path) as shard:
+            items = shard.skipped()
+        if isinstance(items, list):
+            skipped.extend(items)
         shard_size = packdir.dir_size(shard_path)
         size += shard_size
         shards.append({"name": entry["name"], "count": entry["count"], "size_on_disk": shard_size})

@@ -12,8 +12,8 @@ index and class name. Three selections:
 * ``random=N``: N samples drawn at random (``seed``);
 * ``indices=[...]``: exactly those samples, in that order.
 
-A sample that does not decode becomes a red tile saying so, instead of
-stopping the sheet.
+A sample that does not decode (or whose record is damaged) becomes a red
+tile saying so, instead of stopping the sheet.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
-from lmdbfolder.errors import DecodeError, OptionError
+from lmdbfolder.errors import CorruptRecordError, DecodeError, OptionError
 from lmdbfolder.format import NO_LABEL
 from lmdbfolder.read.opening import open_pack
 
@@ -190,10 +190,11 @@ def contact_sheet(
             name = classes[label] if 0 <= label < len(classes) else ""
             try:
                 image = reader.image(index)
-            except DecodeError:
+            except (DecodeError, CorruptRecordError) as exc:  # undecodable, or a damaged record
                 broken.append(index)
                 draw.rectangle((x, y, x + size - 1, y + size - 1), fill=_BROKEN)
-                draw.text((x + 3, y + 3), "cannot decode", fill=_TEXT, font=font)
+                why = "damaged" if isinstance(exc, CorruptRecordError) else "cannot decode"
+                draw.text((x + 3, y + 3), why, fill=_TEXT, font=font)
                 box = (x, y, x + size, y + size)
             else:
                 image.thumbnail((size, size), Image.Resampling.BILINEAR, reducing_gap=None)

@@ -1,8 +1,22 @@
-"""Check a pack: manifest, key set, every record's header and checksum, labels,
-and optionally that every image decodes.
+"""Check a pack: everything a reader relies on, looked up exactly as readers do it.
 
 ``verify`` never stops at the first problem: it reports each bad record by
-index and original path, so the user knows exactly what to repack.
+index and original path, so the user knows exactly what to repack. It reads
+the pack only through ``PageFile`` (the readers' own lookups: no LMDB code
+runs on the file, so no damage can take the command down), and it checks:
+
+* the file itself (``PageFile.audit``): both B-trees page by page, overflow
+  extents, separator keys, the free list, every page in use or free exactly
+  once, and the meta page's counters;
+* the tables as a reader opens them: the manifest, the format-2 table
+  checksums (``__check__``), the label and path tables, labels that are
+  class indices, informational fields of the documented types;
+* every record ``0..count-1`` looked up through the tree as ``Reader.get``
+  does, with the CRC (bound to the index and the pack in format 2), the
+  header label against the label table, raw sizes against the payload, the
+  encoding against the pack's store; and that no other key is stored.
+
+So it cannot say OK for a pack on which some ``Reader.get(i)`` fails.
 """
 
 from __future__ import annotations
@@ -15,21 +29,38 @@ from typing import Any
 
 from PIL import Image
 
-from lmdbfolder import packdir
+from lmdbfolder import environments, packdir
 from lmdbfolder.codecs import decode_rgb, raw_rgb, truncation
-from lmdbfolder.errors import CorruptRecordError, NotAPackError
+from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError
 from lmdbfolder.format import (
+    CHECK_KEY,
+    DAMAGED_HINT,
+    INVALID,
+    KEY,
     LABELS_KEY,
     META_KEY,
     NO_LABEL,
     PATHS_KEY,
     RESERVED_PREFIX,
+    SKIPPED_KEY,
     RecordHeader,
+    check_labels,
+    check_paths,
+    check_table,
+    decode_check,
     decode_key,
+    decode_labels,
+    decode_meta,
+    decode_paths,
     decode_record,
+    decode_skipped,
+    informational,
+    invalid_fields,
+    pack_binding,
     shard_matches,
     tables_digest,
 )
+from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
@@ -37,9 +68,17 @@ from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.sources import scan
 
-__all__ = ["Problem", "VerifyReport", "verify", "verify_sharded", "KNOWN_RESERVED_KEYS"]
+__all__ = ["Problem", "VerifyReport", "verify", "verify_sharded", "KNOWN_RESERVED_KEYS", "NO_BINDING_NOTE"]
 
+#: The reserved keys of a format-1 pack; format 2 adds ``__check__`` and ``__skipped__``.
 KNOWN_RESERVED_KEYS = frozenset({META_KEY, LABELS_KEY, PATHS_KEY})
+_RESERVED_V2 = KNOWN_RESERVED_KEYS | {CHECK_KEY, SKIPPED_KEY}
+#: Said of every format-1 pack (a note, not a problem).
+NO_BINDING_NOTE = (
+    "format version 1: records are not bound to their index and pack, so a record stored under another "
+    "index with a valid checksum cannot be detected, and the tables carry no checksums; "
+    "repack it (lmdbfolder pack) to get format 2"
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +97,8 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """What ``verify`` checked and what it found."""
+    """What ``verify`` checked and what it found. ``notes`` are not problems
+    (for example that a format-1 pack lacks the record binding)."""
 
     path: str
     count: int
@@ -67,6 +107,7 @@ class VerifyReport:
     decoded: bool = False
     seconds: float = 0.0
     problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -94,19 +135,18 @@ def verify(
     list_file: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
 ) -> VerifyReport:
-    """Check every record of the pack at ``path``.
+    """Check every record and table of the pack at ``path`` (see the module docstring).
 
-    Checks: the manifest parses and its version is supported; the keys are
-    exactly ``0..count-1`` plus the known reserved keys; every record header
-    is well formed, its payload length and CRC-32 match, its label agrees
-    with the label table and the class list, and every encoded JPEG and PNG
-    ends with its end marker (a pack made before that check existed may hold
-    files cut short). With ``decode=True`` every image
-    is also decoded (as ImageFolder would load it). With ``against=SRC`` the
-    source folder is scanned again (same layout; ``list_file`` overrides the
-    recorded list file) and the pack must hold the same files (minus those
-    the pack skipped), with the same labels and the same bytes (for raw
-    packs: the same decoded pixels).
+    Also: every encoded JPEG and PNG ends with its end marker (a pack made
+    before that check existed may hold files cut short). With
+    ``decode=True`` every image is also decoded (as ImageFolder would load
+    it). With ``against=SRC`` the source folder is scanned again (same
+    layout; ``list_file`` overrides the recorded list file) and the pack must
+    hold the same files (minus those the pack skipped), with the same labels
+    and the same bytes (for raw packs: the same decoded pixels).
+
+    Raises NotAPackError only when there is nothing to check against: no
+    LMDB file, a truncated one, or no readable manifest.
 
     Returns:
         A VerifyReport; ``report.ok`` is False if anything is wrong.
@@ -126,21 +166,199 @@ def verify(
             start = time.perf_counter()
             skipped = pack_info(found.path)["skipped"]
             with ShardedReader(found.path) as sharded:
-                _against_by_index(sharded, report, os.fspath(against), list_file, skipped)
+                _against_by_index(sharded, report, os.fspath(against), list_file, _dicts(skipped))
             report.seconds += time.perf_counter() - start
         return report
     start = time.perf_counter()
-    reader = Reader(found.path, readahead=True)
-    report = VerifyReport(reader.path, len(reader), decoded=decode)
+    pf = environments.open_data(found.path, readahead=True)
     try:
+        pack = _Checked(pf, found.path)
+        report = VerifyReport(found.path, pack.count, decoded=decode)
+        pack.check_tables(report)
         sources = None
         if against is not None:
-            sources = _source_files(reader, report, os.fspath(against), list_file, reader.meta.get("skipped", []))
-        _check_records(reader, report, decode, progress, sources)
+            if pack.path_list is None:
+                report.problems.append(Problem("source", "cannot compare with the source: the path table is damaged"))
+            else:
+                sources = _source_files(pack, report, os.fspath(against), list_file, _dicts(pack.skipped))
+        pack.check_records(report, decode, progress, sources)
     finally:
-        reader.close()
+        pf.close()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _dicts(items: Any) -> list[Any]:
+    return items if isinstance(items, list) else []
+
+
+class _Checked:
+    """One pack as ``verify`` sees it: each table read and checked on its own, so
+    that a damaged one is a problem to report and the rest is still checked."""
+
+    def __init__(self, pf: PageFile, path: str) -> None:
+        self.pf = pf
+        self.path = path
+        try:
+            blob = pf.get(META_KEY)
+            check_blob = pf.get(CHECK_KEY)
+        except PageDamage as exc:
+            raise NotAPackError(path, f"its manifest cannot be read: {exc.why}", DAMAGED_HINT) from None
+        if blob is None:
+            environments.refuse_foreign(path, pf)  # a recipe's LMDB: say how to convert it
+        self.damaged_meta: NotAPackError | None = None
+        if blob is not None and check_blob is not None:
+            try:
+                check_table(decode_check(check_blob, where=path), META_KEY, blob, where=path)
+            except NotAPackError as exc:
+                self.damaged_meta = exc  # reported with the tables, if the manifest still parses
+        try:
+            self.meta = decode_meta(blob, where=path)  # nothing to check against without it
+        except FormatVersionError:
+            raise  # a newer format: "upgrade" says more than "damaged"
+        except NotAPackError:
+            if self.damaged_meta is not None:
+                raise self.damaged_meta from None
+            raise
+        self.meta_blob = blob
+        self.count: int = self.meta["count"]
+        self.version: int = self.meta["format_version"]
+        self.binding = pack_binding(self.meta)
+        self.labels: Any = None
+        self.path_list: list[str] | None = None
+        self.skipped: Any = []
+
+    def paths(self) -> list[str]:
+        """The paths, for the source comparison (``_source_files`` calls it)."""
+        return self.path_list or []
+
+    def _value(self, key: bytes, report: VerifyReport) -> memoryview | None:
+        try:
+            value = self.pf.get(key)
+        except PageDamage as exc:
+            report.problems.append(Problem("table", f"{key.decode()} cannot be read: {exc.why}"))
+            return None
+        if value is None:
+            report.problems.append(Problem("table", f"{key.decode()} is missing"))
+        return value
+
+    def check_tables(self, report: VerifyReport) -> None:
+        for text in self.pf.audit():
+            report.problems.append(Problem("structure", text))
+        if self.version < 2:
+            report.notes.append(NO_BINDING_NOTE)
+        blobs = {key: self._value(key, report) for key in (LABELS_KEY, PATHS_KEY)}
+        if self.version >= 2:
+            blobs[SKIPPED_KEY] = self._value(SKIPPED_KEY, report)
+            try:
+                check = decode_check(self.pf.get(CHECK_KEY), where=self.path)
+            except (NotAPackError, PageDamage) as exc:
+                report.problems.append(Problem("table", _why(exc)))
+                check = None
+            if check is not None:
+                for key, blob in ((META_KEY, self.meta_blob), *blobs.items()):
+                    if blob is None:
+                        continue
+                    try:
+                        check_table(check, key, blob, where=self.path)
+                    except NotAPackError as exc:
+                        report.problems.append(Problem("checksum", exc.message.split(": ", 1)[-1]))
+        labels = blobs[LABELS_KEY]
+        if labels is not None:
+            try:
+                self.labels = decode_labels(labels, self.count, where=self.path)
+                check_labels(self.labels, len(self.meta["classes"]), where=self.path)
+            except NotAPackError as exc:
+                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+        paths = blobs[PATHS_KEY]
+        if paths is not None:
+            try:
+                check_paths(paths, self.count, where=self.path)
+                self.path_list = decode_paths(paths, self.count, where=self.path)
+            except NotAPackError as exc:
+                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+        if self.version >= 2:
+            skipped = blobs.get(SKIPPED_KEY)
+            if skipped is not None:
+                try:
+                    self.skipped = decode_skipped(skipped, where=self.path)
+                except NotAPackError as exc:
+                    report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+        else:
+            self.skipped = informational(self.meta, "skipped", [])
+        for name in invalid_fields(self.meta):
+            report.problems.append(Problem("manifest", f"the informational field {name!r} has the wrong type"))
+        if _pack_resize(self.meta) == INVALID:
+            report.problems.append(Problem("manifest", "the resize parameters (params) are invalid"))
+
+    def check_records(
+        self,
+        report: VerifyReport,
+        decode: bool,
+        progress: bool | None,
+        sources: dict[str, tuple[str, int]] | None,
+    ) -> None:
+        count, paths, labels = self.count, self.path_list, self.labels
+        n_classes = len(self.meta["classes"])
+        store = self.meta["store"]
+        resize = _pack_resize(self.meta)
+        with Progress(count, "verify", enabled=progress) as bar:
+            for index in range(count):
+                path = paths[index] if paths is not None else None
+                try:
+                    value = self.pf.get(KEY.pack(index))
+                except PageDamage as exc:
+                    report.problems.append(
+                        Problem("page", f"the database is damaged where it is stored: {exc.why}", index, path)
+                    )
+                    continue
+                if value is None:
+                    report.problems.append(Problem("missing", "record is missing", index, path))
+                    continue
+                report.checked += 1
+                report.payload_bytes += len(value)
+                bar.update(1, len(value))
+                label = labels[index] if labels is not None else None
+                record = _check_one(report, index, value, path, label, n_classes, decode, self.binding, store)
+                if record is not None and sources is not None and path is not None and path in sources:
+                    _compare_with_source(
+                        report,
+                        index,
+                        *record,
+                        path,
+                        *sources[path],
+                        store,
+                        resize if isinstance(resize, Resize) else None,
+                    )
+        self._check_keys(report)
+
+    def _check_keys(self, report: VerifyReport) -> None:
+        """Every key in the tree is a record ``0..count-1`` or a known reserved key."""
+        known = _RESERVED_V2 if self.version >= 2 else KNOWN_RESERVED_KEYS
+        try:
+            for _pgno, _depth, kind, nodes in self.pf.pages():
+                if kind != P_LEAF:
+                    continue
+                for _off, key, _lohi, _flags in nodes:
+                    if key.startswith(RESERVED_PREFIX):
+                        if key not in known:
+                            report.problems.append(Problem("extra", f"unexpected reserved key {key[:64]!r}"))
+                        continue
+                    try:
+                        index = decode_key(key)
+                    except ValueError:
+                        report.problems.append(Problem("extra", f"unexpected key {key[:64]!r}"))
+                        continue
+                    if index >= self.count:
+                        report.problems.append(
+                            Problem("extra", f"record key {index} is beyond the count {self.count}", index)
+                        )
+        except PageDamage:
+            pass  # the audit has reported the page; the lookups have reported its records
+
+
+def _why(exc: LmdbFolderError) -> str:
+    return exc.message.split(": ", 1)[-1] if isinstance(exc, NotAPackError) else str(getattr(exc, "why", exc))
 
 
 def _against_by_index(
@@ -151,6 +369,8 @@ def _against_by_index(
     if sources is None:
         return
     resize = _pack_resize(reader.meta)
+    if not isinstance(resize, Resize):
+        resize = None
     for index, path in enumerate(reader.paths()):
         if path in sources:
             record = reader.get(index)
@@ -165,14 +385,24 @@ def _source_files(
     reader: Any, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None, skipped_items: list[Any]
 ) -> dict[str, tuple[str, int]] | None:
     """Relative path -> (file, label) of the source, compared as a list with the pack's paths."""
-    recorded = reader.meta.get("source") or {}
+    recorded = informational(reader.meta, "source", {})
+    if not isinstance(recorded, dict):
+        recorded = {}
     layout = recorded.get("layout")
     if layout not in ("imagefolder", "flat", "list"):
         report.problems.append(
-            Problem("source", f"cannot compare with a source folder: the pack's layout is {layout!r}")
+            Problem("source", f"cannot compare with a source folder: the pack's layout is {str(layout)[:40]!r}")
         )
         return None
-    listing = os.fspath(list_file) if list_file is not None else recorded.get("list_file")
+    extensions, match, recorded_list = recorded.get("extensions"), recorded.get("match"), recorded.get("list_file")
+    if not (
+        (extensions is None or (isinstance(extensions, list) and all(isinstance(e, str) for e in extensions)))
+        and isinstance(match, (str, type(None)))
+        and isinstance(recorded_list, (str, type(None)))
+    ):
+        report.problems.append(Problem("source", "cannot compare with a source folder: the pack's source is invalid"))
+        return None
+    listing = os.fspath(list_file) if list_file is not None else recorded_list
     # The same file filters as the pack. An is_valid_file callable cannot be run again:
     # then every file is listed, and only the pack's own files are compared.
     filters: dict[str, Any] = {}
@@ -204,68 +434,45 @@ def _source_files(
     return {p: (sources.abspath(i), sources.labels[i]) for i, p in enumerate(sources.relpaths)}
 
 
-def _pack_resize(meta: dict[str, Any]) -> Resize | None:
-    return Resize.from_params(meta.get("params") or {})
-
-
-def _check_records(
-    reader: Reader,
-    report: VerifyReport,
-    decode: bool,
-    progress: bool | None,
-    sources: dict[str, tuple[str, int]] | None = None,
-) -> None:
-    count = len(reader)
-    labels = reader.labels
-    n_classes = len(reader.classes)
-    paths = reader.paths()
-    resize = _pack_resize(reader.meta)
-    if len(paths) != count:
-        report.problems.append(Problem("manifest", f"path table holds {len(paths)} paths, expected {count}"))
-    expected = 0
-    with Progress(count, "verify", enabled=progress) as bar:
-        for key, value in reader.raw_items():
-            if key.startswith(RESERVED_PREFIX):
-                if key not in KNOWN_RESERVED_KEYS:
-                    report.problems.append(Problem("extra", f"unexpected reserved key {key!r}"))
-                continue
-            try:
-                index = decode_key(key)
-            except ValueError:
-                report.problems.append(Problem("extra", f"unexpected key {key!r}"))
-                continue
-            if index >= count:
-                report.problems.append(Problem("extra", f"record key {index} is beyond the count {count}", index))
-                continue
-            for missing in range(expected, index):
-                report.problems.append(Problem("missing", "record is missing", missing, paths[missing]))
-            expected = index + 1
-            report.checked += 1
-            report.payload_bytes += len(value)
-            bar.update(1, len(value))
-            record = _check_one(report, index, value, paths[index], labels[index], n_classes, decode)
-            if record is not None and sources is not None and paths[index] in sources:
-                _compare_with_source(report, index, *record, paths[index], *sources[paths[index]], reader.store, resize)
-        for missing in range(expected, count):
-            report.problems.append(Problem("missing", "record is missing", missing, paths[missing]))
+def _pack_resize(meta: dict[str, Any]) -> Resize | str | None:
+    """The pack-time resize recorded in the manifest, None, or ``INVALID`` for parameters that make no sense."""
+    params = informational(meta, "params", {})
+    if params is INVALID:
+        return INVALID
+    try:
+        return Resize.from_params(params or {})
+    except (TypeError, ValueError, KeyError, LmdbFolderError):
+        return INVALID
 
 
 def _check_one(
-    report: VerifyReport, index: int, value: memoryview, path: str, label: int, n_classes: int, decode: bool
+    report: VerifyReport,
+    index: int,
+    value: memoryview,
+    path: str | None,
+    label: int | None,
+    n_classes: int,
+    decode: bool,
+    binding: bytes | None = None,
+    store: str | None = None,
 ) -> tuple[RecordHeader, memoryview] | None:
     """Check one record; returns its header and payload, or None if it cannot be parsed."""
     try:
-        header, payload = decode_record(value, index=index, verify=True)
+        header, payload = decode_record(value, index=index, verify=True, binding=binding)
     except CorruptRecordError as exc:
         report.problems.append(Problem(exc.kind, exc.why, index, path))
         return None
-    if header.label != label:
+    if label is not None and header.label != label:
         report.problems.append(
             Problem("label", f"header label {header.label} differs from the label table's {label}", index, path)
         )
     if not (header.label == NO_LABEL or 0 <= header.label < n_classes):
         report.problems.append(
             Problem("label", f"label {header.label} is not a class index (0..{n_classes - 1})", index, path)
+        )
+    if store is not None and (header.encoding == "raw") != (store == "raw"):
+        report.problems.append(
+            Problem("header", f"a {header.encoding} record in a pack of {store} images", index, path)
         )
     cut = truncation(payload, header.encoding)
     if cut is not None:
@@ -354,17 +561,28 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
             continue
         try:
             sub = verify(shard_path, decode=decode, progress=progress)
-            with Reader(shard_path) as reader:
-                digest = tables_digest(*reader.tables())
-                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *reader.tables())
-                meta = reader.meta
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
             continue
+        for p in sub.problems:
+            report.problems.append(
+                Problem(p.kind, f"{name}: {p.message}", None if p.index is None else first + p.index, p.path)
+            )
+        for note in sub.notes:
+            if note not in report.notes:
+                report.notes.append(note)
         if sub.count != entry["count"]:
             report.problems.append(
                 Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry['count']}")
             )
+        try:
+            with Reader(shard_path) as reader:
+                digest = tables_digest(*reader.tables())
+                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *reader.tables())
+                meta, pack_id = reader.meta, reader.pack_id
+        except NotAPackError as exc:
+            report.problems.append(Problem("shard", f"shard {name} cannot be opened: {exc.message}"))
+            continue
         if digest != entry["tables_sha256"]:
             report.problems.append(
                 Problem("checksum", f"shard {name}: its tables do not match the index's tables_sha256")
@@ -373,13 +591,11 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
             report.problems.append(
                 Problem("checksum", f"shard {name}: its manifest does not match the index's manifest_sha256")
             )
+        if "pack_id" in entry and entry["pack_id"] != pack_id:
+            report.problems.append(Problem("shard", f"shard {name}: its pack_id differs from the index's"))
         for key in ("classes", "class_to_idx", "store"):
             if meta[key] != index[key]:
                 report.problems.append(Problem("shard", f"shard {name}: its {key} differ from the index's"))
-        for p in sub.problems:
-            report.problems.append(
-                Problem(p.kind, f"{name}: {p.message}", None if p.index is None else first + p.index, p.path)
-            )
         report.checked += sub.checked
         report.payload_bytes += sub.payload_bytes
     report.seconds = time.perf_counter() - start

@@ -59,6 +59,8 @@ CHUNK = 16
 MIN_RING = 2 << 20
 
 Load = Callable[[int, "Alloc | None"], "Loaded | Skipped"]
+#: Signals held back while a worker is forked (see ProcessReader.__enter__).
+_FORK_BLOCKED = {signal.SIGINT, signal.SIGTERM}
 
 
 def processes_available() -> bool:
@@ -149,12 +151,12 @@ def _worker(
     if os.getppid() != parent:  # the writer died before the signal was armed
         os._exit(1)
     # Ctrl-C reaches the whole process group; it is the writer's to handle (it
-    # stops the workers). SIGINT was blocked across the fork so that none can
-    # land before this; SIGTERM (how the writer stops a worker) gets its
-    # default action back from any Python handler the writer had.
+    # stops the workers). SIGINT and SIGTERM were blocked across the fork so
+    # that none can land before this; SIGTERM (how the writer stops a worker)
+    # gets its default action back from any Python handler the writer had.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORK_BLOCKED)
     gc.disable()  # short-lived, and records form no cycles
     # Pillow's DecompressionBombWarning says what the skip reason records; and
     # printing is the one thing here that takes a lock another thread of the
@@ -263,9 +265,11 @@ class ProcessReader:
                     name=f"lmdbfolder-read-{w}",
                     daemon=True,
                 )
-                # Block Ctrl-C across the fork (the child ignores it before unblocking;
-                # here a pending one is delivered right after).
-                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                # Block Ctrl-C and SIGTERM across the fork (the child resets them before
+                # unblocking; here a pending one is delivered right after). A Python
+                # handler that ran inside an at-fork hook instead would raise there,
+                # where CPython only prints "Exception ignored": the signal was lost.
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_BLOCKED)
                 try:
                     proc.start()
                 finally:

@@ -751,11 +751,12 @@ def write_index(
                 "first_index": first_index,
                 "first_source": info["first_source"],
                 "sources": info["sources"],
-                "skipped": len(meta.get("skipped") or []),
+                "skipped": int(meta.get("skipped_count", len(meta.get("skipped") or []))),
                 "payload_bytes": meta.get("payload_bytes"),
                 "bytes": os.path.getsize(os.path.join(path, DATA_FILE)),
                 "tables_sha256": digest,
                 **shard_identity(meta_blob, labels_blob, paths_blob),
+                **({"pack_id": meta["pack_id"]} if meta["format_version"] >= 2 else {}),
             }
         )
         next_source += info["sources"]

@@ -39,30 +39,39 @@ from lmdbfolder import environments, packdir
 from lmdbfolder._version import __version__
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError
 from lmdbfolder.format import (
+    CHECK_KEY,
     COMPACT_DIR,
     DATA_FILE,
     FORMAT_NAME,
     FORMAT_VERSION,
     LABELS_KEY,
     LOCK_FILE,
+    MAX_MANIFEST_BYTES,
     META_KEY,
     PARTIAL_SUFFIX,
     PATHS_KEY,
     PROGRESS_KEY,
+    SKIPPED_KEY,
     SKIPPED_REPORT,
     SYNC_PROBE,
+    bind_record,
     decode_meta,
     decode_progress,
+    decode_skipped,
+    encode_check,
     encode_key,
     encode_labels,
     encode_meta,
     encode_paths,
     encode_progress,
+    encode_skipped,
+    new_pack_id,
 )
 from lmdbfolder.progress import Progress
 from lmdbfolder.text import escape_field, plural
 from lmdbfolder.write import sizing
 from lmdbfolder.write.compact import LabelList, PathList
+from lmdbfolder.write.lock import writer_lock
 from lmdbfolder.write.options import DEFAULT_COMMIT_EVERY, PackOptions, pack_options
 from lmdbfolder.write.processes import ProcessReader, processes_available
 from lmdbfolder.write.records import Alloc, Loaded, Skipped, load_sample
@@ -259,6 +268,36 @@ def pack_sources(
 ) -> PackResult:
     """Pack an already built sample list (see ``sources.scan``) into ``dst``; see ``pack``.
 
+    The whole run holds the writer lock of ``dst`` (``write.lock``): a second
+    pack of the same ``dst`` meanwhile fails at once, saying which process
+    holds it. Other arguments: see ``_pack_sources``.
+    """
+    with writer_lock(os.path.abspath(os.path.expanduser(os.fspath(dst)))):
+        return _pack_sources(
+            sources,
+            dst,
+            options,
+            loader=loader,
+            mean_size=mean_size,
+            manifest_extra=manifest_extra,
+            on_progress=on_progress,
+            **fields,
+        )
+
+
+def _pack_sources(
+    sources: SourceList,
+    dst: str | os.PathLike[str],
+    options: PackOptions | None = None,
+    *,
+    loader: Callable[[int], Loaded | Skipped] | None = None,
+    mean_size: float | None = None,
+    manifest_extra: Mapping[str, Any] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    **fields: Any,
+) -> PackResult:
+    """``pack_sources`` with the writer lock held.
+
     ``options`` and ``fields`` are ``pack``'s. ``loader(i)`` replaces reading
     ``sources.abspath(i)`` from disk (used by ``lmdbfolder import``, whose
     samples come from another database); then ``mean_size``, the expected
@@ -274,6 +313,7 @@ def pack_sources(
     start_time = time.perf_counter()
     if loader is None:
         check_outside_source(sources.root, dst)
+    check_manifest_size(encode_meta({"classes": sources.classes, "class_to_idx": sources.class_to_idx}), sources.root)
     fingerprint = pack_fingerprint(sources, opts, manifest_extra)
     existing = _existing_result(dst, fingerprint, opts, start_time)
     if existing is not None:
@@ -354,10 +394,14 @@ class _Partial:
         self.grew: bool = bool(progress.get("grew", False))
         self.resumed_from = self.next_source
         self.finished: bool = bool(progress.get("finished", False))
+        # Every record's CRC is bound to this id (format 2): kept across resumes.
+        self.pack_id: str = str(progress.get("pack_id") or new_pack_id())
+        self.binding = bytes.fromhex(self.pack_id)
 
     def checkpoint(self) -> bytes:
         return encode_progress(
             {
+                "pack_id": self.pack_id,
                 "fingerprint": self.fingerprint,
                 "next_source": self.next_source,
                 "next_index": self.next_index,
@@ -537,7 +581,8 @@ class _Run:
                     state.skipped.append((s, result.reason))
                     bar.write(f"skipped {self.sources.relpaths[s]}: {result.reason}")
                 else:
-                    self.batch.append((encode_key(state.next_index), result.value))
+                    value = bind_record(result.value, state.binding, state.next_index)
+                    self.batch.append((encode_key(state.next_index), value))
                     self.batch_bytes += len(result.value)
                     state.next_index += 1
                     state.encodings[result.encoding] = state.encodings.get(result.encoding, 0) + 1
@@ -563,14 +608,14 @@ class _Run:
         if not kept:
             raise SourceError(self.sources.root, "every source file was skipped; nothing to pack")
         # Straight from the compact sample list: no Python object per sample.
-        self._commit(
-            {
-                LABELS_KEY: _labels_table(self.sources.labels, skipped),
-                PATHS_KEY: _paths_table(self.sources.relpaths, skipped),
-                META_KEY: encode_meta(self._manifest()),
-                PROGRESS_KEY: None,
-            }
-        )
+        tables = {
+            META_KEY: encode_meta(self._manifest()),
+            LABELS_KEY: _labels_table(self.sources.labels, skipped),
+            PATHS_KEY: _paths_table(self.sources.relpaths, skipped),
+            SKIPPED_KEY: encode_skipped([{"path": self.sources.relpaths[s], "reason": r} for s, r in state.skipped]),
+        }
+        check_manifest_size(tables[META_KEY], self.sources.root)
+        self._commit({**tables, CHECK_KEY: encode_check(tables), PROGRESS_KEY: None})
         state.env.sync(True)
 
     def _manifest(self) -> dict[str, Any]:
@@ -587,7 +632,8 @@ class _Run:
             "checksum": "crc32",
             "source": sources.describe(),
             "fingerprint": state.fingerprint,
-            "skipped": [{"path": sources.relpaths[s], "reason": r} for s, r in state.skipped],
+            "pack_id": state.pack_id,
+            "skipped_count": len(state.skipped),
             "created_by": f"lmdbfolder {__version__}",
             "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "params": self.options.params(),
@@ -609,6 +655,18 @@ def _paths_table(paths: Sequence[str], skipped: set[int]) -> bytes | bytearray:
     if isinstance(paths, PathList):
         return paths.table(skipped)
     return encode_paths(p for s, p in enumerate(paths) if s not in skipped)
+
+
+def check_manifest_size(manifest: bytes | bytearray, root: str) -> None:
+    """SourceError when a manifest (or its class list alone) is longer than readers accept
+    (``format.MAX_MANIFEST_BYTES``): a pack no reader would open is never written."""
+    if len(manifest) > MAX_MANIFEST_BYTES:
+        raise SourceError(
+            root,
+            f"the pack's manifest would be {len(manifest):,} bytes, more than the {MAX_MANIFEST_BYTES:,} "
+            "a reader accepts (the class names take most of it)",
+            "use fewer classes or shorter class names (with --list, label numbers are the class names)",
+        )
 
 
 @contextlib.contextmanager
@@ -725,6 +783,7 @@ def _existing_result(
     try:
         blob = environments.read_manifest(dst)
         meta = decode_meta(blob, where=dst)
+        skipped_items = environments.read_skipped(dst) if meta.get("fingerprint") == fingerprint else []
     except NotAPackError:
         return None
     old = meta.get("fingerprint")
@@ -739,7 +798,7 @@ def _existing_result(
             f"already holds a pack of other sources or options: {what}",
             "pass --overwrite to replace it, or choose another output path",
         )
-    skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in meta.get("skipped") or []]
+    skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in skipped_items]
     return PackResult(
         dst,
         int(meta["count"]),
@@ -911,6 +970,13 @@ def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int, relp
             )
         return _Partial(partial, env, fingerprint, {})
     progress = decode_progress(blob, where=partial)
+    if "pack_id" not in progress and progress.get("next_index", 0) > 0:
+        env.close()
+        raise OutputExistsError(
+            partial,
+            "holds an unfinished pack started by an older lmdbfolder (format 1); this one writes format 2",
+            "pass --restart to start over, or finish it with the lmdbfolder version that started it",
+        )
     if progress.get("fingerprint") != fingerprint:
         env.close()
         raise OutputExistsError(
@@ -929,6 +995,7 @@ def _finished_partial(
     was not published (for example the disk filled up while compacting it)."""
     with env.begin() as txn:
         meta = decode_meta(txn.get(META_KEY), where=partial)
+        skipped_blob = txn.get(SKIPPED_KEY)
     if meta.get("fingerprint") != fingerprint:
         env.close()
         raise OutputExistsError(
@@ -939,16 +1006,18 @@ def _finished_partial(
         )
     # Same sources (the fingerprint matched): find the skipped ones' positions
     # without a dict of every path.
-    wanted = {item["path"] for item in meta.get("skipped", [])}
+    skipped = meta.get("skipped", []) if skipped_blob is None else decode_skipped(skipped_blob, where=partial)
+    wanted = {item["path"] for item in skipped}
     position = {p: i for i, p in enumerate(relpaths) if p in wanted} if wanted else {}
     progress = {
         "next_source": len(relpaths),
         "next_index": meta["count"],
-        "skipped": [[position[item["path"]], item.get("reason", "")] for item in meta.get("skipped", [])],
+        "skipped": [[position[item["path"]], item.get("reason", "")] for item in skipped],
         "encodings": meta.get("encodings", {}),
         "payload_bytes": meta.get("payload_bytes", 0),
         "grew": True,  # unknown: it may have (informational only)
         "finished": True,
+        "pack_id": meta.get("pack_id"),
     }
     return _Partial(partial, env, fingerprint, progress)
 

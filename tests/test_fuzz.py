@@ -1,0 +1,115 @@
+"""Fuzzing damaged packs (issue 15): no signal, no silent wrong sample, no verify OK on damage.
+
+Runs ``benchmarks/fuzz_packs.py`` (seeded) in a fresh interpreter: it forks a
+child per read path and trial, which is only safe from a process without
+threads, and pytest's may have some. Every damaged copy goes through the
+readers (``Reader``, ``LMDBFolder``, a DataLoader with worker processes on
+some trials), ``verify``, ``info``, ``copy``, and recipe LMDBs through
+``import``; the outcomes are counted by kind (printed with ``-s`` or on
+failure). The default run is a few hundred trials; ``--run-slow`` adds a
+soak of thousands. ``LMDBFOLDER_FUZZ_SEED`` / ``LMDBFOLDER_FUZZ_TRIALS``
+change the campaign.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FUZZ = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz_packs.py"
+SEED = int(os.environ.get("LMDBFOLDER_FUZZ_SEED", "0"))
+sys.path.insert(0, str(FUZZ.parent))  # `import fuzz_packs` (for its constants)
+
+
+def _campaign(tmp: Path, trials: int, loader_every: int) -> dict[str, Any]:
+    out = tmp / "fuzz.json"
+    cmd = [
+        sys.executable,
+        str(FUZZ),
+        "--trials",
+        os.environ.get("LMDBFOLDER_FUZZ_TRIALS", str(trials)),
+        "--seed",
+        str(SEED),
+        "--loader-every",
+        str(loader_every),
+        "--work",
+        str(tmp / "work"),
+        "--json",
+        str(out),
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(FUZZ.parent.parent / "src"), os.environ.get("PYTHONPATH")])),
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=6 * 3600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(proc.stdout)  # the outcome table, shown with -s or on failure
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["text"] = proc.stdout
+    return result
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param((200, 10), id="quick"), pytest.param((3000, 1), id="soak", marks=pytest.mark.slow)],
+)
+def fuzz(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    trials, loader_every = request.param
+    return _campaign(tmp_path_factory.mktemp("fuzz"), trials, loader_every)
+
+
+def _hits(result: dict[str, Any], want: Any) -> list[str]:
+    """Trials (as readable lines) where some read path's outcome satisfies ``want``."""
+    hits = []
+    for r in result["results"]:
+        for path, (outcome, detail) in r["outcomes"].items():
+            if want(outcome):
+                hits.append(f"{outcome} in {path}: {r['pack']} {r['kind']}: {r['damage']} ({detail})")
+    return hits
+
+
+def test_every_trial_ran_every_path(fuzz: dict[str, Any]) -> None:
+    import fuzz_packs  # type: ignore[import-not-found]
+
+    assert len(fuzz["results"]) == fuzz["trials"] > 0
+    for r in fuzz["results"]:
+        expected = {"import"} if r["pack"] == "recipe" else {"reader", "dataset", "verify", "info", "copy"}
+        assert expected <= set(r["outcomes"]), r
+        for outcome, _ in r["outcomes"].values():
+            assert outcome in fuzz_packs.OUTCOMES or outcome.startswith("SIG"), outcome
+    assert any("loader" in r["outcomes"] for r in fuzz["results"])  # DataLoader workers took part
+    kinds = {(r["pack"], r["kind"]) for r in fuzz["results"]}
+    assert len(kinds) >= 2 * len(fuzz_packs.KINDS)  # every kind on more than one pack
+    # damage is found: most damaged copies do not read as the original
+    assert len(_hits(fuzz, lambda o: o != "identical")) > fuzz["trials"] // 2
+
+
+def test_no_signal_deaths(fuzz: dict[str, Any]) -> None:
+    assert _hits(fuzz, lambda o: o.startswith("SIG")) == []
+
+
+def test_no_hangs(fuzz: dict[str, Any]) -> None:
+    assert _hits(fuzz, lambda o: o == "hang") == []
+
+
+def test_no_silent_wrong_samples(fuzz: dict[str, Any]) -> None:
+    assert _hits(fuzz, lambda o: o == "wrong") == []
+
+
+def test_verify_never_ok_on_damage(fuzz: dict[str, Any]) -> None:
+    assert _hits(fuzz, lambda o: o == "verify-ok-on-damage") == []
+
+
+def test_damage_raises_lmdbfolder_errors(fuzz: dict[str, Any]) -> None:
+    # never a raw lmdb error (no index, no path) or a traceback
+    assert _hits(fuzz, lambda o: o == "exception") == []
+
+
+def test_metadata_damage_is_caught(fuzz: dict[str, Any]) -> None:
+    assert _hits(fuzz, lambda o: o == "wrong-meta") == []

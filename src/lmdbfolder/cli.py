@@ -126,7 +126,7 @@ def _add_pack(sub: Any) -> None:
         "--check",
         choices=("header", "decode", "none"),
         default="header",
-        help="how to check each source file: header (Pillow reads the header; default), "
+        help="how to check each source file: header (the header is read as Pillow reads it; default), "
         "decode (decode every image once), none (trust the files)",
     )
     p.add_argument(

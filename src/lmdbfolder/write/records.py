@@ -10,9 +10,14 @@ header, so the payload is not copied on its way to the database.
 
 Checks (``check=``):
 
-* ``"header"`` (default): Pillow identifies the format and reads the size
-  from the header, and the pixel count must be within Pillow's
+* ``"header"`` (default): the header is read as Pillow's open reads it
+  (format, size), and the pixel count must be within Pillow's
   ``Image.MAX_IMAGE_PIXELS`` (decompression-bomb limit). No pixels decoded.
+  JPEGs and PNGs whose header ``codecs.clean_header`` vouches for (every
+  segment well formed and of a kind Pillow accepts without parsing it) are
+  accepted without calling Pillow (~3 us instead of ~40 us a file); every
+  other file, and every file that might be refused, goes to Pillow, so what
+  is skipped, and why, is Pillow's call.
   JPEGs and PNGs must also end with their end marker (``codecs.truncation``:
   a look at the file's last bytes), which catches files cut short.
 * ``"decode"``: the image is fully decoded once (catches corrupt data too).
@@ -30,7 +35,7 @@ from typing import Callable
 
 from PIL import Image, UnidentifiedImageError
 
-from lmdbfolder.codecs import sniff, truncation
+from lmdbfolder.codecs import clean_header, sniff, truncation
 from lmdbfolder.format import RECORD_HEADER, encode_header_into, encode_record
 from lmdbfolder.write.options import Resize
 
@@ -203,7 +208,15 @@ def load_sample(
         resized = _load_resized(buf, label, store, resize, max_pixels)
         if resized is not None:
             return resized
-    if check == "none" and store == "encoded":
+    vouched = (
+        check == "header"
+        and store == "encoded"
+        and (max_pixels is None or info.width * info.height <= max_pixels)
+        and clean_header(memoryview(buf)[_HEAD:], info)
+    )
+    if (check == "none" or vouched) and store == "encoded":
+        # Not checked, or a JPEG/PNG header our parser vouches for: Pillow's
+        # open (tens of microseconds a file) would accept it and read the same size.
         encode_header_into(
             buf, label=label, encoding=info.encoding, width=info.width, height=info.height, channels=info.channels
         )

@@ -208,7 +208,7 @@ def pack(
     The options (``PackOptions`` fields):
         store: ``"encoded"`` keeps each file's bytes unchanged; ``"raw"``
             stores decoded RGB pixels (no decode at training time, larger).
-        check: ``"header"`` (Pillow reads each header; default), ``"decode"``
+        check: ``"header"`` (each header read as Pillow reads it; default), ``"decode"``
             (decode every image once) or ``"none"``. Files that fail are
             skipped and reported.
         strict: stop at the first file that cannot be read or fails the check

@@ -8,6 +8,8 @@ fused crop handles (JPEG, greyscale, CMYK, PNG with alpha, raw packs).
 
 from __future__ import annotations
 
+import pickle
+
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +181,26 @@ def test_default_decoder_is_the_fastest_that_matches_pillow(mixed: Path) -> None
     pillow = LMDBFolder(mixed / "p", decoder="pillow")
     for i in range(len(ds)):
         assert np.array_equal(np.asarray(ds[i][0]), np.asarray(pillow[i][0]))
+
+
+def test_opening_does_not_run_the_decoder_probe(mixed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The probe (encode and decode six JPEGs) cost more than opening a
+    # 100k-image pack; a dataset that is only opened (info, len, a worker's
+    # copy before its first batch) must not pay it.
+    from lmdbfolder.read import decoders
+
+    probes: list[str] = []
+    real = decoders.matches_pillow
+    monkeypatch.setattr(decoders, "_MATCHES", {})
+    monkeypatch.setattr(decoders, "matches_pillow", lambda dec: probes.append(dec.name) or real(dec))
+    ds = LMDBFolder(mixed / "p")
+    assert len(ds) > 0 and probes == []
+    clone = pickle.loads(pickle.dumps(ds))  # what a spawn worker gets: still unresolved
+    ds[0]
+    assert ds.decoder == resolve_decoder_name("auto")
+    assert clone.decoder == ds.decoder
+    with pytest.raises(ValueError, match="unknown decoder 'jpeg9'"):
+        LMDBFolder(mixed / "p", decoder="jpeg9")  # a wrong name still fails at once
 
 
 def test_a_decoder_that_differs_from_pillow_is_not_chosen(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -194,8 +194,8 @@ class LMDBDatasetFolder(DatasetFolder):
         self.threads = threads
         self.torch_threads = torch_threads
         self._batcher: BatchDecoder | None = None
-        self.decoder = resolve_decoder_name(decoder)
-        get_decoder(self.decoder)  # fail now (with an install hint), not in a worker
+        self._decoder_name: str | None = None
+        self.decoder = decoder
         if size_hint is not None and size_hint < 1:
             raise ValueError(f"size_hint must be a positive number of pixels, got {size_hint}")
         if extensions is not None and is_valid_file is not None:
@@ -447,6 +447,24 @@ class LMDBDatasetFolder(DatasetFolder):
         if self._decoder is None:
             self._decoder = get_decoder(self.decoder)
         return self._decoder
+
+    @property
+    def decoder(self) -> str:
+        """The JPEG decoder's name; ``"auto"`` is resolved at first use, once per
+        dataset (the probe decode costs ~10 ms, more than opening a pack)."""
+        if self._decoder_name is None:
+            self._decoder_name = resolve_decoder_name("auto")
+        return self._decoder_name
+
+    @decoder.setter
+    def decoder(self, name: str) -> None:
+        if name == "auto":
+            self._decoder_name = None  # nothing can fail: Pillow is the fallback
+        else:
+            self._decoder_name = resolve_decoder_name(name)  # unknown names fail here
+            get_decoder(self._decoder_name)  # so does a missing library (with its install hint), not in a worker
+        self._decoder = None
+        self._batcher = None
 
     def _fused_split(self) -> tuple[Any, Any]:
         # (fused crop or None, the transforms after it); recomputed only when

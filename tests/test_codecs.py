@@ -148,3 +148,34 @@ def test_clean_header_vouches_only_for_what_pillow_opens_the_same() -> None:
         with Image.open(io.BytesIO(bytes(data))) as img:  # must not raise
             assert img.size == (info.width, info.height)
     assert checked > 1000
+
+
+def test_vouch_jpeg_is_sniff_clean_header_and_data_start_in_one_walk() -> None:
+    """``vouch_jpeg`` replaces three walks of a JPEG header in the writer; it must
+    say exactly what they say, on valid files and on thousands of header mutations."""
+    import random
+
+    from conftest import ODD_KINDS, image_bytes
+    from lmdbfolder.codecs import _jpeg_data_start, clean_header, vouch_jpeg
+
+    rng = np.random.default_rng(3)
+    originals = [image_bytes(kind, rng, w=17 + 4 * k, h=11 + 5 * k)[0] for kind in ODD_KINDS for k in range(3)]
+    pick = random.Random(2)
+    agreed = 0
+    for trial in range(8000):
+        data = bytearray(pick.choice(originals))
+        if trial >= len(originals):
+            head = min(len(data), 700)
+            if trial % 3 == 0:
+                data[pick.randrange(head)] ^= 1 << pick.randrange(8)
+            elif trial % 3 == 1:
+                data[pick.randrange(head)] = pick.randrange(256)
+            else:
+                data = data[: pick.randrange(2, head)] + data[head:]
+        raw = bytes(data)
+        info = sniff(raw)
+        separately = (info, _jpeg_data_start(raw)) if info.encoding == "jpeg" and clean_header(raw, info) else None
+        assert vouch_jpeg(raw) == separately
+        assert vouch_jpeg(memoryview(raw)) == separately
+        agreed += separately is not None
+    assert agreed > 1000

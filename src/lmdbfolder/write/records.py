@@ -35,7 +35,7 @@ from typing import Callable
 
 from PIL import Image, UnidentifiedImageError
 
-from lmdbfolder.codecs import clean_header, sniff, truncation
+from lmdbfolder.codecs import clean_header, sniff, truncation, vouch_jpeg
 from lmdbfolder.format import RECORD_HEADER, encode_header_into, encode_record
 from lmdbfolder.write.options import Resize
 
@@ -199,9 +199,16 @@ def load_sample(
     size = len(buf) - _HEAD
     if size == 0:
         return Skipped("empty file (0 bytes)")
-    info = sniff(memoryview(buf)[_HEAD:])
+    data = memoryview(buf)[_HEAD:]
+    # The default check on an ordinary JPEG: one walk of its header gives the
+    # shape, the verdict and where the scan data starts (vouch_jpeg).
+    walked = vouch_jpeg(data) if check == "header" and store == "encoded" and resize is None else None
+    if walked is not None:
+        info, data_start = walked
+    else:
+        info, data_start = sniff(data), None
     if check != "none":
-        cut = truncation(memoryview(buf)[_HEAD:], info.encoding)
+        cut = truncation(data, info.encoding, data_start=data_start)
         if cut is not None:
             return Skipped(f"truncated: {cut}")
     if resize is not None:
@@ -212,7 +219,7 @@ def load_sample(
         check == "header"
         and store == "encoded"
         and (max_pixels is None or info.width * info.height <= max_pixels)
-        and clean_header(memoryview(buf)[_HEAD:], info)
+        and (walked is not None or clean_header(data, info))
     )
     if (check == "none" or vouched) and store == "encoded":
         # Not checked, or a JPEG/PNG header our parser vouches for: Pillow's

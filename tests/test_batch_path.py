@@ -9,7 +9,6 @@ fused crop handles (JPEG, greyscale, CMYK, PNG with alpha, raw packs).
 from __future__ import annotations
 
 import pickle
-
 from pathlib import Path
 
 import numpy as np

@@ -15,7 +15,16 @@ from typing import NamedTuple
 
 from PIL import Image
 
-__all__ = ["ImageInfo", "sniff", "clean_header", "vouch_jpeg", "truncation", "decode_rgb", "raw_rgb", "END_SEARCH_WINDOW"]
+__all__ = [
+    "ImageInfo",
+    "sniff",
+    "clean_header",
+    "vouch_jpeg",
+    "truncation",
+    "decode_rgb",
+    "raw_rgb",
+    "END_SEARCH_WINDOW",
+]
 
 
 class ImageInfo(NamedTuple):

@@ -88,6 +88,9 @@ def test_list_file(tmp_path: Path) -> None:
         ("ok.jpg 1", "'ok.jpg' is listed twice, on lines 1 and 3"),
         ("./ok.jpg 0", "listed twice, on lines 1 and 3"),
         ("a.jpg -1", "outside"),
+        # A stray huge label: refused at once, not after building 2**31 class names.
+        ("a.jpg 2147483647", "label 2,147,483,647 means 2,147,483,648 classes"),
+        ("a.jpg 1000000", "means 1,000,001 classes"),
     ],
 )
 def test_list_file_bad_line_names_line_number(tmp_path: Path, line: str, message: str) -> None:
@@ -114,3 +117,19 @@ def test_scan_picks_layout(tmp_path: Path, small_tree: Path) -> None:
     assert scan(str(small_tree), list_file=str(tmp_path / "l.txt")).layout == "list"
     with pytest.raises(ValueError, match="unknown layout"):
         scan(str(small_tree), layout="tar")
+
+
+def test_numbered_class_names_bound_is_the_manifest_size(tmp_path: Path) -> None:
+    import json
+
+    from lmdbfolder.write.sources import _numbered_classes_bytes
+
+    for n in (1, 9, 10, 11, 99, 100, 1234):
+        names = [str(i) for i in range(n)]
+        encoded = json.dumps(
+            {"classes": names, "class_to_idx": {c: i for i, c in enumerate(names)}}, separators=(",", ":")
+        )
+        assert _numbered_classes_bytes(n) == len(encoded) - len('{"classes":[],"class_to_idx":{}}') + 2
+    listing = tmp_path / "l.txt"
+    listing.write_text("ok.jpg 0\nb.jpg 99999\n", encoding="utf-8")
+    assert len(read_list_file(str(listing), str(tmp_path)).classes) == 100_000  # big, but fits

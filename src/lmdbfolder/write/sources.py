@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from lmdbfolder.errors import ListFileError, OptionError, SourceError
-from lmdbfolder.format import NO_LABEL
+from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL
 from lmdbfolder.write.compact import LabelList, PathList
 
 __all__ = [
@@ -288,6 +288,17 @@ def scan_flat(
     return SourceList(root, "flat", relpaths, [NO_LABEL] * len(relpaths), [], {}, extensions=exts, **fields)
 
 
+def _numbered_classes_bytes(n: int) -> int:
+    """Bytes that the class names ``"0".."n-1"`` take in a manifest at least
+    (``"i",`` in ``classes`` and ``"i":i,`` in ``class_to_idx``: 3 x digits + 7)."""
+    total, digits, low = 0, 1, 0
+    while low < n:
+        high = min(n, 10**digits)
+        total += (high - low) * (3 * digits + 7)
+        low, digits = high, digits + 1
+    return total
+
+
 def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None = None) -> SourceList:
     """Read ``relative/path label`` lines; paths are relative to ``root``.
 
@@ -343,6 +354,17 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
             if label < 0 or label >= 1 << 31:
                 raise ListFileError(list_file, lineno, text, f"label {label} is outside 0..2**31-1")
         n_classes = max(labels) + 1
+        if classes is None and _numbered_classes_bytes(n_classes) > MAX_MANIFEST_BYTES:
+            # Checked before the names are made: a stray label of 2**31-1
+            # would otherwise build two billion strings (and exhaust memory).
+            top = labels.index(n_classes - 1)
+            raise ListFileError(
+                list_file,
+                lines[top][0],
+                lines[top][1],
+                f"label {n_classes - 1:,} means {n_classes:,} classes (0..{n_classes - 1:,}), more than "
+                f"a manifest of {MAX_MANIFEST_BYTES:,} bytes can name; labels are class indices from 0",
+            )
         if classes is None:
             names = [str(i) for i in range(n_classes)]
         else:

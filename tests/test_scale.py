@@ -292,7 +292,7 @@ def test_opening_makes_no_copy_of_the_path_table(tmp_path: Path) -> None:
     torch_mod = pytest.importorskip("lmdbfolder.torch")
     paths_bytes = _tiny_pack(tmp_path / "p", 100_000)
     assert paths_bytes > 3_000_000
-    # Readers hold the labels (400 KB) and the manifest; LMDBFolder adds ImageFolder's
+    # Readers hold the manifest (the labels are copied when first asked for); LMDBFolder adds ImageFolder's
     # filter bookkeeping (numpy masks and label counts, ~20 bytes a sample, transient).
     # A copy of the 4 MB path table would put any of them above the table's size.
     for make, bound in ((Reader, 0.25), (open_pack, 0.25), (torch_mod.LMDBFolder, 0.75)):
@@ -371,3 +371,38 @@ def test_index_with_a_malformed_manifest_hash_is_refused(tmp_path: Path) -> None
     (tmp_path / "sh" / "index.json").write_text(json.dumps(index))
     with pytest.raises(NotAPackError, match="tables_bytes"):
         open_pack(tmp_path / "sh")
+
+
+def test_opening_a_dataset_does_not_copy_the_label_table(small_pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The 5 MB copy at 1.28M samples (its page faults) was half of LMDBFolder's
+    # open; the counts checked at open say whether a class is empty.
+    torch_mod = pytest.importorskip("lmdbfolder.torch")
+    from lmdbfolder import environments
+
+    real = environments.labels_table
+    copies: list[str] = []
+    monkeypatch.setattr(environments, "labels_table", lambda *a: copies.append("copy") or real(*a))
+    ds = torch_mod.LMDBFolder(small_pack)
+    assert copies == [] and len(ds) > 0
+    reader = Reader(small_pack)
+    assert list(ds.targets) == list(reader.labels) and copies == ["copy", "copy"]
+    assert list(reader.class_counts()) == list(np.bincount(np.asarray(reader.labels), minlength=len(reader.classes)))
+
+
+@pytest.mark.parametrize("order", ["sorted", "shuffled", "unlabelled"])
+def test_class_counts_are_bincount(order: str) -> None:
+    from lmdbfolder.environments import class_counts
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 32767, 32768, 32769, 70001):
+        labels = rng.integers(0, 13, n).astype(np.int32)
+        if order == "sorted":
+            labels.sort()
+        elif order == "unlabelled" and n:
+            labels[rng.integers(0, n, max(1, n // 7))] = -1
+        expected = np.bincount(labels[labels >= 0], minlength=13)
+        assert np.array_equal(class_counts(labels, 13), expected)
+        assert np.array_equal(class_counts(memoryview(labels.tobytes()), 13), expected)
+    almost = np.sort(rng.integers(0, 5, 40000)).astype(np.int32)
+    almost[32767], almost[32768] = 4, 0  # one inversion across a chunk boundary
+    assert np.array_equal(class_counts(almost, 5), np.bincount(almost, minlength=5))

@@ -25,6 +25,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from lmdbfolder.errors import FormatVersionError, NotAPackError
 from lmdbfolder.format import (
     CHECK_KEY,
@@ -44,6 +46,7 @@ from lmdbfolder.format import (
     decode_meta,
     decode_skipped,
     informational,
+    label_values,
     pack_binding,
 )
 from lmdbfolder.pagefile import PageDamage, PageFile
@@ -53,6 +56,8 @@ __all__ = [
     "refuse_foreign",
     "PackTables",
     "load_tables",
+    "labels_table",
+    "class_counts",
     "paths_table",
     "skipped_items",
     "read_skipped",
@@ -120,7 +125,8 @@ class PackTables:
     """What a reader needs of a pack before its first record, every part checked."""
 
     meta: dict[str, Any]
-    labels: array.array
+    #: Samples per class index (the label table's counts), from the check at open.
+    class_counts: np.ndarray
     #: Format 2: what every record's CRC is bound to (the pack id); None for format 1.
     binding: bytes | None
     #: Format 2: the parsed ``__check__``; None for format 1.
@@ -188,8 +194,13 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
     labels_blob = _required(pf, LABELS_KEY, where, "label table")
     if check is not None:
         check_table(check, LABELS_KEY, labels_blob, where=where)
-    labels = decode_labels(labels_blob, meta["count"], where=where)
+    # Checked and counted in place: the copy (labels_table) is made when a
+    # caller asks for it, which opening a dataset does not (its first-touch page
+    # faults were half of LMDBFolder's open at 1.28M samples).
+    labels = label_values(labels_blob, meta["count"], where=where)
     check_labels(labels, len(meta["classes"]), where=where)
+    counts = class_counts(labels, len(meta["classes"]))
+    del labels
     try:
         found = pf.locate(PATHS_KEY)
     except PageDamage as exc:
@@ -198,7 +209,53 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
         raise NotAPackError(where, f"its path table (key {PATHS_KEY.decode()}) is missing", DAMAGED_HINT)
     if check is not None and PATHS_KEY in check and found[1] != check[PATHS_KEY][0]:
         raise NotAPackError(where, f"its {PATHS_KEY.decode()} table has the wrong length", DAMAGED_HINT)
-    return PackTables(meta, labels, pack_binding(meta), check, _identity(meta, meta_blob))
+    return PackTables(meta, counts, pack_binding(meta), check, _identity(meta, meta_blob))
+
+
+def labels_table(pf: PageFile, tables: PackTables, where: str) -> array.array:
+    """The label table as a compact ``array('i')`` (a copy), checked again: against
+    ``__check__`` for format 2 (the bytes ``load_tables`` checked), every label
+    for format 1."""
+    blob = _required(pf, LABELS_KEY, where, "label table")
+    if tables.check is not None:
+        check_table(tables.check, LABELS_KEY, blob, where=where)
+    labels = decode_labels(blob, tables.meta["count"], where=where)
+    if tables.check is None:
+        check_labels(labels, len(tables.meta["classes"]), where=where)
+    return labels
+
+
+def class_counts(labels: Any, classes: int) -> np.ndarray:
+    """Samples per class index ``0..classes-1`` of int32 labels (any buffer);
+    labels outside that range are not counted.
+
+    Labels sorted by class (every ImageFolder pack) are counted by binary
+    search: under 1 ms at 1.28M samples. Work goes in chunks, so temporaries
+    stay under a megabyte whatever the count (``bincount`` alone would make
+    an 8-byte copy of every label).
+    """
+    values = labels if isinstance(labels, np.ndarray) else np.frombuffer(labels, dtype=np.int32)
+    n = len(values)
+    if n and 0 <= values[0] and values[-1] < classes and _is_sorted(values):
+        edges = np.searchsorted(values, np.arange(classes + 1, dtype=values.dtype), side="left")
+        return np.diff(edges)
+    counts = np.zeros(classes, dtype=np.int64)
+    for start in range(0, n, _CHUNK):
+        chunk = values[start : start + _CHUNK]
+        chunk = chunk[(chunk >= 0) & (chunk < classes)]
+        counts += np.bincount(chunk, minlength=classes)[:classes]
+    return counts
+
+
+def _is_sorted(values: np.ndarray) -> bool:
+    n = len(values)
+    return all(
+        bool(np.all(values[start + 1 : start + _CHUNK + 1] >= values[start : min(n - 1, start + _CHUNK)]))
+        for start in range(0, n - 1, _CHUNK)
+    )
+
+
+_CHUNK = 1 << 15
 
 
 def paths_table(pf: PageFile, tables: PackTables, where: str) -> memoryview:

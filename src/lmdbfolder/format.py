@@ -700,8 +700,7 @@ def decode_labels(blob: bytes | memoryview, count: int, *, where: str) -> array.
     A compact array rather than a list of ints keeps a million-sample pack's
     labels at 4 MB and out of the way of copy-on-write after fork.
     """
-    if len(blob) != count * _LABEL.size:
-        raise NotAPackError(where, f"{LABELS_KEY.decode()} holds {len(blob)} bytes, expected {count * _LABEL.size}")
+    _check_labels_length(blob, count, where)
     labels = array.array("i")
     labels.frombytes(blob)  # straight from the (zero-copy) value: no transient bytes copy
     if sys.byteorder != "little":
@@ -709,13 +708,27 @@ def decode_labels(blob: bytes | memoryview, count: int, *, where: str) -> array.
     return labels
 
 
-def check_labels(labels: array.array, n_classes: int, *, where: str) -> None:
+def _check_labels_length(blob: bytes | memoryview, count: int, where: str) -> None:
+    if len(blob) != count * _LABEL.size:
+        raise NotAPackError(where, f"{LABELS_KEY.decode()} holds {len(blob)} bytes, expected {count * _LABEL.size}")
+
+
+def label_values(blob: bytes | memoryview, count: int, *, where: str) -> Any:
+    """The label table as a read-only little-endian int32 numpy view of ``blob``
+    (no copy), its length checked like ``decode_labels``."""
+    import numpy as np
+
+    _check_labels_length(blob, count, where)
+    return np.frombuffer(blob, dtype="<i4")
+
+
+def check_labels(labels: Any, n_classes: int, *, where: str) -> None:
     """NotAPackError unless every label is -1 (unlabelled) or a class index ``0..n_classes-1``."""
     import numpy as np  # a dependency of the package; the format module itself needs only the standard library
 
     if not len(labels):
         return
-    values = np.frombuffer(labels, dtype=np.int32)
+    values = labels if isinstance(labels, np.ndarray) else np.frombuffer(labels, dtype=np.int32)
     low, high = int(values.min()), int(values.max())
     if low < NO_LABEL or high >= n_classes:
         bad = int(np.flatnonzero((values < NO_LABEL) | (values >= n_classes))[0])

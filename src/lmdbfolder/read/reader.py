@@ -100,6 +100,10 @@ class PackAPI:
         """Release this process's handles."""
         raise NotImplementedError
 
+    def class_counts(self) -> np.ndarray:
+        """Samples per class index (``len(classes)`` counts)."""
+        raise NotImplementedError
+
     @property
     def classes(self) -> list[str]:
         """Class names, index = label."""
@@ -214,7 +218,7 @@ class Reader(PackAPI):
             pf.close()
         self.meta: dict[str, Any] = tables.meta
         self._tables = tables
-        self._labels = tables.labels
+        self._labels: array.array | None = None  # copied from the pack when first asked for
         self._binding = tables.binding
         self._count: int = self.meta["count"]
         self._reset_handles()
@@ -231,8 +235,17 @@ class Reader(PackAPI):
 
     @property
     def labels(self) -> array.array:
-        """Label of every sample (a compact ``array('i')``; -1 = unlabelled)."""
+        """Label of every sample (a compact ``array('i')``; -1 = unlabelled).
+
+        Read from the pack at first use (opening only checks the table in place).
+        """
+        if self._labels is None:
+            self._labels = environments.labels_table(self._file(), self._tables, self.path)
         return self._labels
+
+    def class_counts(self) -> np.ndarray:
+        """Samples per class index (``len(classes)`` counts), known since open."""
+        return self._tables.class_counts
 
     @property
     def format_version(self) -> int:

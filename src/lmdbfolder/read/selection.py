@@ -110,8 +110,20 @@ def select(
     if is_valid_file is not None and not callable(is_valid_file):
         raise TypeError(f"is_valid_file must be a callable taking a path, got {type(is_valid_file).__name__}")
     n = len(reader)
-    labels = np.frombuffer(reader.labels, dtype=np.int32) if n else np.zeros(0, np.int32)
     pack_classes: list[str] = list(reader.classes)
+    if (
+        is_valid_file is None
+        and extensions is None
+        and (not pack_classes or dict(class_to_idx) == dict(reader.class_to_idx))
+    ):
+        # Nothing to filter (every dataset opened as ImageFolder would be): the
+        # class counts known since open say whether a class is empty; the label
+        # table is not read.
+        if pack_classes:
+            counts = reader.class_counts()
+            _check_empty(reader, counts, counts, pack_classes, class_to_idx, extensions, is_valid_file, allow_empty)
+        return Selection(None, None)
+    labels = np.frombuffer(reader.labels, dtype=np.int32) if n else np.zeros(0, np.int32)
     keep = np.ones(n, dtype=bool)
     new_labels: np.ndarray | None = None
     if pack_classes and dict(class_to_idx) != dict(reader.class_to_idx):
@@ -135,7 +147,11 @@ def select(
             if not ok:
                 keep[i] = False
     if pack_classes:
-        _check_empty(reader, labels, keep, pack_classes, class_to_idx, extensions, is_valid_file, allow_empty)
+        c = len(pack_classes)
+        valid = (labels >= 0) & (labels < c)
+        before = np.bincount(labels[valid], minlength=c)
+        after = np.bincount(labels[valid & keep], minlength=c)
+        _check_empty(reader, before, after, pack_classes, class_to_idx, extensions, is_valid_file, allow_empty)
     indices = None if keep.all() else np.flatnonzero(keep).astype(np.int64)
     if new_labels is not None:
         new_labels = new_labels[keep]
@@ -152,8 +168,8 @@ def _class_index(class_to_idx: Mapping[str, int], name: str) -> int:
 
 def _check_empty(
     reader: Any,
-    labels: np.ndarray,
-    keep: np.ndarray,
+    before: np.ndarray,
+    after: np.ndarray,
     pack_classes: list[str],
     class_to_idx: Mapping[str, int],
     extensions: Any,
@@ -163,10 +179,7 @@ def _check_empty(
     # ImageFolder raises for a class without a file. For a pack of an ImageFolder
     # tree that includes classes packed with --allow-empty; for packs whose class
     # list was made up (list files, imports) only the classes a filter emptied.
-    c = len(pack_classes)
-    valid = (labels >= 0) & (labels < c)
-    before = np.bincount(labels[valid], minlength=c)
-    after = np.bincount(labels[valid & keep], minlength=c)
+    # ``before``/``after``: samples per class index in the pack / after the filters.
     position = {name: k for k, name in enumerate(pack_classes)}
     layout = (reader.meta.get("source") or {}).get("layout")
     empty = []

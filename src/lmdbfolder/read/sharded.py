@@ -17,6 +17,8 @@ import os
 import threading
 from typing import Any, Sequence
 
+import numpy as np
+
 from lmdbfolder import packdir
 from lmdbfolder.errors import NotAPackError
 from lmdbfolder.format import SHARD_INDEX_FILE, shard_matches
@@ -153,6 +155,14 @@ class ShardedReader(PackAPI):
                 labels.extend(self.shard(k).labels)
             self._labels_cache = labels
         return self._labels_cache
+
+    def class_counts(self) -> np.ndarray:
+        """Samples per class index, summed over the shards (opens every shard once)."""
+        total = np.zeros(len(self.meta["classes"]), dtype=np.int64)
+        for k in range(len(self._names)):
+            counts = self.shard(k).class_counts()
+            total[: len(counts)] += counts[: len(total)]
+        return total
 
     def get(self, index: int) -> Record:
         """Return sample ``index`` (global; negative indices count from the end); see ``Reader.get``."""

@@ -308,3 +308,31 @@ def test_format_md_matches_constants() -> None:
     flat = doc.replace(" ", "").replace("\n", "")
     assert GOLDEN_RECORD.hex() in flat and GOLDEN_BOUND_RECORD.hex() in flat
     assert GOLDEN_CHECK.decode() in doc and f"version {fmt.FORMAT_VERSION}" in doc
+
+
+@given(st.text(alphabet='[]{}"\\ab,:', max_size=60))
+def test_json_scan_shortcut_agrees_with_the_full_scan(text: str) -> None:
+    # Few brackets anywhere means neither bound can be passed: the shortcut may
+    # skip the regular expressions, never change the answer.
+    raw = text.encode()
+    brackets = fmt._JSON_BRACKETS.sub(b"", fmt._JSON_STRINGS.sub(b'""', raw))
+    depth = deepest = 0
+    for c in brackets:
+        depth += 1 if c in b"[{" else -1
+        deepest = max(deepest, depth)
+    for max_depth, max_containers in ((2, 3), (4, 2), (16, 1 << 20)):
+        full = len(brackets) > 2 * max_containers or deepest > max_depth
+        assert (fmt._scan_json(raw, "v", max_depth, max_containers) is not None) == full
+
+
+def test_an_ordinary_manifest_is_not_scanned_by_regular_expression(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Refuse:
+        def sub(self, *args: object) -> bytes:
+            raise AssertionError("scanned")
+
+    meta = {"classes": [f"c[{i}" for i in range(5)], "class_to_idx": {f"c[{i}": i for i in range(5)}, "x": {"y": [1]}}
+    raw = fmt.encode_meta(meta)
+    monkeypatch.setattr(fmt, "_JSON_STRINGS", Refuse())
+    assert fmt.loads_json(raw, where="x", what="m", max_bytes=1 << 20) == meta
+    with pytest.raises(AssertionError, match="scanned"):  # many brackets: the full scan runs
+        fmt.loads_json(b"[" * 17 + b"]" * 17, where="x", what="m", max_bytes=100)

@@ -487,3 +487,18 @@ def test_import_of_a_truncated_or_damaged_recipe_is_an_error(tmp_path: Path) -> 
     flip(tmp_path / "big", off + 2, 0x80)  # the SIGBUS of py-lmdb
     with pytest.raises(SourceError, match="cannot read key"):
         import_legacy(tmp_path / "big", tmp_path / "new", progress=False)
+
+
+def test_reopening_the_file_does_not_parse_the_manifest_again(
+    small_pack: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each worker opens each shard's file: the manifest's bytes, compared by
+    # hash with those read at open, say it is the same pack.
+    from lmdbfolder import environments
+    from lmdbfolder.read.reader import Reader
+
+    reader = Reader(small_pack)
+    parses: list[str] = []
+    real = environments.decode_meta
+    monkeypatch.setattr(environments, "decode_meta", lambda *a, **k: parses.append("parse") or real(*a, **k))
+    assert reader.get(0).index == 0 and parses == []

@@ -134,6 +134,9 @@ class PackTables:
     #: Names this pack among all others: its ``pack_id`` (format 2), or the
     #: SHA-256 of its manifest (format 1).
     identity: str
+    #: SHA-256 of the manifest's bytes: the same bytes are the same pack, so a
+    #: process reopening the file need not parse the manifest again.
+    manifest_sha256: bytes = b""
 
     @property
     def version(self) -> int:
@@ -141,9 +144,16 @@ class PackTables:
         return int(self.meta["format_version"])
 
 
-def identity_of(pf: PageFile, where: str) -> str:
-    """The identity ``load_tables`` gives the pack in ``pf``, read again (cheaply: the manifest only)."""
+def identity_of(pf: PageFile, where: str, known: PackTables | None = None) -> str:
+    """The identity ``load_tables`` gives the pack in ``pf``, read again (cheaply: the manifest only).
+
+    With ``known`` (the tables read before), a manifest of the same bytes
+    gives ``known.identity`` without being parsed again: a DataLoader worker
+    opening each shard of a sharded pack parsed every shard's manifest twice.
+    """
     blob = _required(pf, META_KEY, where, "manifest")
+    if known is not None and known.manifest_sha256 and hashlib.sha256(blob).digest() == known.manifest_sha256:
+        return known.identity
     meta = decode_meta(blob, where=where)
     return _identity(meta, blob)
 
@@ -209,7 +219,9 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
         raise NotAPackError(where, f"its path table (key {PATHS_KEY.decode()}) is missing", DAMAGED_HINT)
     if check is not None and PATHS_KEY in check and found[1] != check[PATHS_KEY][0]:
         raise NotAPackError(where, f"its {PATHS_KEY.decode()} table has the wrong length", DAMAGED_HINT)
-    return PackTables(meta, counts, pack_binding(meta), check, _identity(meta, meta_blob))
+    return PackTables(
+        meta, counts, pack_binding(meta), check, _identity(meta, meta_blob), hashlib.sha256(meta_blob).digest()
+    )
 
 
 def labels_table(pf: PageFile, tables: PackTables, where: str) -> array.array:
@@ -236,7 +248,7 @@ def class_counts(labels: Any, classes: int) -> np.ndarray:
     """
     values = labels if isinstance(labels, np.ndarray) else np.frombuffer(labels, dtype=np.int32)
     n = len(values)
-    if n and 0 <= values[0] and values[-1] < classes and _is_sorted(values):
+    if n and values[0] >= 0 and values[-1] < classes and _is_sorted(values):
         edges = np.searchsorted(values, np.arange(classes + 1, dtype=values.dtype), side="left")
         return np.diff(edges)
     counts = np.zeros(classes, dtype=np.int64)

@@ -453,6 +453,12 @@ def _scan_json(raw: bytes, what: str, max_depth: int, max_containers: int) -> st
     ``max_containers`` arrays and objects, which cost memory out of all
     proportion to their bytes.
     """
+    # Every array and object opens with a bracket: when the brackets anywhere
+    # (strings included) are few, neither bound can be passed, and the two
+    # regular expressions (most of a manifest's parse time) are not needed.
+    openers = raw.count(b"[") + raw.count(b"{")
+    if openers <= max_depth and openers + raw.count(b"]") + raw.count(b"}") <= 2 * max_containers:
+        return None
     brackets = _JSON_BRACKETS.sub(b"", _JSON_STRINGS.sub(b'""', raw))
     if len(brackets) > 2 * max_containers:
         return f"its {what} holds more than {max_containers:,} arrays and objects"

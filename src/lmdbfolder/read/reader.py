@@ -413,7 +413,7 @@ class Reader(PackAPI):
             if self._pf is None:
                 pf = environments.open_data(self.path, self.readahead)
                 try:
-                    found = environments.identity_of(pf, self.path)
+                    found = environments.identity_of(pf, self.path, self._tables)
                 except BaseException:
                     pf.close()
                     raise

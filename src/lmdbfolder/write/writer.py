@@ -488,6 +488,7 @@ class _Run:
         self.input_bytes = 0
         self.batch: list[tuple[bytes, bytes | bytearray | memoryview]] = []
         self.procs: ProcessReader | None = None
+        self.interrupted = _Latch()
         self.batch_bytes = 0
         self.max_pixels = Image.MAX_IMAGE_PIXELS
 
@@ -539,6 +540,10 @@ class _Run:
 
     def write_all(self, workers: int, mean_value_size: float, progress: bool | None) -> None:
         """Write every source not yet done, then the tables and the manifest (``finish``)."""
+        with _interrupt_latch() as self.interrupted:
+            self._write_all(workers, mean_value_size, progress)
+
+    def _write_all(self, workers: int, mean_value_size: float, progress: bool | None) -> None:
         todo = range(self.state.next_source, len(self.sources))
         # Read ahead of the writer: the batch being filled, the one committing,
         # and a couple of records per reader.
@@ -567,8 +572,11 @@ class _Run:
 
     def _write(self, todo: range, results: Iterable[Loaded | Skipped], progress: bool | None) -> None:
         state = self.state
+        interrupted = self.interrupted
         with Progress(len(self.sources), "pack", enabled=progress, initial=state.next_source) as bar:
             for s, result in zip(todo, results):
+                if interrupted:
+                    raise KeyboardInterrupt  # a Ctrl-C that Python swallowed (see _interrupt_latch)
                 if isinstance(result, Skipped):
                     if self.options.strict:
                         self._commit()  # keep everything before it: the rerun resumes here
@@ -594,6 +602,8 @@ class _Run:
                     self._commit()
                 if self.on_progress is not None:
                     self.on_progress(s + 1, len(self.sources))
+        if interrupted:
+            raise KeyboardInterrupt
 
     def finish(self) -> None:
         """Commit the last batch together with the tables and the manifest."""
@@ -667,6 +677,47 @@ def check_manifest_size(manifest: bytes | bytearray, root: str) -> None:
             "a reader accepts (the class names take most of it)",
             "use fewer classes or shorter class names (with --list, label numbers are the class names)",
         )
+
+
+class _Latch:
+    """Whether a SIGINT arrived during the pack (true once it has)."""
+
+    def __init__(self) -> None:
+        self.hit = False
+
+    def __bool__(self) -> bool:
+        return self.hit
+
+
+@contextlib.contextmanager
+def _interrupt_latch() -> Iterator[_Latch]:
+    """Remember a Ctrl-C as well as raising it, while Python's own handler is in place.
+
+    Python raises KeyboardInterrupt wherever the main thread is when the
+    signal is handled; inside a ``__del__`` (multiprocessing's connections
+    have one) or a weakref callback it only prints "Exception ignored", and
+    the pack ran on to the end. The writer checks the latch before each
+    record instead of trusting the raise. A handler the program installed
+    itself is left alone, as is any thread but the main one.
+    """
+    latch = _Latch()
+    import signal
+
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield latch
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        latch.hit = True
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield latch
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextlib.contextmanager

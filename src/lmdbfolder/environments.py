@@ -136,7 +136,7 @@ class PackTables:
     identity: str
     #: SHA-256 of the manifest's bytes: the same bytes are the same pack, so a
     #: process reopening the file need not parse the manifest again.
-    manifest_sha256: bytes = b""
+    manifest_sha256: bytes
 
     @property
     def version(self) -> int:
@@ -152,16 +152,16 @@ def identity_of(pf: PageFile, where: str, known: PackTables | None = None) -> st
     opening each shard of a sharded pack parsed every shard's manifest twice.
     """
     blob = _required(pf, META_KEY, where, "manifest")
-    if known is not None and known.manifest_sha256 and hashlib.sha256(blob).digest() == known.manifest_sha256:
+    digest = hashlib.sha256(blob).digest()
+    if known is not None and digest == known.manifest_sha256:
         return known.identity
-    meta = decode_meta(blob, where=where)
-    return _identity(meta, blob)
+    return _identity(decode_meta(blob, where=where), digest)
 
 
-def _identity(meta: dict[str, Any], blob: memoryview) -> str:
+def _identity(meta: dict[str, Any], manifest_sha256: bytes) -> str:
     if meta["format_version"] >= 2:
         return str(meta["pack_id"])
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
+    return "sha256:" + manifest_sha256.hex()
 
 
 def load_tables(pf: PageFile, where: str) -> PackTables:
@@ -219,9 +219,8 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
         raise NotAPackError(where, f"its path table (key {PATHS_KEY.decode()}) is missing", DAMAGED_HINT)
     if check is not None and PATHS_KEY in check and found[1] != check[PATHS_KEY][0]:
         raise NotAPackError(where, f"its {PATHS_KEY.decode()} table has the wrong length", DAMAGED_HINT)
-    return PackTables(
-        meta, counts, pack_binding(meta), check, _identity(meta, meta_blob), hashlib.sha256(meta_blob).digest()
-    )
+    digest = hashlib.sha256(meta_blob).digest()
+    return PackTables(meta, counts, pack_binding(meta), check, _identity(meta, digest), digest)
 
 
 def labels_table(pf: PageFile, tables: PackTables, where: str) -> array.array:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from lmdbfolder.environments import class_counts
 from lmdbfolder.errors import NoSamplesError
 
 __all__ = [
@@ -147,11 +148,10 @@ def select(
             if not ok:
                 keep[i] = False
     if pack_classes:
-        c = len(pack_classes)
-        valid = (labels >= 0) & (labels < c)
-        before = np.bincount(labels[valid], minlength=c)
-        after = np.bincount(labels[valid & keep], minlength=c)
-        _check_empty(reader, before, after, pack_classes, class_to_idx, extensions, is_valid_file, allow_empty)
+        after = class_counts(labels[keep], len(pack_classes))
+        _check_empty(
+            reader, reader.class_counts(), after, pack_classes, class_to_idx, extensions, is_valid_file, allow_empty
+        )
     indices = None if keep.all() else np.flatnonzero(keep).astype(np.int64)
     if new_labels is not None:
         new_labels = new_labels[keep]

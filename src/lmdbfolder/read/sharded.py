@@ -158,10 +158,10 @@ class ShardedReader(PackAPI):
 
     def class_counts(self) -> np.ndarray:
         """Samples per class index, summed over the shards (opens every shard once)."""
+        # Every shard has the index's classes (checked when it opens).
         total = np.zeros(len(self.meta["classes"]), dtype=np.int64)
         for k in range(len(self._names)):
-            counts = self.shard(k).class_counts()
-            total[: len(counts)] += counts[: len(total)]
+            total += self.shard(k).class_counts()
         return total
 
     def get(self, index: int) -> Record:

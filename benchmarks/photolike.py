@@ -182,15 +182,7 @@ def _load_small_sources(paths: Sequence[str]) -> list[np.ndarray]:
 
 def _small_crop(rng: np.random.Generator, src: np.ndarray, width: int, height: int) -> np.ndarray:
     """``_crop`` for thumbnails: 1x-4x the output size, bilinear."""
-    sh, sw = src.shape[:2]
-    cap = min(sw / width, sh / height)
-    lo = min(1.0, cap)
-    scale = float(np.exp(rng.uniform(np.log(lo), np.log(max(lo, min(4.0, cap))) + 1e-9)))
-    cw, ch = max(1, min(sw, round(width * scale))), max(1, min(sh, round(height * scale)))
-    x = int(rng.integers(0, sw - cw + 1))
-    y = int(rng.integers(0, sh - ch + 1))
-    patch = Image.fromarray(src[y : y + ch, x : x + cw]).resize((width, height), Image.Resampling.BILINEAR)
-    return np.asarray(patch, dtype=np.float32)
+    return _crop(rng, src, width, height, max_scale=4.0, resample=Image.Resampling.BILINEAR)
 
 
 _SMALL_WEIGHTS = np.array([w for _, w in SMALL_SHAPES]) / sum(w for _, w in SMALL_SHAPES)
@@ -232,18 +224,26 @@ def _shape(rng: np.random.Generator) -> tuple[int, int]:
     return SHAPES[int(rng.choice(len(SHAPES), p=weights / weights.sum()))][0]
 
 
-def _crop(rng: np.random.Generator, src: np.ndarray, width: int, height: int) -> np.ndarray:
-    """A random crop of ``src`` with the output's aspect ratio, 1x-5x the output
-    size (log-uniform, capped by the source), resized to ``width`` x ``height``."""
+def _crop(
+    rng: np.random.Generator,
+    src: np.ndarray,
+    width: int,
+    height: int,
+    *,
+    max_scale: float = 5.0,
+    resample: Image.Resampling = Image.Resampling.LANCZOS,
+) -> np.ndarray:
+    """A random crop of ``src`` with the output's aspect ratio, 1x-``max_scale``x the
+    output size (log-uniform, capped by the source), resized to ``width`` x ``height``."""
     sh, sw = src.shape[:2]
     cap = min(sw / width, sh / height)
     lo = min(1.0, cap)
-    scale = float(np.exp(rng.uniform(np.log(lo), np.log(max(lo, min(5.0, cap))) + 1e-9)))
+    scale = float(np.exp(rng.uniform(np.log(lo), np.log(max(lo, min(max_scale, cap))) + 1e-9)))
     cw, ch = max(1, min(sw, round(width * scale))), max(1, min(sh, round(height * scale)))
     x = int(rng.integers(0, sw - cw + 1))
     y = int(rng.integers(0, sh - ch + 1))
     patch = Image.fromarray(src[y : y + ch, x : x + cw])
-    return np.asarray(patch.resize((width, height), Image.Resampling.LANCZOS), dtype=np.float32)
+    return np.asarray(patch.resize((width, height), resample), dtype=np.float32)
 
 
 def photo_jpeg(rng: np.random.Generator, sources: Sequence[np.ndarray], *, quality: int = 90) -> bytes:

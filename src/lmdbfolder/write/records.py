@@ -202,7 +202,8 @@ def load_sample(
     data = memoryview(buf)[_HEAD:]
     # The default check on an ordinary JPEG: one walk of its header gives the
     # shape, the verdict and where the scan data starts (vouch_jpeg).
-    walked = vouch_jpeg(data) if check == "header" and store == "encoded" and resize is None else None
+    header_check = check == "header" and store == "encoded"
+    walked = vouch_jpeg(data) if header_check else None
     if walked is not None:
         info, data_start = walked
     else:
@@ -216,10 +217,10 @@ def load_sample(
         if resized is not None:
             return resized
     vouched = (
-        check == "header"
-        and store == "encoded"
+        header_check
         and (max_pixels is None or info.width * info.height <= max_pixels)
-        and (walked is not None or clean_header(data, info))
+        # For a JPEG the walk above was clean_header already.
+        and (walked is not None if info.encoding == "jpeg" else clean_header(data, info))
     )
     if (check == "none" or vouched) and store == "encoded":
         # Not checked, or a JPEG/PNG header our parser vouches for: Pillow's
@@ -228,7 +229,7 @@ def load_sample(
             buf, label=label, encoding=info.encoding, width=info.width, height=info.height, channels=info.channels
         )
         return Loaded(buf, info.encoding, size)
-    img = _open_checked(buf, max_pixels, header_only=check == "header" and store == "encoded", encoding=info.encoding)
+    img = _open_checked(buf, max_pixels, header_only=header_check, encoding=info.encoding)
     if isinstance(img, Skipped):
         return img
     with img:

@@ -16,13 +16,18 @@ $(BIN)/python:
 	@echo "==> creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml | $(BIN)/python
+$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml setup.py src/lmdbfolder/read/_jpegregion.c | $(BIN)/python
 	@echo "==> installing what the demo needs into $(VENV) (requirements-demo.txt): lmdb, numpy, Pillow, tqdm"
 	@echo "    (lmdbfolder's own dependencies), PyTorch 2.14.1 and torchvision 0.29.1 (the big download),"
 	@echo "    simplejpeg (the fast JPEG decoder) and zlib-ng (fast checksums)"
 	$(PIP) -r requirements-demo.txt
-	@echo "==> installing lmdbfolder itself from this folder, editable (changes to src/ apply at once)"
+	@echo "==> installing lmdbfolder itself from this folder, editable (changes to src/ apply at once),"
+	@echo "    compiling its optional crop-region decoder against the system libjpeg (skipped without it)"
 	$(PIP) --no-deps --no-build-isolation -e .
+	@$(BIN)/python -c "import lmdbfolder.read._jpegregion" 2>/dev/null || { \
+	  echo "note: the crop-region decoder was not built (no C compiler or no libjpeg headers): images are decoded"; \
+	  echo "      whole, the same pixels a little slower; to build it: sudo apt-get install libjpeg-dev (or: make system-deps),"; \
+	  echo "      then: rm $(VENV)/.demo-installed && make demo"; }
 	@touch $@
 
 $(VENV)/.test-installed: requirements-test.txt $(VENV)/.demo-installed
@@ -66,9 +71,10 @@ bench: $(VENV)/.test-installed
 
 # Opt-in: the system library PyTurboJPEG needs (Debian/Ubuntu), with apt-get, as root or through sudo.
 system-deps:
-	@echo "==> installing the system library libturbojpeg0 with apt-get (for the optional turbojpeg decoder)"
-	@if [ "$$(id -u)" = 0 ]; then apt-get install -y libturbojpeg0 || { apt-get update && apt-get install -y libturbojpeg0; }; \
-	else sudo apt-get install -y libturbojpeg0; fi
+	@echo "==> installing with apt-get: libturbojpeg0 (for the optional turbojpeg decoder) and libjpeg-dev"
+	@echo "    (the headers the optional crop-region decoder is compiled against; reinstall lmdbfolder after)"
+	@if [ "$$(id -u)" = 0 ]; then apt-get install -y libturbojpeg0 libjpeg-dev || { apt-get update && apt-get install -y libturbojpeg0 libjpeg-dev; }; \
+	else sudo apt-get install -y libturbojpeg0 libjpeg-dev; fi
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache src/lmdbfolder/read/_jpegregion*.so

@@ -74,6 +74,13 @@ CONTESTANTS: tuple[Contestant, ...] = (
         "DataLoader workers",
     ),
     Contestant(
+        "lmdbfolder-default-whole",
+        "the same, whole-image decode (LMDBFOLDER_REGIONS=0)",
+        "lmdbfolder",
+        "lmdbfolder-full",
+        "DataLoader workers",
+    ),
+    Contestant(
         "lmdbfolder-fast",
         "lmdbfolder fast settings, full-res (fused crop, batch path)",
         "lmdbfolder",
@@ -131,6 +138,7 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "imagefolder": ("torch", "torchvision", "PIL"),
     "recipe": ("torch", "torchvision", "PIL", "lmdb"),
     "lmdbfolder-default": ("torch", "torchvision", "PIL", "lmdbfolder"),
+    "lmdbfolder-default-whole": ("torch", "torchvision", "PIL", "lmdbfolder"),
     "lmdbfolder-fast": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-fast-workers": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
@@ -306,7 +314,10 @@ def loader_lmdbfolder(name: str, work: str, workers: int, batch: int) -> Any:
     from lmdbfolder.torch import LMDBFolder
 
     path = os.path.join(work, BY_NAME[name].fmt)
-    if name == "lmdbfolder-default":
+    if name in ("lmdbfolder-default", "lmdbfolder-default-whole"):
+        # Region decoding (lmdbfolder.read.regions) off for the "-whole" row: what it
+        # saves, measured in the same run. Workers inherit the environment.
+        os.environ["LMDBFOLDER_REGIONS"] = "0" if name.endswith("-whole") else "1"
         return dataloader(LMDBFolder(path, transform=pil_transform()), workers, batch)
     from lmdbfolder import fused
     from lmdbfolder.torch import collate

@@ -44,7 +44,8 @@ except ImportError as exc:  # a core-only install: say what to install
     ) from exc
 
 from lmdbfolder.read.crops import RESIZE_BACKENDS, Box, crop_scale, fusable, resize_region, scaled_box
-from lmdbfolder.read.decoders import Decoder, decode_payload, to_pil
+from lmdbfolder.read.decoders import Decoded, Decoder, decode_payload, to_pil
+from lmdbfolder.read.regions import decode_region
 
 __all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe"]
 
@@ -143,13 +144,22 @@ class RandomResizedCrop(T.RandomResizedCrop):
         box, denom = self.plan(width, height, decoder)
         if encoding == "raw":
             denom = 1  # stored pixels: nothing to decode, crop straight from the map
-        pixels = decode_payload(payload, encoding, width, height, channels, decoder, denom=denom)
-        decoded = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
+        region = None
+        if denom == 1 and encoding == "jpeg" and decoder.name != "pillow":
+            region = decode_region(payload, box, width)
+        pixels: Decoded
+        inner: tuple[float, float, float, float]
+        if region is not None:
+            pixels, inner = region
+        else:
+            pixels = decode_payload(payload, encoding, width, height, channels, decoder, denom=denom)
+            decoded = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
+            inner = scaled_box(box, (width, height), decoded)
         out_h, out_w = self.size
         resample = pil_modes_mapping[self.interpolation]
         out = resize_region(
             pixels,
-            scaled_box(box, (width, height), decoded),
+            inner,
             (out_w, out_h),
             resample=resample,
             backend=self.resize,

@@ -45,6 +45,7 @@ from lmdbfolder.read.decoders import (
 )
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.reader import Record
+from lmdbfolder.read.regions import region_decoding
 from lmdbfolder.read.selection import (
     PathIndex,
     normalize_extensions,
@@ -597,7 +598,11 @@ class LMDBDatasetFolder(DatasetFolder):
 
     def extra_repr(self) -> str:
         """The pack-specific lines of ``repr`` (after VisionDataset's count and root)."""
-        lines = [f"Source root: {self.source_root}", f"Store: {self.reader.store}, decoder: {self.decoder}"]
+        regions = "off" if self.decoder == "pillow" else ("on" if region_decoding() else "off")
+        lines = [
+            f"Source root: {self.source_root}",
+            f"Store: {self.reader.store}, decoder: {self.decoder}, crop regions: {regions}",
+        ]
         if self._indices is not None:
             lines.append(f"Selected: {len(self)} of {len(self.reader)} packed samples")
         if not _decodes_itself(self.loader):

@@ -29,6 +29,7 @@ from PIL import Image
 
 from lmdbfolder.read.crops import Box, fusable, opencv_resize_into, resize_region, scaled_box
 from lmdbfolder.read.decoders import Decoder
+from lmdbfolder.read.regions import decode_region
 
 __all__ = ["CropJob", "BatchItemError", "BatchDecoder"]
 
@@ -134,9 +135,15 @@ class BatchDecoder:
                 raise BatchItemError(k, exc) from exc
 
     def _one(self, job: CropJob, dst: np.ndarray) -> None:
-        pixels = self._decode(job)
-        decoded = (pixels.shape[1], pixels.shape[0])
-        box = scaled_box(job.box, (job.width, job.height), decoded)
+        region = None
+        box: tuple[float, float, float, float]
+        if job.denom == 1 and job.encoding == "jpeg" and job.channels in (1, 3) and self.decoder.name != "pillow":
+            region = decode_region(job.payload, job.box, job.width)
+        if region is not None:
+            pixels, box = region
+        else:
+            pixels = self._decode(job)
+            box = scaled_box(job.box, (job.width, job.height), (pixels.shape[1], pixels.shape[0]))
         height, width = dst.shape[1], dst.shape[2]
         work = self._work(height, width)
         # Images the fused crop leaves to torchvision's own transform (not

@@ -1,0 +1,299 @@
+"""Region decoding (``lmdbfolder.read.regions``): only the crop's part of a JPEG is
+decoded, and its pixels are the full decode's, checked against Pillow and
+torchvision's ImageFolder."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageFile
+from torch.utils.data import DataLoader
+from torchvision import transforms as T
+from torchvision.datasets import ImageFolder
+
+from conftest import write
+from lmdbfolder import pack
+from lmdbfolder.errors import DecodeError
+from lmdbfolder.read import regions
+from lmdbfolder.torch import LMDBFolder
+from test_decoders import photo_jpeg
+
+_HEADERS = any(os.path.exists(p) for p in ("/usr/include/jpeglib.h", "/usr/local/include/jpeglib.h"))
+
+
+@pytest.fixture
+def helper() -> Any:
+    """The compiled helper; its absence fails the test where it should have been built."""
+    found = regions._helper()
+    if found is None:
+        if _HEADERS:
+            pytest.fail("the libjpeg headers are installed but lmdbfolder.read._jpegregion is not built: reinstall")
+        pytest.skip("no libjpeg headers here, so the optional helper is not built")
+    return found
+
+
+@pytest.fixture
+def fresh_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A private copy of the module's per-process state (the check runs again)."""
+    state = dict(regions._STATE)
+    state.pop("ok", None)
+    monkeypatch.setattr(regions, "_STATE", state)
+    monkeypatch.delenv(regions.ENV_SWITCH, raising=False)
+    return state
+
+
+def _jpeg(img: Image.Image, **options: Any) -> bytes:
+    out = io.BytesIO()
+    img.save(out, "JPEG", **options)
+    return out.getvalue()
+
+
+def _kinds(w: int, h: int, seed: int) -> list[tuple[str, bytes]]:
+    rgb = Image.open(io.BytesIO(photo_jpeg(w, h, seed=seed))).convert("RGB")
+    noisy = Image.fromarray(
+        np.clip(np.asarray(rgb, np.int16) + np.random.default_rng(seed).integers(-40, 40, (h, w, 3)), 0, 255).astype(
+            np.uint8
+        )
+    )
+    return [
+        ("4:2:0", _jpeg(noisy, quality=90)),
+        ("4:4:4", _jpeg(noisy, quality=95, subsampling=0)),
+        ("4:2:2", _jpeg(noisy, quality=85, subsampling=1)),
+        ("progressive", _jpeg(noisy, quality=80, progressive=True)),
+        ("progressive 4:2:2", _jpeg(noisy, quality=70, progressive=True, subsampling=1)),
+        ("restart markers", _jpeg(noisy, quality=75, restart_marker_blocks=1)),
+        ("greyscale", _jpeg(noisy.convert("L"), quality=90)),
+    ]
+
+
+@pytest.mark.parametrize("size", [(161, 121), (500, 375), (33, 17), (16, 16), (1, 1), (250, 131)])
+def test_regions_are_the_full_decode_bit_for_bit(helper: Any, size: tuple[int, int]) -> None:
+    """Random boxes, and boxes on every edge, of every JPEG kind: the region's
+    pixels equal Pillow's whole decode, converted to RGB, cropped."""
+    w, h = size
+    rng = np.random.default_rng(w * 1000 + h)
+    for kind, data in _kinds(w, h, seed=w + h):
+        expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        boxes = regions._probe_boxes(w, h)
+        for _ in range(40):
+            left, top = int(rng.integers(0, w)), int(rng.integers(0, h))
+            boxes.append((top, left, int(rng.integers(1, h - top + 1)), int(rng.integers(1, w - left + 1))))
+        for box in boxes:
+            got = regions.decode_region(data, box, w)
+            assert got is not None, (kind, box)
+            pixels, (x0, y0, x1, y1) = got
+            top, left, bh, bw = box
+            assert (y0, y1, x1 - x0) == (0, bh, bw)
+            assert np.array_equal(pixels[:, x0:x1], expected[top : top + bh, left : left + bw]), (kind, size, box)
+
+
+def test_rows_below_the_crop_are_not_decoded(helper: Any) -> None:
+    """The point of it: a crop in the top rows costs less than the whole image
+    (counted in work done, not time: libjpeg stops after the crop's last row, so
+    a JPEG cut off below the crop would still decode; see the EOI rule below)."""
+    data = photo_jpeg(400, 400, seed=1)
+    buf = np.empty(3 * 400 * 400, np.uint8)
+    cut = data[: len(data) // 2]  # no end-of-image marker, and half the scan gone
+    x0, w0 = helper(cut, 0, 0, 400, 16, buf)
+    assert (x0, w0) == (0, 400)
+    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))[:16]
+    assert np.array_equal(buf[: 3 * 400 * 16].reshape(16, 400, 3), expected)
+
+
+def test_a_truncated_jpeg_is_decoded_whole_and_fails_as_in_imagefolder(helper: Any, tmp_path: Path) -> None:
+    """A JPEG cut off below every crop would decode by region (the rows needed are
+    there), but ImageFolder fails on it: so a JPEG without its end-of-image marker
+    is never decoded by region, and the dataset raises as ImageFolder does."""
+    data = photo_jpeg(300, 300, seed=2)
+    cut = data[: len(data) - 200]
+    assert regions.decode_region(cut, (0, 0, 20, 20), 300) is None
+    write(tmp_path / "src" / "a" / "cut.jpg", cut)
+    pack(tmp_path / "src", tmp_path / "p", check="none", progress=False)
+    steps = T.Compose([T.RandomResizedCrop(32, scale=(0.01, 0.02)), T.PILToTensor()])
+    theirs = ImageFolder(str(tmp_path / "src"), transform=steps)
+    ours = LMDBFolder(tmp_path / "p", transform=steps)
+    for seed in range(5):  # small crops, most of them above the cut
+        torch.manual_seed(seed)
+        with pytest.raises(OSError):
+            theirs[0]
+        torch.manual_seed(seed)
+        with pytest.raises(DecodeError, match="cut.jpg"):
+            ours[0]
+        torch.manual_seed(seed)
+        with pytest.raises(DecodeError, match="cut.jpg"):
+            ours.__getitems__([0])
+
+
+def _corrupt_scan(data: bytes, at: float, *, marker: bool = False) -> bytes:
+    """``data`` with bytes of its entropy-coded scan overwritten at fraction ``at``:
+    garbage that decodes as other pixels, or (``marker``) a stray marker, which
+    libjpeg warns about ("premature end of data segment") and decodes past."""
+    start = data.index(b"\xff\xda") + 20
+    pos = start + int((len(data) - 2 - start) * at)
+    damaged = bytearray(data)
+    damaged[pos : pos + 6] = b"\x00\xff\xd5\x42\x00\x99" if marker else b"\x00\x13\x37\x42\x00\x99"
+    return bytes(damaged)
+
+
+def test_a_libjpeg_warning_sends_the_jpeg_to_the_whole_decode(helper: Any) -> None:
+    """Damage libjpeg warns about, in the rows the crop needs: the helper refuses
+    (the usual decoder then gives ImageFolder's outcome); damage below the crop
+    is never read, and the rows above it are the same in any decode."""
+    data = _corrupt_scan(photo_jpeg(300, 300, seed=3), 0.3, marker=True)
+    buf = np.empty(3 * 300 * 300, np.uint8)
+    with pytest.raises(ValueError, match="libjpeg warned"):
+        helper(data, 0, 0, 300, 300, buf)
+    assert regions.decode_region(data, (0, 0, 300, 300), 300) is None
+    assert regions.decode_region(data, (0, 0, 16, 300), 300) is not None
+
+
+def test_damaged_jpegs_give_imagefolders_pixels(helper: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scan damage above, inside or below the crop, and truncation: every sample is
+    what ImageFolder gives (Pillow decodes past scan damage; with
+    LOAD_TRUNCATED_IMAGES it decodes a truncated file too), one by one and in batches."""
+    whole = photo_jpeg(240, 200, seed=4)
+    for k, at in enumerate((0.05, 0.5, 0.95)):
+        write(tmp_path / "src" / "a" / f"scan{k}.jpg", _corrupt_scan(whole, at))
+        write(tmp_path / "src" / "a" / f"marker{k}.jpg", _corrupt_scan(whole, at, marker=True))
+    write(tmp_path / "src" / "a" / "whole.jpg", whole)
+    write(tmp_path / "src" / "b" / "cut.jpg", whole[: len(whole) * 3 // 4])
+    pack(tmp_path / "src", tmp_path / "p", check="none", progress=False)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    steps = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.PILToTensor()])
+    theirs = ImageFolder(str(tmp_path / "src"), transform=steps)
+    ours = LMDBFolder(tmp_path / "p", transform=steps)
+    for seed in range(12):
+        for i in range(len(theirs)):
+            torch.manual_seed(seed)
+            a, _ = theirs[i]
+            torch.manual_seed(seed)
+            b, _ = ours[i]
+            torch.manual_seed(seed)
+            c = ours.__getitems__([i]).images[0]
+            assert torch.equal(a, b) and torch.equal(a, c), (seed, i)
+
+
+def test_boxes_outside_the_image_and_small_buffers_are_refused(helper: Any) -> None:
+    data = photo_jpeg(64, 48, seed=5)
+    buf = np.empty(3 * 64 * 48, np.uint8)
+    for box in [(0, 0, 49, 10), (0, 60, 10, 5), (-1, 0, 5, 5), (0, 0, 0, 5)]:
+        top, left, h, w = box
+        with pytest.raises(ValueError, match="not inside the image"):
+            helper(data, left, top, w, h, buf)
+    with pytest.raises(ValueError, match="too small"):
+        helper(data, 0, 0, 64, 48, np.empty(100, np.uint8))
+    assert regions.decode_region(data, (0, 0, 49, 10), 64) is None  # a header that lies: decoded whole
+    cmyk = _jpeg(Image.new("CMYK", (32, 32), (10, 20, 30, 40)))
+    assert regions.decode_region(cmyk, (0, 0, 8, 8), 32) is None  # CMYK -> RGB is Pillow's conversion
+
+
+def test_a_helper_that_differs_from_pillow_is_not_used(
+    helper: Any, fresh_state: dict[str, Any], tmp_path: Path
+) -> None:
+    def off_by_one(data: Any, left: int, top: int, width: int, height: int, out: np.ndarray) -> tuple[int, int]:
+        x0, w0 = helper(data, left, top, width, height, out)
+        out[0] ^= 1
+        return x0, w0
+
+    fresh_state["helper"] = off_by_one
+    assert not regions.region_decoding()
+    assert "differ" in (regions.region_available() or "")
+    assert regions.decode_region(photo_jpeg(40, 30), (0, 0, 30, 40), 40) is None
+
+
+def test_without_the_helper_images_are_decoded_whole(fresh_state: dict[str, Any], tmp_path: Path) -> None:
+    fresh_state["helper"] = None
+    assert not regions.region_decoding()
+    assert "not built" in (regions.region_available() or "")
+    _assert_default_path_is_imagefolder(tmp_path, expect_regions=False)
+
+
+def test_the_environment_switch_turns_regions_off(
+    helper: Any, fresh_state: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(regions.ENV_SWITCH, "0")
+    assert not regions.region_decoding()
+    assert regions.ENV_SWITCH in (regions.region_available() or "")
+    monkeypatch.setenv(regions.ENV_SWITCH, "1")
+    assert regions.region_decoding() and regions.region_available() is None
+
+
+def _tree(root: Path) -> Path:
+    sizes = [(500, 375), (375, 500), (161, 121), (333, 250), (64, 48), (300, 300)]
+    for k, (w, h) in enumerate(sizes * 2):
+        data = photo_jpeg(w, h, seed=k) if k % 4 else photo_jpeg(w, h, seed=k, mode="L")
+        write(root / f"c{k % 3}" / f"{k:02d}.jpg", data)
+    return root
+
+
+def _assert_default_path_is_imagefolder(tmp_path: Path, *, expect_regions: bool) -> None:
+    src = _tree(tmp_path / "src")
+    pack(src, tmp_path / "p", progress=False)
+    steps = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
+    theirs = ImageFolder(str(src), transform=steps)
+    ours = LMDBFolder(tmp_path / "p", transform=steps)
+    calls = _count_regions()
+    for seed in range(4):
+        torch.manual_seed(seed)
+        expected = [theirs[i] for i in range(len(theirs))]
+        torch.manual_seed(seed)
+        singles = [ours[i] for i in range(len(ours))]
+        torch.manual_seed(seed)
+        batch = ours.__getitems__(list(range(len(ours))))
+        for (x, y), (sx, sy), (bx, by) in zip(expected, singles, batch):
+            assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
+    assert (calls["n"] > 0) == expect_regions
+
+
+def _count_regions() -> dict[str, int]:
+    calls = {"n": 0}
+    inner = regions._STATE.get("helper")
+    if inner is not None:
+
+        def counted(*args: Any) -> tuple[int, int]:
+            calls["n"] += 1
+            return inner(*args)
+
+        regions._STATE["helper"] = counted
+    return calls
+
+
+def test_the_default_path_decodes_regions_with_imagefolders_pixels(
+    helper: Any, fresh_state: dict[str, Any], tmp_path: Path
+) -> None:
+    """``LMDBFolder(root, transform=torchvision's RRC + flip)``: ImageFolder's
+    samples and random numbers, one by one and in batches, and the crops were
+    decoded by region."""
+    _assert_default_path_is_imagefolder(tmp_path, expect_regions=True)
+
+
+def test_decoder_pillow_decodes_whole_images(helper: Any, fresh_state: dict[str, Any], tmp_path: Path) -> None:
+    src = _tree(tmp_path / "src")
+    pack(src, tmp_path / "p", progress=False)
+    ours = LMDBFolder(tmp_path / "p", transform=T.Compose([T.RandomResizedCrop(64), T.PILToTensor()]), decoder="pillow")
+    calls = _count_regions()
+    ours[0]
+    ours.__getitems__([0, 1])
+    assert calls["n"] == 0
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_give_imagefolders_batches(helper: Any, tmp_path: Path, context: str) -> None:
+    """Two workers, fork and spawn: the batches are ImageFolder's, batch by batch
+    (each worker checks the helper against Pillow itself)."""
+    src = _tree(tmp_path / "src")
+    pack(src, tmp_path / "p", progress=False)
+    steps = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
+    loaders = []
+    for ds in (ImageFolder(str(src), transform=steps), LMDBFolder(tmp_path / "p", transform=steps)):
+        torch.manual_seed(7)
+        loaders.append(list(DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context)))
+    for (xa, ya), (xb, yb) in zip(*loaders):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert len(loaders[0]) == len(loaders[1]) == 3

@@ -193,6 +193,19 @@ def test_boxes_outside_the_image_and_small_buffers_are_refused(helper: Any) -> N
     assert regions.decode_region(cmyk, (0, 0, 8, 8), 32) is None  # CMYK -> RGB is Pillow's conversion
 
 
+@pytest.mark.parametrize("sampling", [0x12, 0x41, 0x21 + 0x100])
+def test_untested_chroma_layouts_are_decoded_whole(helper: Any, sampling: int) -> None:
+    """4:4:0 (Y 1x2), 4:1:1 (Y 4x1), subsampled chroma: layouts the tests cannot
+    make with Pillow are not trusted to the region decoder (refused at the header)."""
+    data = bytearray(_jpeg(Image.new("RGB", (32, 32), (10, 200, 30)), quality=90, subsampling=0))
+    sof = data.index(b"\xff\xc0")
+    component = 1 if sampling > 0xFF else 0  # Cb for the last case, else Y
+    data[sof + 11 + 3 * component] = sampling & 0xFF
+    with pytest.raises(ValueError, match="chroma sampling"):
+        helper(bytes(data), 0, 0, 8, 8, np.empty(3 * 32 * 32, np.uint8))
+    assert regions.decode_region(bytes(data), (0, 0, 8, 8), 32) is None
+
+
 def test_a_helper_that_differs_from_pillow_is_not_used(
     helper: Any, fresh_state: dict[str, Any], tmp_path: Path
 ) -> None:

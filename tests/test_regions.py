@@ -93,17 +93,38 @@ def test_regions_are_the_full_decode_bit_for_bit(helper: Any, size: tuple[int, i
             assert np.array_equal(pixels[:, x0:x1], expected[top : top + bh, left : left + bw]), (kind, size, box)
 
 
-def test_rows_below_the_crop_are_not_decoded(helper: Any) -> None:
-    """The point of it: a crop in the top rows costs less than the whole image
-    (counted in work done, not time: libjpeg stops after the crop's last row, so
-    a JPEG cut off below the crop would still decode; see the EOI rule below)."""
+def test_a_cut_jpeg_is_refused_by_the_helper_itself(helper: Any) -> None:
+    """Belt and braces beside the EOI rule of ``decode_region``: the helper checks
+    that the bytes after the crop's rows end with EOI."""
     data = photo_jpeg(400, 400, seed=1)
-    buf = np.empty(3 * 400 * 400, np.uint8)
-    cut = data[: len(data) // 2]  # no end-of-image marker, and half the scan gone
-    x0, w0 = helper(cut, 0, 0, 400, 16, buf)
-    assert (x0, w0) == (0, 400)
-    expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))[:16]
-    assert np.array_equal(buf[: 3 * 400 * 16].reshape(16, 400, 3), expected)
+    with pytest.raises(ValueError, match="marker"):
+        helper(data[: len(data) // 2], 0, 0, 400, 16, np.empty(3 * 400 * 400, np.uint8))
+
+
+@pytest.mark.parametrize(
+    "marker", [b"\xff\xc0\x00\x11\x08\x01\x2c\x01\x2c\x03\x01\x22\x00", b"\xff\xd8", b"\xff\xc4\x00\x03"]
+)
+def test_a_stray_marker_below_the_crop_fails_as_in_imagefolder(helper: Any, tmp_path: Path, marker: bytes) -> None:
+    """A second SOF, SOI or a bogus table in the scan data, below every crop: the
+    region's rows decode cleanly, but ImageFolder's whole decode fails on it, so
+    the region decoder refuses the file and the dataset fails as ImageFolder does."""
+    data = photo_jpeg(300, 300, seed=3)
+    start = data.index(b"\xff\xda") + 20
+    pos = start + int((len(data) - 2 - start) * 0.9)
+    damaged = data[:pos] + marker + data[pos:]
+    assert regions.decode_region(damaged, (0, 0, 16, 300), 300) is None
+    write(tmp_path / "src" / "a" / "marker.jpg", damaged)
+    pack(tmp_path / "src", tmp_path / "p", check="none", progress=False)
+    steps = T.Compose([T.RandomResizedCrop(32, scale=(0.01, 0.02)), T.PILToTensor()])
+    theirs = ImageFolder(str(tmp_path / "src"), transform=steps)
+    ours = LMDBFolder(tmp_path / "p", transform=steps)
+    torch.manual_seed(0)
+    with pytest.raises(OSError):
+        theirs[0]
+    with pytest.raises(DecodeError, match="marker.jpg"):
+        ours[0]
+    with pytest.raises(DecodeError, match="marker.jpg"):
+        ours.__getitems__([0])
 
 
 def test_a_truncated_jpeg_is_decoded_whole_and_fails_as_in_imagefolder(helper: Any, tmp_path: Path) -> None:

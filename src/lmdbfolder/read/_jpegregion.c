@@ -48,7 +48,32 @@ static void on_message(j_common_ptr cinfo, int level) {
     }
 }
 
-enum outcome { DONE, LIBJPEG_ERROR, UNTESTED_SAMPLING, BOX_OUTSIDE, OUT_TOO_SMALL };
+enum outcome { DONE, LIBJPEG_ERROR, UNTESTED_SAMPLING, MARKER_BELOW, BOX_OUTSIDE, OUT_TOO_SMALL };
+
+/* Whether the bytes libjpeg has not read hold only entropy-coded data, restart
+ * markers and the final EOI. A whole decode reads them and fails on a stray
+ * marker there (a second SOF, a bogus table): such a file must fail here too,
+ * not decode by region because its damage lies below the crop. Damage without
+ * markers is only ever a warning in libjpeg, and the crop's rows are the same. */
+static int plain_entropy_data(const JOCTET *p, size_t n, int unread_marker) {
+    if (unread_marker != 0 && unread_marker != 0xD9 && (unread_marker < 0xD0 || unread_marker > 0xD7))
+        return 0;
+    if (unread_marker == 0xD9)
+        return n == 0;
+    const JOCTET *end = p + n;
+    while (p < end) {
+        const JOCTET *ff = memchr(p, 0xFF, (size_t)(end - p));
+        if (ff == NULL || ff + 1 >= end)
+            return 0; /* the payload ends with FF D9, so the last FF is never the last byte */
+        JOCTET next = ff[1];
+        if (next == 0xD9)
+            return ff + 2 == end;
+        if (next != 0x00 && next != 0xFF && (next < 0xD0 || next > 0xD7))
+            return 0;
+        p = ff + 1;
+    }
+    return 0;
+}
 
 /* Greyscale, or Y at 1x1, 2x1 or 2x2 with 1x1 chroma (4:4:4, 4:2:2, 4:2:0): the
  * layouts whose regions the tests compare with Pillow. Others (4:4:0, 4:1:1, odd
@@ -90,6 +115,9 @@ static enum outcome read_region(j_decompress_ptr cinfo, int left, int top, int w
         JSAMPROW row = (JSAMPROW)out->buf + (size_t)(cinfo->output_scanline - (JDIMENSION)top) * stride;
         jpeg_read_scanlines(cinfo, &row, 1);
     }
+    if (!jpeg_has_multiple_scans(cinfo) &&
+        !plain_entropy_data(cinfo->src->next_input_byte, cinfo->src->bytes_in_buffer, cinfo->unread_marker))
+        return MARKER_BELOW; /* a progressive JPEG was read whole by jpeg_start_decompress */
     *x0 = x;
     *w0 = w;
     return DONE;
@@ -101,8 +129,9 @@ PyDoc_STRVAR(decode_region_doc,
 "buffer ``out``, columns x0 .. x0+w0-1 of each (row stride 3*w0), with\n"
 "x0 < left when left > 0 and x0 + w0 >= left + width. The caller's box starts\n"
 "at column left - x0 of each row. Raises ValueError for a JPEG libjpeg cannot\n"
-"decode or warns about, a box outside the image, or an ``out`` that is too small\n"
-"(3 * image width * height bytes always suffice).");
+"decode or warns about, one with a stray marker after the crop's rows, an\n"
+"untested chroma layout, a box outside the image, or an ``out`` that is too\n"
+"small (3 * image width * height bytes always suffice).");
 
 static PyObject *decode_region(PyObject *self, PyObject *args) {
     Py_buffer data, out;
@@ -135,6 +164,9 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     switch (result) {
     case LIBJPEG_ERROR:
         PyErr_Format(PyExc_ValueError, "libjpeg: %s", err.message);
+        return NULL;
+    case MARKER_BELOW:
+        PyErr_SetString(PyExc_ValueError, "a marker other than RSTn or EOI after the crop's rows: damaged");
         return NULL;
     case UNTESTED_SAMPLING:
         PyErr_SetString(PyExc_ValueError, "chroma sampling other than 4:4:4, 4:2:2, 4:2:0 or greyscale");

@@ -1,0 +1,74 @@
+"""Where one process spends its time per image on LMDBFolder's batch path (cProfile, process time).
+
+Usage:
+    python benchmarks/profile_batches.py PACK [--mode default|fast] [--regions 0|1] [--batches 45]
+
+``default`` is ``LMDBFolder(PACK, transform=T.Compose([T.RandomResizedCrop(224),
+T.RandomHorizontalFlip(), T.PILToTensor()]))`` (torchvision's own transform, fused
+exactly); ``fast`` is lmdbfolder's fast settings (``fused.RandomResizedCrop(224,
+resize="opencv", output="tensor")`` + flip, ``threads=1``). Batches of 64 in a
+seeded random order go through ``__getitems__`` after 5 warm-up batches (run
+``lmdbfolder warm PACK`` first for a warm page cache). ``--regions 0`` sets
+``LMDBFOLDER_REGIONS=0`` (whole-image decoding), to see what region decoding
+saves. Prints the CPU time per image and the functions that took most of it
+(their own time, per image and as a share).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("pack")
+    parser.add_argument("--mode", choices=["default", "fast"], default="default")
+    parser.add_argument("--regions", choices=["0", "1"], default="1")
+    parser.add_argument("--batches", type=int, default=45)
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args(argv)
+    os.environ["LMDBFOLDER_REGIONS"] = args.regions  # before the first decode in this process
+
+    import torch
+    from torchvision import transforms as T
+
+    from lmdbfolder import fused
+    from lmdbfolder.torch import LMDBFolder
+
+    if args.mode == "default":
+        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
+        ds = LMDBFolder(args.pack, transform=tf)
+    else:
+        tf = T.Compose([fused.RandomResizedCrop(224, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
+        ds = LMDBFolder(args.pack, transform=tf, threads=1)
+    torch.manual_seed(0)
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).tolist()
+    batches = [order[i : i + 64] for i in range(0, 64 * (args.batches + 5), 64)]
+    batches = [b for b in batches if b]
+    for b in batches[:5]:
+        ds.__getitems__(b)
+    timed = batches[5:]
+    n = sum(len(b) for b in timed)
+    if not n:
+        parser.error(f"{args.pack} has too few samples for 5 warm-up batches of 64 and one timed batch")
+    prof = cProfile.Profile(time.process_time)
+    start = time.process_time()
+    prof.enable()
+    for b in timed:
+        ds.__getitems__(b)
+    prof.disable()
+    total = time.process_time() - start
+    print(f"{args.pack}, {args.mode}, regions {args.regions}: {1e6 * total / n:,.0f} us of CPU per image ({n} images)")
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(((tt, fn, os.path.basename(file)) for (file, _, fn), (_, _, tt, _, _) in stats.items()), reverse=True)
+    for tt, fn, file in rows[: args.top]:
+        print(f"  {1e6 * tt / n:8,.0f} us  {100 * tt / total:5.1f} %  {fn}  ({file})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,7 +16,7 @@ $(BIN)/python:
 	@echo "==> creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml setup.py src/lmdbfolder/read/_jpegregion.c | $(BIN)/python
+$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml setup.py src/lmdbfolder/read/_crops.c | $(BIN)/python
 	@echo "==> installing what the demo needs into $(VENV) (requirements-demo.txt): lmdb, numpy, Pillow, tqdm"
 	@echo "    (lmdbfolder's own dependencies), PyTorch 2.14.1 and torchvision 0.29.1 (the big download),"
 	@echo "    simplejpeg (the fast JPEG decoder) and zlib-ng (fast checksums)"
@@ -24,7 +24,7 @@ $(VENV)/.demo-installed: requirements-demo.txt pyproject.toml setup.py src/lmdbf
 	@echo "==> installing lmdbfolder itself from this folder, editable (changes to src/ apply at once),"
 	@echo "    compiling its optional crop-region decoder against the system libjpeg (skipped without it)"
 	$(PIP) --no-deps --no-build-isolation -e .
-	@$(BIN)/python -c "import lmdbfolder.read._jpegregion" 2>/dev/null || { \
+	@$(BIN)/python -c "import lmdbfolder.read._crops" 2>/dev/null || { \
 	  echo "note: the crop-region decoder was not built (no C compiler or no libjpeg headers): images are decoded"; \
 	  echo "      whole, the same pixels a little slower; to build it: sudo apt-get install libjpeg-dev (or: make system-deps),"; \
 	  echo "      then: rm $(VENV)/.demo-installed && make demo"; }
@@ -77,4 +77,4 @@ system-deps:
 	else sudo apt-get install -y libturbojpeg0 libjpeg-dev; fi
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache src/lmdbfolder/read/_jpegregion*.so
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache src/lmdbfolder/read/_crops*.so

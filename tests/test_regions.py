@@ -33,7 +33,7 @@ def helper() -> Any:
     found = regions._helper()
     if found is None:
         if _HEADERS:
-            pytest.fail("the libjpeg headers are installed but lmdbfolder.read._jpegregion is not built: reinstall")
+            pytest.fail("the libjpeg headers are installed but lmdbfolder.read._crops is not built: reinstall")
         pytest.skip("no libjpeg headers here, so the optional helper is not built")
     return found
 

@@ -43,7 +43,15 @@ except ImportError as exc:  # a core-only install: say what to install
         "lmdbfolder.fused (the fused RandomResizedCrop)", "torch", "torch and torchvision"
     ) from exc
 
-from lmdbfolder.read.crops import RESIZE_BACKENDS, Box, crop_scale, fusable, resize_region, scaled_box
+from lmdbfolder.read.crops import (
+    RESIZE_BACKENDS,
+    Box,
+    crop_scale,
+    fusable,
+    resize_exact_into,
+    resize_region,
+    scaled_box,
+)
 from lmdbfolder.read.decoders import Decoded, Decoder, decode_payload, to_pil
 from lmdbfolder.read.regions import decode_region
 
@@ -157,6 +165,12 @@ class RandomResizedCrop(T.RandomResizedCrop):
             inner = scaled_box(box, (width, height), decoded)
         out_h, out_w = self.size
         resample = pil_modes_mapping[self.interpolation]
+        if self.resize == "pil" and resample == Image.Resampling.BILINEAR and isinstance(pixels, np.ndarray):
+            # Pillow's resize, exactly, without copying the crop into a PIL image first
+            planar = self.output == "tensor"
+            arr = np.empty((3, out_h, out_w) if planar else (out_h, out_w, 3), np.uint8)
+            if resize_exact_into(pixels, inner, (out_w, out_h), arr, planar=planar):
+                return torch.from_numpy(arr) if planar else Image.fromarray(arr, "RGB")
         out = resize_region(
             pixels,
             inner,

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 from PIL import Image
 
-from lmdbfolder.read.crops import Box, fusable, opencv_resize_into, resize_region, scaled_box
+from lmdbfolder.read.crops import Box, fusable, opencv_resize_into, resize_exact_into, resize_region, scaled_box
 from lmdbfolder.read.decoders import Decoder
 from lmdbfolder.read.regions import decode_region
 
@@ -152,6 +152,10 @@ class BatchDecoder:
             opencv_resize_into(pixels, box, (width, height), work)
             if job.flip:
                 _flip_in_place(work)
+        elif self.resample == Image.Resampling.BILINEAR and resize_exact_into(
+            pixels, box, (width, height), dst, planar=True, flip=job.flip
+        ):
+            return  # Pillow's resize, exactly, straight into the batch's planes
         else:
             img = resize_region(pixels, box, (width, height), resample=self.resample, backend="pil")
             arr = np.frombuffer(img.tobytes(), np.uint8).reshape(height, width, 3)

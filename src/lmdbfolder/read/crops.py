@@ -12,12 +12,22 @@ transform would.
 from __future__ import annotations
 
 import math
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["Box", "crop_scale", "scaled_box", "resize_region", "opencv_resize_into", "fusable", "RESIZE_BACKENDS"]
+__all__ = [
+    "Box",
+    "crop_scale",
+    "scaled_box",
+    "resize_region",
+    "resize_exact_into",
+    "opencv_resize_into",
+    "fusable",
+    "RESIZE_BACKENDS",
+]
 
 #: ``(top, left, height, width)`` in full-size pixels.
 Box = tuple[int, int, int, int]
@@ -105,6 +115,123 @@ def resize_region(
     if inner == (0, 0, ix1 - ix0, iy1 - iy0):
         return region.resize(size, resample)
     return region.resize(size, resample, box=inner)
+
+
+_NATIVE: dict[str, Any] = {}
+_SCRATCH = threading.local()
+
+
+def _native_resize() -> tuple[Callable[..., None], int] | None:
+    """The compiled resize (``lmdbfolder.read._crops``) and the pass order of the
+    installed Pillow, if the compiled resize reproduces Pillow here; else None.
+
+    Pillow 13 runs the vertical pass first when the height shrinks more than
+    twice as much as the width, earlier Pillows always the horizontal one
+    first, and the 8-bit rounding between the passes makes the order visible
+    in the pixels: so the order is found by comparing with the installed Pillow
+    (once per process), on boxes that take every branch. Neither matching means
+    the compiled resize is not used.
+    """
+    if "found" not in _NATIVE:
+        _NATIVE["found"] = None
+        try:
+            from lmdbfolder.read import _crops  # type: ignore[attr-defined]
+        except ImportError:
+            return None
+        rng = np.random.default_rng(7)
+        src = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
+        # (left, top, width, height, out_w, out_h): both passes either order, one pass, none, upscaling
+        cases = [(3, 0, 120, 97, 119, 31), (0, 0, 131, 97, 40, 90), (5, 0, 101, 60, 101, 60), (0, 0, 131, 97, 131, 20)]
+        cases += [(9, 0, 37, 25, 224, 224), (0, 0, 1, 1, 3, 2), (2, 0, 70, 97, 33, 97), (0, 0, 131, 90, 128, 7)]
+        for order in (1, 0):
+            try:
+                ok = all(
+                    np.array_equal(
+                        _resize(_crops.resize_bilinear, order, src, (left, 0, left + w, h), (ow, oh)),
+                        _pil(src, left, w, h, ow, oh),
+                    )
+                    for left, _top, w, h, ow, oh in cases
+                )
+            except Exception:  # a helper that fails on a valid image does not match either
+                ok = False
+            if ok:
+                _NATIVE["found"] = (_crops.resize_bilinear, order)
+                break
+    return _NATIVE["found"]
+
+
+def _pil(src: np.ndarray, left: int, width: int, height: int, out_w: int, out_h: int) -> np.ndarray:
+    crop = Image.fromarray(np.ascontiguousarray(src[:height, left : left + width]), "RGB")
+    return np.asarray(crop.resize((out_w, out_h), Image.Resampling.BILINEAR))
+
+
+def _resize(
+    fn: Callable[..., None], order: int, src: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int]
+) -> np.ndarray:
+    out = np.empty((size[1], size[0], 3), np.uint8)
+    _call(fn, order, src, box, size, out, planar=False, flip=False)
+    return out
+
+
+def _call(
+    fn: Callable[..., None],
+    order: int,
+    src: np.ndarray,
+    box: tuple[int, int, int, int],
+    size: tuple[int, int],
+    dst: np.ndarray,
+    *,
+    planar: bool,
+    flip: bool,
+) -> None:
+    left, top, right, bottom = box
+    width, height = right - left, bottom - top
+    need = 3 * max(size[0] * height, width * size[1])
+    tmp = getattr(_SCRATCH, "tmp", None)
+    if tmp is None or tmp.size < need:
+        tmp = _SCRATCH.tmp = np.empty(max(need, 1 << 20), np.uint8)
+    rows = src[top:bottom]
+    fn(rows, src.shape[1], left, width, height, size[0], size[1], dst, tmp, planar, flip, order)
+
+
+def resize_exact_into(
+    pixels: np.ndarray,
+    box: tuple[float, float, float, float],
+    size: tuple[int, int],
+    dst: np.ndarray,
+    *,
+    planar: bool = False,
+    flip: bool = False,
+) -> bool:
+    """Resize the whole-pixel ``box`` (left, upper, right, lower) of the ``H x W x 3``
+    uint8 array ``pixels`` to ``size`` = (width, height) exactly as
+    ``Image.crop(box).resize(size, BILINEAR)`` does, into ``dst`` (``H x W x 3``,
+    or with ``planar`` its ``3 x H x W`` planes; mirrored with ``flip``, as
+    ``RandomHorizontalFlip`` mirrors). Returns False, having written nothing,
+    when the compiled resize is not usable here (not built, or it differs from
+    the installed Pillow) or the arguments are not a case it takes (a fractional
+    box, a non-contiguous array); the caller then uses Pillow.
+
+    It reads the crop in place and writes straight into ``dst``: the copies into
+    and out of a PIL image, and the flip's and the planes' copies, are not made.
+    """
+    found = _native_resize()
+    if found is None:
+        return False
+    left, top, right, bottom = box
+    if not all(float(v).is_integer() for v in box):
+        return False
+    h, w = pixels.shape[:2]
+    ibox = (int(left), int(top), int(right), int(bottom))
+    if not (0 <= ibox[0] < ibox[2] <= w and 0 <= ibox[1] < ibox[3] <= h):
+        return False
+    if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8 or not pixels.flags.c_contiguous:
+        return False
+    if not dst.flags.c_contiguous or dst.dtype != np.uint8 or dst.size != 3 * size[0] * size[1]:
+        return False
+    fn, order = found
+    _call(fn, order, pixels, ibox, size, dst, planar=planar, flip=flip)
+    return True
 
 
 def _region_image(pixels: np.ndarray, x0: int, y0: int, x1: int, y1: int) -> Image.Image:

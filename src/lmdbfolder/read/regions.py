@@ -2,7 +2,7 @@
 
 Under ``RandomResizedCrop`` a full-resolution JPEG is decoded whole and then
 mostly thrown away: the crop covers about half of the image on average. The
-compiled helper ``lmdbfolder.read._jpegregion`` (libjpeg's partial decode,
+compiled helper ``lmdbfolder.read._crops`` (libjpeg's partial decode,
 built from ``setup.py`` when the system libjpeg headers are there) decodes
 the crop's rows only, skips the rows below it entirely and the inverse DCT
 and colour conversion of the columns outside it: about a third less time per
@@ -50,9 +50,9 @@ def _helper() -> Callable[..., tuple[int, int]] | None:
     """The compiled ``decode_region``, or None when it is not built here."""
     if "helper" not in _STATE:
         try:
-            from lmdbfolder.read import _jpegregion  # type: ignore[attr-defined]
+            from lmdbfolder.read import _crops  # type: ignore[attr-defined]
 
-            _STATE["helper"] = _jpegregion.decode_region
+            _STATE["helper"] = _crops.decode_region
         except ImportError:
             _STATE["helper"] = None
     return _STATE["helper"]
@@ -64,7 +64,7 @@ def region_available() -> str | None:
         return f"{ENV_SWITCH}=0 in the environment"
     if _helper() is None:
         return (
-            "the compiled helper lmdbfolder.read._jpegregion is not built (it needs a C compiler and the "
+            "the compiled helper lmdbfolder.read._crops is not built (it needs a C compiler and the "
             "libjpeg headers at install time: apt-get install libjpeg-dev, then reinstall lmdbfolder)"
         )
     if not region_decoding():

@@ -1,0 +1,158 @@
+"""The compiled resize (``lmdbfolder.read.crops.resize_exact_into``): Pillow's
+``crop(box).resize(size, BILINEAR)``, bit for bit, written straight into a batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as T
+from torchvision.datasets import ImageFolder
+
+from lmdbfolder import pack
+from lmdbfolder.read import crops
+from lmdbfolder.torch import LMDBFolder
+from test_regions import _HEADERS, _tree
+
+
+@pytest.fixture
+def native() -> tuple[Any, int]:
+    found = crops._native_resize()
+    if found is None:
+        if _HEADERS:
+            pytest.fail("the libjpeg headers are installed but the compiled resize is not usable: reinstall")
+        pytest.skip("no libjpeg headers here, so the optional helper is not built")
+    return found
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    monkeypatch.setattr(crops, "_NATIVE", state)
+    return state
+
+
+def _pillow(src: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int]) -> np.ndarray:
+    return np.asarray(Image.fromarray(src, "RGB").crop(box).resize(size, Image.Resampling.BILINEAR))
+
+
+def test_random_boxes_and_sizes_are_pillows_pixels(native: tuple[Any, int]) -> None:
+    """Noise and smooth images, boxes anywhere, shrinking and growing each way, one
+    pass, both, none; HWC and planes, mirrored or not."""
+    rng = np.random.default_rng(0)
+    for trial in range(600):
+        w_img, h_img = int(rng.integers(1, 500)), int(rng.integers(1, 400))
+        src = rng.integers(0, 256, (h_img, w_img, 3), dtype=np.uint8)
+        if trial % 3 == 0:
+            src = np.clip(np.cumsum(rng.integers(-3, 4, (h_img, w_img, 3)), axis=1) + 128, 0, 255).astype(np.uint8)
+        left, top = int(rng.integers(0, w_img)), int(rng.integers(0, h_img))
+        box = (left, top, int(rng.integers(left + 1, w_img + 1)), int(rng.integers(top + 1, h_img + 1)))
+        size = (
+            int(rng.choice([224, 1, int(rng.integers(1, 500))])),
+            int(rng.choice([224, 2, int(rng.integers(1, 400))])),
+        )
+        if trial % 7 == 0:
+            size = (box[2] - box[0], box[3] - box[1])
+        if trial % 11 == 0:
+            size = (box[2] - box[0], size[1])
+        expected = _pillow(src, box, size)
+        planar, flip = bool(trial % 2), bool(trial % 4 < 2)
+        dst = np.empty((3, size[1], size[0]) if planar else (size[1], size[0], 3), np.uint8)
+        assert crops.resize_exact_into(src, box, size, dst, planar=planar, flip=flip)
+        got = dst.transpose(1, 2, 0) if planar else dst
+        if flip:
+            got = got[:, ::-1]
+        assert np.array_equal(got, expected), (trial, src.shape, box, size)
+
+
+def test_the_pass_order_is_the_installed_pillows(native: tuple[Any, int]) -> None:
+    """Pillow 13 resizes vertically first when the height shrinks by more than twice
+    what the width does (earlier Pillows never): the 8-bit rounding between the
+    passes shows in the pixels, and the order found matches Pillow's."""
+    fn, order = native
+    rng = np.random.default_rng(1)
+    src = rng.integers(0, 256, (255, 258, 3), dtype=np.uint8)
+    box, size = (0, 0, 258, 255), (257, 85)  # height shrinks 3x, width barely
+    expected = _pillow(src, box, size)
+    outs = {}
+    for o in (0, 1):
+        out = np.empty((85, 257, 3), np.uint8)
+        crops._call(fn, o, src, box, size, out, planar=False, flip=False)
+        outs[o] = out
+    assert not np.array_equal(outs[0], outs[1])
+    assert np.array_equal(outs[order], expected)
+
+
+def test_cases_it_does_not_take_are_left_to_pillow(native: tuple[Any, int]) -> None:
+    src = np.zeros((10, 10, 3), np.uint8)
+    dst = np.empty((4, 4, 3), np.uint8)
+    assert not crops.resize_exact_into(src, (0.5, 0, 10, 10), (4, 4), dst)  # a fractional box
+    assert not crops.resize_exact_into(src[:, ::2], (0, 0, 5, 10), (4, 4), dst)  # not contiguous
+    assert not crops.resize_exact_into(src, (0, 0, 11, 10), (4, 4), dst)  # outside
+    assert not crops.resize_exact_into(src, (0, 0, 10, 10), (5, 4), dst)  # wrong destination size
+    with pytest.raises(ValueError, match="outside"):
+        native[0](src, 10, 8, 5, 10, 4, 4, dst, np.empty(1000, np.uint8), False, False, native[1])
+
+
+def test_a_resize_that_differs_from_pillow_is_not_used(
+    native: tuple[Any, int], fresh: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lmdbfolder.read import _crops  # type: ignore[attr-defined]
+
+    real = _crops.resize_bilinear
+
+    def off_by_one(*args: Any) -> None:
+        real(*args)
+        args[7][0] ^= 1
+
+    monkeypatch.setattr(_crops, "resize_bilinear", off_by_one)
+    assert crops._native_resize() is None
+    assert not crops.resize_exact_into(
+        np.zeros((4, 4, 3), np.uint8), (0, 0, 4, 4), (2, 2), np.empty((2, 2, 3), np.uint8)
+    )
+
+
+def _assert_default_path(tmp_path: Path) -> None:
+    src = _tree(tmp_path / "src")
+    pack(src, tmp_path / "p", progress=False)
+    steps = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
+    normalized = T.Compose([T.RandomResizedCrop(48), T.ToTensor(), T.Normalize([0.5] * 3, [0.2] * 3)])
+    for tf in (steps, normalized):
+        theirs = ImageFolder(str(src), transform=tf)
+        ours = LMDBFolder(tmp_path / "p", transform=tf)
+        for seed in range(3):
+            torch.manual_seed(seed)
+            expected = [theirs[i] for i in range(len(theirs))]
+            torch.manual_seed(seed)
+            singles = [ours[i] for i in range(len(ours))]
+            torch.manual_seed(seed)
+            batch = ours.__getitems__(list(range(len(ours))))
+            for (x, y), (sx, sy), (bx, by) in zip(expected, singles, batch):
+                assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
+
+
+def test_the_default_path_resizes_natively_with_imagefolders_pixels(
+    native: tuple[Any, int], fresh: dict[str, Any], tmp_path: Path
+) -> None:
+    """torchvision's RRC (+ flip + PILToTensor: the batch path; + ToTensor +
+    Normalize: the per-sample path) gives ImageFolder's samples, and the compiled
+    resize made them."""
+    calls = {"n": 0}
+    fn, order = native
+
+    def counted(*args: Any) -> None:
+        calls["n"] += 1
+        fn(*args)
+
+    fresh["found"] = (counted, order)
+    _assert_default_path(tmp_path)
+    assert calls["n"] > 0
+
+
+def test_without_the_compiled_resize_pillow_resizes(fresh: dict[str, Any], tmp_path: Path) -> None:
+    fresh["found"] = None
+    _assert_default_path(tmp_path)

@@ -5,7 +5,7 @@ mostly thrown away: the crop covers about half of the image on average. The
 compiled helper ``lmdbfolder.read._crops`` (libjpeg's partial decode,
 built from ``setup.py`` when the system libjpeg headers are there) decodes
 the crop's rows only, skips the rows below it entirely and the inverse DCT
-and colour conversion of the columns outside it: about a third less time per
+and colour conversion of the columns outside it: about a quarter less time per
 image on ImageNet-like photos (see docs/design.md).
 
 Exactness is a fact checked here, not an assumption: before the first region

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
@@ -16,17 +15,12 @@ from torchvision.datasets import ImageFolder
 from lmdbfolder import pack
 from lmdbfolder.read import crops
 from lmdbfolder.torch import LMDBFolder
-from test_regions import _HEADERS, _tree
+from test_regions import _tree, assert_imagefolders_samples, built
 
 
 @pytest.fixture
 def native() -> tuple[Any, int]:
-    found = crops._native_resize()
-    if found is None:
-        if _HEADERS:
-            pytest.fail("the libjpeg headers are installed but the compiled resize is not usable: reinstall")
-        pytest.skip("no libjpeg headers here, so the optional helper is not built")
-    return found
+    return built(crops._native_resize(), "the compiled resize")
 
 
 @pytest.fixture
@@ -122,17 +116,7 @@ def _assert_default_path(tmp_path: Path) -> None:
     steps = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
     normalized = T.Compose([T.RandomResizedCrop(48), T.ToTensor(), T.Normalize([0.5] * 3, [0.2] * 3)])
     for tf in (steps, normalized):
-        theirs = ImageFolder(str(src), transform=tf)
-        ours = LMDBFolder(tmp_path / "p", transform=tf)
-        for seed in range(3):
-            torch.manual_seed(seed)
-            expected = [theirs[i] for i in range(len(theirs))]
-            torch.manual_seed(seed)
-            singles = [ours[i] for i in range(len(ours))]
-            torch.manual_seed(seed)
-            batch = ours.__getitems__(list(range(len(ours))))
-            for (x, y), (sx, sy), (bx, by) in zip(expected, singles, batch):
-                assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
+        assert_imagefolders_samples(ImageFolder(str(src), transform=tf), LMDBFolder(tmp_path / "p", transform=tf), 3)
 
 
 def test_the_default_path_resizes_natively_with_imagefolders_pixels(

@@ -27,15 +27,19 @@ from test_decoders import photo_jpeg
 _HEADERS = any(os.path.exists(p) for p in ("/usr/include/jpeglib.h", "/usr/local/include/jpeglib.h"))
 
 
-@pytest.fixture
-def helper() -> Any:
-    """The compiled helper; its absence fails the test where it should have been built."""
-    found = regions._helper()
+def built(found: Any, what: str) -> Any:
+    """``found`` (a part of the compiled module), else fail where the module should
+    have been built (the libjpeg headers are here) and skip where it cannot be."""
     if found is None:
         if _HEADERS:
-            pytest.fail("the libjpeg headers are installed but lmdbfolder.read._crops is not built: reinstall")
-        pytest.skip("no libjpeg headers here, so the optional helper is not built")
+            pytest.fail(f"the libjpeg headers are installed but {what} is not usable: reinstall lmdbfolder")
+        pytest.skip("no libjpeg headers here, so the optional lmdbfolder.read._crops is not built")
     return found
+
+
+@pytest.fixture
+def helper() -> Any:
+    return built(regions._helper(), "lmdbfolder.read._crops.decode_region")
 
 
 @pytest.fixture
@@ -270,10 +274,14 @@ def _assert_default_path_is_imagefolder(tmp_path: Path, *, expect_regions: bool)
     src = _tree(tmp_path / "src")
     pack(src, tmp_path / "p", progress=False)
     steps = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
-    theirs = ImageFolder(str(src), transform=steps)
-    ours = LMDBFolder(tmp_path / "p", transform=steps)
     calls = _count_regions()
-    for seed in range(4):
+    assert_imagefolders_samples(ImageFolder(str(src), transform=steps), LMDBFolder(tmp_path / "p", transform=steps))
+    assert (calls["n"] > 0) == expect_regions
+
+
+def assert_imagefolders_samples(theirs: ImageFolder, ours: LMDBFolder, seeds: int = 4) -> None:
+    """``ours`` gives ``theirs``' samples for the same seeds, one by one and as one batch."""
+    for seed in range(seeds):
         torch.manual_seed(seed)
         expected = [theirs[i] for i in range(len(theirs))]
         torch.manual_seed(seed)
@@ -282,7 +290,6 @@ def _assert_default_path_is_imagefolder(tmp_path: Path, *, expect_regions: bool)
         batch = ours.__getitems__(list(range(len(ours))))
         for (x, y), (sx, sy), (bx, by) in zip(expected, singles, batch):
             assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
-    assert (calls["n"] > 0) == expect_regions
 
 
 def _count_regions() -> dict[str, int]:

@@ -117,18 +117,7 @@ def test_a_stray_marker_below_the_crop_fails_as_in_imagefolder(helper: Any, tmp_
     pos = start + int((len(data) - 2 - start) * 0.9)
     damaged = data[:pos] + marker + data[pos:]
     assert regions.decode_region(damaged, (0, 0, 16, 300), 300) is None
-    write(tmp_path / "src" / "a" / "marker.jpg", damaged)
-    pack(tmp_path / "src", tmp_path / "p", check="none", progress=False)
-    steps = T.Compose([T.RandomResizedCrop(32, scale=(0.01, 0.02)), T.PILToTensor()])
-    theirs = ImageFolder(str(tmp_path / "src"), transform=steps)
-    ours = LMDBFolder(tmp_path / "p", transform=steps)
-    torch.manual_seed(0)
-    with pytest.raises(OSError):
-        theirs[0]
-    with pytest.raises(DecodeError, match="marker.jpg"):
-        ours[0]
-    with pytest.raises(DecodeError, match="marker.jpg"):
-        ours.__getitems__([0])
+    _fails_as_in_imagefolder(tmp_path, "marker.jpg", damaged)
 
 
 def test_a_truncated_jpeg_is_decoded_whole_and_fails_as_in_imagefolder(helper: Any, tmp_path: Path) -> None:
@@ -138,20 +127,27 @@ def test_a_truncated_jpeg_is_decoded_whole_and_fails_as_in_imagefolder(helper: A
     data = photo_jpeg(300, 300, seed=2)
     cut = data[: len(data) - 200]
     assert regions.decode_region(cut, (0, 0, 20, 20), 300) is None
-    write(tmp_path / "src" / "a" / "cut.jpg", cut)
+    _fails_as_in_imagefolder(tmp_path, "cut.jpg", cut)
+
+
+def _fails_as_in_imagefolder(tmp_path: Path, name: str, data: bytes) -> None:
+    """Packed alone, the JPEG ``data`` fails in ImageFolder (OSError) and in LMDBFolder
+    (DecodeError naming it), one by one and batched, under small crops (most of
+    them in rows a region decode would read cleanly)."""
+    write(tmp_path / "src" / "a" / name, data)
     pack(tmp_path / "src", tmp_path / "p", check="none", progress=False)
     steps = T.Compose([T.RandomResizedCrop(32, scale=(0.01, 0.02)), T.PILToTensor()])
     theirs = ImageFolder(str(tmp_path / "src"), transform=steps)
     ours = LMDBFolder(tmp_path / "p", transform=steps)
-    for seed in range(5):  # small crops, most of them above the cut
+    for seed in range(5):
         torch.manual_seed(seed)
         with pytest.raises(OSError):
             theirs[0]
         torch.manual_seed(seed)
-        with pytest.raises(DecodeError, match="cut.jpg"):
+        with pytest.raises(DecodeError, match=name):
             ours[0]
         torch.manual_seed(seed)
-        with pytest.raises(DecodeError, match="cut.jpg"):
+        with pytest.raises(DecodeError, match=name):
             ours.__getitems__([0])
 
 
@@ -191,17 +187,9 @@ def test_damaged_jpegs_give_imagefolders_pixels(helper: Any, tmp_path: Path, mon
     pack(tmp_path / "src", tmp_path / "p", check="none", progress=False)
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
     steps = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.PILToTensor()])
-    theirs = ImageFolder(str(tmp_path / "src"), transform=steps)
-    ours = LMDBFolder(tmp_path / "p", transform=steps)
-    for seed in range(12):
-        for i in range(len(theirs)):
-            torch.manual_seed(seed)
-            a, _ = theirs[i]
-            torch.manual_seed(seed)
-            b, _ = ours[i]
-            torch.manual_seed(seed)
-            c = ours.__getitems__([i]).images[0]
-            assert torch.equal(a, b) and torch.equal(a, c), (seed, i)
+    assert_imagefolders_samples(
+        ImageFolder(str(tmp_path / "src"), transform=steps), LMDBFolder(tmp_path / "p", transform=steps), 12
+    )
 
 
 def test_boxes_outside_the_image_and_small_buffers_are_refused(helper: Any) -> None:

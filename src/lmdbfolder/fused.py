@@ -53,7 +53,7 @@ from lmdbfolder.read.crops import (
     scaled_box,
 )
 from lmdbfolder.read.decoders import Decoded, Decoder, decode_payload, to_pil
-from lmdbfolder.read.regions import decode_region
+from lmdbfolder.read.regions import decode_crop
 
 __all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe"]
 
@@ -152,9 +152,7 @@ class RandomResizedCrop(T.RandomResizedCrop):
         box, denom = self.plan(width, height, decoder)
         if encoding == "raw":
             denom = 1  # stored pixels: nothing to decode, crop straight from the map
-        region = None
-        if denom == 1 and encoding == "jpeg" and decoder.name != "pillow":
-            region = decode_region(payload, box, width)
+        region = decode_crop(payload, encoding, channels, box, width, denom, decoder.name)
         pixels: Decoded
         inner: tuple[float, float, float, float]
         if region is not None:

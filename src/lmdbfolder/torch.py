@@ -45,7 +45,7 @@ from lmdbfolder.read.decoders import (
 )
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.reader import Record
-from lmdbfolder.read.regions import region_decoding
+from lmdbfolder.read.regions import regions_apply
 from lmdbfolder.read.selection import (
     PathIndex,
     normalize_extensions,
@@ -598,7 +598,7 @@ class LMDBDatasetFolder(DatasetFolder):
 
     def extra_repr(self) -> str:
         """The pack-specific lines of ``repr`` (after VisionDataset's count and root)."""
-        regions = "off" if self.decoder == "pillow" else ("on" if region_decoding() else "off")
+        regions = "on" if regions_apply(self.decoder) else "off"
         lines = [
             f"Source root: {self.source_root}",
             f"Store: {self.reader.store}, decoder: {self.decoder}, crop regions: {regions}",

@@ -358,11 +358,13 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
         xk = bilinear_weights(width, out_w, &xfirst, &xcount, &xw);
         yk = bilinear_weights(height, out_h, &yfirst, &ycount, &yw);
         acc = malloc(sizeof(int32_t) * 3 * (size_t)(width > out_w ? width : out_w));
-        if (!xk || !yk || !acc)
-            problem = "out of memory";
+        if (!xk || !yk || !acc) {
+            free(xfirst), free(xcount), free(xw), free(yfirst), free(ycount), free(yw), free(acc);
+            PyBuffer_Release(&src), PyBuffer_Release(&dst), PyBuffer_Release(&tmp);
+            return PyErr_NoMemory();
+        }
     }
     if (problem) {
-        free(xfirst), free(xcount), free(xw), free(yfirst), free(ycount), free(yw), free(acc);
         PyBuffer_Release(&src), PyBuffer_Release(&dst), PyBuffer_Release(&tmp);
         PyErr_SetString(PyExc_ValueError, problem);
         return NULL;
@@ -403,14 +405,9 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(libjpeg_version_doc, "libjpeg_version() -> int: JPEG_LIB_VERSION this module was built against.");
-
-static PyObject *libjpeg_version(PyObject *self, PyObject *args) { return PyLong_FromLong(JPEG_LIB_VERSION); }
-
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS, decode_region_doc},
     {"resize_bilinear", resize_bilinear, METH_VARARGS, resize_bilinear_doc},
-    {"libjpeg_version", libjpeg_version, METH_NOARGS, libjpeg_version_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,14 +27,19 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 from PIL import Image
 
-from lmdbfolder.read.crops import Box, fusable, opencv_resize_into, resize_exact_into, resize_region, scaled_box
+from lmdbfolder.read.crops import (
+    Box,
+    fusable,
+    opencv_resize_into,
+    resize_exact_into,
+    resize_region,
+    scaled_box,
+    thread_buffer,
+)
 from lmdbfolder.read.decoders import Decoder
-from lmdbfolder.read.regions import decode_region
+from lmdbfolder.read.regions import decode_crop
 
 __all__ = ["CropJob", "BatchItemError", "BatchDecoder"]
-
-#: A decode buffer per thread, grown to the largest image seen (bytes).
-_SCRATCH_START = 1 << 20
 
 
 class CropJob(NamedTuple):
@@ -114,12 +119,6 @@ class BatchDecoder:
             self._pool = ThreadPoolExecutor(max_workers=self.threads - 1, thread_name_prefix="lmdbfolder-batch")
         return self._pool
 
-    def _scratch(self) -> np.ndarray:
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = np.empty(_SCRATCH_START, np.uint8)
-        return buf
-
     def _work(self, height: int, width: int) -> np.ndarray:
         """This thread's ``height x width x 3`` buffer for one resized image."""
         work = getattr(self._local, "work", None)
@@ -135,10 +134,8 @@ class BatchDecoder:
                 raise BatchItemError(k, exc) from exc
 
     def _one(self, job: CropJob, dst: np.ndarray) -> None:
-        region = None
         box: tuple[float, float, float, float]
-        if job.denom == 1 and job.encoding == "jpeg" and job.channels in (1, 3) and self.decoder.name != "pillow":
-            region = decode_region(job.payload, job.box, job.width)
+        region = decode_crop(job.payload, job.encoding, job.channels, job.box, job.width, job.denom, self.decoder.name)
         if region is not None:
             pixels, box = region
         else:
@@ -169,10 +166,7 @@ class BatchDecoder:
     def _decode(self, job: CropJob) -> np.ndarray:
         if job.encoding == "jpeg" and job.channels in (1, 3):
             denom = job.denom if job.denom in self.decoder.scales else 1
-            buf = self._scratch()
-            need = 3 * job.width * job.height
-            if need > buf.size:
-                buf = self._local.buf = np.empty(need, np.uint8)
+            buf = thread_buffer(self._local, "buf", 3 * job.width * job.height)
             return self.decoder.decode_into(job.payload, denom, buf, (job.width, job.height))
         if job.encoding == "raw":
             return np.frombuffer(job.payload, np.uint8).reshape(job.height, job.width, 3)

@@ -20,6 +20,7 @@ from PIL import Image
 
 __all__ = [
     "Box",
+    "thread_buffer",
     "crop_scale",
     "scaled_box",
     "resize_region",
@@ -119,6 +120,19 @@ def resize_region(
 
 _NATIVE: dict[str, Any] = {}
 _SCRATCH = threading.local()
+#: The smallest per-thread buffer ``thread_buffer`` makes (bytes).
+_BUFFER_START = 1 << 20
+
+
+def thread_buffer(local: threading.local, name: str, need: int) -> np.ndarray:
+    """This thread's flat uint8 buffer ``name`` on ``local``, of at least ``need``
+    bytes: made at 1 MiB (or ``need``) and replaced by a larger one when it is too
+    small, so a decode or resize allocates (and page-faults) only while sizes grow."""
+    buf = getattr(local, name, None)
+    if buf is None or buf.size < need:
+        buf = np.empty(max(need, _BUFFER_START), np.uint8)
+        setattr(local, name, buf)
+    return buf
 
 
 def _native_resize() -> tuple[Callable[..., None], int] | None:
@@ -140,9 +154,9 @@ def _native_resize() -> tuple[Callable[..., None], int] | None:
             return None
         rng = np.random.default_rng(7)
         src = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
-        # (left, top, width, height, out_w, out_h): both passes either order, one pass, none, upscaling
-        cases = [(3, 0, 120, 97, 119, 31), (0, 0, 131, 97, 40, 90), (5, 0, 101, 60, 101, 60), (0, 0, 131, 97, 131, 20)]
-        cases += [(9, 0, 37, 25, 224, 224), (0, 0, 1, 1, 3, 2), (2, 0, 70, 97, 33, 97), (0, 0, 131, 90, 128, 7)]
+        # (left, width, height, out_w, out_h): both passes either order, one pass, none, upscaling
+        cases = [(3, 120, 97, 119, 31), (0, 131, 97, 40, 90), (5, 101, 60, 101, 60), (0, 131, 97, 131, 20)]
+        cases += [(9, 37, 25, 224, 224), (0, 1, 1, 3, 2), (2, 70, 97, 33, 97), (0, 131, 90, 128, 7)]
         for order in (1, 0):
             try:
                 ok = all(
@@ -150,7 +164,7 @@ def _native_resize() -> tuple[Callable[..., None], int] | None:
                         _resize(_crops.resize_bilinear, order, src, (left, 0, left + w, h), (ow, oh)),
                         _pil(src, left, w, h, ow, oh),
                     )
-                    for left, _top, w, h, ow, oh in cases
+                    for left, w, h, ow, oh in cases
                 )
             except Exception:  # a helper that fails on a valid image does not match either
                 ok = False
@@ -186,10 +200,7 @@ def _call(
 ) -> None:
     left, top, right, bottom = box
     width, height = right - left, bottom - top
-    need = 3 * max(size[0] * height, width * size[1])
-    tmp = getattr(_SCRATCH, "tmp", None)
-    if tmp is None or tmp.size < need:
-        tmp = _SCRATCH.tmp = np.empty(max(need, 1 << 20), np.uint8)
+    tmp = thread_buffer(_SCRATCH, "tmp", 3 * max(size[0] * height, width * size[1]))
     rows = src[top:bottom]
     fn(rows, src.shape[1], left, width, height, size[0], size[1], dst, tmp, planar, flip, order)
 
@@ -218,14 +229,14 @@ def resize_exact_into(
     found = _native_resize()
     if found is None:
         return False
-    left, top, right, bottom = box
+    if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8 or not pixels.flags.c_contiguous:
+        return False
     if not all(float(v).is_integer() for v in box):
         return False
     h, w = pixels.shape[:2]
+    left, top, right, bottom = box
     ibox = (int(left), int(top), int(right), int(bottom))
     if not (0 <= ibox[0] < ibox[2] <= w and 0 <= ibox[1] < ibox[3] <= h):
-        return False
-    if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8 or not pixels.flags.c_contiguous:
         return False
     if not dst.flags.c_contiguous or dst.dtype != np.uint8 or dst.size != 3 * size[0] * size[1]:
         return False

@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lmdbfolder.read.crops import Box
+from lmdbfolder.read.crops import Box, thread_buffer
 
-__all__ = ["ENV_SWITCH", "region_decoding", "decode_region", "region_available"]
+__all__ = ["ENV_SWITCH", "region_decoding", "regions_apply", "decode_crop", "decode_region", "region_available"]
 
 #: The environment variable that turns region decoding off when it is "0".
 ENV_SWITCH = "LMDBFOLDER_REGIONS"
@@ -83,6 +83,13 @@ def region_decoding() -> bool:
     return bool(ok)
 
 
+def regions_apply(decoder_name: str) -> bool:
+    """Whether crops decoded with the decoder ``decoder_name`` are decoded by region
+    here: with any decoder but ``"pillow"`` (the whole-image Pillow path, kept as
+    it is), when ``region_decoding()``."""
+    return decoder_name != "pillow" and region_decoding()
+
+
 def _probe_boxes(width: int, height: int) -> list[Box]:
     """Boxes ``(top, left, height, width)`` that touch every edge and none."""
     boxes = [(0, 0, height, width), (height - 1, width - 1, 1, 1), (0, width - 1, height, 1)]
@@ -117,10 +124,7 @@ def _decode(payload: memoryview | bytes, box: Box, image_width: int) -> tuple[np
     if helper is None or bytes(payload[-2:]) != _EOI:
         return None
     top, left, height, width = box
-    need = 3 * image_width * height  # the region's rows are at most the image's width
-    buf = getattr(_LOCAL, "buf", None)
-    if buf is None or buf.size < need:
-        buf = _LOCAL.buf = np.empty(max(need, 1 << 20), np.uint8)
+    buf = thread_buffer(_LOCAL, "buf", 3 * image_width * height)  # the region's rows are at most the image's width
     try:
         x0, w0 = helper(payload, left, top, width, height, buf)
     except ValueError:
@@ -143,9 +147,32 @@ def decode_region(
     """
     if not region_decoding():
         return None
+    return _region(payload, box, image_width)
+
+
+def _region(
+    payload: memoryview | bytes, box: Box, image_width: int
+) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
     got = _decode(payload, box, image_width)
     if got is None:
         return None
     pixels, offset = got
     height, width = box[2], box[3]
     return pixels, (offset, 0, offset + width, height)
+
+
+def decode_crop(
+    payload: memoryview | bytes,
+    encoding: str,
+    channels: int,
+    box: Box,
+    image_width: int,
+    denom: int,
+    decoder_name: str,
+) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
+    """``decode_region`` for a crop of a stored image, where it applies: a 1- or
+    3-component JPEG decoded at full scale (``denom`` 1) with a decoder for which
+    ``regions_apply``. None means: decode the image whole, as before."""
+    if denom != 1 or encoding != "jpeg" or channels not in (1, 3) or not regions_apply(decoder_name):
+        return None
+    return _region(payload, box, image_width)

@@ -20,7 +20,8 @@ import torch
 
 from lmdbfolder.bench.synthetic import SyntheticSpec, make_imagefolder
 from lmdbfolder.codecs import sniff
-from lmdbfolder.read.decoders import available_decoders, decode_payload, get_decoder
+from lmdbfolder.read.capabilities import available_decoders, get_decoder
+from lmdbfolder.read.decoders import decode_payload
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from lmdbfolder.read import capabilities as caps_module
+from lmdbfolder.read.capabilities import Capabilities
 from lmdbfolder.write.writer import pack
 
 
@@ -187,3 +189,19 @@ def small_pack(small_tree: Path, tmp_path: Path) -> Path:
     out = tmp_path / "small.lmdb"
     pack(small_tree, out, progress=False)
     return out
+
+
+@pytest.fixture
+def capabilities() -> Iterator[Callable[..., Capabilities]]:
+    """``capabilities(**answers)`` installs a fresh capabilities snapshot for this test
+    (questions asked again, ``LMDBFOLDER_REGIONS`` read again, the given answers taken
+    as found) and returns it; the process's own snapshot comes back after the test."""
+    previous = caps_module.install(None)
+
+    def fresh(**answers: Any) -> Capabilities:
+        caps = Capabilities(**answers)
+        caps_module.install(caps)
+        return caps
+
+    yield fresh
+    caps_module.install(previous)

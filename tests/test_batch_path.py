@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from conftest import image_bytes, write
 from lmdbfolder import fused, pack
 from lmdbfolder.errors import CorruptRecordError, DecodeError
 from lmdbfolder.format import KEY, decode_record, encode_record
-from lmdbfolder.read.decoders import get_decoder, matches_pillow, resolve_decoder_name
+from lmdbfolder.read.capabilities import get_decoder, matches_pillow, resolve_decoder_name
 from lmdbfolder.torch import BatchSamples, LMDBFolder, collate
 from test_decoders import INSTALLED, photo_jpeg
 
@@ -182,16 +183,18 @@ def test_default_decoder_is_the_fastest_that_matches_pillow(mixed: Path) -> None
         assert np.array_equal(np.asarray(ds[i][0]), np.asarray(pillow[i][0]))
 
 
-def test_opening_does_not_run_the_decoder_probe(mixed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_opening_does_not_run_the_decoder_probe(
+    mixed: Path, monkeypatch: pytest.MonkeyPatch, capabilities: Any
+) -> None:
     # The probe (encode and decode six JPEGs) cost more than opening a
     # 100k-image pack; a dataset that is only opened (info, len, a worker's
     # copy before its first batch) must not pay it.
     from lmdbfolder.read import decoders
 
     probes: list[str] = []
-    real = decoders.matches_pillow
-    monkeypatch.setattr(decoders, "_MATCHES", {})
-    monkeypatch.setattr(decoders, "matches_pillow", lambda dec: probes.append(dec.name) or real(dec))
+    real = decoders.decodes_like_pillow
+    monkeypatch.setattr(decoders, "decodes_like_pillow", lambda dec, p: probes.append(dec.name) or real(dec, p))
+    capabilities()
     ds = LMDBFolder(mixed / "p")
     assert len(ds) > 0 and probes == []
     clone = pickle.loads(pickle.dumps(ds))  # what a spawn worker gets: still unresolved
@@ -202,14 +205,14 @@ def test_opening_does_not_run_the_decoder_probe(mixed: Path, monkeypatch: pytest
         LMDBFolder(mixed / "p", decoder="jpeg9")  # a wrong name still fails at once
 
 
-def test_a_decoder_that_differs_from_pillow_is_not_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_decoder_that_differs_from_pillow_is_not_chosen(capabilities: Any) -> None:
     from lmdbfolder.read import decoders
 
     if decoders.FAST_ORDER[0] not in INSTALLED:
         pytest.skip(f"{decoders.FAST_ORDER[0]} is not installed")
-    first = get_decoder(decoders.FAST_ORDER[0])
-    monkeypatch.setattr(decoders, "_MATCHES", {})
-    monkeypatch.setattr(first, "decode_jpeg", lambda payload, denom: np.zeros((1, 1, 3), np.uint8))
+    first = decoders.make_decoder(decoders.FAST_ORDER[0])
+    first.decode_jpeg = lambda payload, denom: np.zeros((1, 1, 3), np.uint8)  # type: ignore[method-assign]
+    capabilities(**{f"decoder:{first.name}": first})
     assert resolve_decoder_name("auto") != first.name
 
 

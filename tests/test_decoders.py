@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,16 +12,8 @@ from PIL import Image
 
 from conftest import ODD_KINDS, image_bytes, write
 from lmdbfolder.errors import DecoderUnavailableError
-from lmdbfolder.read.decoders import (
-    DECODER_NAMES,
-    available_decoders,
-    decode_payload,
-    get_decoder,
-    resolve_decoder_name,
-    scale_for_size,
-    size_hint_scale,
-    to_pil,
-)
+from lmdbfolder.read.capabilities import available_decoders, get_decoder, resolve_decoder_name
+from lmdbfolder.read.decoders import DECODER_NAMES, decode_payload, scale_for_size, size_hint_scale, to_pil
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.write.writer import pack
 
@@ -57,14 +50,14 @@ def test_unknown_decoder_is_a_value_error() -> None:
         get_decoder("nope")
 
 
-def test_unavailable_decoder_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unavailable_decoder_says_how_to_install(monkeypatch: pytest.MonkeyPatch, capabilities: Any) -> None:
     import lmdbfolder.read.decoders as decoders
 
     def missing() -> object:
         raise ImportError("No module named 'simplejpeg'")
 
     monkeypatch.setitem(decoders._FACTORIES, "simplejpeg", missing)
-    monkeypatch.delitem(decoders._CACHE, "simplejpeg", raising=False)
+    capabilities()
     with pytest.raises(DecoderUnavailableError) as info:
         get_decoder("simplejpeg")
     assert "pip install simplejpeg" in str(info.value)

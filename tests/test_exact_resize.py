@@ -1,9 +1,10 @@
-"""The compiled resize (``lmdbfolder.read.crops.resize_exact_into``): Pillow's
+"""The compiled resize (``lmdbfolder.read.crops.exact_resize_into``): Pillow's
 ``crop(box).resize(size, BILINEAR)``, bit for bit, written straight into a batch."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -14,20 +15,19 @@ from torchvision.datasets import ImageFolder
 
 from lmdbfolder import pack
 from lmdbfolder.read import crops
+from lmdbfolder.read.capabilities import current
 from lmdbfolder.torch import LMDBFolder
 from test_regions import _tree, assert_imagefolders_samples, built
 
 
 @pytest.fixture
 def native() -> tuple[Any, int]:
-    return built(crops._native_resize(), "the compiled resize")
+    return built(current().exact_resize(), "the compiled resize")
 
 
-@pytest.fixture
-def fresh(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    monkeypatch.setattr(crops, "_NATIVE", state)
-    return state
+def resize_exact_into(src: np.ndarray, box: Any, size: tuple[int, int], dst: np.ndarray, **kw: Any) -> bool:
+    fn, order = current().exact_resize()  # type: ignore[misc]
+    return crops.exact_resize_into(fn, order, src, box, size, dst, **kw)
 
 
 def _pillow(src: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int]) -> np.ndarray:
@@ -56,7 +56,7 @@ def test_random_boxes_and_sizes_are_pillows_pixels(native: tuple[Any, int]) -> N
         expected = _pillow(src, box, size)
         planar, flip = bool(trial % 2), bool(trial % 4 < 2)
         dst = np.empty((3, size[1], size[0]) if planar else (size[1], size[0], 3), np.uint8)
-        assert crops.resize_exact_into(src, box, size, dst, planar=planar, flip=flip)
+        assert resize_exact_into(src, box, size, dst, planar=planar, flip=flip)
         got = dst.transpose(1, 2, 0) if planar else dst
         if flip:
             got = got[:, ::-1]
@@ -84,30 +84,24 @@ def test_the_pass_order_is_the_installed_pillows(native: tuple[Any, int]) -> Non
 def test_cases_it_does_not_take_are_left_to_pillow(native: tuple[Any, int]) -> None:
     src = np.zeros((10, 10, 3), np.uint8)
     dst = np.empty((4, 4, 3), np.uint8)
-    assert not crops.resize_exact_into(src, (0.5, 0, 10, 10), (4, 4), dst)  # a fractional box
-    assert not crops.resize_exact_into(src[:, ::2], (0, 0, 5, 10), (4, 4), dst)  # not contiguous
-    assert not crops.resize_exact_into(src, (0, 0, 11, 10), (4, 4), dst)  # outside
-    assert not crops.resize_exact_into(src, (0, 0, 10, 10), (5, 4), dst)  # wrong destination size
+    assert not resize_exact_into(src, (0.5, 0, 10, 10), (4, 4), dst)  # a fractional box
+    assert not resize_exact_into(src[:, ::2], (0, 0, 5, 10), (4, 4), dst)  # not contiguous
+    assert not resize_exact_into(src, (0, 0, 11, 10), (4, 4), dst)  # outside
+    assert not resize_exact_into(src, (0, 0, 10, 10), (5, 4), dst)  # wrong destination size
     with pytest.raises(ValueError, match="outside"):
         native[0](src, 10, 8, 5, 10, 4, 4, dst, np.empty(1000, np.uint8), False, False, native[1])
 
 
-def test_a_resize_that_differs_from_pillow_is_not_used(
-    native: tuple[Any, int], fresh: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from lmdbfolder.read import _crops  # type: ignore[attr-defined]
-
-    real = _crops.resize_bilinear
+def test_a_resize_that_differs_from_pillow_is_not_used(native: tuple[Any, int], capabilities: Any) -> None:
+    real = current().compiled()
 
     def off_by_one(*args: Any) -> None:
-        real(*args)
+        real.resize_bilinear(*args)  # type: ignore[union-attr]
         args[7][0] ^= 1
 
-    monkeypatch.setattr(_crops, "resize_bilinear", off_by_one)
-    assert crops._native_resize() is None
-    assert not crops.resize_exact_into(
-        np.zeros((4, 4, 3), np.uint8), (0, 0, 4, 4), (2, 2), np.empty((2, 2, 3), np.uint8)
-    )
+    caps = capabilities(compiled=SimpleNamespace(decode_region=real.decode_region, resize_bilinear=off_by_one))  # type: ignore[union-attr]
+    assert caps.exact_resize() is None
+    assert crops.native_matches_pillow(real.resize_bilinear, native[1])  # type: ignore[union-attr]
 
 
 def _assert_default_path(tmp_path: Path) -> None:
@@ -120,7 +114,7 @@ def _assert_default_path(tmp_path: Path) -> None:
 
 
 def test_the_default_path_resizes_natively_with_imagefolders_pixels(
-    native: tuple[Any, int], fresh: dict[str, Any], tmp_path: Path
+    native: tuple[Any, int], capabilities: Any, tmp_path: Path
 ) -> None:
     """torchvision's RRC (+ flip + PILToTensor: the batch path; + ToTensor +
     Normalize: the per-sample path) gives ImageFolder's samples, and the compiled
@@ -132,11 +126,11 @@ def test_the_default_path_resizes_natively_with_imagefolders_pixels(
         calls["n"] += 1
         fn(*args)
 
-    fresh["found"] = (counted, order)
+    capabilities(exact_resize=(counted, order))
     _assert_default_path(tmp_path)
     assert calls["n"] > 0
 
 
-def test_without_the_compiled_resize_pillow_resizes(fresh: dict[str, Any], tmp_path: Path) -> None:
-    fresh["found"] = None
+def test_without_the_compiled_resize_pillow_resizes(capabilities: Any, tmp_path: Path) -> None:
+    capabilities(exact_resize=None)
     _assert_default_path(tmp_path)

@@ -159,9 +159,9 @@ def test_fused_crop_is_recognised_in_both_composes(packed: Path, tree: Path) -> 
         crop = fused.RandomResizedCrop(4, reduce=False, resize="pil")
         tf = compose([crop, to_tensor])
         ours = LMDBFolder(packed, transform=tf)
-        found, rest = ours._fused_split()
-        assert found is crop and type(rest) is compose and rest.transforms == [to_tensor]
-        with mock.patch.object(crop, "decode_record", wraps=crop.decode_record) as spy:
+        plan = ours._plan()
+        assert plan.crop is crop and type(plan.rest) is compose and plan.rest.transforms == [to_tensor]
+        with mock.patch.object(plan.read, "run", wraps=plan.read.run) as spy:
             torch.manual_seed(3)
             fused_out = [ours[i][0] for i in range(len(ours))]
         assert spy.call_count == len(ours)  # decoded by the fused crop, not decoded and then cropped

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,11 @@ from torchvision.datasets import ImageFolder
 
 from conftest import write
 from lmdbfolder import pack
+from lmdbfolder.codecs import JPEG
 from lmdbfolder.errors import DecodeError
+from lmdbfolder.read import capabilities as caps_module
 from lmdbfolder.read import regions
+from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.torch import LMDBFolder
 from test_decoders import photo_jpeg
 
@@ -39,17 +43,24 @@ def built(found: Any, what: str) -> Any:
 
 @pytest.fixture
 def helper() -> Any:
-    return built(regions._helper(), "lmdbfolder.read._crops.decode_region")
+    return built(current().compiled(), "lmdbfolder.read._crops").decode_region
 
 
 @pytest.fixture
-def fresh_state(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """A private copy of the module's per-process state (the check runs again)."""
-    state = dict(regions._STATE)
-    state.pop("ok", None)
-    monkeypatch.setattr(regions, "_STATE", state)
+def fresh(capabilities: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``fresh(**answers)``: a new capabilities snapshot (the checks run again), the
+    environment switch unset."""
     monkeypatch.delenv(regions.ENV_SWITCH, raising=False)
-    return state
+    return capabilities
+
+
+def decode_region(data: bytes, box: tuple[int, int, int, int], width: int) -> Any:
+    """The crop's region of a JPEG claimed to hold 3 components, decoded by this
+    process's region decoder (None: it must be decoded whole)."""
+    found = current().region_decoder()
+    if found is None:
+        return None
+    return JPEG.region(data, box, width, 3, found, np.empty(3 * width * box[2], np.uint8))
 
 
 def _jpeg(img: Image.Image, **options: Any) -> bytes:
@@ -84,12 +95,12 @@ def test_regions_are_the_full_decode_bit_for_bit(helper: Any, size: tuple[int, i
     rng = np.random.default_rng(w * 1000 + h)
     for kind, data in _kinds(w, h, seed=w + h):
         expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-        boxes = regions._probe_boxes(w, h)
+        boxes = regions.probe_boxes(w, h)
         for _ in range(40):
             left, top = int(rng.integers(0, w)), int(rng.integers(0, h))
             boxes.append((top, left, int(rng.integers(1, h - top + 1)), int(rng.integers(1, w - left + 1))))
         for box in boxes:
-            got = regions.decode_region(data, box, w)
+            got = decode_region(data, box, w)
             assert got is not None, (kind, box)
             pixels, (x0, y0, x1, y1) = got
             top, left, bh, bw = box
@@ -116,7 +127,7 @@ def test_a_stray_marker_below_the_crop_fails_as_in_imagefolder(helper: Any, tmp_
     start = data.index(b"\xff\xda") + 20
     pos = start + int((len(data) - 2 - start) * 0.9)
     damaged = data[:pos] + marker + data[pos:]
-    assert regions.decode_region(damaged, (0, 0, 16, 300), 300) is None
+    assert decode_region(damaged, (0, 0, 16, 300), 300) is None
     _fails_as_in_imagefolder(tmp_path, "marker.jpg", damaged)
 
 
@@ -126,7 +137,7 @@ def test_a_truncated_jpeg_is_decoded_whole_and_fails_as_in_imagefolder(helper: A
     is never decoded by region, and the dataset raises as ImageFolder does."""
     data = photo_jpeg(300, 300, seed=2)
     cut = data[: len(data) - 200]
-    assert regions.decode_region(cut, (0, 0, 20, 20), 300) is None
+    assert decode_region(cut, (0, 0, 20, 20), 300) is None
     _fails_as_in_imagefolder(tmp_path, "cut.jpg", cut)
 
 
@@ -170,8 +181,8 @@ def test_a_libjpeg_warning_sends_the_jpeg_to_the_whole_decode(helper: Any) -> No
     buf = np.empty(3 * 300 * 300, np.uint8)
     with pytest.raises(ValueError, match="libjpeg warned"):
         helper(data, 0, 0, 300, 300, buf)
-    assert regions.decode_region(data, (0, 0, 300, 300), 300) is None
-    assert regions.decode_region(data, (0, 0, 16, 300), 300) is not None
+    assert decode_region(data, (0, 0, 300, 300), 300) is None
+    assert decode_region(data, (0, 0, 16, 300), 300) is not None
 
 
 def test_damaged_jpegs_give_imagefolders_pixels(helper: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,9 +212,9 @@ def test_boxes_outside_the_image_and_small_buffers_are_refused(helper: Any) -> N
             helper(data, left, top, w, h, buf)
     with pytest.raises(ValueError, match="too small"):
         helper(data, 0, 0, 64, 48, np.empty(100, np.uint8))
-    assert regions.decode_region(data, (0, 0, 49, 10), 64) is None  # a header that lies: decoded whole
+    assert decode_region(data, (0, 0, 49, 10), 64) is None  # a header that lies: decoded whole
     cmyk = _jpeg(Image.new("CMYK", (32, 32), (10, 20, 30, 40)))
-    assert regions.decode_region(cmyk, (0, 0, 8, 8), 32) is None  # CMYK -> RGB is Pillow's conversion
+    assert decode_region(cmyk, (0, 0, 8, 8), 32) is None  # CMYK -> RGB is Pillow's conversion
 
 
 @pytest.mark.parametrize("sampling", [0x12, 0x41, 0x21 + 0x100])
@@ -216,38 +227,38 @@ def test_untested_chroma_layouts_are_decoded_whole(helper: Any, sampling: int) -
     data[sof + 11 + 3 * component] = sampling & 0xFF
     with pytest.raises(ValueError, match="chroma sampling"):
         helper(bytes(data), 0, 0, 8, 8, np.empty(3 * 32 * 32, np.uint8))
-    assert regions.decode_region(bytes(data), (0, 0, 8, 8), 32) is None
+    assert decode_region(bytes(data), (0, 0, 8, 8), 32) is None
 
 
-def test_a_helper_that_differs_from_pillow_is_not_used(
-    helper: Any, fresh_state: dict[str, Any], tmp_path: Path
-) -> None:
+def test_a_helper_that_differs_from_pillow_is_not_used(helper: Any, fresh: Any, tmp_path: Path) -> None:
     def off_by_one(data: Any, left: int, top: int, width: int, height: int, out: np.ndarray) -> tuple[int, int]:
         x0, w0 = helper(data, left, top, width, height, out)
         out[0] ^= 1
         return x0, w0
 
-    fresh_state["helper"] = off_by_one
-    assert not regions.region_decoding()
-    assert "differ" in (regions.region_available() or "")
-    assert regions.decode_region(photo_jpeg(40, 30), (0, 0, 30, 40), 40) is None
+    compiled = current().compiled()
+    caps = fresh(compiled=SimpleNamespace(decode_region=off_by_one, resize_bilinear=compiled.resize_bilinear))
+    assert caps.region_decoder() is None
+    assert "differ" in (caps.why_no_regions() or "")
+    assert decode_region(photo_jpeg(40, 30), (0, 0, 30, 40), 40) is None
 
 
-def test_without_the_helper_images_are_decoded_whole(fresh_state: dict[str, Any], tmp_path: Path) -> None:
-    fresh_state["helper"] = None
-    assert not regions.region_decoding()
-    assert "not built" in (regions.region_available() or "")
+def test_without_the_helper_images_are_decoded_whole(fresh: Any, tmp_path: Path) -> None:
+    caps = fresh(compiled=None)
+    assert caps.region_decoder() is None
+    assert "not built" in (caps.why_no_regions() or "")
     _assert_default_path_is_imagefolder(tmp_path, expect_regions=False)
 
 
-def test_the_environment_switch_turns_regions_off(
-    helper: Any, fresh_state: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_environment_switch_turns_regions_off(helper: Any, fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(regions.ENV_SWITCH, "0")
-    assert not regions.region_decoding()
-    assert regions.ENV_SWITCH in (regions.region_available() or "")
+    caps = fresh()
+    assert caps.region_decoder() is None
+    assert regions.ENV_SWITCH in (caps.why_no_regions() or "")
     monkeypatch.setenv(regions.ENV_SWITCH, "1")
-    assert regions.region_decoding() and regions.region_available() is None
+    assert caps.region_decoder() is None  # read once, when the snapshot was made
+    caps = fresh()
+    assert caps.region_decoder() is not None and caps.why_no_regions() is None
 
 
 def _tree(root: Path) -> Path:
@@ -281,28 +292,30 @@ def assert_imagefolders_samples(theirs: ImageFolder, ours: LMDBFolder, seeds: in
 
 
 def _count_regions() -> dict[str, int]:
+    """Count the region decodes from here on: the installed snapshot is replaced by
+    one whose region decoder (if it has one) counts its calls."""
     calls = {"n": 0}
-    inner = regions._STATE.get("helper")
+    caps = current()
+    inner = caps.region_decoder()
+    counted = None
     if inner is not None:
 
         def counted(*args: Any) -> tuple[int, int]:
             calls["n"] += 1
             return inner(*args)
 
-        regions._STATE["helper"] = counted
+    caps_module.install(Capabilities(compiled=caps.compiled(), region_decoder=counted))
     return calls
 
 
-def test_the_default_path_decodes_regions_with_imagefolders_pixels(
-    helper: Any, fresh_state: dict[str, Any], tmp_path: Path
-) -> None:
+def test_the_default_path_decodes_regions_with_imagefolders_pixels(helper: Any, fresh: Any, tmp_path: Path) -> None:
     """``LMDBFolder(root, transform=torchvision's RRC + flip)``: ImageFolder's
     samples and random numbers, one by one and in batches, and the crops were
     decoded by region."""
     _assert_default_path_is_imagefolder(tmp_path, expect_regions=True)
 
 
-def test_decoder_pillow_decodes_whole_images(helper: Any, fresh_state: dict[str, Any], tmp_path: Path) -> None:
+def test_decoder_pillow_decodes_whole_images(helper: Any, fresh: Any, tmp_path: Path) -> None:
     src = _tree(tmp_path / "src")
     pack(src, tmp_path / "p", progress=False)
     ours = LMDBFolder(tmp_path / "p", transform=T.Compose([T.RandomResizedCrop(64), T.PILToTensor()]), decoder="pillow")

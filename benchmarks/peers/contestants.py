@@ -316,8 +316,13 @@ def loader_lmdbfolder(name: str, work: str, workers: int, batch: int) -> Any:
     path = os.path.join(work, BY_NAME[name].fmt)
     if name in ("lmdbfolder-default", "lmdbfolder-default-whole"):
         # Region decoding (lmdbfolder.read.regions) off for the "-whole" row: what it
-        # saves, measured in the same run. Workers inherit the environment.
+        # saves, measured in the same run. The switch is read once per process, when
+        # the capabilities are first asked for: start a fresh snapshot after setting
+        # it (forked workers inherit it).
+        from lmdbfolder.read.capabilities import install
+
         os.environ["LMDBFOLDER_REGIONS"] = "0" if name.endswith("-whole") else "1"
+        install(None)
         return dataloader(LMDBFolder(path, transform=pil_transform()), workers, batch)
     from lmdbfolder import fused
     from lmdbfolder.torch import collate

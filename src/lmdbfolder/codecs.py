@@ -1,22 +1,41 @@
-"""Identify encoded images cheaply, and turn stored payloads back into RGB images.
+"""The stored encodings, each in one place: how it is recognised, checked and decoded.
+
+A pack stores every image as the original file's bytes (``jpeg``, ``png``,
+``webp``, ``gif``, ...) or as decoded pixels (``raw``); the record header names
+which. Everything that depends on that name lives in one ``Encoding`` object
+per kind, looked up once per record with ``encoding_of`` (MosaicML's
+``mds/encodings.py``, FFCV's ``Field``): how its header gives the size
+(``sniff``), whether the header is one this module can vouch for without Pillow
+(``clean_header``), whether a file is cut short (``truncation``), ImageFolder's
+RGB conversion (``decode_rgb``), and for the read path the pixels a fast decoder
+or the memory map gives (``pixels``), the DCT scales it decodes at, and the crop
+region decode (``region``).
 
 ``sniff`` reads only the first bytes of a file (magic numbers and the header
 fields that give the size) in pure Python: it never decodes pixels and never
 raises, so the writer can record the format and shape of every image at
 almost no cost. ``decode_rgb`` is the read side: it reproduces
 torchvision's default loader (``Image.open(f).convert("RGB")``) exactly.
+
+Nothing here imports a decoder library: the read side passes its resolved
+decoder (``lmdbfolder.read.decoders.Decoder``) and the compiled region
+decoder in as arguments.
 """
 
 from __future__ import annotations
 
 import io
 import struct
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
+import numpy as np
 from PIL import Image
 
 __all__ = [
     "ImageInfo",
+    "Encoding",
+    "ENCODINGS",
+    "encoding_of",
     "sniff",
     "clean_header",
     "vouch_jpeg",
@@ -41,6 +60,279 @@ _UNKNOWN = ImageInfo("other", 0, 0, 0)
 _JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _JPEG_STANDALONE = frozenset({0x01, 0xD8, *range(0xD0, 0xD8)})
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+#: How many bytes at the end of a file ``truncation`` looks at first. Real files
+#: may carry data after their end marker (camera trailers, padding); the rest
+#: of the file is searched only when the marker is not among these bytes.
+END_SEARCH_WINDOW = 8192
+_JPEG_EOI = b"\xff\xd9"
+_PNG_IEND = b"IEND\xaeB`\x82"  # the chunk type and its (constant) CRC-32
+#: The compiled region decoder's signature: ``(payload, left, top, width, height,
+#: out) -> (x0, w0)``, the columns it decoded.
+RegionFn = Callable[..., tuple[int, int]]
+
+
+class Encoding:
+    """One stored encoding. The base class is an image file Pillow decodes (GIF,
+    BMP, TIFF, PNM, anything unrecognised): no header of ours, no end marker,
+    no fast decoder, the crop left to torchvision's own transform."""
+
+    name = "other"
+    #: The file's first bytes, for ``sniff`` (empty: not recognised by magic).
+    magic: tuple[bytes, ...] = ()
+    #: Decoded pixels rather than an image file (no file to hand a loader, nothing to decode).
+    stores_pixels = False
+
+    def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
+        """The size and components the header gives (``head``: the first 64 bytes). May raise
+        ``struct.error``/``IndexError``/``ValueError`` on damage (``sniff`` catches them)."""
+        return ImageInfo(self.name, 0, 0, 0)
+
+    def clean_header(self, data: bytes | memoryview, info: ImageInfo) -> bool:
+        """Whether this parser vouches for the header as Pillow's open would (see ``clean_header``)."""
+        return False
+
+    def truncation(self, data: bytes | memoryview, data_start: int | None = None) -> str | None:
+        """Why the file is cut short, or None (see ``truncation``)."""
+        return None
+
+    def decode_rgb(self, payload: bytes | memoryview, width: int, height: int) -> Image.Image:
+        """ImageFolder's RGB image of the payload: ``Image.open(...).convert("RGB")``."""
+        img = Image.open(io.BytesIO(payload))
+        return img.convert("RGB")
+
+    def fusable(self, channels: int) -> bool:
+        """Whether the fused crop crops and resizes this kind itself; else the image is
+        decoded whole by Pillow and cropped as torchvision's own transform does."""
+        return False
+
+    def scales(self, channels: int, decoder: Any) -> tuple[int, ...]:
+        """The DCT scale denominators this record decodes at with ``decoder``."""
+        return (1,)
+
+    def pixels(
+        self,
+        payload: bytes | memoryview,
+        width: int,
+        height: int,
+        channels: int,
+        decoder: Any,
+        denom: int,
+        buffer: np.ndarray | None,
+    ) -> np.ndarray:
+        """RGB pixels, ``H x W x 3`` uint8, at ``1/denom`` scale where this kind decodes
+        scaled (``buffer``: a reusable flat uint8 buffer the decoder may write into)."""
+        return np.asarray(self.decode_rgb(payload, width, height))
+
+    def region(
+        self,
+        payload: bytes | memoryview,
+        box: tuple[int, int, int, int],
+        width: int,
+        channels: int,
+        helper: RegionFn,
+        buffer: np.ndarray,
+    ) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
+        """Only the rows of ``box`` (``top, left, height, width``), decoded by ``helper``:
+        ``(pixels, inner box)``, or None when this record must be decoded whole."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<encoding {self.name}>"
+
+
+class Jpeg(Encoding):
+    """JPEG files: 1 (grey) and 3 (YCbCr) components go to the fast decoders, the
+    fused crop and the region decoder; CMYK/YCCK (4) is Pillow's conversion."""
+
+    name = "jpeg"
+    magic = (b"\xff\xd8\xff",)
+
+    def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
+        return _sniff_jpeg(data)
+
+    def clean_header(self, data: bytes | memoryview, info: ImageInfo) -> bool:
+        return _walk_clean_jpeg(data, info) is not None
+
+    def truncation(self, data: bytes | memoryview, data_start: int | None = None) -> str | None:
+        start = _jpeg_data_start(data) if data_start is None else data_start
+        if _holds_near_end(data, _JPEG_EOI, start):
+            return None
+        return "the JPEG has no end-of-image marker (FFD9) after its image data"
+
+    def fusable(self, channels: int) -> bool:
+        return channels in (1, 3)
+
+    def scales(self, channels: int, decoder: Any) -> tuple[int, ...]:
+        return decoder.scales if channels in (1, 3) else (1,)
+
+    def pixels(
+        self,
+        payload: bytes | memoryview,
+        width: int,
+        height: int,
+        channels: int,
+        decoder: Any,
+        denom: int,
+        buffer: np.ndarray | None,
+    ) -> np.ndarray:
+        if channels not in (1, 3):
+            return np.asarray(self.decode_rgb(payload, width, height))
+        if denom not in decoder.scales:
+            denom = 1
+        if buffer is None:
+            return np.asarray(decoder.decode_jpeg(payload, denom))
+        return decoder.decode_into(payload, denom, buffer, (width, height) if width > 0 and height > 0 else None)
+
+    def region(
+        self,
+        payload: bytes | memoryview,
+        box: tuple[int, int, int, int],
+        width: int,
+        channels: int,
+        helper: RegionFn,
+        buffer: np.ndarray,
+    ) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
+        # Only a file that ends with its end-of-image marker: a truncated one is
+        # decoded whole, so it fails (or is decoded past) as in ImageFolder.
+        if channels not in (1, 3) or not self.ends_with_eoi(payload):
+            return None
+        top, left, rows, cols = box
+        need = 3 * width * rows  # the region's rows are at most the image's width
+        if buffer.size < need:
+            return None
+        try:
+            x0, w0 = helper(payload, left, top, cols, rows, buffer)
+        except ValueError:
+            return None  # damaged, or a kind libjpeg refuses: the caller decodes it whole
+        offset = left - x0
+        return buffer[: 3 * w0 * rows].reshape(rows, w0, 3), (offset, 0, offset + cols, rows)
+
+    @staticmethod
+    def ends_with_eoi(payload: bytes | memoryview, slack: int = 0) -> bool:
+        """Whether the end-of-image marker is among the last ``2 + slack`` bytes (0: the
+        very last two). In entropy-coded data FF is only followed by 00 or a restart
+        marker, so FF D9 there is the real marker."""
+        if slack == 0:
+            return bytes(payload[-2:]) == _JPEG_EOI
+        return _JPEG_EOI in bytes(payload[-(2 + slack) :])
+
+
+class Png(Encoding):
+    """PNG files: the header check and the IEND end marker are ours; decoding is Pillow's."""
+
+    name = "png"
+    magic = (b"\x89PNG\r\n\x1a\n",)
+
+    def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
+        width, height = struct.unpack_from(">II", head, 16)
+        return ImageInfo("png", width, height, _PNG_CHANNELS.get(head[25], 0))
+
+    def clean_header(self, data: bytes | memoryview, info: ImageInfo) -> bool:
+        return _clean_png(data, info)
+
+    def truncation(self, data: bytes | memoryview, data_start: int | None = None) -> str | None:
+        if _holds_near_end(data, _PNG_IEND, 8):
+            return None
+        return "the PNG has no IEND chunk"
+
+
+class Webp(Encoding):
+    """WebP files (packs re-encoded with ``--format webp``): Pillow decodes them, the
+    fused crop crops and resizes them itself."""
+
+    name = "webp"
+
+    def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
+        return _sniff_webp(head)
+
+    def fusable(self, channels: int) -> bool:
+        return True
+
+
+class Raw(Encoding):
+    """Decoded RGB pixels (``--store raw``): ``height x width x 3`` bytes, no decoding."""
+
+    name = "raw"
+    stores_pixels = True
+
+    def decode_rgb(self, payload: bytes | memoryview, width: int, height: int) -> Image.Image:
+        # A copy: the image never points into the memory map. The size is checked
+        # first because Pillow allocates width x height pixels before it notices short data.
+        self._check(payload, width, height)
+        return Image.frombytes("RGB", (width, height), payload)
+
+    def fusable(self, channels: int) -> bool:
+        return True
+
+    def pixels(
+        self,
+        payload: bytes | memoryview,
+        width: int,
+        height: int,
+        channels: int,
+        decoder: Any,
+        denom: int,
+        buffer: np.ndarray | None,
+    ) -> np.ndarray:
+        self._check(payload, width, height)
+        return np.frombuffer(payload, np.uint8).reshape(height, width, 3)  # a view of the map
+
+    @staticmethod
+    def _check(payload: bytes | memoryview, width: int, height: int) -> None:
+        if width * height * 3 != len(payload):
+            raise ValueError(f"raw pixels: {width}x{height}x3 is not the {len(payload):,} bytes stored")
+
+
+class _Named(Encoding):
+    """An image file recognised by its magic, decoded by Pillow."""
+
+    def __init__(self, name: str, magic: tuple[bytes, ...], sniffer: Callable[[bytes], ImageInfo]) -> None:
+        self.name = name
+        self.magic = magic
+        self._sniff = sniffer
+
+    def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
+        return self._sniff(head)
+
+
+def _gif(head: bytes) -> ImageInfo:
+    width, height = struct.unpack_from("<HH", head, 6)
+    return ImageInfo("gif", width, height, 1)
+
+
+JPEG, PNG, WEBP, RAW, OTHER = Jpeg(), Png(), Webp(), Raw(), Encoding()
+#: Every encoding a record header may name, by name; others decode as ``OTHER``.
+ENCODINGS: dict[str, Encoding] = {
+    e.name: e
+    for e in (
+        JPEG,
+        PNG,
+        WEBP,
+        RAW,
+        _Named("bmp", (b"BM",), lambda head: _sniff_bmp(head)),
+        _Named("tiff", (b"II*\x00", b"MM\x00*"), lambda head: ImageInfo("tiff", 0, 0, 0)),
+        _Named("gif", (b"GIF87a", b"GIF89a"), _gif),
+        _Named("pnm", (), lambda head: _sniff_pnm(head)),
+        OTHER,
+    )
+}
+_BY_MAGIC = [(m, e) for e in ENCODINGS.values() for m in e.magic]
+
+
+def encoding_of(name: str) -> Encoding:
+    """The ``Encoding`` a record header names (unknown names decode as an image file)."""
+    return ENCODINGS.get(name, OTHER)
+
+
+def _recognise(head: bytes) -> Encoding | None:
+    for magic, enc in _BY_MAGIC:
+        if head.startswith(magic):
+            return enc
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return WEBP
+    if head[:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
+        return ENCODINGS["pnm"]
+    return None
 
 
 def sniff(data: bytes | memoryview) -> ImageInfo:
@@ -52,27 +344,84 @@ def sniff(data: bytes | memoryview) -> ImageInfo:
     """
     head = bytes(data[:64])
     try:
-        if head[:3] == b"\xff\xd8\xff":
-            return _sniff_jpeg(data)
-        if head[:8] == b"\x89PNG\r\n\x1a\n":
-            width, height = struct.unpack_from(">II", head, 16)
-            return ImageInfo("png", width, height, _PNG_CHANNELS.get(head[25], 0))
-        if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-            return _sniff_webp(head)
-        if head[:2] == b"BM":
-            return _sniff_bmp(head)
-        if head[:4] in (b"II*\x00", b"MM\x00*"):
-            return ImageInfo("tiff", 0, 0, 0)
-        if head[:6] in (b"GIF87a", b"GIF89a"):
-            width, height = struct.unpack_from("<HH", head, 6)
-            return ImageInfo("gif", width, height, 1)
-        if head[:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
-            return _sniff_pnm(head)
+        enc = _recognise(head)
+        if enc is not None:
+            return enc.sniff(data, head)
     except (struct.error, IndexError, ValueError):
         pass
     return _UNKNOWN
 
 
+def truncation(data: bytes | memoryview, encoding: str, *, data_start: int | None = None) -> str | None:
+    """Why the encoded JPEG or PNG ``data`` is cut short, or None if it has its end marker.
+
+    A JPEG must hold an end-of-image marker (FFD9) after the header segments
+    (an EXIF thumbnail carries its own, earlier one; entropy-coded data cannot
+    contain FFD9, byte stuffing prevents it); a PNG must hold its IEND chunk.
+    Data after the marker is allowed. For a whole file this looks at the last
+    ``END_SEARCH_WINDOW`` bytes only; other encodings give None. ``data_start``:
+    where a JPEG's scan data starts, when the caller has walked its header
+    already (``vouch_jpeg``). Never raises.
+    """
+    try:
+        return encoding_of(encoding).truncation(data, data_start)
+    except (struct.error, IndexError, ValueError):
+        return None
+
+
+def clean_header(data: bytes | memoryview, info: ImageInfo) -> bool:
+    """Whether the JPEG or PNG ``data`` has a header this parser can vouch for, as
+    Pillow's open would: every marker segment (chunk) up to the image data well
+    formed and of a kind Pillow opens without parsing further, the frame (IHDR)
+    one Pillow decodes, and the size of ``info``.
+
+    False means "not vouched for" (other formats, unusual segments, damage),
+    never "bad": the writer then asks Pillow itself, so what is skipped, and
+    why, stays Pillow's call. This is what makes the default header check cost
+    a few microseconds per file instead of Pillow's tens. Never raises.
+    """
+    try:
+        return encoding_of(info.encoding).clean_header(data, info)
+    except (struct.error, IndexError, ValueError):
+        return False
+
+
+def vouch_jpeg(data: bytes | memoryview) -> tuple[ImageInfo, int] | None:
+    """``sniff``, ``clean_header`` and the scan-data offset of ``truncation`` in one
+    walk of the JPEG's marker segments: ``(info, data_start)`` when the header
+    is one ``clean_header`` vouches for, else None (then ask the three
+    separately). The writer's default check spent a third of its time
+    walking the same segments three times. Never raises.
+    """
+    try:
+        if bytes(data[:3]) != b"\xff\xd8\xff":
+            return None
+        return _walk_clean_jpeg(data, None)
+    except (struct.error, IndexError, ValueError):
+        return None
+
+
+def raw_rgb(data: bytes | memoryview) -> tuple[bytes, int, int]:
+    """Decode an encoded image to RGB bytes (height x width x 3) as the loader would."""
+    with Image.open(io.BytesIO(data)) as img:
+        rgb = img.convert("RGB")
+    return rgb.tobytes(), rgb.width, rgb.height
+
+
+def decode_rgb(payload: bytes | memoryview, encoding: str, width: int, height: int) -> Image.Image:
+    """Return the RGB ``PIL.Image`` for a stored payload.
+
+    Encoded images go through ``Image.open(...).convert("RGB")``, which is what
+    ``torchvision.datasets.folder.pil_loader`` does, so grayscale, CMYK,
+    palette and alpha images come out pixel-identical to ImageFolder. Raw
+    payloads are copied into a new image, so the result never points into the
+    memory map; their size is checked first (ValueError), because Pillow
+    allocates ``width x height`` pixels before it notices short data.
+    """
+    return encoding_of(encoding).decode_rgb(payload, width, height)
+
+
+# -- the parsers ----------------------------------------------------------------------
 def _sniff_jpeg(data: bytes | memoryview) -> ImageInfo:
     # Walk the marker segments up to the first SOF; APPn/EXIF segments are skipped
     # by their length, so this touches a few hundred bytes of a typical JPEG.
@@ -96,40 +445,6 @@ def _sniff_jpeg(data: bytes | memoryview) -> ImageInfo:
             return ImageInfo("jpeg", width, height, data[i + 9])
         i += 2 + seglen
     return ImageInfo("jpeg", 0, 0, 0)
-
-
-#: How many bytes at the end of a file ``truncation`` looks at first. Real files
-#: may carry data after their end marker (camera trailers, padding); the rest
-#: of the file is searched only when the marker is not among these bytes.
-END_SEARCH_WINDOW = 8192
-_JPEG_EOI = b"\xff\xd9"
-_PNG_IEND = b"IEND\xaeB`\x82"  # the chunk type and its (constant) CRC-32
-
-
-def truncation(data: bytes | memoryview, encoding: str, *, data_start: int | None = None) -> str | None:
-    """Why the encoded JPEG or PNG ``data`` is cut short, or None if it has its end marker.
-
-    A JPEG must hold an end-of-image marker (FFD9) after the header segments
-    (an EXIF thumbnail carries its own, earlier one; entropy-coded data cannot
-    contain FFD9, byte stuffing prevents it); a PNG must hold its IEND chunk.
-    Data after the marker is allowed. For a whole file this looks at the last
-    ``END_SEARCH_WINDOW`` bytes only; other encodings give None. ``data_start``:
-    where a JPEG's scan data starts, when the caller has walked its header
-    already (``vouch_jpeg``). Never raises.
-    """
-    try:
-        if encoding == "jpeg":
-            start = _jpeg_data_start(data) if data_start is None else data_start
-            if _holds_near_end(data, _JPEG_EOI, start):
-                return None
-            return "the JPEG has no end-of-image marker (FFD9) after its image data"
-        if encoding == "png":
-            if _holds_near_end(data, _PNG_IEND, 8):
-                return None
-            return "the PNG has no IEND chunk"
-    except (struct.error, IndexError, ValueError):
-        return None
-    return None
 
 
 def _holds_near_end(data: bytes | memoryview, needle: bytes, start: int) -> bool:
@@ -194,46 +509,6 @@ _PNG_MODES = frozenset(
 )
 #: PNG chunks before IDAT that Pillow only stores (or checks trivially) at open.
 _PNG_PLAIN = frozenset({b"PLTE", b"gAMA", b"cHRM", b"sRGB", b"pHYs", b"tEXt", b"tIME", b"bKGD", b"sBIT"})
-
-
-def clean_header(data: bytes | memoryview, info: ImageInfo) -> bool:
-    """Whether the JPEG or PNG ``data`` has a header this parser can vouch for, as
-    Pillow's open would: every marker segment (chunk) up to the image data well
-    formed and of a kind Pillow opens without parsing further, the frame (IHDR)
-    one Pillow decodes, and the size of ``info``.
-
-    False means "not vouched for" (other formats, unusual segments, damage),
-    never "bad": the writer then asks Pillow itself, so what is skipped, and
-    why, stays Pillow's call. This is what makes the default header check cost
-    a few microseconds per file instead of Pillow's tens. Never raises.
-    """
-    try:
-        if info.encoding == "jpeg":
-            return _clean_jpeg(data, info)
-        if info.encoding == "png":
-            return _clean_png(data, info)
-    except (struct.error, IndexError, ValueError):
-        return False
-    return False
-
-
-def vouch_jpeg(data: bytes | memoryview) -> tuple[ImageInfo, int] | None:
-    """``sniff``, ``clean_header`` and the scan-data offset of ``truncation`` in one
-    walk of the JPEG's marker segments: ``(info, data_start)`` when the header
-    is one ``clean_header`` vouches for, else None (then ask the three
-    separately). The writer's default check spent a third of its time
-    walking the same segments three times. Never raises.
-    """
-    try:
-        if bytes(data[:3]) != b"\xff\xd8\xff":
-            return None
-        return _walk_clean_jpeg(data, None)
-    except (struct.error, IndexError, ValueError):
-        return None
-
-
-def _clean_jpeg(data: bytes | memoryview, info: ImageInfo) -> bool:
-    return _walk_clean_jpeg(data, info) is not None
 
 
 def _walk_clean_jpeg(data: bytes | memoryview, info: ImageInfo | None) -> tuple[ImageInfo, int] | None:
@@ -365,28 +640,3 @@ def _sniff_pnm(head: bytes) -> ImageInfo:
     if len(tokens) >= 2:
         return ImageInfo("pnm", int(tokens[0]), int(tokens[1]), channels)
     return ImageInfo("pnm", 0, 0, channels)
-
-
-def raw_rgb(data: bytes | memoryview) -> tuple[bytes, int, int]:
-    """Decode an encoded image to RGB bytes (height x width x 3) as the loader would."""
-    with Image.open(io.BytesIO(data)) as img:
-        rgb = img.convert("RGB")
-    return rgb.tobytes(), rgb.width, rgb.height
-
-
-def decode_rgb(payload: bytes | memoryview, encoding: str, width: int, height: int) -> Image.Image:
-    """Return the RGB ``PIL.Image`` for a stored payload.
-
-    Encoded images go through ``Image.open(...).convert("RGB")``, which is what
-    ``torchvision.datasets.folder.pil_loader`` does, so grayscale, CMYK,
-    palette and alpha images come out pixel-identical to ImageFolder. Raw
-    payloads are copied into a new image, so the result never points into the
-    memory map; their size is checked first (ValueError), because Pillow
-    allocates ``width x height`` pixels before it notices short data.
-    """
-    if encoding == "raw":
-        if width * height * 3 != len(payload):
-            raise ValueError(f"raw pixels: {width}x{height}x3 is not the {len(payload):,} bytes stored")
-        return Image.frombytes("RGB", (width, height), payload)
-    img = Image.open(io.BytesIO(payload))
-    return img.convert("RGB")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 from PIL import Image
@@ -43,19 +43,12 @@ except ImportError as exc:  # a core-only install: say what to install
         "lmdbfolder.fused (the fused RandomResizedCrop)", "torch", "torch and torchvision"
     ) from exc
 
-from lmdbfolder.read.crops import (
-    RESIZE_BACKENDS,
-    Box,
-    crop_scale,
-    fusable,
-    resize_exact_into,
-    resize_region,
-    scaled_box,
-)
-from lmdbfolder.read.decoders import Decoded, Decoder, decode_payload, to_pil
-from lmdbfolder.read.regions import decode_crop
+from lmdbfolder.read.capabilities import Capabilities, current
+from lmdbfolder.read.crops import RESIZE_BACKENDS, Box
+from lmdbfolder.read.decoders import to_pil
+from lmdbfolder.read.plan import CropSpec, ReadPlan
 
-__all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe"]
+__all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe", "TransformPlan"]
 
 
 class RandomResizedCrop(T.RandomResizedCrop):
@@ -106,80 +99,46 @@ class RandomResizedCrop(T.RandomResizedCrop):
     def sample_box(self, width: int, height: int) -> Box:
         """Draw a crop box ``(top, left, height, width)`` for an image of this size,
         exactly as torchvision's ``get_params`` draws it from the global torch RNG
-        (the same boxes and the same random numbers consumed).
+        (the same boxes and the same random numbers consumed). For many images,
+        take ``drawer()`` once and call it."""
+        return self.drawer()(width, height)
+
+    def drawer(self, caps: Capabilities | None = None) -> Callable[[int, int], Box]:
+        """``sample_box`` decided once: a function ``(width, height) -> box``.
 
         The draws are made with the same torch calls as ``get_params``, without
         its per-call set-up (a tensor of the image's shape, the logarithms of
         ``ratio``): about a fifth of the time. That this gives ``get_params``'
-        boxes is checked once per process against ``get_params`` itself; if it
-        ever does not (another torchvision), ``get_params`` is called instead.
+        boxes is checked once per process against ``get_params`` itself
+        (``caps``, default this process's capabilities); if it ever does not
+        (another torchvision), the function calls ``get_params``.
         """
-        if _fast_boxes_ok():
-            return _draw_box(width, height, self.scale, self.ratio, self._log_ratio())
-        return self._torchvision_box(width, height)
+        caps = current() if caps is None else caps
+        if not caps.answer("torchvision.fast_boxes", _fast_boxes_ok):
+            return self._torchvision_box
+        scale, ratio = tuple(self.scale), tuple(self.ratio)
+        # float32 logarithms, as get_params computes them (torch.log of a float tensor).
+        logs = torch.log(torch.tensor(ratio))
+        log_ratio = (float(logs[0]), float(logs[1]))
+
+        def draw(width: int, height: int) -> Box:
+            return _draw_box(width, height, scale, ratio, log_ratio)
+
+        return draw
 
     def _torchvision_box(self, width: int, height: int) -> Box:
         shape_only = torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
         top, left, h, w = self.get_params(shape_only, list(self.scale), list(self.ratio))
         return int(top), int(left), int(h), int(w)
 
-    def _log_ratio(self) -> tuple[float, float]:
-        cached = self.__dict__.get("_log_ratio_cache")
-        if cached is None or cached[0] != tuple(self.ratio):
-            # float32 logarithms, as get_params computes them (torch.log of a float tensor).
-            logs = torch.log(torch.tensor(self.ratio))
-            cached = (tuple(self.ratio), (float(logs[0]), float(logs[1])))
-            self.__dict__["_log_ratio_cache"] = cached
-        return cached[1]
+    def spec(self) -> CropSpec:
+        """What the read plan needs of this crop: its size, resize backend, Pillow's
+        resampling constant for its interpolation, and ``reduce``."""
+        return CropSpec(tuple(self.size), self.resize, int(pil_modes_mapping[self.interpolation]), self.reduce)
 
-    def plan(self, width: int, height: int, decoder: Decoder) -> tuple[Box, int]:
-        """The crop box and the DCT scale denominator to decode at."""
-        box = self.sample_box(width, height)
-        denom = 1
-        if self.reduce:
-            out_h, out_w = self.size
-            denom = crop_scale(box[2], box[3], out_h, out_w, decoder.scales)
-        return box, denom
-
-    def decode_record(
-        self, payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int, decoder: Decoder
-    ) -> Any:
-        """Decode a stored image and apply this crop in one step; returns a PIL
-        image (or a uint8 CHW tensor with ``output="tensor"``)."""
-        if not fusable(encoding, channels) or width <= 0 or height <= 0:
-            img = to_pil(decode_payload(payload, encoding, width, height, channels, decoder))
-            return self._out(self.forward(img))
-        box, denom = self.plan(width, height, decoder)
-        if encoding == "raw":
-            denom = 1  # stored pixels: nothing to decode, crop straight from the map
-        region = decode_crop(payload, encoding, channels, box, width, denom, decoder.name)
-        pixels: Decoded
-        inner: tuple[float, float, float, float]
-        if region is not None:
-            pixels, inner = region
-        else:
-            pixels = decode_payload(payload, encoding, width, height, channels, decoder, denom=denom)
-            decoded = pixels.size if isinstance(pixels, Image.Image) else (pixels.shape[1], pixels.shape[0])
-            inner = scaled_box(box, (width, height), decoded)
-        out_h, out_w = self.size
-        resample = pil_modes_mapping[self.interpolation]
-        if self.resize == "pil" and resample == Image.Resampling.BILINEAR and isinstance(pixels, np.ndarray):
-            # Pillow's resize, exactly, without copying the crop into a PIL image first
-            planar = self.output == "tensor"
-            arr = np.empty((3, out_h, out_w) if planar else (out_h, out_w, 3), np.uint8)
-            if resize_exact_into(pixels, inner, (out_w, out_h), arr, planar=planar):
-                return torch.from_numpy(arr) if planar else Image.fromarray(arr, "RGB")
-        out = resize_region(
-            pixels,
-            inner,
-            (out_w, out_h),
-            resample=resample,
-            backend=self.resize,
-            as_array=self.output == "tensor",
-        )
-        return self._out(out)
-
-    def _out(self, img: Any) -> Any:
+    def finish(self, img: Any) -> Any:
+        """This crop's output for an image cropped by torchvision's own transform
+        (``forward``): the PIL image, or its uint8 CHW tensor with ``output="tensor"``."""
         if self.output == "pil":
             return img
         arr = np.asarray(img)
@@ -255,33 +214,29 @@ def _draw_buffers() -> tuple[torch.Tensor, torch.Tensor]:
     return buffers
 
 
-_FAST_BOXES: list[bool] = []
-
-
 def _fast_boxes_ok() -> bool:
-    """Whether ``_draw_box`` gives ``get_params``' boxes here (checked once per process,
-    on sizes that take every branch, with the global RNG state restored)."""
-    if not _FAST_BOXES:
-        state = torch.random.get_rng_state()
-        try:
-            ok = True
-            crop = T.RandomResizedCrop(8)
-            logs = torch.log(torch.tensor(crop.ratio))
-            log_ratio = (float(logs[0]), float(logs[1]))
-            for seed, (w, h) in enumerate([(500, 375), (375, 500), (64, 64), (3, 1000), (1000, 3), (1, 1), (257, 2)]):
-                torch.manual_seed(seed)
-                shape = torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, h, w)
-                expected = [tuple(int(v) for v in crop.get_params(shape, list(crop.scale), list(crop.ratio)))]
-                expected.append(tuple(int(v) for v in crop.get_params(shape, [0.9, 1.0], [0.5, 2.0])))
-                torch.manual_seed(seed)
-                got = [_draw_box(w, h, crop.scale, crop.ratio, log_ratio)]
-                logs2 = torch.log(torch.tensor([0.5, 2.0]))
-                got.append(_draw_box(w, h, [0.9, 1.0], [0.5, 2.0], (float(logs2[0]), float(logs2[1]))))
-                ok = ok and got == expected
-        finally:
-            torch.random.set_rng_state(state)
-        _FAST_BOXES.append(ok)
-    return _FAST_BOXES[0]
+    """Whether ``_draw_box`` gives ``get_params``' boxes here: on sizes that take every
+    branch, with the global RNG state restored. (Asked once per process, through
+    the capabilities.)"""
+    state = torch.random.get_rng_state()
+    try:
+        ok = True
+        crop = T.RandomResizedCrop(8)
+        logs = torch.log(torch.tensor(crop.ratio))
+        log_ratio = (float(logs[0]), float(logs[1]))
+        for seed, (w, h) in enumerate([(500, 375), (375, 500), (64, 64), (3, 1000), (1000, 3), (1, 1), (257, 2)]):
+            torch.manual_seed(seed)
+            shape = torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, h, w)
+            expected = [tuple(int(v) for v in crop.get_params(shape, list(crop.scale), list(crop.ratio)))]
+            expected.append(tuple(int(v) for v in crop.get_params(shape, [0.9, 1.0], [0.5, 2.0])))
+            torch.manual_seed(seed)
+            got = [_draw_box(w, h, crop.scale, crop.ratio, log_ratio)]
+            logs2 = torch.log(torch.tensor([0.5, 2.0]))
+            got.append(_draw_box(w, h, [0.9, 1.0], [0.5, 2.0], (float(logs2[0]), float(logs2[1]))))
+            ok = ok and got == expected
+    finally:
+        torch.random.set_rng_state(state)
+    return ok
 
 
 def _flip_probability(step: Any) -> float | None:
@@ -370,3 +325,86 @@ def batch_recipe(crop: RandomResizedCrop | None, rest: Any) -> BatchRecipe | Non
         else:
             return None
     return BatchRecipe(flip) if to_tensor else None
+
+
+class TransformPlan:
+    """How a dataset applies its ``transform`` to a record, resolved once per
+    (dataset, transform, process): the fused crop and the steps after it, whether
+    batches take the fast path (and its flip), and the ``ReadPlan`` that decodes.
+
+    Args:
+        transform: the dataset's transform (None: the whole image).
+        decoder: the resolved JPEG decoder.
+        size_hint: as ``LMDBFolder``'s (no exact fused twin of torchvision's crop then).
+        threads: threads per batch.
+        caps: the capabilities to decide from (default: this process's).
+
+    ``decode(record)`` makes one sample before ``rest`` (a PIL image or a uint8
+    CHW tensor) and ``batch(records, out)`` a whole batch into one uint8 ``N x 3
+    x H x W`` array; both decode through ``read.run``, the one executor.
+    """
+
+    def __init__(
+        self,
+        transform: Any,
+        *,
+        decoder: Any,
+        size_hint: int | None = None,
+        threads: int = 1,
+        caps: Capabilities | None = None,
+    ) -> None:
+        caps = current() if caps is None else caps
+        crop: RandomResizedCrop | None = None
+        rest = transform
+        if transform is not None:
+            # size_hint asks for the DCT-scaled full image: no exact twin then.
+            crop, rest = (split_exact if size_hint is None else split_fused)(transform)
+        self.transform = transform
+        self.crop = crop
+        self.rest = rest
+        recipe = batch_recipe(crop, rest)
+        #: Whether a batch is made whole (``batch``), and its flip probability.
+        self.batches = recipe is not None
+        self.flip = None if recipe is None else recipe.flip
+        self.read = ReadPlan(
+            decoder, crop=None if crop is None else crop.spec(), size_hint=size_hint, threads=threads, caps=caps
+        )
+        self._draw = None if crop is None else crop.drawer(caps)
+        self._planar = crop is not None and crop.output == "tensor"
+        #: Whether this plan serves a DataLoader worker (its batches go to shared memory).
+        self.in_worker = torch.utils.data.get_worker_info() is not None
+
+    def decode(self, payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int) -> Any:
+        """One stored image as the transform's first steps would leave it: the fused
+        crop's output (PIL, or a uint8 CHW tensor), or the whole RGB image."""
+        crop, read = self.crop, self.read
+        if crop is None:
+            return read.image(payload, encoding, width, height, channels)
+        if width <= 0 or height <= 0:
+            # The header has no size to draw the box from: decode, then torchvision's own crop.
+            return crop.finish(crop.forward(to_pil(read.pixels(payload, encoding, width, height, channels))))
+        job = read.job(payload, encoding, width, height, channels, self._draw(width, height), False)  # type: ignore[misc]
+        out_h, out_w = crop.size
+        planar = self._planar
+        out = np.empty((1, 3, out_h, out_w) if planar else (1, out_h, out_w, 3), np.uint8)
+        read.run([job], out, planar=planar)
+        return torch.from_numpy(out[0]) if planar else Image.fromarray(out[0], "RGB")
+
+    def batch(self, records: Sequence[Any]) -> torch.Tensor:
+        """Every record's box and flip, drawn in the per-sample order (a sample's box,
+        then its flip), then the whole batch made into one uint8 ``N x 3 x H x W``
+        tensor (in shared memory in a DataLoader worker, so sending it copies
+        nothing). Raises BatchItemError for the first record that failed."""
+        draw, job, flip = self._draw, self.read.job, self.flip
+        rand = torch.rand
+        jobs = []
+        for rec in records:
+            box = draw(rec.width, rec.height)  # type: ignore[misc]
+            flipped = flip is not None and bool(rand(1) < flip)
+            jobs.append(job(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, box, flipped))
+        out_h, out_w = self.crop.size  # type: ignore[union-attr]
+        nbytes = len(jobs) * out_h * out_w * 3
+        storage = torch.UntypedStorage._new_shared(nbytes) if self.in_worker else torch.UntypedStorage(nbytes)
+        images = torch.empty(0, dtype=torch.uint8).set_(storage).view(len(jobs), 3, out_h, out_w)
+        self.read.run(jobs, images.numpy(), planar=True)
+        return images

@@ -76,10 +76,12 @@ import torch.utils.data
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from lmdbfolder.codecs import decode_rgb
+from lmdbfolder.codecs import JPEG, encoding_of
 from lmdbfolder.errors import DecodeError
 from lmdbfolder.fused import RandomResizedCrop as _FusedCrop
+from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.opening import open_pack
+from lmdbfolder.read.plan import ReadPlan
 from lmdbfolder.read.reader import Record
 
 __all__ = [
@@ -268,7 +270,8 @@ class RecordBytes(torch.utils.data.Dataset):
             buf[offsets[k] : offsets[k + 1]] = np.frombuffer(rec.payload, dtype=np.uint8)
             row = meta[k]
             row[:_PACK] = (rec.index, rec.label, rec.width, rec.height, rec.channels)
-            row[_ENDS] = _has_eoi(rec.payload)
+            # Trailing padding after the end-of-image marker is allowed here.
+            row[_ENDS] = JPEG.ends_with_eoi(rec.payload, slack=30)
             if plan is not None:
                 width, height = rec.width, rec.height
                 if width <= 0 or height <= 0:
@@ -372,13 +375,19 @@ class DeviceRandomResizedCrop:
         self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
         self._sampler = _FusedCrop(self.size, scale=self.scale, ratio=self.ratio)
         self._norm: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Decided once per process, at first use (see ``_decisions``).
+        self._draw: Any = None
+        self._vertical_first: Any = None
+        self._cpu: ReadPlan | None = None
 
     # -- planning (runs in the DataLoader workers with RecordBytes(plan=...)) ----------
     def draw(self, width: int, height: int) -> tuple[int, int, int, int, int]:
         """``(top, left, height, width, flip)`` for an image of this size, drawn
         with the global torch RNG exactly as torchvision's RandomResizedCrop
         then RandomHorizontalFlip draw them."""
-        top, left, h, w = self._sampler.sample_box(width, height)
+        if self._draw is None:
+            self._draw = self._sampler.drawer()
+        top, left, h, w = self._draw(width, height)
         flipped = 0
         if self.flip is not None:
             flipped = int(bool(torch.rand(1) < self.flip))
@@ -401,20 +410,14 @@ class DeviceRandomResizedCrop:
         to_device: list[int] = []
         for k in range(n):
             row = meta[k]
-            encoding, width, height, channels = batch.encodings[k], row[_WIDTH], row[_HEIGHT], row[_CHANNELS]
-            if encoding == "raw" and width > 0 and height > 0 and len(payloads[k]) == width * height * 3:
+            enc, width, height, channels = encoding_of(batch.encodings[k]), row[_WIDTH], row[_HEIGHT], row[_CHANNELS]
+            if enc.stores_pixels and width > 0 and height > 0 and len(payloads[k]) == width * height * 3:
                 pixels[k] = payloads[k].view(height, width, 3).permute(2, 0, 1).to(self.device, non_blocking=True)
                 self.stats["raw"] += 1
-            elif encoding != "jpeg":
-                pixels[k] = self._cpu_decode(batch, k, "cpu_not_jpeg")
-            elif channels == 4:
-                pixels[k] = self._cpu_decode(batch, k, "cpu_cmyk")
-            elif channels not in (1, 3) or width <= 0 or height <= 0:
-                pixels[k] = self._cpu_decode(batch, k, "cpu_no_header")
-            elif not row[_ENDS]:
-                pixels[k] = self._cpu_decode(batch, k, "cpu_truncated")
-            else:
+            elif enc.fusable(channels) and enc is JPEG and width > 0 and height > 0 and row[_ENDS]:
                 to_device.append(k)
+            else:
+                pixels[k] = self._cpu_decode(batch, k, _cpu_reason(enc, channels, width, height))
         if to_device:
             decoded = self._device_decode([payloads[k] for k in to_device])
             for k, img in zip(to_device, decoded):
@@ -484,8 +487,11 @@ class DeviceRandomResizedCrop:
         self.stats[reason] += 1
         row = batch.meta[k].tolist()
         payload = batch.payload(k).numpy()
+        if self._cpu is None:
+            # ImageFolder's conversion (Pillow), through the one CPU read path.
+            self._cpu = ReadPlan(current().decoder("pillow"))
         try:
-            img = decode_rgb(payload.data, batch.encodings[k], row[_WIDTH], row[_HEIGHT])
+            img = self._cpu.image(payload.data, batch.encodings[k], row[_WIDTH], row[_HEIGHT], row[_CHANNELS])
             arr = np.array(img)  # a writable copy: torch refuses to wrap Pillow's read-only buffer silently
         except Exception as exc:  # Pillow raises many exception types for bad data
             raise DecodeError(row[_INDEX], self._path_of(batch, k), f"{type(exc).__name__}: {exc}") from exc
@@ -508,7 +514,9 @@ class DeviceRandomResizedCrop:
         out_h, out_w = self.size
         n = len(pixels)
         out = torch.empty((n, 3, out_h, out_w), dtype=torch.uint8, device=self.device)
-        vertical_first = _pillow_pass_order()
+        if self._vertical_first is None:
+            self._vertical_first = _pass_rule(current().pillow_pass_order())
+        vertical_first = self._vertical_first
         groups: dict[bool, list[int]] = {False: [], True: []}
         for k, (_top, _left, h, w) in enumerate(boxes):
             groups[vertical_first(h, w, out_h, out_w)].append(k)
@@ -571,6 +579,7 @@ class DeviceRandomResizedCrop:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_norm"] = None  # device tensors stay in their process
+        state["_draw"] = state["_vertical_first"] = state["_cpu"] = None  # decided again in each process
         return state
 
     def __repr__(self) -> str:
@@ -580,11 +589,15 @@ class DeviceRandomResizedCrop:
         )
 
 
-def _has_eoi(payload: memoryview | bytes) -> int:
-    # A JPEG cut short has no end-of-image marker (FF D9) near its end; in the
-    # entropy-coded data FF is only followed by 00 or a restart marker, so FF D9
-    # in the last bytes is the real marker (trailing padding is allowed).
-    return int(b"\xff\xd9" in bytes(payload[-32:]))
+def _cpu_reason(enc: Any, channels: int, width: int, height: int) -> str:
+    """The ``stats`` key of a record the device decoder does not take."""
+    if enc is not JPEG:
+        return "cpu_not_jpeg"
+    if channels == 4:
+        return "cpu_cmyk"
+    if not enc.fusable(channels) or width <= 0 or height <= 0:
+        return "cpu_no_header"
+    return "cpu_truncated"
 
 
 def _bytes_per_crop(height: int, width: int, out_w: int) -> int:
@@ -643,33 +656,10 @@ def _vertical_first_never(in_h: int, in_w: int, out_h: int, out_w: int) -> bool:
     return False  # older Pillow: always the horizontal pass first
 
 
-_PASS_ORDER: Any = None
-
-
-def _pillow_pass_order() -> Any:
-    """Which pass the installed Pillow runs first, found once by resizing a small
-    image both ways (the order changes the rounding of the uint8 intermediate)."""
-    global _PASS_ORDER
-    if _PASS_ORDER is None:
-        src = _probe_image()
-        want = np.asarray(Image.fromarray(src).resize((3, 9), Image.Resampling.BILINEAR))
-        got = _probe_resize(src, vertical_first=True)
-        _PASS_ORDER = _vertical_first_new if np.array_equal(got, want) else _vertical_first_never
-    return _PASS_ORDER
-
-
-def _probe_image() -> np.ndarray:
-    # Tall (40x5 -> 9x3): only a vertical-first Pillow runs the vertical pass first on it.
-    return np.random.default_rng(0).integers(0, 256, (40, 5, 3), dtype=np.uint8)
-
-
-def _probe_resize(src: np.ndarray, *, vertical_first: bool) -> np.ndarray:
-    img = torch.from_numpy(src.copy()).permute(2, 0, 1)
-    probe = DeviceRandomResizedCrop((9, 3), device="cpu")
-    out = probe._resize_chunk(
-        [img], [(0, 0, src.shape[0], src.shape[1])], [0], src.shape[0], src.shape[1], vertical_first
-    )
-    return out[0].permute(1, 2, 0).numpy()
+def _pass_rule(order: int | None) -> Any:
+    # Pillow's order (``Capabilities.pillow_pass_order``); where neither known order
+    # is Pillow's, the horizontal pass first (pixels then differ, as on CUDA).
+    return _vertical_first_new if order == 1 else _vertical_first_never
 
 
 def _round_fixed(acc: torch.Tensor) -> torch.Tensor:

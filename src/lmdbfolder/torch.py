@@ -33,21 +33,14 @@ except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder import fused
-from lmdbfolder.codecs import decode_rgb
-from lmdbfolder.read.batching import BatchDecoder, BatchItemError, CropJob
-from lmdbfolder.read.decoders import (
-    Decoder,
-    decode_payload,
-    get_decoder,
-    resolve_decoder_name,
-    size_hint_scale,
-    to_pil,
-)
+from lmdbfolder.codecs import encoding_of
+from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.opening import AnyReader, open_pack
+from lmdbfolder.read.plan import BatchItemError
 from lmdbfolder.read.reader import Record
-from lmdbfolder.read.regions import regions_apply
 from lmdbfolder.read.selection import (
     PathIndex,
+    Selection,
     normalize_extensions,
     sample_path,
     select,
@@ -194,7 +187,8 @@ class LMDBDatasetFolder(DatasetFolder):
             raise OptionError(f"torch_threads must be None or at least 1, got {torch_threads!r}")
         self.threads = threads
         self.torch_threads = torch_threads
-        self._batcher: BatchDecoder | None = None
+        self._plan_cache: fused.TransformPlan | None = None
+        self._plan_key: tuple[Any, ...] = ()
         self._decoder_name: str | None = None
         self.decoder = decoder
         if size_hint is not None and size_hint < 1:
@@ -203,14 +197,11 @@ class LMDBDatasetFolder(DatasetFolder):
             raise ValueError("Both extensions and is_valid_file cannot be not None at the same time")
         self.size_hint = size_hint
         self.prefetch = prefetch
-        self._decoder: Decoder | None = None
-        self._split: tuple[Any, Any, Any] | None = None
-        self._indices: np.ndarray | None = None
-        self._labels: Any = None
         self._targets: list[Any] | None = None
         self._samples: list[tuple[str, Any]] | None = None
         self._assigned_targets: Any = None
         self.reader: AnyReader = open_pack(root, readahead=readahead, verify_checksums=verify_checksums)
+        self._selection = Selection.of(None, None, len(self.reader))
         VisionDataset.__init__(self, self.reader.path, transform=transform, target_transform=target_transform)
         self.recorded_root = source_root_of(self.reader.meta)
         self.source_root = self.recorded_root
@@ -238,7 +229,7 @@ class LMDBDatasetFolder(DatasetFolder):
                 allow_empty=allow_empty,
             )
         else:
-            chosen = select(
+            self._selection = select(
                 self.reader,
                 self.source_root,
                 class_to_idx,
@@ -246,7 +237,6 @@ class LMDBDatasetFolder(DatasetFolder):
                 is_valid_file=is_valid_file,
                 allow_empty=allow_empty,
             )
-            self._indices, self._labels = chosen.indices, chosen.labels
         self.classes: list[str] = classes
         self.class_to_idx: dict[str, int] = class_to_idx
 
@@ -295,142 +285,88 @@ class LMDBDatasetFolder(DatasetFolder):
 
     # -- samples ------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.reader) if self._indices is None else len(self._indices)
+        return len(self._selection)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        with self._torch_threads():
-            if self._indices is None and self._labels is None:
-                return self._sample(self.reader.get(index), None)
-            position = self._position(index)
-            return self._sample(self.reader.get(self._pack_index(position)), position)
-
-    def _torch_threads(self) -> Any:
-        """One torch thread while a sample is made in the main process, like a DataLoader worker."""
-        if self.torch_threads is None or torch.utils.data.get_worker_info() is not None:
-            return contextlib.nullcontext()
-        return _torch_threads(self.torch_threads)
-
-    # -- the batch fast path ------------------------------------------------------------------
-    def _batch_recipe(self) -> Any:
-        """``fused.BatchRecipe`` if this dataset's batches can take the fast path, else None."""
-        if not _decodes_itself(self.loader):
-            return None
-        crop, rest = self._fused_split()
-        if crop is None:
-            return None
-        return fused.batch_recipe(crop, rest)
-
-    def _target(self, rec: Record, position: int | None) -> Any:
-        target: Any = rec.label
-        if position is not None and self._labels is not None:
-            target = self._labels[position]
-            if isinstance(target, np.integer):
-                target = int(target)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return target
-
-    def _fast_batch(self, records: list[Record], positions: list[int | None], flip: float | None) -> BatchSamples:
-        """Plan every box and flip (the per-sample random numbers, in the per-sample
-        order: a sample's box, then its flip), then make the whole batch into one
-        tensor (``read.batching``)."""
-        crop, _rest = self._fused_split()
-        decoder = self._get_decoder()
-        jobs = []
-        targets = []
-        for rec, position in zip(records, positions):
-            box, denom = crop.plan(rec.width, rec.height, decoder)
-            if rec.encoding == "raw":
-                denom = 1
-            flipped = flip is not None and bool(torch.rand(1) < flip)
-            jobs.append(CropJob(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, box, denom, flipped))
-            targets.append(self._target(rec, position))
-        out_h, out_w = crop.size
-        nbytes = len(jobs) * out_h * out_w * 3
-        # In a DataLoader worker the batch goes to the main process through shared
-        # memory: allocate it there, so sending it copies nothing.
-        in_worker = torch.utils.data.get_worker_info() is not None
-        storage = torch.UntypedStorage._new_shared(nbytes) if in_worker else torch.UntypedStorage(nbytes)
-        images = torch.empty(0, dtype=torch.uint8).set_(storage).view(len(jobs), 3, out_h, out_w)
-        if self._batcher is None:
-            resample = int(pil_modes_mapping_of(crop))
-            self._batcher = BatchDecoder(decoder, threads=self.threads, resize=crop.resize, resample=resample)
-        try:
-            self._batcher.run(jobs, images.numpy())
-        except BatchItemError as exc:
-            rec = records[exc.position]
-            raise DecodeError(
-                rec.index, self.reader.path_of(rec.index), f"{type(exc.cause).__name__}: {exc.cause}"
-            ) from exc.cause
-        return BatchSamples(images, targets)
+        plan = self._plan()
+        with self._torch_threads(plan):
+            rec, position = self._selection.fetch(self.reader, index)
+            return self._sample(plan, rec, position)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A whole batch (the DataLoader calls this): the records are fetched
-        together, prefetched from disk at once, then decoded one by one.
+        together (``prefetch``: the kernel is asked to read them all at once), then
+        made into one batch tensor where the transform allows it (see the class
+        docstring), else one by one.
 
         If a subclass overrides ``__getitem__``, this calls it for each index
         instead, so a batched DataLoader gives what ``ds[i]`` gives.
         """
         if type(self).__getitem__ is not LMDBDatasetFolder.__getitem__:
             return [self[i] for i in indices]
-        with self._torch_threads():
-            if self._indices is None and self._labels is None:
-                records = self.reader.get_many(indices, prefetch=self.prefetch)
-                positions: list[int | None] = [None] * len(records)
-            else:
-                chosen = [self._position(i) for i in indices]
-                records = self.reader.get_many([self._pack_index(p) for p in chosen], prefetch=self.prefetch)
-                positions = list(chosen)
-            recipe = self._batch_recipe()
-            if recipe is not None and records and all(r.width > 0 and r.height > 0 for r in records):
-                return self._fast_batch(records, positions, recipe.flip)
-            return [self._sample(rec, p) for rec, p in zip(records, positions)]
+        plan = self._plan()
+        with self._torch_threads(plan):
+            records, positions = self._selection.fetch_many(self.reader, indices, self.prefetch)
+            if plan.batches and records and all(r.width > 0 and r.height > 0 for r in records):
+                return self._fast_batch(plan, records, positions)
+            return [self._sample(plan, rec, p) for rec, p in zip(records, positions)]
 
-    def _position(self, index: int) -> int:
+    def _plan(self) -> fused.TransformPlan:
+        """How samples are made in this process (``fused.TransformPlan``), resolved once
+        per transform, loader, decoder, size hint and thread count, and per process."""
+        key = (self.transform, self.loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
+        plan = self._plan_cache
+        if plan is None or key != self._plan_key:
+            decoder = current().decoder(self.decoder)  # resolves "auto": part of the key from now on
+            key = (self.transform, self.loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
+            transform = self.transform if _decodes_itself(self.loader) else None
+            plan = fused.TransformPlan(transform, decoder=decoder, size_hint=self.size_hint, threads=self.threads)
+            if not _decodes_itself(self.loader):
+                plan.batches = False  # the user's loader makes every sample
+            self._plan_cache, self._plan_key = plan, key
+        return plan
+
+    def _torch_threads(self, plan: fused.TransformPlan) -> Any:
+        """One torch thread while a sample is made in the main process, like a DataLoader worker."""
+        if self.torch_threads is None or plan.in_worker:
+            return contextlib.nullcontext()
+        return _torch_threads(self.torch_threads)
+
+    def _target(self, rec: Record, position: int | None) -> Any:
+        target = self._selection.target(rec.label, position)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return target
+
+    def _fast_batch(
+        self, plan: fused.TransformPlan, records: list[Record], positions: list[int | None]
+    ) -> BatchSamples:
+        """The batch fast path: one tensor for the whole batch (``TransformPlan.batch``)."""
         try:
-            i = index.__index__()
-        except AttributeError:
-            raise TypeError(f"sample index must be an integer, got {type(index).__name__}") from None
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {index} is out of range for {self.root} ({n} samples)")
-        return i
+            images = plan.batch(records)
+        except BatchItemError as exc:
+            raise self._decode_error(records[exc.position], exc.cause) from exc.cause
+        return BatchSamples(images, [self._target(rec, p) for rec, p in zip(records, positions)])
 
-    def _pack_index(self, position: int) -> int:
-        return position if self._indices is None else int(self._indices[position])
+    def _decode_error(self, rec: Record, exc: BaseException) -> DecodeError:
+        return DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}")
 
-    def _sample(self, rec: Record, position: int | None) -> tuple[Any, Any]:
-        sample = self._decode(rec) if _decodes_itself(self.loader) else self._load_with_loader(rec)
-        return sample, self._target(rec, position)
-
-    def _decode(self, rec: Record) -> Any:
-        crop, rest = self._fused_split()
+    def _sample(self, plan: fused.TransformPlan, rec: Record, position: int | None) -> tuple[Any, Any]:
+        if not _decodes_itself(self.loader):
+            return self._load_with_loader(rec), self._target(rec, position)
         try:
-            if crop is not None:
-                sample: Any = crop.decode_record(
-                    rec.payload, rec.encoding, rec.width, rec.height, rec.channels, self._get_decoder()
-                )
-            elif self.decoder == "pillow" and self.size_hint is None:
-                sample = decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
-            else:
-                decoder = self._get_decoder()
-                denom = 1
-                if self.size_hint is not None:
-                    denom = size_hint_scale(rec.width, rec.height, self.size_hint, decoder.scales)
-                sample = to_pil(
-                    decode_payload(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, decoder, denom=denom)
-                )
+            sample = plan.decode(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+        except BatchItemError as exc:
+            raise self._decode_error(rec, exc.cause) from exc.cause
         except Exception as exc:  # decoders raise many exception types for bad data
-            raise DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}") from exc
-        if rest is not None:
-            sample = rest(sample)
-        return sample
+            raise self._decode_error(rec, exc) from exc
+        if plan.rest is not None:
+            sample = plan.rest(sample)
+        return sample, self._target(rec, position)
 
     def _load_with_loader(self, rec: Record) -> Any:
         # ImageFolder calls loader(path): give it a path to the stored bytes (read.stored_file).
-        if rec.encoding == "raw":
+        if encoding_of(rec.encoding).stores_pixels:
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
         source = sample_path(self.source_root, self.reader.path_of(rec.index))
         with stored_file(rec.payload, source, rec.index) as path:
@@ -444,59 +380,32 @@ class LMDBDatasetFolder(DatasetFolder):
                 sample = self.transform(sample)  # inside the block: a lazy loader may still read the file
         return sample
 
-    def _get_decoder(self) -> Decoder:
-        if self._decoder is None:
-            self._decoder = get_decoder(self.decoder)
-        return self._decoder
-
     @property
     def decoder(self) -> str:
         """The JPEG decoder's name; ``"auto"`` is resolved at first use, once per
         dataset (the probe decode costs ~10 ms, more than opening a pack)."""
         if self._decoder_name is None:
-            self._decoder_name = resolve_decoder_name("auto")
+            self._decoder_name = current().decoder_name("auto")
         return self._decoder_name
 
     @decoder.setter
     def decoder(self, name: str) -> None:
+        caps = current()
         if name == "auto":
             self._decoder_name = None  # nothing can fail: Pillow is the fallback
         else:
-            self._decoder_name = resolve_decoder_name(name)  # unknown names fail here
-            get_decoder(self._decoder_name)  # so does a missing library (with its install hint), not in a worker
-        self._decoder = None
-        self._batcher = None
-
-    def _fused_split(self) -> tuple[Any, Any]:
-        # (fused crop or None, the transforms after it); recomputed only when
-        # ``transform`` is replaced. torchvision's own RandomResizedCrop at the
-        # front is replaced by its exact fused twin (``fused.split_exact``).
-        split = self._split
-        if split is None or split[0] is not self.transform:
-            crop, rest = None, self.transform
-            if self.transform is not None:
-                # size_hint asks for the DCT-scaled full image: no exact twin then.
-                splitter = fused.split_exact if self.size_hint is None else fused.split_fused
-                crop, rest = splitter(self.transform)
-            split = self._split = (self.transform, crop, rest)
-        return split[1], split[2]
+            self._decoder_name = caps.decoder_name(name)  # unknown names fail here
+            caps.decoder(self._decoder_name)  # so does a missing library (with its install hint), not in a worker
+        self._plan_cache = None
 
     # -- ImageFolder's lists --------------------------------------------------------------------
-    def _current_labels(self) -> list[Any]:
-        if self._labels is not None:
-            return self._labels.tolist() if isinstance(self._labels, np.ndarray) else list(self._labels)
-        stored = self.reader.labels
-        if self._indices is None:
-            return stored.tolist()
-        return np.frombuffer(stored, dtype=np.int32)[self._indices].tolist()
-
     @property
     def targets(self) -> Any:
         """Class index of every sample, in index order (or the list last assigned to it)."""
         if self._assigned_targets is not None:
             return self._assigned_targets
         if self._targets is None:
-            self._targets = self._current_labels()
+            self._targets = self._selection.stored_labels(self.reader)
         return self._targets
 
     @targets.setter
@@ -509,11 +418,9 @@ class LMDBDatasetFolder(DatasetFolder):
     def samples(self) -> list[tuple[str, Any]]:
         """``(path, class index)`` of every sample, in index order; paths under ``source_root``."""
         if self._samples is None:
-            paths = self.reader.paths()
-            if self._indices is not None:
-                paths = [paths[i] for i in self._indices.tolist()]
             root = self.source_root
-            self._samples = _SampleList(zip([sample_path(root, p) for p in paths], self._current_labels()))
+            labels = self._selection.stored_labels(self.reader)
+            self._samples = _SampleList(zip([sample_path(root, p) for p in self._paths()], labels))
         return self._samples
 
     @samples.setter
@@ -525,7 +432,7 @@ class LMDBDatasetFolder(DatasetFolder):
         lookup = PathIndex(self.reader, [self.source_root, self.recorded_root])
         if current is not None:
             current_paths = [p for p, _ in current]
-            indices = _match_in_order([p for p, _ in items], current_paths, self._pack_index, lookup)
+            indices = _match_in_order([p for p, _ in items], current_paths, self._selection.pack_index, lookup)
         else:
             indices = np.array([lookup(p) for p, _ in items], dtype=np.int64)
         targets = [t for _, t in items]
@@ -538,8 +445,7 @@ class LMDBDatasetFolder(DatasetFolder):
         else:
             labels = targets  # targets of any kind, as ImageFolder allows
         every = len(indices) == len(self.reader) and bool(np.array_equal(indices, np.arange(len(self.reader))))
-        self._indices = None if every else indices
-        self._labels = labels
+        self._selection = Selection.of(None if every else indices, labels, len(self.reader))
         self._samples = _SampleList(items)
         self._targets = None
         self._assigned_targets = None
@@ -556,9 +462,7 @@ class LMDBDatasetFolder(DatasetFolder):
     def filenames(self, basename: bool = False, absolute: bool = False) -> list[str]:
         """The file name of every sample, as timm's datasets give them: relative to the
         source root (default), just the ``basename``, or the ``absolute`` path (as in ``samples``)."""
-        paths = self.reader.paths()
-        if self._indices is not None:
-            paths = [paths[i] for i in self._indices.tolist()]
+        paths = self._paths()
         if basename:
             return [os.path.basename(p) for p in paths]
         if absolute:
@@ -567,7 +471,8 @@ class LMDBDatasetFolder(DatasetFolder):
 
     def filename(self, index: int, basename: bool = False, absolute: bool = False) -> str:
         """The file name of sample ``index`` (see ``filenames``)."""
-        rel = self.reader.path_of(self._pack_index(self._position(index)))
+        selection = self._selection
+        rel = self.reader.path_of(selection.pack_index(selection.position(index, self.root)))
         if basename:
             return os.path.basename(rel)
         return sample_path(self.source_root, rel) if absolute else rel
@@ -577,9 +482,9 @@ class LMDBDatasetFolder(DatasetFolder):
         """First index of each shard, then ``len(self)`` (sharded packs only; for the
         shard-aware sampler). A selection out of pack order counts as one shard."""
         offsets = getattr(self.reader, "shard_offsets", None)
-        if offsets is None or self._indices is None:
+        idx = self._selection.indices
+        if offsets is None or idx is None:
             return offsets
-        idx = self._indices
         if len(idx) > 1 and bool(np.any(idx[1:] < idx[:-1])):
             return [0, len(idx)]
         return [int(x) for x in np.searchsorted(idx, offsets)]
@@ -591,19 +496,23 @@ class LMDBDatasetFolder(DatasetFolder):
         state = self.__dict__.copy()
         state["_targets"] = None
         state["_samples"] = None
-        state["_decoder"] = None  # decoders hold library handles; made again per process
-        state["_split"] = None
-        state["_batcher"] = None  # a thread pool: made again per process
+        state["_plan_cache"] = None  # libraries, buffers and threads of this process: made again in each
+        state["_plan_key"] = ()
         return state
+
+    def _paths(self) -> list[str]:
+        paths = self.reader.paths()
+        indices = self._selection.indices
+        return paths if indices is None else [paths[i] for i in indices.tolist()]
 
     def extra_repr(self) -> str:
         """The pack-specific lines of ``repr`` (after VisionDataset's count and root)."""
-        regions = "on" if regions_apply(self.decoder) else "off"
+        regions = "on" if self.decoder != "pillow" and current().region_decoder() is not None else "off"
         lines = [
             f"Source root: {self.source_root}",
             f"Store: {self.reader.store}, decoder: {self.decoder}, crop regions: {regions}",
         ]
-        if self._indices is not None:
+        if self._selection.indices is not None:
             lines.append(f"Selected: {len(self)} of {len(self.reader)} packed samples")
         if not _decodes_itself(self.loader):
             lines.append(f"Loader: {self.loader!r}")
@@ -719,13 +628,6 @@ def _torch_threads(n: int) -> Any:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def pil_modes_mapping_of(crop: Any) -> int:
-    """Pillow's resampling constant for a torchvision crop's ``interpolation``."""
-    from torchvision.transforms.functional import pil_modes_mapping
-
-    return int(pil_modes_mapping[crop.interpolation])
 
 
 _RAW_LOADER = "loader= needs a pack that stores the image files, and this pack stores decoded pixels (--store raw)"

@@ -187,7 +187,7 @@ def _torch_available() -> bool:
 
 def run_bench(cfg: BenchConfig) -> BenchResult:
     """Measure files against the pack as described in the module docstring."""
-    from lmdbfolder.read.decoders import resolve_decoder_name
+    from lmdbfolder.read.capabilities import resolve_decoder_name
     from lmdbfolder.write.options import Resize
     from lmdbfolder.write.sources import scan
     from lmdbfolder.write.writer import pack

@@ -24,9 +24,10 @@ __all__ = [
     "crop_scale",
     "scaled_box",
     "resize_region",
-    "resize_exact_into",
+    "exact_resize_into",
     "opencv_resize_into",
-    "fusable",
+    "pillow_pass_order",
+    "native_matches_pillow",
     "RESIZE_BACKENDS",
 ]
 
@@ -36,28 +37,6 @@ Box = tuple[int, int, int, int]
 #: scale); ``opencv``: ``cv2.resize`` (INTER_AREA when shrinking by 2x or
 #: more, else INTER_LINEAR), several times faster, not bit-exact.
 RESIZE_BACKENDS = ("pil", "opencv")
-
-
-_CV2: Any = None
-
-
-def _cv2() -> Any:
-    # OpenCV's own thread pool costs more than it gains on crop-sized images and
-    # fights the DataLoader's worker processes for the cores: one thread.
-    global _CV2
-    if _CV2 is None:
-        import cv2
-
-        cv2.setNumThreads(1)
-        _CV2 = cv2
-    return _CV2
-
-
-def fusable(encoding: str, channels: int) -> bool:
-    """Whether the fused crop crops and resizes a stored image of this kind itself:
-    raw pixels, 1- or 3-component JPEGs, WebP (packs re-encoded with ``--format
-    webp``). Other images go through torchvision's own transform, unchanged."""
-    return encoding in ("raw", "webp") or (encoding == "jpeg" and channels in (1, 3))
 
 
 def crop_scale(crop_height: int, crop_width: int, out_height: int, out_width: int, scales: tuple[int, ...]) -> int:
@@ -84,25 +63,15 @@ def resize_region(
     size: tuple[int, int],
     *,
     resample: int = Image.Resampling.BILINEAR,
-    backend: str = "pil",
-    as_array: bool = False,
-) -> Image.Image | np.ndarray:
+) -> Image.Image:
     """Crop ``box`` (left, upper, right, lower; floats allowed) out of ``pixels``
-    and resize it to ``size`` = (width, height); returns an RGB PIL image
-    (or, with ``as_array``, possibly an HxWx3 uint8 array, which saves a copy).
+    and resize it to ``size`` = (width, height) with Pillow; returns an RGB PIL image.
 
-    With the ``pil`` backend and an integer box this is exactly
-    ``img.crop(box).resize(size, resample)``, i.e. what torchvision's
-    ``resized_crop`` does to a PIL image.
+    With an integer box this is exactly ``img.crop(box).resize(size, resample)``,
+    i.e. what torchvision's ``resized_crop`` does to a PIL image.
     """
     x0, y0, x1, y1 = box
     ix0, iy0 = max(0, math.floor(x0)), max(0, math.floor(y0))
-    if backend == "opencv":
-        arr = np.asarray(pixels)
-        out = opencv_resize_into(arr, box, size, None)
-        return out if as_array else Image.fromarray(out, "RGB")
-    if backend != "pil":
-        raise ValueError(f"resize backend must be one of {RESIZE_BACKENDS}, got {backend!r}")
     if isinstance(pixels, Image.Image):
         w, h = pixels.size
     else:
@@ -118,7 +87,6 @@ def resize_region(
     return region.resize(size, resample, box=inner)
 
 
-_NATIVE: dict[str, Any] = {}
 _SCRATCH = threading.local()
 #: The smallest per-thread buffer ``thread_buffer`` makes (bytes).
 _BUFFER_START = 1 << 20
@@ -135,43 +103,47 @@ def thread_buffer(local: threading.local, name: str, need: int) -> np.ndarray:
     return buf
 
 
-def _native_resize() -> tuple[Callable[..., None], int] | None:
-    """The compiled resize (``lmdbfolder.read._crops``) and the pass order of the
-    installed Pillow, if the compiled resize reproduces Pillow here; else None.
+def pillow_pass_order() -> int | None:
+    """Which of its two passes the installed Pillow's bilinear resize runs first:
+    0, always the horizontal one (Pillow <= 12); 1, the vertical one when the height
+    shrinks by more than twice as many pixels as the width (Pillow 13); None, neither
+    (another algorithm: nothing here then claims Pillow's pixels).
 
-    Pillow 13 runs the vertical pass first when the height shrinks more than
-    twice as much as the width, earlier Pillows always the horizontal one
-    first, and the 8-bit rounding between the passes makes the order visible
-    in the pixels: so the order is found by comparing with the installed Pillow
-    (once per process), on boxes that take every branch. Neither matching means
-    the compiled resize is not used.
+    Pillow only: a two-pass resize equals two one-pass resizes in its order (each
+    pass rounds to 8 bits), and a tall image shrunk more in height tells them apart.
+    Read from the behaviour, not a version number.
     """
-    if "found" not in _NATIVE:
-        _NATIVE["found"] = None
-        try:
-            from lmdbfolder.read import _crops  # type: ignore[attr-defined]
-        except ImportError:
-            return None
-        rng = np.random.default_rng(7)
-        src = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
-        # (left, width, height, out_w, out_h): both passes either order, one pass, none, upscaling
-        cases = [(3, 120, 97, 119, 31), (0, 131, 97, 40, 90), (5, 101, 60, 101, 60), (0, 131, 97, 131, 20)]
-        cases += [(9, 37, 25, 224, 224), (0, 1, 1, 3, 2), (2, 70, 97, 33, 97), (0, 131, 90, 128, 7)]
-        for order in (1, 0):
-            try:
-                ok = all(
-                    np.array_equal(
-                        _resize(_crops.resize_bilinear, order, src, (left, 0, left + w, h), (ow, oh)),
-                        _pil(src, left, w, h, ow, oh),
-                    )
-                    for left, w, h, ow, oh in cases
-                )
-            except Exception:  # a helper that fails on a valid image does not match either
-                ok = False
-            if ok:
-                _NATIVE["found"] = (_crops.resize_bilinear, order)
-                break
-    return _NATIVE["found"]
+    src = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 5, 3), dtype=np.uint8), "RGB")
+    bilinear = Image.Resampling.BILINEAR
+    want = np.asarray(src.resize((3, 9), bilinear))
+    vertical = np.asarray(src.resize((5, 9), bilinear).resize((3, 9), bilinear))
+    horizontal = np.asarray(src.resize((3, 40), bilinear).resize((3, 9), bilinear))
+    if np.array_equal(want, vertical) and not np.array_equal(want, horizontal):
+        return 1
+    if np.array_equal(want, horizontal):
+        return 0
+    return None
+
+
+def native_matches_pillow(fn: Callable[..., None], order: int) -> bool:
+    """Whether the compiled resize ``fn`` run with pass ``order`` reproduces the
+    installed Pillow's ``crop(box).resize(size, BILINEAR)`` on boxes that take
+    every branch: both passes in either order, one pass, none, upscaling."""
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
+    # (left, width, height, out_w, out_h)
+    cases = [(3, 120, 97, 119, 31), (0, 131, 97, 40, 90), (5, 101, 60, 101, 60), (0, 131, 97, 131, 20)]
+    cases += [(9, 37, 25, 224, 224), (0, 1, 1, 3, 2), (2, 70, 97, 33, 97), (0, 131, 90, 128, 7)]
+    try:
+        return all(
+            np.array_equal(
+                _resize(fn, order, src, (left, 0, left + w, h), (ow, oh)),
+                _pil(src, left, w, h, ow, oh),
+            )
+            for left, w, h, ow, oh in cases
+        )
+    except Exception:  # a helper that fails on a valid image does not match either
+        return False
 
 
 def _pil(src: np.ndarray, left: int, width: int, height: int, out_w: int, out_h: int) -> np.ndarray:
@@ -205,7 +177,9 @@ def _call(
     fn(rows, src.shape[1], left, width, height, size[0], size[1], dst, tmp, planar, flip, order)
 
 
-def resize_exact_into(
+def exact_resize_into(
+    fn: Callable[..., None],
+    order: int,
     pixels: np.ndarray,
     box: tuple[float, float, float, float],
     size: tuple[int, int],
@@ -218,29 +192,28 @@ def resize_exact_into(
     uint8 array ``pixels`` to ``size`` = (width, height) exactly as
     ``Image.crop(box).resize(size, BILINEAR)`` does, into ``dst`` (``H x W x 3``,
     or with ``planar`` its ``3 x H x W`` planes; mirrored with ``flip``, as
-    ``RandomHorizontalFlip`` mirrors). Returns False, having written nothing,
-    when the compiled resize is not usable here (not built, or it differs from
-    the installed Pillow) or the arguments are not a case it takes (a fractional
-    box, a non-contiguous array); the caller then uses Pillow.
+    ``RandomHorizontalFlip`` mirrors), with the compiled resize ``fn`` and
+    Pillow's pass ``order`` (``Capabilities.exact_resize`` gives both, where they
+    reproduce the installed Pillow). Returns False, having written nothing, when
+    the arguments are not a case it takes (a fractional box, a non-contiguous
+    array, a box outside the image); the caller then uses Pillow.
 
     It reads the crop in place and writes straight into ``dst``: the copies into
     and out of a PIL image, and the flip's and the planes' copies, are not made.
     """
-    found = _native_resize()
-    if found is None:
-        return False
     if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8 or not pixels.flags.c_contiguous:
         return False
-    if not all(float(v).is_integer() for v in box):
+    left, top, right, bottom = box
+    if not (float(left).is_integer() and float(top).is_integer() and float(right).is_integer()):
+        return False
+    if not float(bottom).is_integer():
         return False
     h, w = pixels.shape[:2]
-    left, top, right, bottom = box
     ibox = (int(left), int(top), int(right), int(bottom))
     if not (0 <= ibox[0] < ibox[2] <= w and 0 <= ibox[1] < ibox[3] <= h):
         return False
     if not dst.flags.c_contiguous or dst.dtype != np.uint8 or dst.size != 3 * size[0] * size[1]:
         return False
-    fn, order = found
     _call(fn, order, pixels, ibox, size, dst, planar=planar, flip=flip)
     return True
 
@@ -265,15 +238,20 @@ def _region_image(pixels: np.ndarray, x0: int, y0: int, x1: int, y1: int) -> Ima
 
 
 def opencv_resize_into(
-    pixels: np.ndarray, box: tuple[float, float, float, float], size: tuple[int, int], dst: np.ndarray | None
+    cv2: Any,
+    pixels: np.ndarray,
+    box: tuple[float, float, float, float],
+    size: tuple[int, int],
+    dst: np.ndarray | None,
 ) -> np.ndarray:
-    """The ``opencv`` backend of ``resize_region``: ``box`` rounded to whole pixels,
-    ``cv2.resize`` (INTER_AREA when shrinking 2x or more, else INTER_LINEAR) into ``dst``
-    (an HxWx3 uint8 array, e.g. one image of a batch) or a new array; returns it.
+    """The ``opencv`` resize backend: ``box`` (left, upper, right, lower) rounded to
+    whole pixels, ``cv2.resize`` (INTER_AREA when shrinking 2x or more, else
+    INTER_LINEAR) into ``dst`` (an HxWx3 uint8 array, e.g. one image of a batch) or a
+    new array; returns it. ``cv2``: the module (``Capabilities.cv2`` gives it, set
+    to one thread).
 
     The crop is a view of ``pixels`` (no copy): OpenCV reads its rows in place.
     """
-    cv2 = _cv2()
     x0, y0, x1, y1 = box
     h, w = pixels.shape[:2]
     rx0, ry0 = min(max(0, round(x0)), w - 1), min(max(0, round(y0)), h - 1)

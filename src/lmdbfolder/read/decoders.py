@@ -24,7 +24,8 @@ markers, odd sizes) once per process and must match Pillow bit for bit, else
 the next one is tried, down to Pillow itself. All of them wrap
 libjpeg-turbo with the same IDCT and upsampling, so on a usual install the
 fastest one passes; the check is what makes "the same pixels" a fact here
-rather than an assumption.
+rather than an assumption. ``lmdbfolder.read.capabilities`` asks these
+questions, once per process (``get_decoder``, ``resolve_decoder_name``).
 
 Only baseline/progressive JPEGs with 1 or 3 components go to a fast decoder;
 everything else (PNG, WebP, CMYK JPEGs, raw payloads, ...) goes through
@@ -43,6 +44,7 @@ from typing import Callable, Union
 import numpy as np
 from PIL import Image
 
+from lmdbfolder.codecs import encoding_of, sniff
 from lmdbfolder.errors import DecoderUnavailableError
 
 __all__ = [
@@ -51,14 +53,14 @@ __all__ = [
     "DCT_SCALES",
     "Decoder",
     "Decoded",
-    "get_decoder",
-    "available_decoders",
-    "resolve_decoder_name",
+    "check_decoder_name",
+    "make_decoder",
+    "probe_jpegs",
+    "decodes_like_pillow",
     "decode_payload",
     "scale_for_size",
     "size_hint_scale",
     "to_pil",
-    "matches_pillow",
 ]
 
 #: What a decoder returns: an HxWx3 uint8 RGB array, or an RGB PIL image.
@@ -255,96 +257,64 @@ _FACTORIES: dict[str, Callable[[], Decoder]] = {
     "opencv": _make_opencv,
     "torchvision": _make_torchvision,
 }
-_CACHE: dict[str, Decoder] = {}
 
 
-def get_decoder(name: str = "pillow") -> Decoder:
-    """Return the decoder called ``name`` (or the fastest installed one for ``"auto"``).
-
-    Raises ValueError for an unknown name and DecoderUnavailableError (with
-    the install command as its hint) when the library is not installed.
-    """
-    name = resolve_decoder_name(name)
-    dec = _CACHE.get(name)
-    if dec is None:
-        try:
-            dec = _FACTORIES[name]()
-        except ImportError as exc:
-            raise DecoderUnavailableError(name, f"{exc}", _INSTALL_HINTS.get(name)) from None
-        _CACHE[name] = dec
-    return dec
-
-
-def resolve_decoder_name(name: str) -> str:
-    """``name`` itself, or for ``"auto"`` the first decoder of ``FAST_ORDER`` that is
-    installed and passes ``matches_pillow`` (else ``"pillow"``)."""
-    if name == "auto":
-        for candidate in FAST_ORDER:
-            try:
-                dec = get_decoder(candidate)
-            except DecoderUnavailableError:
-                continue
-            if candidate == "pillow" or matches_pillow(dec):
-                return candidate
-        return "pillow"
-    if name not in _FACTORIES:
+def check_decoder_name(name: str) -> str:
+    """``name`` if it is ``"auto"`` or a registered decoder, else ValueError naming the choices."""
+    if name != "auto" and name not in _FACTORIES:
         raise ValueError(f"unknown decoder {name!r}; choose one of {', '.join(DECODER_NAMES)} or 'auto'")
     return name
 
 
-_PROBES: list[tuple[bytes, np.ndarray]] = []
-_MATCHES: dict[str, bool] = {}
+def make_decoder(name: str) -> Decoder:
+    """A new ``Decoder`` for the registered ``name``; DecoderUnavailableError (with the
+    install command as its hint) when its library is missing.
+
+    This imports the library each time it is called: ask
+    ``lmdbfolder.read.capabilities.get_decoder`` instead, which makes each decoder
+    once per process.
+    """
+    try:
+        return _FACTORIES[check_decoder_name(name)]()
+    except ImportError as exc:
+        raise DecoderUnavailableError(name, f"{exc}", _INSTALL_HINTS.get(name)) from None
 
 
-def _probe_jpegs() -> list[tuple[bytes, np.ndarray]]:
-    """Small JPEGs of every common kind and Pillow's RGB pixels of each (made once per process)."""
-    if not _PROBES:
-        rng = np.random.default_rng(20261201)
-        yy, xx = np.mgrid[0:45, 0:61]
-        # A smooth gradient plus noise: chroma detail that upsampling has to get right.
-        base = np.stack([xx * 4, yy * 5, (xx + yy) * 2], axis=-1) + rng.integers(0, 60, (45, 61, 3))
-        rgb = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
-        cases = [
-            (rgb, {"quality": 90}),  # 4:2:0, odd size
-            (rgb, {"quality": 95, "subsampling": 0}),  # 4:4:4
-            (rgb, {"quality": 85, "subsampling": 1}),  # 4:2:2
-            (rgb, {"quality": 80, "progressive": True}),
-            (rgb.crop((0, 0, 33, 17)), {"quality": 75, "restart_marker_blocks": 1}),
-            (rgb.convert("L"), {"quality": 90}),
-        ]
-        for img, options in cases:
-            out = io.BytesIO()
-            img.save(out, "JPEG", **options)
-            data = out.getvalue()
-            _PROBES.append((data, np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))))
-    return _PROBES
+def probe_jpegs() -> list[tuple[bytes, np.ndarray]]:
+    """Small JPEGs of every common kind and Pillow's RGB pixels of each: 4:2:0 at an
+    odd size, 4:4:4, 4:2:2, progressive, restart markers, greyscale.
 
-
-def matches_pillow(decoder: Decoder) -> bool:
-    """Whether ``decoder`` gives exactly Pillow's RGB pixels on the probe JPEGs
-    (checked once per process and decoder name)."""
-    known = _MATCHES.get(decoder.name)
-    if known is None:
-        try:
-            known = all(
-                np.array_equal(np.asarray(decoder.decode_jpeg(data, 1)), expected) for data, expected in _probe_jpegs()
-            )
-        except Exception:  # a decoder that fails on a valid JPEG does not match either
-            known = False
-        _MATCHES[decoder.name] = known
-    return known
-
-
-def available_decoders() -> dict[str, str | None]:
-    """Every registered decoder -> None if it works here, else why not (one line)."""
-    out: dict[str, str | None] = {}
-    for name in DECODER_NAMES:
-        try:
-            get_decoder(name)
-            out[name] = None
-        except DecoderUnavailableError as exc:
-            out[name] = exc.why
+    Made anew at each call (they cost a few milliseconds):
+    ``Capabilities.probe_jpegs`` keeps one set per process.
+    """
+    out: list[tuple[bytes, np.ndarray]] = []
+    rng = np.random.default_rng(20261201)
+    yy, xx = np.mgrid[0:45, 0:61]
+    # A smooth gradient plus noise: chroma detail that upsampling has to get right.
+    base = np.stack([xx * 4, yy * 5, (xx + yy) * 2], axis=-1) + rng.integers(0, 60, (45, 61, 3))
+    rgb = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+    cases = [
+        (rgb, {"quality": 90}),  # 4:2:0, odd size
+        (rgb, {"quality": 95, "subsampling": 0}),  # 4:4:4
+        (rgb, {"quality": 85, "subsampling": 1}),  # 4:2:2
+        (rgb, {"quality": 80, "progressive": True}),
+        (rgb.crop((0, 0, 33, 17)), {"quality": 75, "restart_marker_blocks": 1}),
+        (rgb.convert("L"), {"quality": 90}),
+    ]
+    for img, options in cases:
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", **options)
+        data = buf.getvalue()
+        out.append((data, np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))))
     return out
+
+
+def decodes_like_pillow(decoder: Decoder, probes: list[tuple[bytes, np.ndarray]]) -> bool:
+    """Whether ``decoder`` gives exactly Pillow's RGB pixels on every probe JPEG."""
+    try:
+        return all(np.array_equal(np.asarray(decoder.decode_jpeg(data, 1)), expected) for data, expected in probes)
+    except Exception:  # a decoder that fails on a valid JPEG does not match either
+        return False
 
 
 def scale_for_size(width: int, height: int, need_width: int, need_height: int, scales: tuple[int, ...]) -> int:
@@ -363,8 +333,6 @@ def scale_for_size(width: int, height: int, need_width: int, need_height: int, s
 
 
 def _jpeg_size(payload: memoryview | bytes) -> tuple[int, int]:
-    from lmdbfolder.codecs import sniff
-
     info = sniff(payload)
     return info.width, info.height
 
@@ -383,16 +351,10 @@ def decode_payload(
 
     JPEGs with 1 or 3 components go to ``decoder`` (at ``1/denom`` scale
     when it supports that); raw payloads become an array view; every other
-    image goes through Pillow's ``convert("RGB")``, exactly like ImageFolder.
+    image goes through Pillow's ``convert("RGB")``, exactly like ImageFolder
+    (``lmdbfolder.codecs``: what each encoding does).
     """
-    if encoding == "jpeg" and channels in (1, 3):
-        if denom not in decoder.scales:
-            denom = 1
-        return decoder.decode_jpeg(payload, denom)
-    if encoding == "raw":
-        return np.frombuffer(payload, np.uint8).reshape(height, width, 3)
-    img = Image.open(io.BytesIO(payload))
-    return img.convert("RGB")
+    return encoding_of(encoding).pixels(payload, width, height, channels, decoder, denom, None)
 
 
 def to_pil(pixels: Decoded) -> Image.Image:

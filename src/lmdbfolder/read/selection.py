@@ -16,7 +16,9 @@ filter that list instead of the file system, with ImageFolder's rules:
 
 The result is a ``Selection``: the pack index of every dataset position and,
 where they differ from the stored ones, the targets. Both are numpy arrays, so
-a dataset sends them to its worker processes as a few bytes per sample.
+a dataset sends them to its worker processes as a few bytes per sample. It
+also answers the per-sample questions (which record, which target), so the
+dataset holds no "is anything selected" branches of its own.
 
 Paths: a sample's path is the source root recorded in the manifest joined
 with the stored relative path (``sample_path``); ``relative_to_pack`` and
@@ -36,6 +38,7 @@ from lmdbfolder.errors import NoSamplesError
 
 __all__ = [
     "Selection",
+    "Subset",
     "select",
     "source_root_of",
     "sample_path",
@@ -45,16 +48,99 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Selection:
-    """The samples a dataset shows.
+    """The samples a dataset shows: every record of the pack, in order.
 
     ``indices``: the pack index of each dataset position (None: every record, in order).
     ``labels``: the target of each position where they differ from the stored labels (else None).
+    ``total``: the number of records in the pack.
+
+    ``Selection.of`` builds the right kind: this class when the dataset shows
+    the pack as it is (a position is a pack index: nothing to translate, the
+    reader checks the range), ``Subset`` otherwise. The dataset asks the same
+    questions of either (``fetch``, ``fetch_many``, ``target``), so which kind it
+    holds is decided once, when the selection is made.
     """
 
     indices: np.ndarray | None
-    labels: np.ndarray | None
+    labels: Any
+    total: int
+
+    @staticmethod
+    def of(indices: np.ndarray | None, labels: Any, total: int) -> Selection:
+        """The selection of these positions (None: every record) with these targets (None: the stored ones)."""
+        if indices is None and labels is None:
+            return Selection(None, None, total)
+        return Subset(indices, labels, total)
+
+    def __len__(self) -> int:
+        return self.total if self.indices is None else len(self.indices)
+
+    def fetch(self, reader: Any, index: int) -> tuple[Any, int | None]:
+        """``(record, position)`` of dataset index ``index`` (position None: the record's own label is the target)."""
+        return reader.get(index), None
+
+    def fetch_many(self, reader: Any, indices: Sequence[int], prefetch: bool) -> tuple[list[Any], list[int | None]]:
+        """``fetch`` for a batch of dataset indices: the records read together (``get_many``)."""
+        return reader.get_many(indices, prefetch=prefetch), [None] * len(indices)
+
+    def pack_index(self, position: int) -> int:
+        """The pack index of an in-range dataset ``position``."""
+        return position
+
+    def target(self, label: int, position: int | None) -> Any:
+        """The target of the sample at ``position`` whose stored label is ``label``."""
+        return label
+
+    def stored_labels(self, reader: Any) -> list[Any]:
+        """Every position's target, in order (``targets``)."""
+        return list(reader.labels.tolist())
+
+    def position(self, index: Any, where: str) -> int:
+        """``index`` as a position in range (negative counts from the end); IndexError
+        naming ``where`` (the pack) when it is out of range, TypeError if not an integer."""
+        try:
+            i = index.__index__()
+        except AttributeError:
+            raise TypeError(f"sample index must be an integer, got {type(index).__name__}") from None
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} is out of range for {where} ({n} samples)")
+        return int(i)
+
+
+@dataclass(frozen=True, eq=False)
+class Subset(Selection):
+    """Some records of the pack, in some order, possibly relabelled (see ``Selection``)."""
+
+    def fetch(self, reader: Any, index: int) -> tuple[Any, int | None]:
+        position = self.position(index, reader.path)
+        return reader.get(self.pack_index(position)), position
+
+    def fetch_many(self, reader: Any, indices: Sequence[int], prefetch: bool) -> tuple[list[Any], list[int | None]]:
+        where = reader.path
+        positions: list[int | None] = [self.position(i, where) for i in indices]
+        return reader.get_many([self.pack_index(p) for p in positions], prefetch=prefetch), positions  # type: ignore[arg-type]
+
+    def pack_index(self, position: int) -> int:
+        return position if self.indices is None else int(self.indices[position])
+
+    def target(self, label: int, position: int | None) -> Any:
+        if self.labels is None or position is None:
+            return label
+        target = self.labels[position]
+        return int(target) if isinstance(target, np.integer) else target
+
+    def stored_labels(self, reader: Any) -> list[Any]:
+        if self.labels is not None:
+            return self.labels.tolist() if isinstance(self.labels, np.ndarray) else list(self.labels)
+        stored = reader.labels
+        if self.indices is None:
+            return list(stored.tolist())
+        return list(np.frombuffer(stored, dtype=np.int32)[self.indices].tolist())
 
 
 def source_root_of(meta: Mapping[str, Any]) -> str:
@@ -123,7 +209,7 @@ def select(
         if pack_classes:
             counts = reader.class_counts()
             _check_empty(reader, counts, counts, pack_classes, class_to_idx, extensions, is_valid_file, allow_empty)
-        return Selection(None, None)
+        return Selection.of(None, None, n)
     labels = np.frombuffer(reader.labels, dtype=np.int32) if n else np.zeros(0, np.int32)
     keep = np.ones(n, dtype=bool)
     new_labels: np.ndarray | None = None
@@ -155,7 +241,7 @@ def select(
     indices = None if keep.all() else np.flatnonzero(keep).astype(np.int64)
     if new_labels is not None:
         new_labels = new_labels[keep]
-    return Selection(indices, new_labels)
+    return Selection.of(indices, new_labels, n)
 
 
 def _class_index(class_to_idx: Mapping[str, int], name: str) -> int:

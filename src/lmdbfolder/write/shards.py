@@ -761,8 +761,14 @@ def write_index(
         )
         next_source += info["sources"]
         first_index += count
-    if next_source != first[SHARD_FIELD]["total_sources"]:
-        raise NotAPackError(dst, f"the shards cover {next_source} source files, the split has {total}")
+    split_sources = first[SHARD_FIELD]["total_sources"]
+    if next_source != split_sources:
+        raise NotAPackError(
+            dst,
+            f"the shards cover {next_source} source files, the split has {split_sources}",
+            f"repack the shards from one scan of the source (`lmdbfolder pack SRC {dst} --shards {total}`, "
+            "or --shard-index I per job), then run `lmdbfolder index` again",
+        )
     index = {
         "format": SHARD_INDEX_FORMAT,
         "index_version": SHARD_INDEX_VERSION,

@@ -59,7 +59,7 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.progress import Progress
 from lmdbfolder.write.options import PackOptions, pack_options
-from lmdbfolder.write.sources import SourceList, scan
+from lmdbfolder.write.sources import SourceList, SourceSpec
 from lmdbfolder.write.writer import (
     RAW_EXPANSION,
     check_outside_source,
@@ -602,15 +602,7 @@ def pack_sharded(
     check_outside_source(src, dst)
     if staging is not None:
         check_outside_source(src, staging)
-    sources = scan(
-        src,
-        layout=layout,
-        list_file=list_file,
-        allow_empty=allow_empty,
-        extensions=extensions,
-        is_valid_file=is_valid_file,
-        match=match,
-    )
+    sources = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match).scan(src)
     if shard_index is not None and shards is None:
         raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
     done = finished_sharded_pack(sources, dst, opts, shards, shard_size, shard_index, prefix, start_time)

@@ -75,7 +75,7 @@ from lmdbfolder.write.lock import writer_lock
 from lmdbfolder.write.options import DEFAULT_COMMIT_EVERY, PackOptions, pack_options
 from lmdbfolder.write.processes import ProcessReader, processes_available
 from lmdbfolder.write.records import Alloc, Loaded, Skipped, load_sample
-from lmdbfolder.write.sources import SourceList, scan
+from lmdbfolder.write.sources import SourceList, SourceSpec
 from lmdbfolder.write.threads import default_workers, ordered_map
 
 __all__ = [
@@ -243,16 +243,8 @@ def pack(
     """
     opts = pack_options(options, fields)
     check_outside_source(src, dst)  # before the scan, which would see a DST inside SRC as a class
-    sources = scan(
-        src,
-        layout=layout,
-        list_file=list_file,
-        allow_empty=allow_empty,
-        extensions=extensions,
-        is_valid_file=is_valid_file,
-        match=match,
-    )
-    return pack_sources(sources, dst, opts)
+    spec = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
+    return pack_sources(spec.scan(src), dst, opts)
 
 
 def pack_sources(

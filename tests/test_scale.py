@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import shutil
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,41 @@ def test_sampled_estimate_keeps_a_margin_and_does_not_grow(tmp_path: Path, monke
     assert abs(est.expected - real) < est.margin
 
 
+def test_one_plan_decides_the_map_and_the_free_space_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _sized_tree(tmp_path / "src", list(np.random.default_rng(7).integers(2000, 6000, 200)))
+    sources = scan(src)
+    plans: list[sizing.Plan] = []
+    real_plan = sizing.plan
+
+    def spy(*args: Any, **kwargs: Any) -> sizing.Plan:
+        plans.append(real_plan(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(sizing, "plan", spy)
+    checked: list[int] = []
+
+    class Usage:
+        def __init__(self, path: str) -> None:
+            checked.append(1)
+            self.free = 1 << 50
+
+    monkeypatch.setattr(shutil, "disk_usage", Usage)
+    result, grown = _pack_counting_growth(monkeypatch, src, tmp_path / "p", check="none")
+    assert (len(plans), len(checked), result.count, grown) == (1, 1, 200, [])
+    plan = plans[0]
+    tables = sizing.tables_bytes(sources)
+    assert plan.estimate == sizing.estimate_pack(plan.records, len(sources), PSIZE, tables=tables)
+    assert plan.page_size == PSIZE and plan.map_size % (1 << 20) == 0
+    assert plan.map_size >= plan.estimate.upper + (64 << 20)  # room on top: the map is sparse
+    assert _real_bytes(tmp_path / "p") <= plan.estimate.upper
+    assert plan.remaining(0) == plan.estimate and plan.remaining(150).upper < plan.estimate.upper
+    other = plan.with_page_size(2 * PSIZE)
+    assert (other.records, other.page_size) == (plan.records, 2 * PSIZE)
+    assert other.estimate == sizing.estimate_pack(plan.records, len(sources), 2 * PSIZE, tables=tables)
+    by_mean = real_plan(sources, PackOptions(), mean_size=3000)  # pack_sources(loader=..., mean_size=...)
+    assert by_mean.records.mean_only and by_mean.mean_value_size == 3000 + fmt.RECORD_HEADER.size
+
+
 @pytest.mark.parametrize("store, resize", [("raw", None), ("raw", Resize(20)), ("encoded", Resize(20, quality=95))])
 def test_raw_and_resized_packs_are_estimated_from_real_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, resize: Resize | None
@@ -156,8 +192,8 @@ def test_growth_without_compaction_and_aborted_batches_leave_no_free_pages(
     monkeypatch.setattr(writer_mod, "_compact_if_needed", spy)
     ref, grown = _pack_counting_growth(monkeypatch, src, tmp_path / "ref", check="none", commit_every=25)
     assert not grown
-    monkeypatch.setattr(writer_mod, "_MIN_MAP", 1 << 20)
-    monkeypatch.setattr(writer_mod, "_map_size", lambda *args: 1 << 20)  # a dishonest source
+    monkeypatch.setattr(sizing, "_MIN_MAP", 1 << 20)
+    monkeypatch.setattr(sizing, "_map_size", lambda *args: 1 << 20)  # a dishonest source
     result, grown = _pack_counting_growth(monkeypatch, src, tmp_path / "p", check="none", commit_every=25)
     assert grown  # from 1 MB, for a 1.5 MB pack
     # The aborted transactions left nothing behind: the same pages, as few free, no copy.

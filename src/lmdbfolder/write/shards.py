@@ -45,7 +45,6 @@ from lmdbfolder.format import (
     COPYING_SUFFIX,
     DATA_FILE,
     FORMAT_VERSION,
-    RECORD_HEADER,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
     SHARD_INDEX_FORMAT,
@@ -58,10 +57,10 @@ from lmdbfolder.format import (
     tables_digest,
 )
 from lmdbfolder.progress import Progress
+from lmdbfolder.write import sizing
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.sources import SourceList, SourceSpec
 from lmdbfolder.write.writer import (
-    RAW_EXPANSION,
     check_outside_source,
     describe_change,
     pack_fingerprint,
@@ -126,12 +125,6 @@ def plan_split(total: int, num_shards: int) -> list[tuple[int, int]]:
     return [(i * total // num_shards, (i + 1) * total // num_shards) for i in range(num_shards)]
 
 
-def estimate_pack_bytes(sources: SourceList, store: str = "encoded") -> float:
-    """Expected size of a pack of ``sources``, from up to 5000 evenly spaced ``stat`` calls."""
-    expansion = RAW_EXPANSION if store == "raw" else 1
-    return len(sources) * (sources.mean_file_size() * expansion + RECORD_HEADER.size)
-
-
 def choose_num_shards(
     sources: SourceList, *, shards: int | None = None, shard_size: int | str | None = None, store: str = "encoded"
 ) -> int:
@@ -143,7 +136,7 @@ def choose_num_shards(
         raise ValueError("pass exactly one of shards and shard_size")
     if shard_size is not None:
         size = parse_size(shard_size)
-        shards = max(1, math.ceil(estimate_pack_bytes(sources, store) / size))
+        shards = max(1, math.ceil(sizing.estimate_pack_bytes(sources, store) / size))
     if shards is None:
         raise ValueError("pass exactly one of shards and shard_size")
     if shards < 1:

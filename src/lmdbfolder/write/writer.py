@@ -90,7 +90,6 @@ __all__ = [
     "MIN_BATCH_BYTES",
     "batch_bytes",
     "sync_latency",
-    "RAW_EXPANSION",
     "per_second",
 ]
 
@@ -107,9 +106,6 @@ MIN_BATCH_BYTES = 2 << 20
 #: Every commit waits for one flush of the disk (fdatasync). Batches grow until
 #: that wait costs at most about 10% at 1 GB/s: bytes >= flush latency x this.
 SYNC_BUDGET_BYTES_PER_SECOND = 10 << 30
-_MIN_MAP = 64 << 20
-#: Decoded RGB pixels vs JPEG bytes, for planning ``--store raw`` packs only.
-RAW_EXPANSION = 8
 _COMPACT_FREE_FRACTION = 0.01
 
 
@@ -311,28 +307,18 @@ def _pack_sources(
     if existing is not None:
         return existing
     partial = _prepare_output(dst, overwrite=opts.overwrite, restart=opts.restart)
-    # The map and the free-space check come from one model of LMDB's page use
-    # (write.sizing): with a map sized from the mean, records of 2-6 KB (whole
-    # pages each) overran it at ImageNet size.
-    if mean_size is None:
-        record_sizes = sizing.sample_records(sources, opts)
-    else:
-        record_sizes = sizing.RecordSizes.of_mean(mean_size, len(sources))
-    tables = sizing.tables_bytes(sources)
-    psize = sizing.page_size()
-    map_size = _map_size(record_sizes, len(sources), psize, tables)
-    state = _open_partial(partial, fingerprint, map_size, sources.relpaths)
-    if state.env.stat()["psize"] != psize:  # a partial made where pages have another size
-        psize = state.env.stat()["psize"]
-        state.env.set_mapsize(max(state.env.info()["map_size"], _map_size(record_sizes, len(sources), psize, tables)))
+    plan = sizing.plan(sources, opts, mean_size=mean_size)
+    state = _open_partial(partial, fingerprint, plan.map_size, sources.relpaths)
+    if state.env.stat()["psize"] != plan.page_size:  # a partial made where pages have another size
+        plan = plan.with_page_size(state.env.stat()["psize"])
+        state.env.set_mapsize(max(state.env.info()["map_size"], plan.map_size))
     run = _Run(sources, state, opts, loader, manifest_extra, on_progress)
     try:
         if not state.finished:  # else: written before, stopped before it was published
             if opts.space_check:
-                rest = sizing.estimate_pack(record_sizes, len(sources) - state.next_source, psize, tables=tables)
-                _check_free_space(partial, rest.upper)
+                _check_free_space(partial, plan, state.next_source)
             with _keep_freed_memory():
-                run.write_all(workers, max(1.0, record_sizes.mean_value), opts.progress)
+                run.write_all(workers, plan.mean_value_size, opts.progress)
     finally:
         state.close()
     # Compact only when free pages are measured above 1%. Neither growing the
@@ -919,18 +905,11 @@ def sync_latency(directory: str, rounds: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _map_size(sizes: sizing.RecordSizes, count: int, psize: int, tables: int) -> int:
-    """The map for ``count`` records: the estimate with its margin, plus _MIN_MAP of slack
-    (the map is sparse on Linux: unused room costs address space, not disk)."""
-    estimate = sizing.estimate_pack(sizes, count, psize, tables=tables)
-    return -(-(estimate.upper + _MIN_MAP) // (1 << 20)) << 20
-
-
-def _check_free_space(partial: str, estimate: float) -> None:
-    """Refuse to start when the disk holding ``partial`` has less room than the
-    estimate (``sizing.estimate_pack(...).upper`` of what is left to write)."""
+def _check_free_space(partial: str, plan: sizing.Plan, done: int) -> None:
+    """Refuse to start when the disk holding ``partial`` has less room than what is
+    left to write once ``done`` sources are (the upper bound of ``plan.remaining``)."""
     free = shutil.disk_usage(partial).free
-    need = estimate + (1 << 20)  # and skipped.txt, the sync probe, lock.mdb
+    need = plan.remaining(done).upper + (1 << 20)  # and skipped.txt, the sync probe, lock.mdb
     if need > free:
         raise PackError(
             f"the pack needs about {need / 1e9:,.2f} GB but only {free / 1e9:,.2f} GB are free "
@@ -970,7 +949,7 @@ def _open_env(partial: str, map_size: int) -> lmdb.Environment:
     try:
         return lmdb.open(
             partial,
-            map_size=max(map_size, _MIN_MAP),
+            map_size=map_size,  # sizing.plan's, which holds room on top of the estimate
             subdir=True,
             readahead=False,
             meminit=False,

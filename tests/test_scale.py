@@ -23,6 +23,8 @@ from lmdbfolder.format import encode_labels, encode_paths, encode_record
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.verify import verify
+from lmdbfolder.write import loop as loop_mod
+from lmdbfolder.write import output as output_mod
 from lmdbfolder.write import sizing
 from lmdbfolder.write import writer as writer_mod
 from lmdbfolder.write.compact import LabelList, PathList
@@ -53,13 +55,13 @@ def _pack_counting_growth(
     monkeypatch: pytest.MonkeyPatch, src: Path, dst: Path, **options: Any
 ) -> tuple[writer_mod.PackResult, list[int]]:
     grown: list[int] = []
-    original = writer_mod._Partial.grow
+    original = loop_mod._Partial.grow
 
-    def grow(self: writer_mod._Partial, map_size: int) -> None:
+    def grow(self: loop_mod._Partial, map_size: int) -> None:
         grown.append(map_size)
         original(self, map_size)
 
-    monkeypatch.setattr(writer_mod._Partial, "grow", grow)
+    monkeypatch.setattr(loop_mod._Partial, "grow", grow)
     return pack(src, dst, progress=False, **options), grown
 
 
@@ -179,17 +181,17 @@ def test_growth_without_compaction_and_aborted_batches_leave_no_free_pages(
     sizes = list(np.random.default_rng(6).integers(2000, 6000, 300))
     src = _sized_tree(tmp_path / "src", sizes)
     # Only a measured half-empty file would be compacted: a forced copy would show.
-    monkeypatch.setattr(writer_mod, "_COMPACT_FREE_FRACTION", 0.5)
+    monkeypatch.setattr(output_mod, "_COMPACT_FREE_FRACTION", 0.5)
     seen: list[dict[str, Any]] = []
-    compact = writer_mod._compact_if_needed
+    compact = output_mod._compact_if_needed
 
     def spy(partial: str, *, force: bool = False) -> bool:
         env = lmdb.open(partial, readonly=True, lock=False)
-        seen.append({"pages": env.info()["last_pgno"] + 1, "free": writer_mod._free_fraction(env), "force": force})
+        seen.append({"pages": env.info()["last_pgno"] + 1, "free": output_mod._free_fraction(env), "force": force})
         env.close()
         return compact(partial, force=force)
 
-    monkeypatch.setattr(writer_mod, "_compact_if_needed", spy)
+    monkeypatch.setattr(output_mod, "_compact_if_needed", spy)
     ref, grown = _pack_counting_growth(monkeypatch, src, tmp_path / "ref", check="none", commit_every=25)
     assert not grown
     monkeypatch.setattr(sizing, "_MIN_MAP", 1 << 20)
@@ -219,10 +221,10 @@ def test_free_space_check_uses_the_page_estimate(tmp_path: Path, monkeypatch: py
         def __init__(self, free: int) -> None:
             self.free = free
 
-    monkeypatch.setattr(writer_mod.shutil, "disk_usage", lambda path: Usage(int(by_mean * 1.2)))
+    monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda path: Usage(int(by_mean * 1.2)))
     with pytest.raises(PackError, match="needs about .* GB but only .* GB are free"):
         pack(src, tmp_path / "p", check="none", progress=False)
-    monkeypatch.setattr(writer_mod.shutil, "disk_usage", lambda path: Usage(est.upper + (2 << 20)))
+    monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda path: Usage(est.upper + (2 << 20)))
     assert pack(src, tmp_path / "p", check="none", progress=False).count == 200
 
 

@@ -9,7 +9,7 @@ import lmdb
 import pytest
 from PIL import Image
 
-import lmdbfolder.write.writer as writer_mod
+import lmdbfolder.write.output as output_mod
 from conftest import make_small_tree, write
 from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
 from lmdbfolder.read.reader import Reader
@@ -58,7 +58,7 @@ def test_small_batches_and_map_growth(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(sizing, "_MIN_MAP", 256 * 1024)
     monkeypatch.setattr(sizing, "_map_size", lambda *args: 256 * 1024)  # a dishonest estimate
     # Only the measured rule may compact (a tiny pack's few free pages are >1% of it).
-    monkeypatch.setattr(writer_mod, "_COMPACT_FREE_FRACTION", 0.5)
+    monkeypatch.setattr(output_mod, "_COMPACT_FREE_FRACTION", 0.5)
     result = pack(src, tmp_path / "p", commit_every=7, progress=False)
     assert result.count == 68
     assert not result.compacted  # growing leaves no free pages: it forces no compaction copy

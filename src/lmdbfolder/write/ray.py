@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, PackError
 from lmdbfolder.progress import Progress
 from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.output import check_outside_source
 from lmdbfolder.write.shards import (
     DEFAULT_PREFIX,
     ShardedPackResult,
@@ -42,7 +43,6 @@ from lmdbfolder.write.shards import (
     write_index,
 )
 from lmdbfolder.write.sources import SourceList, SourceSpec
-from lmdbfolder.write.writer import check_outside_source
 
 __all__ = ["pack_ray"]
 

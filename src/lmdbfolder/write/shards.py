@@ -59,14 +59,10 @@ from lmdbfolder.format import (
 from lmdbfolder.progress import Progress
 from lmdbfolder.write import sizing
 from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.output import check_outside_source
+from lmdbfolder.write.resume import describe_change, pack_fingerprint
 from lmdbfolder.write.sources import SourceList, SourceSpec
-from lmdbfolder.write.writer import (
-    check_outside_source,
-    describe_change,
-    pack_fingerprint,
-    pack_sources,
-    per_second,
-)
+from lmdbfolder.write.writer import pack_sources, per_second
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -47,11 +47,11 @@ from lmdbfolder.format import (
     FORMAT_VERSION,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
-    SHARD_INDEX_FORMAT,
     SHARD_INDEX_TMP,
-    SHARD_INDEX_VERSION,
+    ShardEntry,
+    ShardIndex,
+    ShardSplit,
     decode_meta,
-    encode_shard_index,
     shard_identity,
     shard_name,
     tables_digest,
@@ -660,7 +660,8 @@ def write_index(
     *,
     prefix: str | None = None,
 ) -> dict[str, Any]:
-    """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index.
+    """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index
+    (its JSON object, ``format.ShardIndex.to_dict``).
 
     Every shard of the split must be present and finished, and all must come
     from the same scan (same sample list, classes and store) and tile it
@@ -689,7 +690,7 @@ def write_index(
             f"pack them (`lmdbfolder pack SRC {dst} --shards {total} --shard-index I`), "
             "then run `lmdbfolder index` again",
         )
-    entries: list[dict[str, Any]] = []
+    entries: list[ShardEntry] = []
     first: dict[str, Any] = {}
     encodings: dict[str, int] = {}
     next_source = 0
@@ -722,23 +723,24 @@ def write_index(
         for key in ("classes", "class_to_idx", "store"):
             if meta[key] != first[key]:
                 raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
-        digest = tables_digest(meta_blob, labels_blob, paths_blob)
         for enc, n in (meta.get("encodings") or {}).items():
             encodings[enc] = encodings.get(enc, 0) + n
+        identity = shard_identity(meta_blob, labels_blob, paths_blob)
         entries.append(
-            {
-                "name": name,
-                "count": count,
-                "first_index": first_index,
-                "first_source": info["first_source"],
-                "sources": info["sources"],
-                "skipped": int(meta.get("skipped_count", len(meta.get("skipped") or []))),
-                "payload_bytes": meta.get("payload_bytes"),
-                "bytes": os.path.getsize(os.path.join(path, DATA_FILE)),
-                "tables_sha256": digest,
-                **shard_identity(meta_blob, labels_blob, paths_blob),
-                **({"pack_id": meta["pack_id"]} if meta["format_version"] >= 2 else {}),
-            }
+            ShardEntry(
+                name=name,
+                count=count,
+                tables_sha256=tables_digest(meta_blob, labels_blob, paths_blob),
+                first_index=first_index,
+                first_source=info["first_source"],
+                sources=info["sources"],
+                skipped=int(meta.get("skipped_count", len(meta.get("skipped") or []))),
+                payload_bytes=meta.get("payload_bytes"),
+                data_bytes=os.path.getsize(os.path.join(path, DATA_FILE)),
+                manifest_sha256=identity["manifest_sha256"],
+                tables_bytes=tuple(identity["tables_bytes"]),
+                pack_id=meta["pack_id"] if meta["format_version"] >= 2 else None,
+            )
         )
         next_source += info["sources"]
         first_index += count
@@ -750,30 +752,22 @@ def write_index(
             f"repack the shards from one scan of the source (`lmdbfolder pack SRC {dst} --shards {total}`, "
             "or --shard-index I per job), then run `lmdbfolder index` again",
         )
-    index = {
-        "format": SHARD_INDEX_FORMAT,
-        "index_version": SHARD_INDEX_VERSION,
-        "pack_format_version": FORMAT_VERSION,
-        "count": first_index,
-        "classes": first["classes"],
-        "class_to_idx": first["class_to_idx"],
-        "store": first["store"],
-        "num_shards": total,
-        "shards": entries,
-        "split": {
-            "method": SPLIT_METHOD,
-            "prefix": found_prefix,
-            "num_shards": total,
-            "sources": next_source,
-            "sources_sha256": first[SHARD_FIELD]["sources_sha256"],
-        },
-        "encodings": dict(sorted(encodings.items())),
-        "payload_bytes": sum(e["payload_bytes"] or 0 for e in entries),
-        "skipped": sum(e["skipped"] for e in entries),
-        "checksum": "sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
-        "source": first.get("source"),
-        "created_by": f"lmdbfolder {__version__}",
-        "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    packdir.write_atomically(dst, SHARD_INDEX_FILE, encode_shard_index(index), SHARD_INDEX_TMP)
-    return index
+    index = ShardIndex(
+        pack_format_version=FORMAT_VERSION,
+        count=first_index,
+        classes=first["classes"],
+        class_to_idx=first["class_to_idx"],
+        store=first["store"],
+        shards=entries,
+        num_shards=total,
+        split=ShardSplit(SPLIT_METHOD, found_prefix, total, next_source, first[SHARD_FIELD]["sources_sha256"]),
+        encodings=dict(sorted(encodings.items())),
+        payload_bytes=sum(e.payload_bytes or 0 for e in entries),
+        skipped=sum(e.skipped or 0 for e in entries),
+        checksum="sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
+        source=first.get("source"),
+        created_by=f"lmdbfolder {__version__}",
+        created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+    packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
+    return index.to_dict()

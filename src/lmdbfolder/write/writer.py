@@ -201,13 +201,13 @@ def pack_sources(
     holds it.
     """
     job = Job(
-        sources,
-        os.path.abspath(os.path.expanduser(os.fspath(dst))),
-        pack_options(options, fields),
-        loader,
-        mean_size,
-        dict(manifest_extra or {}),
-        on_progress,
+        sources=sources,
+        dst=os.path.abspath(os.path.expanduser(os.fspath(dst))),
+        options=pack_options(options, fields),
+        loader=loader,
+        mean_size=mean_size,
+        manifest_extra=dict(manifest_extra or {}),
+        on_progress=on_progress,
     )
     with writer_lock(job.dst):
         return _write(job)

@@ -316,6 +316,33 @@ def test_shard_index_keeps_unknown_and_mistyped_fields_as_they_are() -> None:
     assert _index_shape(fmt.decode_shard_index(blob, where="index.json")) == _index_shape(obj)
 
 
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+_INDEX_KEYS = sorted(json.loads(GOLDEN_INDEX)) + ["unknown"]
+_ENTRY_KEYS = sorted(json.loads(GOLDEN_INDEX)["shards"][0]) + ["unknown"]
+
+
+@given(st.sampled_from(_INDEX_KEYS), st.sampled_from(_ENTRY_KEYS), _JSON, st.booleans())
+def test_a_changed_index_is_refused_or_read_as_it_is(top: str, key: str, value: object, in_entry: bool) -> None:
+    # Whatever one field holds, the index is refused with an lmdbfolder error,
+    # or readers get exactly the JSON object on disk and it encodes back to it.
+    obj = json.loads(GOLDEN_INDEX)
+    if in_entry:
+        obj["shards"][1][key] = value
+    else:
+        obj[top] = value
+    blob = fmt.encode_shard_index(obj)
+    try:
+        index = fmt.ShardIndex.from_json(blob, where="index.json")
+    except (NotAPackError, FormatVersionError):
+        return
+    assert index.to_dict() == json.loads(blob)
+    assert index.to_json() == blob
+
+
 def test_written_index_round_trips_and_keeps_the_golden_layout(tmp_path: Path) -> None:
     tree = make_small_tree(tmp_path / "src")  # the tree GOLDEN_INDEX was written from
     result = pack_sharded(tree, tmp_path / "sh", shards=2, progress=False)

@@ -937,7 +937,8 @@ def _check_shard_index(index: Any, where: str) -> None:
             problems.append(f"shard {k} has no valid name ({_short(name)})")
         elif name in names:
             problems.append(f"shard name {name} appears twice")
-        names.add(name)
+        else:
+            names.add(name)  # only a valid name: another value may be a list, which no set holds
         if type(count) is not int or count < 0:
             problems.append(f"shard {k} count={_short(count)} is not a non-negative integer")
         else:
@@ -1180,7 +1181,10 @@ class ShardIndex:
         """
         index = loads_json(blob, where=where, what="index", max_bytes=256 << 20)
         _check_shard_index(index, where)
-        obj = {k: v for k, v in index.items() if k not in ("format", "index_version")}
+        # format and index_version are constants; one that passed the check in
+        # another form (``true`` equals 1) stays in ``extra``, as it is.
+        constants = {"format": SHARD_INDEX_FORMAT, "index_version": SHARD_INDEX_VERSION}
+        obj = {k: v for k, v in index.items() if not (k in constants and type(v) is type(constants[k]))}
         typed, extra = _typed(obj, cls._CHECKS)
         typed["shards"] = [ShardEntry._from_dict(entry) for entry in typed["shards"]]
         if "split" in typed:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-import lmdbfolder.write.writer as writer
+import lmdbfolder.write.loop as loop
 from lmdbfolder.bench.synthetic import SyntheticSpec, make_imagefolder
 from lmdbfolder.tools.verify import verify
 from lmdbfolder.write.writer import PackResult, pack
@@ -52,13 +52,13 @@ def _variants(compare: bool) -> dict[str, dict[str, Any]]:
 def _pack_once(tree: str, dst: str, options: dict[str, Any]) -> PackResult:
     options = dict(options)
     threads = options.pop("threads", False)
-    available = writer.processes_available
+    available = loop.processes_available
     if threads:  # what pack does where fork is unavailable
-        writer.processes_available = lambda: False  # type: ignore[assignment]
+        loop.processes_available = lambda: False  # type: ignore[assignment]
     try:
         return pack(tree, dst, progress=False, **options)
     finally:
-        writer.processes_available = available  # type: ignore[assignment]
+        loop.processes_available = available  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ import lmdb
 import numpy as np
 
 from lmdbfolder.format import RECORD_HEADER
+from lmdbfolder.write import loop as loop_mod
 from lmdbfolder.write import sizing
 from lmdbfolder.write import writer as writer_mod
 from lmdbfolder.write.options import PackOptions, Resize
@@ -62,7 +63,7 @@ def synthetic(root: str, n: int) -> dict[str, str]:
 
 def measure(name: str, tree: str, dst: str, options: PackOptions) -> dict[str, Any]:
     grown: list[int] = []
-    original = writer_mod._Partial.grow
+    original = loop_mod._Partial.grow
 
     def grow(self: Any, map_size: int) -> None:
         grown.append(map_size)
@@ -73,11 +74,11 @@ def measure(name: str, tree: str, dst: str, options: PackOptions) -> dict[str, A
     est = sizing.estimate_pack(records, len(sources), PSIZE, tables=sizing.tables_bytes(sources))
     mean = sources.mean_file_size()
     old_map = int(mean * len(sources) * (8 if options.store == "raw" else 1) * 1.5) + (64 << 20)
-    writer_mod._Partial.grow = grow  # type: ignore[method-assign]
+    loop_mod._Partial.grow = grow  # type: ignore[method-assign]
     try:
         result = writer_mod.pack_sources(sources, dst, options.replace(overwrite=True, progress=False))
     finally:
-        writer_mod._Partial.grow = original  # type: ignore[method-assign]
+        loop_mod._Partial.grow = original  # type: ignore[method-assign]
     env = lmdb.open(dst, readonly=True, lock=False)
     st, info = env.stat(), env.info()
     env.close()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import zlib
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import make_small_tree
 from lmdbfolder import format as fmt
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, NotAPackError
+from lmdbfolder.write.shards import pack_sharded, write_index
 
 GOLDEN_RECORD = bytes.fromhex(
     "4c46"  # magic "LF"
@@ -90,6 +94,96 @@ def test_golden_bound_record() -> None:
     assert bytes(view) == GOLDEN_BOUND_RECORD
 
 
+#: ``index.json`` of a 2-shard pack of 3 classes x 4 JPEGs, byte for byte as ``write_index``
+#: wrote it before the index had a type (only the source root is changed); older packs must still open.
+GOLDEN_INDEX = b"""{
+ "checksum": "sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
+ "class_to_idx": {
+  "class0": 0,
+  "class1": 1,
+  "class2": 2
+ },
+ "classes": [
+  "class0",
+  "class1",
+  "class2"
+ ],
+ "count": 12,
+ "created_at": "2026-12-02T21:50:53Z",
+ "created_by": "lmdbfolder 0.1.0",
+ "encodings": {
+  "jpeg": 12
+ },
+ "format": "lmdbfolder-shards",
+ "index_version": 1,
+ "num_shards": 2,
+ "pack_format_version": 2,
+ "payload_bytes": 12701,
+ "shards": [
+  {
+   "bytes": 24576,
+   "count": 6,
+   "first_index": 0,
+   "first_source": 0,
+   "manifest_sha256": "ea2da13b751fa16303e3cf6b10b69c28ad2ff1eb204695c1a6548e86846d97e0",
+   "name": "train-00000-of-00002.lmdb",
+   "pack_id": "7bf3015c7c1ae3cf8debed3ca86378fa",
+   "payload_bytes": 6143,
+   "skipped": 0,
+   "sources": 6,
+   "tables_bytes": [
+    24,
+    146
+   ],
+   "tables_sha256": "04e12dd270268f315716556298544981919e790ace54dc3f03507c0e770acf68"
+  },
+  {
+   "bytes": 24576,
+   "count": 6,
+   "first_index": 6,
+   "first_source": 6,
+   "manifest_sha256": "1400de56f527fa6d0eb1b6b964131b22ece3aa15746cd8ecdb0a9f9ac862ffd1",
+   "name": "train-00001-of-00002.lmdb",
+   "pack_id": "b688b79e642bfc36e1d5fac7376f71dc",
+   "payload_bytes": 6558,
+   "skipped": 0,
+   "sources": 6,
+   "tables_bytes": [
+    24,
+    146
+   ],
+   "tables_sha256": "57762ea67c2cecdb3054da6c87564a70ac68655cc1d29a6656e4c214a3f8a71b"
+  }
+ ],
+ "skipped": 0,
+ "source": {
+  "extensions": [
+   ".jpg",
+   ".jpeg",
+   ".png",
+   ".ppm",
+   ".bmp",
+   ".pgm",
+   ".tif",
+   ".tiff",
+   ".webp"
+  ],
+  "layout": "imagefolder",
+  "list_file": null,
+  "root": "/data/train"
+ },
+ "split": {
+  "method": "contiguous",
+  "num_shards": 2,
+  "prefix": "train",
+  "sources": 12,
+  "sources_sha256": "aca42809b768852b4bb190c438ab58f20ff1c8dcc930ab2e831c4da8f5918d4e"
+ },
+ "store": "encoded"
+}
+"""
+
+
 def test_golden_meta() -> None:
     assert fmt.encode_meta(META) == GOLDEN_META
     assert fmt.decode_meta(GOLDEN_META, where="x") == META
@@ -114,6 +208,152 @@ def test_golden_check() -> None:
     for bad in (None, b"[]", b'{"__meta__":[1]}', b'{"__meta__":[1,2]}'):  # the three tables are required
         with pytest.raises(NotAPackError, match="table checksums"):
             fmt.decode_check(bad, where="x")
+
+
+def _index_shape(value: object) -> object:
+    """The keys and JSON types of ``value``, recursively (what a layout change changes)."""
+    if isinstance(value, dict):
+        return {k: _index_shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_index_shape(v) for v in value]
+    return type(value).__name__
+
+
+def test_golden_shard_index() -> None:
+    index = fmt.ShardIndex.from_json(GOLDEN_INDEX, where="index.json")
+    assert index.to_json() == GOLDEN_INDEX  # to_json(from_json(x)) == x
+    assert fmt.decode_shard_index(GOLDEN_INDEX, where="index.json") == json.loads(GOLDEN_INDEX)
+    assert (index.pack_format_version, index.count, index.store, index.num_shards) == (2, 12, "encoded", 2)
+    assert index.classes == ["class0", "class1", "class2"] and index.encodings == {"jpeg": 12}
+    assert index.split is not None and (index.split.prefix, index.split.num_shards, index.split.sources) == (
+        "train",
+        2,
+        12,
+    )
+    first, second = index.shards
+    assert (second.name, second.count, second.first_index, second.first_source) == (
+        "train-00001-of-00002.lmdb",
+        6,
+        6,
+        6,
+    )
+    assert (first.data_bytes, first.tables_bytes) == (24576, (24, 146))
+    assert first.pack_id == "7bf3015c7c1ae3cf8debed3ca86378fa"
+    assert not index.extra and not any(entry.extra for entry in index.shards)
+    # Built from its values as write_index builds it, the index writes the same bytes.
+    raw = json.loads(GOLDEN_INDEX)
+    entries = [
+        fmt.ShardEntry(
+            name=e["name"],
+            count=e["count"],
+            tables_sha256=e["tables_sha256"],
+            first_index=e["first_index"],
+            first_source=e["first_source"],
+            sources=e["sources"],
+            skipped=e["skipped"],
+            payload_bytes=e["payload_bytes"],
+            data_bytes=e["bytes"],
+            manifest_sha256=e["manifest_sha256"],
+            tables_bytes=tuple(e["tables_bytes"]),
+            pack_id=e["pack_id"],
+        )
+        for e in raw["shards"]
+    ]
+    built = fmt.ShardIndex(
+        pack_format_version=2,
+        count=12,
+        classes=raw["classes"],
+        class_to_idx=raw["class_to_idx"],
+        store="encoded",
+        shards=entries,
+        num_shards=2,
+        split=fmt.ShardSplit("contiguous", "train", 2, 12, raw["split"]["sources_sha256"]),
+        encodings={"jpeg": 12},
+        payload_bytes=12701,
+        skipped=0,
+        checksum=raw["checksum"],
+        source=raw["source"],
+        created_by="lmdbfolder 0.1.0",
+        created_at="2026-12-02T21:50:53Z",
+    )
+    assert built == index and built.to_json() == GOLDEN_INDEX
+
+
+def test_shard_index_of_format_1_shards_round_trips() -> None:
+    # Indexes written before shard identities and pack ids: no manifest_sha256,
+    # tables_bytes or pack_id, format-1 shards, the old checksum words.
+    old = json.loads(GOLDEN_INDEX)
+    old["pack_format_version"] = 1
+    old["checksum"] = "sha256 of each shard's tables; crc32 of every record"
+    for entry in old["shards"]:
+        for key in ("manifest_sha256", "tables_bytes", "pack_id"):
+            del entry[key]
+    blob = fmt.encode_shard_index(old)
+    index = fmt.ShardIndex.from_json(blob, where="index.json")
+    assert index.to_json() == blob and index.to_dict() == old
+    assert index.pack_format_version == 1
+    assert all(e.pack_id is None and e.manifest_sha256 is None and e.tables_bytes is None for e in index.shards)
+    assert "pack_id" not in fmt.decode_shard_index(blob, where="index.json")["shards"][0]
+
+
+def test_shard_index_keeps_unknown_and_mistyped_fields_as_they_are() -> None:
+    # A newer writer's fields, and informational fields of another type (a
+    # reader must not require them): kept in ``extra``, written back unchanged.
+    obj = json.loads(GOLDEN_INDEX)
+    obj["future"] = {"a": [1, 2]}
+    obj["created_at"] = 17
+    obj["split"] = "contiguous"
+    obj["shards"][0]["bytes"] = None
+    obj["shards"][0]["pack_id"] = None
+    obj["shards"][1]["colour"] = "blue"
+    blob = fmt.encode_shard_index(obj)
+    index = fmt.ShardIndex.from_json(blob, where="index.json")
+    assert index.extra == {"future": {"a": [1, 2]}, "created_at": 17, "split": "contiguous"}
+    assert (index.created_at, index.split) == (None, None)
+    assert index.shards[0].extra == {"bytes": None, "pack_id": None} and index.shards[0].data_bytes is None
+    assert index.shards[1].extra == {"colour": "blue"}
+    assert index.to_json() == blob and index.to_dict() == obj
+    assert _index_shape(fmt.decode_shard_index(blob, where="index.json")) == _index_shape(obj)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+_INDEX_KEYS = sorted(json.loads(GOLDEN_INDEX)) + ["unknown"]
+_ENTRY_KEYS = sorted(json.loads(GOLDEN_INDEX)["shards"][0]) + ["unknown"]
+
+
+@given(st.sampled_from(_INDEX_KEYS), st.sampled_from(_ENTRY_KEYS), _JSON, st.booleans())
+def test_a_changed_index_is_refused_or_read_as_it_is(top: str, key: str, value: object, in_entry: bool) -> None:
+    # Whatever one field holds, the index is refused with an lmdbfolder error,
+    # or readers get exactly the JSON object on disk and it encodes back to it.
+    obj = json.loads(GOLDEN_INDEX)
+    if in_entry:
+        obj["shards"][1][key] = value
+    else:
+        obj[top] = value
+    blob = fmt.encode_shard_index(obj)
+    try:
+        index = fmt.ShardIndex.from_json(blob, where="index.json")
+    except (NotAPackError, FormatVersionError):
+        return
+    assert index.to_dict() == json.loads(blob)
+    assert index.to_json() == blob
+
+
+def test_written_index_round_trips_and_keeps_the_golden_layout(tmp_path: Path) -> None:
+    tree = make_small_tree(tmp_path / "src")  # the tree GOLDEN_INDEX was written from
+    result = pack_sharded(tree, tmp_path / "sh", shards=2, progress=False)
+    blob = (tmp_path / "sh" / fmt.SHARD_INDEX_FILE).read_bytes()
+    index = fmt.ShardIndex.from_json(blob, where="index.json")
+    assert index.to_json() == blob
+    assert index.count == result.count == 12 and [e.count for e in index.shards] == [6, 6]
+    assert write_index(tmp_path / "sh") == json.loads((tmp_path / "sh" / fmt.SHARD_INDEX_FILE).read_bytes())
+    # The same fields and JSON types as the index written before it had a type
+    # (GOLDEN_INDEX, from the same tree): older and newer packs agree.
+    assert _index_shape(json.loads(blob)) == _index_shape(json.loads(GOLDEN_INDEX))
 
 
 def test_golden_keys_sort_numerically() -> None:

@@ -21,16 +21,17 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
+import lmdbfolder.write.loop as loop_mod
 import lmdbfolder.write.processes as procpool
-import lmdbfolder.write.writer as writer_mod
 from conftest import image_bytes, write
 from lmdbfolder.errors import PackError
 from lmdbfolder.format import CRC32_IMPLEMENTATION, checksum
 from lmdbfolder.tools.verify import verify
+from lmdbfolder.write.loop import batch_bytes, sync_latency
 from lmdbfolder.write.processes import ProcessReader, processes_available
 from lmdbfolder.write.records import Alloc, Loaded, Skipped, read_into_record
 from lmdbfolder.write.sources import scan
-from lmdbfolder.write.writer import batch_bytes, pack, pack_sources, sync_latency
+from lmdbfolder.write.writer import pack, pack_sources
 from test_robust import pack_contents
 
 needs_processes = pytest.mark.skipif(sys.platform != "linux", reason="worker processes need Linux (fork)")
@@ -186,7 +187,7 @@ def test_processes_threads_and_one_thread_write_the_same_pack(
     assert not entered
     packs["processes"] = pack(mixed_tree, tmp_path / "procs", workers=4, store=store, progress=False)
     assert entered == ([1] if processes_available() else [])
-    monkeypatch.setattr(writer_mod, "processes_available", lambda: False)
+    monkeypatch.setattr(loop_mod, "processes_available", lambda: False)
     entered.clear()
     packs["threads"] = pack(mixed_tree, tmp_path / "threads", workers=4, store=store, progress=False)
     assert not entered
@@ -318,7 +319,7 @@ def test_batches_follow_the_disk_flush_latency(tmp_path: Path, monkeypatch: pyte
         (0.0001, 5e6, 20_000_000),  # at least four records
         (float("inf"), 100e3, 64 << 20),  # cannot measure: large batches
     ]:
-        monkeypatch.setattr(writer_mod, "sync_latency", lambda _d, s=seconds: s)
+        monkeypatch.setattr(loop_mod, "sync_latency", lambda _d, s=seconds: s)
         assert batch_bytes(str(tmp_path), 64 << 20, mean) == want
 
 

@@ -17,7 +17,8 @@ import lmdb
 import pytest
 from PIL import Image
 
-import lmdbfolder.write.writer as writer_mod
+import lmdbfolder.write.loop as loop_mod
+import lmdbfolder.write.output as output_mod
 from conftest import image_bytes, make_small_tree, write
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import OutputExistsError, PackError, SourceError
@@ -52,7 +53,7 @@ def test_resume_after_interruptions_equals_uninterrupted(tmp_path: Path, monkeyp
     reference = pack_contents(tmp_path / "ref")
 
     calls = {"n": 0}
-    original = writer_mod.load_sample
+    original = loop_mod.load_sample
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -60,7 +61,7 @@ def test_resume_after_interruptions_equals_uninterrupted(tmp_path: Path, monkeyp
             raise Interrupt("simulated crash")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(writer_mod, "load_sample", flaky)
+    monkeypatch.setattr(loop_mod, "load_sample", flaky)
     out = tmp_path / "out"
     attempts = 0
     while True:
@@ -86,11 +87,11 @@ def test_resume_refuses_changed_sources_and_restart_starts_over(
         original_commit(self, extra)
         raise Interrupt
 
-    original_commit = writer_mod._Run._commit
-    monkeypatch.setattr(writer_mod._Run, "_commit", stop_after_first_commit)
+    original_commit = loop_mod._Run._commit
+    monkeypatch.setattr(loop_mod._Run, "_commit", stop_after_first_commit)
     with pytest.raises(Interrupt):
         pack(src, tmp_path / "out", commit_every=3, progress=False)
-    monkeypatch.setattr(writer_mod._Run, "_commit", original_commit)
+    monkeypatch.setattr(loop_mod._Run, "_commit", original_commit)
 
     data, _ = image_bytes("rgb_jpeg", __import__("numpy").random.default_rng(9))
     write(src / "class1" / "new.jpg", data)
@@ -109,13 +110,13 @@ def test_resume_refuses_changed_sources_and_restart_starts_over(
 def test_checkpoint_is_in_the_same_transaction_as_its_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = make_small_tree(tmp_path / "src", classes=2, per_class=5)
     seen = []
-    original = writer_mod._Partial.commit
+    original = loop_mod._Partial.commit
 
     def spy(self, batch, extra):
         seen.append((len(batch), PROGRESS_KEY in extra))
         return original(self, batch, extra)
 
-    monkeypatch.setattr(writer_mod._Partial, "commit", spy)
+    monkeypatch.setattr(loop_mod._Partial, "commit", spy)
     pack(src, tmp_path / "out", commit_every=3, progress=False)
     assert seen == [(3, True), (3, True), (3, True), (1, True)]  # the last one deletes it
     env = lmdb.open(str(tmp_path / "out"), readonly=True, lock=False)
@@ -216,7 +217,7 @@ def test_strict_stops_at_the_first_bad_file_and_resumes(tmp_path: Path) -> None:
 
 def test_refuses_when_the_disk_is_too_small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = make_small_tree(tmp_path / "src")
-    monkeypatch.setattr(writer_mod.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 100, 100))
+    monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 100, 100))
     with pytest.raises(PackError, match=r"needs about .* GB but only 0.00 GB are free") as info:
         pack(src, tmp_path / "out", progress=False)
     assert "--no-space-check" in info.value.hint
@@ -335,20 +336,20 @@ def test_finished_but_unpublished_pack_is_published_on_rerun(tmp_path: Path, mon
     def crash(partial: str, dst: str) -> None:
         raise Interrupt("crashed between the last commit and the rename")
 
-    original = writer_mod._publish
-    monkeypatch.setattr(writer_mod, "_publish", crash)
+    original = output_mod._publish
+    monkeypatch.setattr(output_mod, "_publish", crash)
     with pytest.raises(Interrupt):
         pack(src, tmp_path / "out", progress=False)
-    monkeypatch.setattr(writer_mod, "_publish", original)
+    monkeypatch.setattr(output_mod, "_publish", original)
     assert not (tmp_path / "out").exists()
     result = pack(src, tmp_path / "out", progress=False)
     assert result.count == 12
     assert pack_contents(tmp_path / "out") == pack_contents(tmp_path / "ref")
     # ... but not when the sources changed meanwhile
-    monkeypatch.setattr(writer_mod, "_publish", crash)
+    monkeypatch.setattr(output_mod, "_publish", crash)
     with pytest.raises(Interrupt):
         pack(src, tmp_path / "again", progress=False)
-    monkeypatch.setattr(writer_mod, "_publish", original)
+    monkeypatch.setattr(output_mod, "_publish", original)
     (src / "class2" / "img3.jpg").unlink()
     with pytest.raises(OutputExistsError, match="finished but unpublished pack of different sources"):
         pack(src, tmp_path / "again", progress=False)
@@ -369,11 +370,11 @@ def test_no_room_to_compact_publishes_the_pack_as_is(tmp_path: Path, monkeypatch
 
     real_open = lmdb.open
     monkeypatch.setattr(
-        writer_mod.lmdb,
+        output_mod.lmdb,
         "open",
         lambda path, **kw: NoRoomEnv(real_open(path, **kw)) if kw.get("readonly") else real_open(path, **kw),
     )
-    monkeypatch.setattr(writer_mod, "_COMPACT_FREE_FRACTION", 0.0)
+    monkeypatch.setattr(output_mod, "_COMPACT_FREE_FRACTION", 0.0)
     result = pack(src, tmp_path / "out", progress=False)
     assert not result.compacted
     assert verify(tmp_path / "out", progress=False).ok

@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import shutil
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from lmdbfolder.format import encode_labels, encode_paths, encode_record
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.verify import verify
+from lmdbfolder.write import loop as loop_mod
+from lmdbfolder.write import output as output_mod
 from lmdbfolder.write import sizing
 from lmdbfolder.write import writer as writer_mod
 from lmdbfolder.write.compact import LabelList, PathList
@@ -52,13 +55,13 @@ def _pack_counting_growth(
     monkeypatch: pytest.MonkeyPatch, src: Path, dst: Path, **options: Any
 ) -> tuple[writer_mod.PackResult, list[int]]:
     grown: list[int] = []
-    original = writer_mod._Partial.grow
+    original = loop_mod._Partial.grow
 
-    def grow(self: writer_mod._Partial, map_size: int) -> None:
+    def grow(self: loop_mod._Partial, map_size: int) -> None:
         grown.append(map_size)
         original(self, map_size)
 
-    monkeypatch.setattr(writer_mod._Partial, "grow", grow)
+    monkeypatch.setattr(loop_mod._Partial, "grow", grow)
     return pack(src, dst, progress=False, **options), grown
 
 
@@ -119,6 +122,41 @@ def test_sampled_estimate_keeps_a_margin_and_does_not_grow(tmp_path: Path, monke
     assert abs(est.expected - real) < est.margin
 
 
+def test_one_plan_decides_the_map_and_the_free_space_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _sized_tree(tmp_path / "src", list(np.random.default_rng(7).integers(2000, 6000, 200)))
+    sources = scan(src)
+    plans: list[sizing.Plan] = []
+    real_plan = sizing.plan
+
+    def spy(*args: Any, **kwargs: Any) -> sizing.Plan:
+        plans.append(real_plan(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(sizing, "plan", spy)
+    checked: list[int] = []
+
+    class Usage:
+        def __init__(self, path: str) -> None:
+            checked.append(1)
+            self.free = 1 << 50
+
+    monkeypatch.setattr(shutil, "disk_usage", Usage)
+    result, grown = _pack_counting_growth(monkeypatch, src, tmp_path / "p", check="none")
+    assert (len(plans), len(checked), result.count, grown) == (1, 1, 200, [])
+    plan = plans[0]
+    tables = sizing.tables_bytes(sources)
+    assert plan.estimate == sizing.estimate_pack(plan.records, len(sources), PSIZE, tables=tables)
+    assert plan.page_size == PSIZE and plan.map_size % (1 << 20) == 0
+    assert plan.map_size >= plan.estimate.upper + (64 << 20)  # room on top: the map is sparse
+    assert _real_bytes(tmp_path / "p") <= plan.estimate.upper
+    assert plan.remaining(0) == plan.estimate and plan.remaining(150).upper < plan.estimate.upper
+    other = plan.with_page_size(2 * PSIZE)
+    assert (other.records, other.page_size) == (plan.records, 2 * PSIZE)
+    assert other.estimate == sizing.estimate_pack(plan.records, len(sources), 2 * PSIZE, tables=tables)
+    by_mean = real_plan(sources, PackOptions(), mean_size=3000)  # pack_sources(loader=..., mean_size=...)
+    assert by_mean.records.mean_only and by_mean.mean_value_size == 3000 + fmt.RECORD_HEADER.size
+
+
 @pytest.mark.parametrize("store, resize", [("raw", None), ("raw", Resize(20)), ("encoded", Resize(20, quality=95))])
 def test_raw_and_resized_packs_are_estimated_from_real_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, resize: Resize | None
@@ -143,21 +181,21 @@ def test_growth_without_compaction_and_aborted_batches_leave_no_free_pages(
     sizes = list(np.random.default_rng(6).integers(2000, 6000, 300))
     src = _sized_tree(tmp_path / "src", sizes)
     # Only a measured half-empty file would be compacted: a forced copy would show.
-    monkeypatch.setattr(writer_mod, "_COMPACT_FREE_FRACTION", 0.5)
+    monkeypatch.setattr(output_mod, "_COMPACT_FREE_FRACTION", 0.5)
     seen: list[dict[str, Any]] = []
-    compact = writer_mod._compact_if_needed
+    compact = output_mod._compact_if_needed
 
     def spy(partial: str, *, force: bool = False) -> bool:
         env = lmdb.open(partial, readonly=True, lock=False)
-        seen.append({"pages": env.info()["last_pgno"] + 1, "free": writer_mod._free_fraction(env), "force": force})
+        seen.append({"pages": env.info()["last_pgno"] + 1, "free": output_mod._free_fraction(env), "force": force})
         env.close()
         return compact(partial, force=force)
 
-    monkeypatch.setattr(writer_mod, "_compact_if_needed", spy)
+    monkeypatch.setattr(output_mod, "_compact_if_needed", spy)
     ref, grown = _pack_counting_growth(monkeypatch, src, tmp_path / "ref", check="none", commit_every=25)
     assert not grown
-    monkeypatch.setattr(writer_mod, "_MIN_MAP", 1 << 20)
-    monkeypatch.setattr(writer_mod, "_map_size", lambda *args: 1 << 20)  # a dishonest source
+    monkeypatch.setattr(sizing, "_MIN_MAP", 1 << 20)
+    monkeypatch.setattr(sizing, "_map_size", lambda *args: 1 << 20)  # a dishonest source
     result, grown = _pack_counting_growth(monkeypatch, src, tmp_path / "p", check="none", commit_every=25)
     assert grown  # from 1 MB, for a 1.5 MB pack
     # The aborted transactions left nothing behind: the same pages, as few free, no copy.
@@ -183,10 +221,10 @@ def test_free_space_check_uses_the_page_estimate(tmp_path: Path, monkeypatch: py
         def __init__(self, free: int) -> None:
             self.free = free
 
-    monkeypatch.setattr(writer_mod.shutil, "disk_usage", lambda path: Usage(int(by_mean * 1.2)))
+    monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda path: Usage(int(by_mean * 1.2)))
     with pytest.raises(PackError, match="needs about .* GB but only .* GB are free"):
         pack(src, tmp_path / "p", check="none", progress=False)
-    monkeypatch.setattr(writer_mod.shutil, "disk_usage", lambda path: Usage(est.upper + (2 << 20)))
+    monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda path: Usage(est.upper + (2 << 20)))
     assert pack(src, tmp_path / "p", check="none", progress=False).count == 200
 
 

@@ -16,16 +16,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import make_small_tree, write
-from lmdbfolder import ShardedReader, open_pack, pack, pack_info, verify
+from lmdbfolder import ShardedReader, open_pack, pack, pack_info, pack_sources, verify
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, parse_shard_name, shard_name
 from lmdbfolder.tools.copy import copy_pack
 from lmdbfolder.write.shards import (
     choose_num_shards,
+    pack_shard,
     pack_sharded,
     parse_size,
     plan_split,
+    shard_field,
+    shard_sources,
     write_index,
 )
 from lmdbfolder.write.sources import scan
@@ -159,6 +162,21 @@ def test_index_refuses_shards_of_another_scan(small_tree: Path, tmp_path: Path) 
     with pytest.raises(NotAPackError, match="does not belong to this split") as info:
         write_index(tmp_path / "a")
     assert name in str(info.value)
+
+
+def test_index_says_how_many_source_files_the_split_has(small_tree: Path, tmp_path: Path) -> None:
+    # Shard 1 claims 5 of the split's 12 source files, where the plan gives it 6:
+    # the shards then cover 11, and the error must name the split's 12 files
+    # (it once named the shard count, 2, as if it were a number of files).
+    sources = scan(small_tree)
+    pack_shard(sources, tmp_path / "a", 0, 2, progress=False)
+    claim = shard_field(sources, 1, 2)
+    claim["sources"] = 5
+    part = shard_sources(sources, 6, 11)
+    pack_sources(part, tmp_path / "a" / shard_name("train", 1, 2), manifest_extra={"shard": claim}, progress=False)
+    with pytest.raises(NotAPackError, match="the shards cover 11 source files, the split has 12") as info:
+        write_index(tmp_path / "a")
+    assert "--shards 2" in info.value.hint
 
 
 def test_interrupted_sharded_pack_resumes_and_keeps_finished_shards(tmp_path: Path) -> None:

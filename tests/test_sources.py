@@ -10,8 +10,8 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS as TV_EXTENSIONS
 
 from conftest import make_small_tree, write
-from lmdbfolder.errors import ListFileError, SourceError
-from lmdbfolder.write.sources import IMG_EXTENSIONS, read_list_file, scan, scan_flat, scan_imagefolder
+from lmdbfolder.errors import ListFileError, OptionError, SourceError
+from lmdbfolder.write.sources import IMG_EXTENSIONS, SourceSpec, read_list_file, scan, scan_flat, scan_imagefolder
 
 
 def test_extensions_are_torchvisions() -> None:
@@ -117,6 +117,20 @@ def test_scan_picks_layout(tmp_path: Path, small_tree: Path) -> None:
     assert scan(str(small_tree), list_file=str(tmp_path / "l.txt")).layout == "list"
     with pytest.raises(ValueError, match="unknown layout"):
         scan(str(small_tree), layout="tar")
+
+
+def test_a_source_spec_scans_as_the_keywords_do(tmp_path: Path, small_tree: Path) -> None:
+    write(small_tree / "class1" / "note.PNG", b"x")
+    spec = SourceSpec(allow_empty=True, extensions=".png", match="class[12]/")
+    found = spec.scan(small_tree)
+    assert found == scan(small_tree, allow_empty=True, extensions=".png", match="class[12]/")
+    assert (found.relpaths, found.classes) == (["class1/note.PNG"], ["class0", "class1", "class2"])
+    assert SourceSpec(layout="flat").scan(small_tree) == scan(small_tree, layout="flat")
+    (tmp_path / "l.txt").write_text("class0/img0.jpg 0\n")
+    assert SourceSpec(list_file=tmp_path / "l.txt").scan(small_tree).relpaths == ["class0/img0.jpg"]
+    # checked by the scan, as the keywords are: a list file names its files itself
+    with pytest.raises(OptionError, match="a list file names its files itself"):
+        SourceSpec(list_file=tmp_path / "l.txt", match="x").scan(small_tree)
 
 
 def test_numbered_class_names_bound_is_the_manifest_size(tmp_path: Path) -> None:

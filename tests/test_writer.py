@@ -9,11 +9,12 @@ import lmdb
 import pytest
 from PIL import Image
 
-import lmdbfolder.write.writer as writer_mod
+import lmdbfolder.write.output as output_mod
 from conftest import make_small_tree, write
 from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.verify import verify
+from lmdbfolder.write import sizing
 from lmdbfolder.write.sources import scan
 from lmdbfolder.write.writer import pack
 
@@ -54,10 +55,10 @@ def test_small_batches_and_map_growth(tmp_path: Path, monkeypatch: pytest.Monkey
     big = Image.effect_noise((300, 300), 80).convert("RGB")
     for k in range(8):
         big.save(src / "class1" / f"big{k}.png")  # ~270 KB each, ~2 MB in all
-    monkeypatch.setattr(writer_mod, "_MIN_MAP", 256 * 1024)
-    monkeypatch.setattr(writer_mod, "_map_size", lambda *args: 256 * 1024)  # a dishonest estimate
+    monkeypatch.setattr(sizing, "_MIN_MAP", 256 * 1024)
+    monkeypatch.setattr(sizing, "_map_size", lambda *args: 256 * 1024)  # a dishonest estimate
     # Only the measured rule may compact (a tiny pack's few free pages are >1% of it).
-    monkeypatch.setattr(writer_mod, "_COMPACT_FREE_FRACTION", 0.5)
+    monkeypatch.setattr(output_mod, "_COMPACT_FREE_FRACTION", 0.5)
     result = pack(src, tmp_path / "p", commit_every=7, progress=False)
     assert result.count == 68
     assert not result.compacted  # growing leaves no free pages: it forces no compaction copy

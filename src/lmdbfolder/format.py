@@ -20,8 +20,8 @@ import reprlib
 import struct
 import sys
 import zlib
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, NotAPackError
 
@@ -104,6 +104,9 @@ __all__ = [
     "tables_digest",
     "shard_identity",
     "shard_matches",
+    "ShardIndex",
+    "ShardEntry",
+    "ShardSplit",
     "encode_shard_index",
     "decode_shard_index",
 ]
@@ -900,13 +903,18 @@ def encode_shard_index(index: Mapping[str, Any]) -> bytes:
 
 
 def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
-    """Parse and validate a sharded pack's ``index.json``.
+    """Parse and validate a sharded pack's ``index.json`` into its JSON object
+    (``ShardIndex.from_json``, as a dict: what the readers index).
 
     ``where`` names the file in errors. Raises NotAPackError for a malformed
     index and FormatVersionError for an index or shard format version this
     reader does not know.
     """
-    index = loads_json(blob, where=where, what="index", max_bytes=256 << 20)
+    return ShardIndex.from_json(blob, where=where).to_dict()
+
+
+def _check_shard_index(index: Any, where: str) -> None:
+    """Raise unless the parsed ``index`` is one a reader may open (FORMAT.md, "Sharded packs")."""
     if not isinstance(index, dict) or index.get("format") != SHARD_INDEX_FORMAT:
         raise NotAPackError(where, f"it does not say format={SHARD_INDEX_FORMAT!r}")
     if index.get("index_version") != SHARD_INDEX_VERSION:
@@ -929,7 +937,8 @@ def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
             problems.append(f"shard {k} has no valid name ({_short(name)})")
         elif name in names:
             problems.append(f"shard name {name} appears twice")
-        names.add(name)
+        else:
+            names.add(name)  # only a valid name: another value may be a list, which no set holds
         if type(count) is not int or count < 0:
             problems.append(f"shard {k} count={_short(count)} is not a non-negative integer")
         else:
@@ -940,11 +949,7 @@ def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
             sizes = shard.get("tables_bytes")
             if not isinstance(shard["manifest_sha256"], str) or not _SHA256_HEX.match(shard["manifest_sha256"]):
                 problems.append(f"shard {k} has an invalid manifest_sha256")
-            if not (
-                isinstance(sizes, list)
-                and len(sizes) == 2
-                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sizes)
-            ):
+            if not _is_sizes(sizes):
                 problems.append(f"shard {k} has manifest_sha256 but no valid tables_bytes")
         pack_id = shard.get("pack_id")
         if pack_id is not None and (not isinstance(pack_id, str) or not _PACK_ID.match(pack_id)):
@@ -953,4 +958,235 @@ def decode_shard_index(blob: bytes, *, where: str) -> dict[str, Any]:
         problems.append(f"the shard counts add up to {total}, the index says count={index['count']}")
     if problems:
         raise NotAPackError(where, "its index is invalid: " + "; ".join(problems))
-    return index
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_sizes(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(_is_int(x) and x >= 0 for x in value)
+
+
+def _typed(
+    obj: Mapping[str, Any], checks: Mapping[str, Callable[[Any], bool]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a JSON object into (the fields named in ``checks`` whose value passes its
+    check, every other field as it is).
+
+    The second part becomes ``extra``: fields this version does not know, and
+    informational fields of an unexpected type (a reader must not require
+    them), so that an index decodes and encodes back byte for byte.
+    """
+    typed: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in obj.items():
+        if key in checks and checks[key](value):
+            typed[key] = value
+        else:
+            extra[key] = value
+    return typed, extra
+
+
+def _present(fields: Iterable[tuple[str, Any]], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON object of the ``fields`` that are set (not None), then ``extra``."""
+    out = {key: value for key, value in fields if value is not None}
+    out.update(extra)
+    return out
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard of a sharded pack, as its index (``index.json``) lists it.
+
+    ``name`` (the shard's directory), ``count`` (its samples) and
+    ``tables_sha256`` (``tables_digest`` of its tables) are required.
+    ``pack_id`` (v2 shards), ``manifest_sha256`` and ``tables_bytes``
+    (``shard_identity``) are what a reader checks when it opens the shard.
+    The others are informational: ``first_index`` (the global index of its
+    first sample), ``first_source``, ``sources`` (source files of the shard,
+    packed or skipped), ``skipped``, ``payload_bytes`` and ``data_bytes``
+    (the size of its ``data.mdb``, ``bytes`` in the JSON). None: not in the
+    index. ``extra``: what ``_typed`` kept as it was.
+    """
+
+    name: str
+    count: int
+    tables_sha256: str
+    first_index: int | None = None
+    first_source: int | None = None
+    sources: int | None = None
+    skipped: int | None = None
+    payload_bytes: int | None = None
+    data_bytes: int | None = None
+    manifest_sha256: str | None = None
+    tables_bytes: tuple[int, int] | None = None
+    pack_id: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _CHECKS: ClassVar[Mapping[str, Callable[[Any], bool]]] = {
+        "name": _is_str,
+        "count": _is_int,
+        "tables_sha256": _is_str,
+        "first_index": _is_int,
+        "first_source": _is_int,
+        "sources": _is_int,
+        "skipped": _is_int,
+        "payload_bytes": _is_int,
+        "bytes": _is_int,
+        "manifest_sha256": _is_str,
+        "tables_bytes": _is_sizes,
+        "pack_id": _is_str,
+    }
+
+    def to_dict(self) -> dict[str, Any]:
+        """This entry as its JSON object."""
+        sizes = None if self.tables_bytes is None else list(self.tables_bytes)
+        return _present(
+            [
+                ("name", self.name),
+                ("count", self.count),
+                ("first_index", self.first_index),
+                ("first_source", self.first_source),
+                ("sources", self.sources),
+                ("skipped", self.skipped),
+                ("payload_bytes", self.payload_bytes),
+                ("bytes", self.data_bytes),
+                ("tables_sha256", self.tables_sha256),
+                ("manifest_sha256", self.manifest_sha256),
+                ("tables_bytes", sizes),
+                ("pack_id", self.pack_id),
+            ],
+            self.extra,
+        )
+
+    @classmethod
+    def _from_dict(cls, obj: Mapping[str, Any]) -> ShardEntry:
+        # ``obj`` passed _check_shard_index: name, count and tables_sha256 are typed.
+        typed, extra = _typed(obj, cls._CHECKS)
+        if "tables_bytes" in typed:
+            typed["tables_bytes"] = tuple(typed["tables_bytes"])
+        if "bytes" in typed:
+            typed["data_bytes"] = typed.pop("bytes")
+        return cls(**typed, extra=extra)
+
+
+@dataclass(frozen=True)
+class ShardSplit:
+    """The ``split`` of a sharded pack's index (informational): ``method``
+    (``"contiguous"``), the shards' ``prefix`` and ``num_shards``, the
+    ``sources`` of the complete sample list and its ``sources_sha256``."""
+
+    method: str | None = None
+    prefix: str | None = None
+    num_shards: int | None = None
+    sources: int | None = None
+    sources_sha256: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _CHECKS: ClassVar[Mapping[str, Callable[[Any], bool]]] = {
+        "method": _is_str,
+        "prefix": _is_str,
+        "num_shards": _is_int,
+        "sources": _is_int,
+        "sources_sha256": _is_str,
+    }
+
+    def to_dict(self) -> dict[str, Any]:
+        """This split as its JSON object."""
+        return _present(((name, getattr(self, name)) for name in self._CHECKS), self.extra)
+
+    @classmethod
+    def _from_dict(cls, obj: Mapping[str, Any]) -> ShardSplit:
+        typed, extra = _typed(obj, cls._CHECKS)
+        return cls(**typed, extra=extra)
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """A sharded pack's index, ``index.json`` (FORMAT.md, "Sharded packs").
+
+    Required: ``pack_format_version`` (of the shards), ``count`` (the sum of
+    the shards' counts), ``classes``, ``class_to_idx`` and ``store`` (as in
+    every shard's manifest) and ``shards`` (in global order). The others are
+    informational; None: not in the index. ``extra``: fields this version
+    does not know, and informational fields of an unexpected type, kept as
+    they are. ``format`` and ``index_version`` are this module's constants.
+
+    ``to_json`` and ``from_json`` mirror each other:
+    ``ShardIndex.from_json(blob, where=...).to_json() == blob`` for an index
+    that ``to_json`` wrote (sorted keys, so field order is not kept).
+    """
+
+    pack_format_version: int
+    count: int
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    store: str
+    shards: list[ShardEntry]
+    num_shards: int | None = None
+    split: ShardSplit | None = None
+    encodings: dict[str, int] | None = None
+    payload_bytes: int | None = None
+    skipped: int | None = None
+    checksum: str | None = None
+    source: dict[str, Any] | None = None
+    created_by: str | None = None
+    created_at: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    # The required fields pass whatever _check_shard_index let through, so they
+    # are always typed; informational ones are checked as in a manifest.
+    _CHECKS: ClassVar[Mapping[str, Callable[[Any], bool]]] = {
+        "pack_format_version": lambda v: v in READABLE_VERSIONS,
+        "count": _is_int,
+        "classes": lambda v: isinstance(v, list),
+        "class_to_idx": lambda v: isinstance(v, dict),
+        "store": _is_str,
+        "shards": lambda v: isinstance(v, list),
+        "num_shards": _is_int,
+        "split": lambda v: isinstance(v, dict),
+        "skipped": _is_int,
+        **{
+            key: _INFORMATIONAL[key]
+            for key in ("encodings", "payload_bytes", "checksum", "source", "created_by", "created_at")
+        },
+    }
+
+    def to_dict(self) -> dict[str, Any]:
+        """This index as its JSON object."""
+        plain = [(name, getattr(self, name)) for name in self._CHECKS if name not in ("shards", "split")]
+        out = {"format": SHARD_INDEX_FORMAT, "index_version": SHARD_INDEX_VERSION, **_present(plain, self.extra)}
+        out["shards"] = [entry.to_dict() for entry in self.shards]
+        if self.split is not None:
+            out["split"] = self.split.to_dict()
+        return out
+
+    def to_json(self) -> bytes:
+        """The bytes of ``index.json`` (``encode_shard_index``)."""
+        return encode_shard_index(self.to_dict())
+
+    @classmethod
+    def from_json(cls, blob: bytes, *, where: str) -> ShardIndex:
+        """Parse and validate ``index.json``; ``where`` names the file in errors.
+
+        Raises NotAPackError for a malformed index and FormatVersionError for
+        an index or shard format version this reader does not know. Only the
+        required fields are checked; informational ones of an unexpected type
+        are kept in ``extra``.
+        """
+        index = loads_json(blob, where=where, what="index", max_bytes=256 << 20)
+        _check_shard_index(index, where)
+        # format and index_version are constants; one that passed the check in
+        # another form (``true`` equals 1) stays in ``extra``, as it is.
+        constants = {"format": SHARD_INDEX_FORMAT, "index_version": SHARD_INDEX_VERSION}
+        obj = {k: v for k, v in index.items() if not (k in constants and type(v) is type(constants[k]))}
+        typed, extra = _typed(obj, cls._CHECKS)
+        typed["shards"] = [ShardEntry._from_dict(entry) for entry in typed["shards"]]
+        if "split" in typed:
+            typed["split"] = ShardSplit._from_dict(typed["split"])
+        return cls(**typed, extra=extra)

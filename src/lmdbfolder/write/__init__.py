@@ -1,5 +1,13 @@
 """The write side: sample lists, source files into records, the writer, shards.
 
+``writer`` holds the entry points (``pack``, ``pack_sources``); the work is
+done, in order, by ``sources`` (``SourceSpec.scan``), ``sizing`` (``plan``),
+``resume`` and ``output`` (is it written already, may it resume, the output
+directory), ``loop`` (batched, checkpointed commits fed by ``records``
+through ``processes`` or ``threads``) and ``runtime`` (process settings for
+the run). ``shards`` and ``ray`` build sharded packs from the same writer.
+Names with a leading underscore are shared by these modules only.
+
 It imports only the core (``format``, ``errors``, ``codecs``, ``progress``,
 ``environments``, ``packdir``) and never the read side or the tools.
 """

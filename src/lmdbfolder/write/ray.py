@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, PackError
 from lmdbfolder.progress import Progress
 from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.output import check_outside_source
 from lmdbfolder.write.shards import (
     DEFAULT_PREFIX,
     ShardedPackResult,
@@ -41,8 +42,7 @@ from lmdbfolder.write.shards import (
     sources_digest,
     write_index,
 )
-from lmdbfolder.write.sources import SourceList, scan
-from lmdbfolder.write.writer import check_outside_source
+from lmdbfolder.write.sources import SourceList, SourceSpec
 
 __all__ = ["pack_ray"]
 
@@ -147,15 +147,7 @@ def pack_ray(
     check_outside_source(src, dst)
     if staging is not None:
         check_outside_source(src, staging)
-    sources = scan(
-        src,
-        layout=layout,
-        list_file=list_file,
-        allow_empty=allow_empty,
-        extensions=extensions,
-        is_valid_file=is_valid_file,
-        match=match,
-    )
+    sources = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match).scan(src)
     done = finished_sharded_pack(sources, dst, opts, shards, shard_size, None, prefix, start_time)
     if done is not None:
         return done

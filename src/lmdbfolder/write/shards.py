@@ -45,29 +45,24 @@ from lmdbfolder.format import (
     COPYING_SUFFIX,
     DATA_FILE,
     FORMAT_VERSION,
-    RECORD_HEADER,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
-    SHARD_INDEX_FORMAT,
     SHARD_INDEX_TMP,
-    SHARD_INDEX_VERSION,
+    ShardEntry,
+    ShardIndex,
+    ShardSplit,
     decode_meta,
-    encode_shard_index,
     shard_identity,
     shard_name,
     tables_digest,
 )
 from lmdbfolder.progress import Progress
+from lmdbfolder.write import sizing
 from lmdbfolder.write.options import PackOptions, pack_options
-from lmdbfolder.write.sources import SourceList, scan
-from lmdbfolder.write.writer import (
-    RAW_EXPANSION,
-    check_outside_source,
-    describe_change,
-    pack_fingerprint,
-    pack_sources,
-    per_second,
-)
+from lmdbfolder.write.output import check_outside_source
+from lmdbfolder.write.resume import describe_change, pack_fingerprint
+from lmdbfolder.write.sources import SourceList, SourceSpec
+from lmdbfolder.write.writer import pack_sources, per_second
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -126,12 +121,6 @@ def plan_split(total: int, num_shards: int) -> list[tuple[int, int]]:
     return [(i * total // num_shards, (i + 1) * total // num_shards) for i in range(num_shards)]
 
 
-def estimate_pack_bytes(sources: SourceList, store: str = "encoded") -> float:
-    """Expected size of a pack of ``sources``, from up to 5000 evenly spaced ``stat`` calls."""
-    expansion = RAW_EXPANSION if store == "raw" else 1
-    return len(sources) * (sources.mean_file_size() * expansion + RECORD_HEADER.size)
-
-
 def choose_num_shards(
     sources: SourceList, *, shards: int | None = None, shard_size: int | str | None = None, store: str = "encoded"
 ) -> int:
@@ -143,7 +132,7 @@ def choose_num_shards(
         raise ValueError("pass exactly one of shards and shard_size")
     if shard_size is not None:
         size = parse_size(shard_size)
-        shards = max(1, math.ceil(estimate_pack_bytes(sources, store) / size))
+        shards = max(1, math.ceil(sizing.estimate_pack_bytes(sources, store) / size))
     if shards is None:
         raise ValueError("pass exactly one of shards and shard_size")
     if shards < 1:
@@ -602,15 +591,7 @@ def pack_sharded(
     check_outside_source(src, dst)
     if staging is not None:
         check_outside_source(src, staging)
-    sources = scan(
-        src,
-        layout=layout,
-        list_file=list_file,
-        allow_empty=allow_empty,
-        extensions=extensions,
-        is_valid_file=is_valid_file,
-        match=match,
-    )
+    sources = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match).scan(src)
     if shard_index is not None and shards is None:
         raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
     done = finished_sharded_pack(sources, dst, opts, shards, shard_size, shard_index, prefix, start_time)
@@ -679,7 +660,8 @@ def write_index(
     *,
     prefix: str | None = None,
 ) -> dict[str, Any]:
-    """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index.
+    """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index
+    (its JSON object, ``format.ShardIndex.to_dict``).
 
     Every shard of the split must be present and finished, and all must come
     from the same scan (same sample list, classes and store) and tile it
@@ -708,7 +690,7 @@ def write_index(
             f"pack them (`lmdbfolder pack SRC {dst} --shards {total} --shard-index I`), "
             "then run `lmdbfolder index` again",
         )
-    entries: list[dict[str, Any]] = []
+    entries: list[ShardEntry] = []
     first: dict[str, Any] = {}
     encodings: dict[str, int] = {}
     next_source = 0
@@ -741,52 +723,51 @@ def write_index(
         for key in ("classes", "class_to_idx", "store"):
             if meta[key] != first[key]:
                 raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
-        digest = tables_digest(meta_blob, labels_blob, paths_blob)
         for enc, n in (meta.get("encodings") or {}).items():
             encodings[enc] = encodings.get(enc, 0) + n
+        identity = shard_identity(meta_blob, labels_blob, paths_blob)
         entries.append(
-            {
-                "name": name,
-                "count": count,
-                "first_index": first_index,
-                "first_source": info["first_source"],
-                "sources": info["sources"],
-                "skipped": int(meta.get("skipped_count", len(meta.get("skipped") or []))),
-                "payload_bytes": meta.get("payload_bytes"),
-                "bytes": os.path.getsize(os.path.join(path, DATA_FILE)),
-                "tables_sha256": digest,
-                **shard_identity(meta_blob, labels_blob, paths_blob),
-                **({"pack_id": meta["pack_id"]} if meta["format_version"] >= 2 else {}),
-            }
+            ShardEntry(
+                name=name,
+                count=count,
+                tables_sha256=tables_digest(meta_blob, labels_blob, paths_blob),
+                first_index=first_index,
+                first_source=info["first_source"],
+                sources=info["sources"],
+                skipped=int(meta.get("skipped_count", len(meta.get("skipped") or []))),
+                payload_bytes=meta.get("payload_bytes"),
+                data_bytes=os.path.getsize(os.path.join(path, DATA_FILE)),
+                manifest_sha256=identity["manifest_sha256"],
+                tables_bytes=tuple(identity["tables_bytes"]),
+                pack_id=meta["pack_id"] if meta["format_version"] >= 2 else None,
+            )
         )
         next_source += info["sources"]
         first_index += count
-    if next_source != first[SHARD_FIELD]["total_sources"]:
-        raise NotAPackError(dst, f"the shards cover {next_source} source files, the split has {total}")
-    index = {
-        "format": SHARD_INDEX_FORMAT,
-        "index_version": SHARD_INDEX_VERSION,
-        "pack_format_version": FORMAT_VERSION,
-        "count": first_index,
-        "classes": first["classes"],
-        "class_to_idx": first["class_to_idx"],
-        "store": first["store"],
-        "num_shards": total,
-        "shards": entries,
-        "split": {
-            "method": SPLIT_METHOD,
-            "prefix": found_prefix,
-            "num_shards": total,
-            "sources": next_source,
-            "sources_sha256": first[SHARD_FIELD]["sources_sha256"],
-        },
-        "encodings": dict(sorted(encodings.items())),
-        "payload_bytes": sum(e["payload_bytes"] or 0 for e in entries),
-        "skipped": sum(e["skipped"] for e in entries),
-        "checksum": "sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
-        "source": first.get("source"),
-        "created_by": f"lmdbfolder {__version__}",
-        "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    packdir.write_atomically(dst, SHARD_INDEX_FILE, encode_shard_index(index), SHARD_INDEX_TMP)
-    return index
+    split_sources = first[SHARD_FIELD]["total_sources"]
+    if next_source != split_sources:
+        raise NotAPackError(
+            dst,
+            f"the shards cover {next_source} source files, the split has {split_sources}",
+            f"repack the shards from one scan of the source (`lmdbfolder pack SRC {dst} --shards {total}`, "
+            "or --shard-index I per job), then run `lmdbfolder index` again",
+        )
+    index = ShardIndex(
+        pack_format_version=FORMAT_VERSION,
+        count=first_index,
+        classes=first["classes"],
+        class_to_idx=first["class_to_idx"],
+        store=first["store"],
+        shards=entries,
+        num_shards=total,
+        split=ShardSplit(SPLIT_METHOD, found_prefix, total, next_source, first[SHARD_FIELD]["sources_sha256"]),
+        encodings=dict(sorted(encodings.items())),
+        payload_bytes=sum(e.payload_bytes or 0 for e in entries),
+        skipped=sum(e.skipped or 0 for e in entries),
+        checksum="sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
+        source=first.get("source"),
+        created_by=f"lmdbfolder {__version__}",
+        created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+    packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
+    return index.to_dict()

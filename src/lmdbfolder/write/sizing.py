@@ -1,5 +1,9 @@
 """How many bytes LMDB will use for a pack: the map size and the free-space check.
 
+``plan`` makes the whole decision for one pack, once: it samples the record
+sizes, models LMDB's pages and returns a ``Plan`` (page size, map size, the
+estimate and the mean record size) that the writer uses as it is.
+
 LMDB stores data in pages (the OS page size, 4096 bytes here; at most 32 KB).
 The rules below are LMDB 0.9's (``mdb.c``), for our keys (8 bytes) and
 values (the 32-byte record header plus the payload):
@@ -45,6 +49,10 @@ from lmdbfolder.write.records import Loaded, load_sample
 from lmdbfolder.write.sources import SourceList
 
 __all__ = [
+    "Plan",
+    "plan",
+    "RAW_EXPANSION",
+    "estimate_pack_bytes",
     "PAGE_HEADER",
     "page_size",
     "node_max",
@@ -77,6 +85,74 @@ _MIN_CV = 0.25
 MAX_STAT = 5000
 #: Files put through the record builder to learn the record sizes of raw or resized packs.
 _RECORD_SAMPLE = 256
+#: Room added to every map on top of the estimate. The map is sparse on Linux:
+#: unused room costs address space, not disk.
+_MIN_MAP = 64 << 20
+#: Decoded RGB pixels vs JPEG bytes, for planning ``--store raw`` packs only.
+RAW_EXPANSION = 8
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes one pack is written with, decided by ``plan``.
+
+    ``records`` are the sampled record sizes of its ``count`` sources; pages
+    are ``page_size`` bytes; ``tables`` bounds the label and path tables and
+    the manifest. ``estimate`` is what the whole pack will take on disk and
+    ``map_size`` the map it is opened with (the estimate with its margin, plus
+    room; the map still grows if a batch does not fit).
+    """
+
+    records: RecordSizes
+    count: int
+    page_size: int
+    tables: int
+    estimate: Estimate
+    map_size: int
+
+    @property
+    def mean_value_size(self) -> float:
+        """Mean record value size in bytes, at least 1 (it sizes the batches and the read-ahead)."""
+        return max(1.0, self.records.mean_value)
+
+    def remaining(self, done: int) -> Estimate:
+        """Bytes still to be written once the first ``done`` sources are (a resumed pack)."""
+        return estimate_pack(self.records, self.count - done, self.page_size, tables=self.tables)
+
+    def with_page_size(self, psize: int) -> Plan:
+        """This plan for an environment whose pages are ``psize`` bytes (a partial pack
+        started on a system with another page size); the samples are reused."""
+        return _plan(self.records, self.count, psize, self.tables)
+
+
+def plan(sources: SourceList, options: PackOptions, *, mean_size: float | None = None) -> Plan:
+    """Decide the sizes of a pack of ``sources`` written with ``options``.
+
+    The record sizes are sampled (``sample_records``), or, when the samples
+    come from elsewhere than files (``pack_sources(loader=...)``), known only
+    by their mean payload ``mean_size``. The map and the free-space check come
+    from this one model of LMDB's page use: with a map sized from the mean,
+    records of 2-6 KB (whole pages each) overran it at ImageNet size.
+    """
+    records = sample_records(sources, options) if mean_size is None else RecordSizes.of_mean(mean_size, len(sources))
+    return _plan(records, len(sources), page_size(), tables_bytes(sources))
+
+
+def _plan(records: RecordSizes, count: int, psize: int, tables: int) -> Plan:
+    estimate = estimate_pack(records, count, psize, tables=tables)
+    return Plan(records, count, psize, tables, estimate, _map_size(estimate))
+
+
+def _map_size(estimate: Estimate) -> int:
+    """The map for a pack of ``estimate``: its upper bound plus _MIN_MAP, in whole MiB."""
+    return -(-(estimate.upper + _MIN_MAP) // (1 << 20)) << 20
+
+
+def estimate_pack_bytes(sources: SourceList, store: str = "encoded") -> float:
+    """Expected size of a pack of ``sources`` from the mean file size alone (up to 5000
+    evenly spaced ``stat`` calls): enough to choose a number of shards, not to size a map."""
+    expansion = RAW_EXPANSION if store == "raw" else 1
+    return len(sources) * (sources.mean_file_size() * expansion + RECORD_HEADER.size)
 
 
 def page_size() -> int:

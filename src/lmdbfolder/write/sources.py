@@ -36,6 +36,7 @@ __all__ = [
     "IMG_EXTENSIONS",
     "LAYOUTS",
     "SourceList",
+    "SourceSpec",
     "scan",
     "scan_imagefolder",
     "scan_flat",
@@ -391,6 +392,42 @@ def _as_int(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Which files of a source folder to pack: the scan keywords of ``pack``, as one value.
+
+    ``pack``, ``pack_sharded`` and ``pack_ray`` take these as keywords (``layout``,
+    ``list_file``, ``allow_empty``, ``extensions``, ``is_valid_file``, ``match``;
+    see ``lmdbfolder.pack``), build one ``SourceSpec`` at their entry and turn
+    it into the sample list with ``scan``, the one place that scans. Values are
+    checked by the scan, as they always were, so that a pack into its own source
+    is refused before a bad filter is (``check_outside_source`` runs first).
+
+    Example:
+        >>> spec = SourceSpec(extensions=(".jpg",), match="^train/")
+        >>> sources = spec.scan("dataset")  # doctest: +SKIP
+    """
+
+    layout: str = "imagefolder"
+    list_file: str | os.PathLike[str] | None = None
+    allow_empty: bool = False
+    extensions: Sequence[str] | str | None = None
+    is_valid_file: Callable[[str], bool] | None = None
+    match: str | None = None
+
+    def scan(self, root: str | os.PathLike[str]) -> SourceList:
+        """The complete, ordered sample list of ``root`` (see the module docstring)."""
+        return scan(
+            root,
+            layout=self.layout,
+            list_file=self.list_file,
+            allow_empty=self.allow_empty,
+            extensions=self.extensions,
+            is_valid_file=self.is_valid_file,
+            match=self.match,
+        )
 
 
 def scan(

@@ -31,7 +31,7 @@ from lmdbfolder.errors import (
     install_hint,
 )
 from lmdbfolder.format import SKIPPED_REPORT
-from lmdbfolder.text import plural
+from lmdbfolder.text import megabytes, plural
 
 __all__ = ["main", "EXIT_CODES"]
 
@@ -76,10 +76,6 @@ def _exit_code(exc: LmdbFolderError) -> int:
 def _print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, ensure_ascii=False, default=str)
     sys.stdout.write("\n")
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
 
 
 def _add_output_flags(p: argparse.ArgumentParser, json_help: str) -> None:
@@ -262,7 +258,7 @@ def _run_pack(args: argparse.Namespace) -> int:
         return 0
     resumed = f" (resumed after {plural(result.resumed_from, 'file')})" if result.resumed_from else ""
     print(
-        f"packed {plural(result.count, 'image')} into {result.path}{resumed}: {_mb(result.input_bytes)} read "
+        f"packed {plural(result.count, 'image')} into {result.path}{resumed}: {megabytes(result.input_bytes)} read "
         f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
     )
     resize = options.resize
@@ -270,7 +266,8 @@ def _run_pack(args: argparse.Namespace) -> int:
         print(
             f"resized to {resize.side} side <= {resize.max_size} px "
             f"({'JPEG' if resize.format == 'jpeg' else 'WebP'} quality {resize.quality} unless raw): "
-            f"{_mb(result.payload_bytes)} stored ({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
+            f"{megabytes(result.payload_bytes)} stored "
+            f"({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
         )
     _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
     return 0
@@ -415,7 +412,7 @@ def _run_pack_sharded(args: argparse.Namespace, options: Any) -> int:
         print(
             f"packed {plural(result.count, 'image')} into {result.path} as "
             f"{plural(len(result.shards), 'shard')}{note}: "
-            f"{_mb(result.input_bytes)} read in {result.seconds:.1f} s, {speed}"
+            f"{megabytes(result.input_bytes)} read in {result.seconds:.1f} s, {speed}"
         )
     _print_skipped(result.skipped, "each shard's skipped.txt")
     return 0
@@ -477,7 +474,7 @@ def _run_copy(args: argparse.Namespace) -> int:
     shards = f" ({plural(result.shards, 'shard')})" if packdir.inspect(result.dst).kind is packdir.Kind.SHARDED else ""
     print(
         f"copied {plural(result.count, 'image')}{shards} to {result.dst} in {result.seconds:.1f} s: "
-        f"{_mb(result.bytes_before)} -> {_mb(result.bytes_after)}" + (", verified" if args.verify else "")
+        f"{megabytes(result.bytes_before)} -> {megabytes(result.bytes_after)}" + (", verified" if args.verify else "")
     )
     return 0
 
@@ -504,7 +501,7 @@ def _add_info(sub: Any) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    from lmdbfolder.tools.info import DEFAULT_SIZE_SAMPLE, INVALID, pack_info, pack_statistics
+    from lmdbfolder.tools.info import DEFAULT_SIZE_SAMPLE, format_info, pack_info, pack_statistics
 
     info = pack_info(args.pack)
     sizes = -1 if args.no_sizes else (DEFAULT_SIZE_SAMPLE if args.sizes is None else args.sizes)
@@ -514,90 +511,8 @@ def _run_info(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(info)
         return 0
-    classes = info["classes"]
-    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
-    # Informational fields may read "invalid" (a damaged or foreign manifest): shown as such.
-    encodings = info["encodings"]
-    encodings = (
-        ", ".join(f"{k} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items()) or "-"
-        if isinstance(encodings, dict)
-        else encodings
-    )
-    payload = info["payload_bytes"]
-    source = info.get("source") or {}
-    source_text = (
-        f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"
-        if isinstance(source, dict)
-        else str(source)
-    )
-    skipped = info["skipped"] if isinstance(info["skipped"], list) else []
-    version = f"{info['format']} version {info['format_version']}"
-    if info.get("pack_id"):
-        version += f" (pack {info['pack_id']})"
-    rows = [
-        ("pack", info["path"]),
-        ("format", version + (f"; {info['note']}" if info.get("note") else "")),
-        ("samples", f"{info['count']:,}"),
-        ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
-        ("store", info["store"]),
-        ("encodings", encodings),
-        ("payload", _mb(payload) if isinstance(payload, int) else str(payload)),
-        ("size on disk", _mb(info["size_on_disk"])),
-        ("source", source_text),
-        ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
-        (
-            "skipped",
-            plural(len(skipped), "source file") + (" (listed below)" if skipped else "")
-            if isinstance(info["skipped"], list)
-            else str(info["skipped"]),
-        ),
-    ]
-    if "shards" in info:
-        names = [s["name"] for s in info["shards"]]
-        shown_shards = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
-        rows.insert(3, ("shards", f"{info['num_shards']:,} ({shown_shards})"))
-    after_classes = [k for k, _ in rows].index("classes") + 1
-    rows[after_classes:after_classes] = _class_rows(info)
-    sizes_info = info.get("image_sizes")
-    if sizes_info and sizes_info["width"]:
-        w, h = sizes_info["width"], sizes_info["height"]
-        rows.append(
-            (
-                "image sizes",
-                f"width {w['min']:,}..{w['max']:,} (median {w['median']:,g}), "
-                f"height {h['min']:,}..{h['max']:,} (median {h['median']:,g}) px, "
-                f"from {sizes_info['sampled']:,} of {plural(sizes_info['of'], 'record header')}"
-                + (f" ({sizes_info['unknown']:,} without a size)" if sizes_info["unknown"] else "")
-                + (f" ({sizes_info['unreadable']:,} damaged)" if sizes_info.get("unreadable") else ""),
-            )
-        )
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key + ':':<{width + 2}}{value}")
-    for item in skipped:
-        print(f"  {item.get('path')}: {item.get('reason')}" if isinstance(item, dict) else f"  {INVALID}")
+    print(format_info(info))
     return 0
-
-
-def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, str]]:
-    """The per-class lines of ``info``: every class's count for a few classes,
-    else the spread and the smallest and largest classes."""
-    counts: dict[str, int] = info.get("class_counts") or {}
-    if not counts:
-        return []
-    if len(counts) <= every_up_to:
-        return [("per class", ", ".join(f"{name} {n:,}" for name, n in counts.items()))]
-    values = sorted(counts.values())
-    median = values[len(values) // 2]
-
-    def named(pairs: list[list[Any]]) -> str:
-        return ", ".join(f"{name} {n:,}" for name, n in pairs)
-
-    return [
-        ("per class", f"{values[0]:,}..{values[-1]:,} samples (median {median:,}); every count: --json"),
-        ("smallest", named(info["smallest_classes"])),
-        ("largest", named(info["largest_classes"])),
-    ]
 
 
 # -- verify -------------------------------------------------------------------
@@ -649,7 +564,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         )
         print(
             f"{report.path}: {report.checked:,} of {plural(report.count, 'record')} checked ({what}), "
-            f"{_mb(report.payload_bytes)} in {report.seconds:.1f} s: {status}"
+            f"{megabytes(report.payload_bytes)} in {report.seconds:.1f} s: {status}"
         )
     return 0 if report.ok else EXIT_CODES["problems found"]
 
@@ -740,7 +655,7 @@ def _run_export(args: argparse.Namespace) -> int:
         else "files" + (f" and the list {result.list_file}" if result.list_file else "")
     )
     print(
-        f"exported {plural(result.samples, 'sample')} ({_mb(result.bytes)}) to {result.path} as {what} "
+        f"exported {plural(result.samples, 'sample')} ({megabytes(result.bytes)}) to {result.path} as {what} "
         f"in {result.seconds:.1f} s"
     )
     return 0
@@ -982,13 +897,13 @@ def _run_warm(args: argparse.Namespace) -> int:
         return "unknown" if x is None else f"{x:.0%}"
 
     print(
-        f"{report.path}: read {_mb(report.nbytes)} in {report.seconds:.1f} s ({report.mb_per_second:,.0f} MB/s); "
+        f"{report.path}: read {megabytes(report.nbytes)} in {report.seconds:.1f} s ({report.mb_per_second:,.0f} MB/s); "
         f"in the page cache before {pct(report.resident_before)}, after {pct(report.resident_after)}"
     )
     if report.mem_available is not None and report.nbytes > report.mem_available:
         print(
-            f"warning: the pack ({_mb(report.nbytes)}) is larger than the available memory "
-            f"({_mb(report.mem_available)}); only part of it can stay cached",
+            f"warning: the pack ({megabytes(report.nbytes)}) is larger than the available memory "
+            f"({megabytes(report.mem_available)}); only part of it can stay cached",
             file=sys.stderr,
         )
     return 0

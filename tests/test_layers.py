@@ -1,4 +1,5 @@
-"""The package's layers: every import points down, read and write never meet, no cycles.
+"""The package's layers: every import points down, read and write never meet, no cycles;
+and the tests' own rule: no test module imports another (shared helpers live in conftest).
 
 The imports are read from the source (every ``import`` statement, also the
 ones inside functions), so a lazy import counts like any other. Layers, from
@@ -9,7 +10,7 @@ the bottom (docs/design.md, "Module boundaries"):
 1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
    which share only the core;
 2. the tools (``lmdbfolder.tools``);
-3. the PyTorch layer (``torch``, ``fused``, ``sampler``);
+3. the PyTorch layer (``torch``, ``fused``, ``sampler``, ``gpu``);
 4. the benchmarks and the demo (``lmdbfolder.bench``);
 5. the command line (``lmdbfolder.cli``) and the package's public surface.
 
@@ -31,6 +32,7 @@ PACKAGE = Path(lmdbfolder.__file__).parent
 CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text"}
 TORCH = {"torch", "fused", "sampler", "gpu"}
 TOP = {"", "__main__", "cli"}
+TESTS = Path(__file__).parent
 
 
 def layer_of(module: str) -> tuple[int, str]:
@@ -128,6 +130,26 @@ def test_the_checker_sees_lazy_and_from_imports(tmp_path: Path) -> None:
         "from lmdbfolder import packdir\n"
     )
     assert imports_of(source) == {"lmdbfolder.write.writer", "lmdbfolder.read.reader", "lmdbfolder.packdir"}
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers shared by test files live in conftest.py: a test file that imports
+    another inherits that file's imports (torch, say) and module-level setup,
+    and renaming or splitting one test file breaks the other."""
+    test_modules = {path.stem for path in TESTS.glob("test_*.py")}
+    for path in sorted(TESTS.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in test_modules, (
+                    f"{path.name} imports the test module {top}: move the helper to conftest.py"
+                )
 
 
 def test_an_old_flat_path_is_in_no_layer() -> None:

@@ -23,7 +23,7 @@ import pytest
 
 import lmdbfolder.write.processes as procpool
 import lmdbfolder.write.writer as writer_mod
-from conftest import image_bytes, write
+from conftest import image_bytes, pack_contents, write
 from lmdbfolder.errors import PackError
 from lmdbfolder.format import CRC32_IMPLEMENTATION, checksum
 from lmdbfolder.tools.verify import verify
@@ -31,7 +31,6 @@ from lmdbfolder.write.processes import ProcessReader, processes_available
 from lmdbfolder.write.records import Alloc, Loaded, Skipped, read_into_record
 from lmdbfolder.write.sources import scan
 from lmdbfolder.write.writer import batch_bytes, pack, pack_sources, sync_latency
-from test_robust import pack_contents
 
 needs_processes = pytest.mark.skipif(sys.platform != "linux", reason="worker processes need Linux (fork)")
 

@@ -8,7 +8,7 @@ started once (``ray.init(num_cpus=CPUS)``, timed separately: on a real
 cluster it is already running), then these two are run alternately:
 
     single: lmdbfolder.pack(TREE, OUT/single)                  # lmdbfolder pack TREE OUT/single
-    ray:    lmdbfolder.ray.pack_ray(TREE, OUT/ray, shards=N)   # lmdbfolder pack TREE OUT/ray --shards N --ray
+    ray:    lmdbfolder.write.ray.pack_ray(TREE, OUT/ray, shards=N)   # lmdbfolder pack TREE OUT/ray --shards N --ray
 
 and the medians and their ratio are printed. Finally the two packs are
 compared sample for sample (payload bytes, label, encoding, original path).
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from lmdbfolder import open_pack, pack
-    from lmdbfolder.ray import pack_ray
+    from lmdbfolder.write.ray import pack_ray
 
     out = args.out or tempfile.mkdtemp(prefix="bench-shards-")
     os.makedirs(out, exist_ok=True)

@@ -1,4 +1,8 @@
-"""Shared fixtures: small image trees generated under tmp_path, and packs of them.
+"""Shared fixtures: small image trees generated under tmp_path, and packs of them;
+and the helpers that several test files use (photo-like JPEGs, the decoders
+installed here, "the compiled part must be built here", ImageFolder's samples
+one by one and batched, a pack's contents). Test files import helpers from
+here, never from each other (tests/test_layers.py checks).
 
 Every image is generated here with Pillow; no test data is stored in the repo.
 """
@@ -8,15 +12,21 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from lmdbfolder.read import capabilities as caps_module
-from lmdbfolder.read.capabilities import Capabilities
+from lmdbfolder.read.capabilities import Capabilities, available_decoders
+from lmdbfolder.read.reader import Reader
 from lmdbfolder.write.writer import pack
+
+if TYPE_CHECKING:  # torch only where a test uses it: conftest is loaded for every test
+    from torchvision.datasets import ImageFolder
+
+    from lmdbfolder.torch import LMDBFolder
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -162,6 +172,77 @@ def make_odd_tree(root: Path, seed: int = 1) -> Path:
     write(root / "z_target" / "linked.jpg", data)
     os.symlink(root / "z_target", root / "beta" / "linkdir")  # followed, as os.walk(followlinks=True)
     return root
+
+
+#: The decoders whose library is installed here (always "pillow").
+INSTALLED = [name for name, why in available_decoders().items() if why is None]
+
+
+def photo_jpeg(w: int = 161, h: int = 121, *, mode: str = "RGB", seed: int = 0, **save: object) -> bytes:
+    """A smooth, photo-like JPEG (gradients, a disc, mild noise): decoders agree
+    on such images within a grey level or two, as they do on photos."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    r = 128 + 100 * np.sin(x / 17.0) * np.cos(y / 23.0)
+    g = 255 * x / w
+    b = np.where((x - w / 2) ** 2 + (y - h / 2) ** 2 < (min(w, h) / 3) ** 2, 200.0, 40.0)
+    rgb = np.clip(np.stack([r, g, b], -1) + rng.normal(0, 3, (h, w, 3)), 0, 255).astype(np.uint8)
+    img = Image.fromarray(rgb).convert(mode)
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=90, **save)  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def make_photo_tree(root: Path) -> Path:
+    """An ImageFolder tree of 12 photo-like JPEGs in 3 classes, six sizes from
+    64x48 to 500x375, landscape and portrait, every fourth one grayscale."""
+    sizes = [(500, 375), (375, 500), (161, 121), (333, 250), (64, 48), (300, 300)]
+    for k, (w, h) in enumerate(sizes * 2):
+        data = photo_jpeg(w, h, seed=k) if k % 4 else photo_jpeg(w, h, seed=k, mode="L")
+        write(root / f"c{k % 3}" / f"{k:02d}.jpg", data)
+    return root
+
+
+_HEADERS = any(os.path.exists(p) for p in ("/usr/include/jpeglib.h", "/usr/local/include/jpeglib.h"))
+
+
+def built(found: Any, what: str) -> Any:
+    """``found`` (a part of the compiled module), else fail where the module should
+    have been built (the libjpeg headers are here) and skip where it cannot be."""
+    if found is None:
+        if _HEADERS:
+            pytest.fail(f"the libjpeg headers are installed but {what} is not usable: reinstall lmdbfolder")
+        pytest.skip("no libjpeg headers here, so the optional lmdbfolder.read._crops is not built")
+    return found
+
+
+def assert_imagefolders_samples(theirs: ImageFolder, ours: LMDBFolder, seeds: int = 4) -> None:
+    """``ours`` gives ``theirs``' samples for the same seeds, one by one and as one batch."""
+    import torch
+
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        expected = [theirs[i] for i in range(len(theirs))]
+        torch.manual_seed(seed)
+        singles = [ours[i] for i in range(len(ours))]
+        torch.manual_seed(seed)
+        batch = ours.__getitems__(list(range(len(ours))))
+        for (x, y), (sx, sy), (bx, by) in zip(expected, singles, batch):
+            assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
+
+
+def pack_contents(path: Path) -> dict:
+    """Everything a pack holds that must not depend on how it was written."""
+    with Reader(path) as r:
+        meta = dict(r.meta)
+        for volatile in ("created_at", "pack_id"):  # pack_id: random, one per pack
+            meta.pop(volatile)
+        return {
+            "meta": meta,
+            "labels": list(r.labels),
+            "paths": r.paths(),
+            "records": [(rec.label, rec.encoding, rec.width, rec.height, bytes(rec.payload)) for rec in r],
+        }
 
 
 @pytest.fixture(scope="session")

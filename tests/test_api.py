@@ -59,7 +59,7 @@ def test_public_api_snapshot() -> None:
 def test_core_import_does_not_import_torch_or_tqdm() -> None:
     code = (
         "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.write.shards, lmdbfolder.read.sharded\n"
-        "import lmdbfolder.tools.copy, lmdbfolder.ray\n"
+        "import lmdbfolder.tools.copy, lmdbfolder.write.ray\n"
         "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -81,22 +81,22 @@ def test_py_typed_is_shipped() -> None:
 
 def test_new_modules_declare_their_api() -> None:
     import lmdbfolder.packdir
-    import lmdbfolder.ray
     import lmdbfolder.read.sharded
     import lmdbfolder.sampler
     import lmdbfolder.tools.copy
     import lmdbfolder.write.options
+    import lmdbfolder.write.ray
     import lmdbfolder.write.shards
 
     assert lmdbfolder.sampler.__all__ == ["ExactDistributedSampler", "ORDERS"]
-    assert lmdbfolder.ray.__all__ == ["pack_ray"]
+    assert lmdbfolder.write.ray.__all__ == ["pack_ray"]
     modules = (
         lmdbfolder.write.shards,
         lmdbfolder.write.options,
         lmdbfolder.read.sharded,
         lmdbfolder.tools.copy,
         lmdbfolder.packdir,
-        lmdbfolder.ray,
+        lmdbfolder.write.ray,
         lmdbfolder.sampler,
     )
     for module in modules:

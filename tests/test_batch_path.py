@@ -19,13 +19,12 @@ from torch.utils.data import DataLoader
 from torchvision import transforms as T
 from torchvision.transforms import v2
 
-from conftest import image_bytes, write
+from conftest import INSTALLED, image_bytes, photo_jpeg, write
 from lmdbfolder import fused, pack
 from lmdbfolder.errors import CorruptRecordError, DecodeError
 from lmdbfolder.format import KEY, decode_record, encode_record
 from lmdbfolder.read.capabilities import get_decoder, matches_pillow, resolve_decoder_name
 from lmdbfolder.torch import BatchSamples, LMDBFolder, collate
-from test_decoders import INSTALLED, photo_jpeg
 
 KINDS = ["rgb_jpeg", "gray_jpeg", "cmyk_jpeg", "rgba_png", "palette_png", "progressive_jpeg", "webp"]
 

@@ -10,29 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import ODD_KINDS, image_bytes, write
+from conftest import INSTALLED, ODD_KINDS, image_bytes, photo_jpeg, write
 from lmdbfolder.errors import DecoderUnavailableError
 from lmdbfolder.read.capabilities import available_decoders, get_decoder, resolve_decoder_name
 from lmdbfolder.read.decoders import DECODER_NAMES, decode_payload, scale_for_size, size_hint_scale, to_pil
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.write.writer import pack
-
-INSTALLED = [name for name, why in available_decoders().items() if why is None]
-
-
-def photo_jpeg(w: int = 161, h: int = 121, *, mode: str = "RGB", seed: int = 0, **save: object) -> bytes:
-    """A smooth, photo-like JPEG (gradients, a disc, mild noise): decoders agree
-    on such images within a grey level or two, as they do on photos."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    r = 128 + 100 * np.sin(x / 17.0) * np.cos(y / 23.0)
-    g = 255 * x / w
-    b = np.where((x - w / 2) ** 2 + (y - h / 2) ** 2 < (min(w, h) / 3) ** 2, 200.0, 40.0)
-    rgb = np.clip(np.stack([r, g, b], -1) + rng.normal(0, 3, (h, w, 3)), 0, 255).astype(np.uint8)
-    img = Image.fromarray(rgb).convert(mode)
-    out = io.BytesIO()
-    img.save(out, "JPEG", quality=90, **save)  # type: ignore[arg-type]
-    return out.getvalue()
 
 
 def pil_rgb(data: bytes) -> np.ndarray:

@@ -13,11 +13,11 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
+from conftest import assert_imagefolders_samples, built, make_photo_tree
 from lmdbfolder import pack
 from lmdbfolder.read import crops
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.torch import LMDBFolder
-from test_regions import _tree, assert_imagefolders_samples, built
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_a_resize_that_differs_from_pillow_is_not_used(native: tuple[Any, int], 
 
 
 def _assert_default_path(tmp_path: Path) -> None:
-    src = _tree(tmp_path / "src")
+    src = make_photo_tree(tmp_path / "src")
     pack(src, tmp_path / "p", progress=False)
     steps = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
     normalized = T.Compose([T.RandomResizedCrop(48), T.ToTensor(), T.Normalize([0.5] * 3, [0.2] * 3)])

@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import image_bytes, write
+from conftest import image_bytes, pack_contents, write
 from lmdbfolder.tools.verify import verify
-from test_robust import pack_contents
 
 
 def _tree(root: Path, n: int) -> Path:

@@ -11,14 +11,13 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
-from conftest import write
+from conftest import INSTALLED, photo_jpeg, write
 from lmdbfolder import fused
 from lmdbfolder.read.capabilities import current, get_decoder
 from lmdbfolder.read.crops import crop_scale, opencv_resize_into, resize_region, scaled_box
 from lmdbfolder.read.plan import ReadPlan
 from lmdbfolder.torch import LMDBFolder
 from lmdbfolder.write.writer import pack
-from test_decoders import INSTALLED, photo_jpeg
 
 SHAPES = [(161, 121), (121, 161), (640, 480), (900, 300), (37, 29)]
 

@@ -1,4 +1,5 @@
-"""The package's layers: every import points down, read and write never meet, no cycles.
+"""The package's layers: every import points down, read and write never meet, no cycles;
+and the tests' own rule: no test module imports another (shared helpers live in conftest).
 
 The imports are read from the source (every ``import`` statement, also the
 ones inside functions), so a lazy import counts like any other. Layers, from
@@ -9,9 +10,13 @@ the bottom (docs/design.md, "Module boundaries"):
 1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
    which share only the core;
 2. the tools (``lmdbfolder.tools``);
-3. the PyTorch layer (``torch``, ``fused``, ``sampler``);
+3. the PyTorch layer (``torch``, ``fused``, ``sampler``, ``gpu``);
 4. the benchmarks and the demo (``lmdbfolder.bench``);
-5. the command line, the package's public surface and the old import paths.
+5. the command line (``lmdbfolder.cli``) and the package's public surface.
+
+A module in no layer fails the test: a new module is placed on purpose (an
+old-path re-export in the package root, ``lmdbfolder/reader.py`` beside
+``lmdbfolder/read/reader.py``, is in none).
 """
 
 from __future__ import annotations
@@ -27,20 +32,7 @@ PACKAGE = Path(lmdbfolder.__file__).parent
 CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text"}
 TORCH = {"torch", "fused", "sampler", "gpu"}
 TOP = {"", "__main__", "cli"}
-#: One-line re-exports kept for the old flat layout; nothing inside the package may use them.
-COMPAT = {
-    "reader",
-    "sharded",
-    "decoders",
-    "writer",
-    "sources",
-    "shards",
-    "ray",
-    "copying",
-    "cache",
-    "legacy",
-    "loading",
-}
+TESTS = Path(__file__).parent
 
 
 def layer_of(module: str) -> tuple[int, str]:
@@ -57,7 +49,7 @@ def layer_of(module: str) -> tuple[int, str]:
         return 3, "torch"
     if head == "bench":
         return 4, "bench"
-    if head in TOP or head in COMPAT:
+    if head in TOP:
         return 5, "top"
     raise AssertionError(f"{module} is in no layer: add it to tests/test_layers.py (and docs/design.md)")
 
@@ -108,8 +100,6 @@ def test_imports_point_down(module: str) -> None:
         assert t_level <= level, f"{module} (layer {level}) imports {target} (layer {t_level}): an upward import"
         if level == t_level == 1:
             assert side == t_side, f"{module} imports {target}: the read and write sides share only the core"
-        if target.split(".")[1] in COMPAT and target.count(".") == 1:
-            assert module == "lmdbfolder", f"{module} imports the old path {target}: import its new home"
 
 
 def test_no_import_cycles() -> None:
@@ -142,16 +132,29 @@ def test_the_checker_sees_lazy_and_from_imports(tmp_path: Path) -> None:
     assert imports_of(source) == {"lmdbfolder.write.writer", "lmdbfolder.read.reader", "lmdbfolder.packdir"}
 
 
-def test_old_import_paths_still_work() -> None:
-    import lmdbfolder.loading
-    import lmdbfolder.reader
-    import lmdbfolder.shards
-    import lmdbfolder.writer
-    from lmdbfolder.read.reader import Reader
-    from lmdbfolder.write.options import Resize
-    from lmdbfolder.write.shards import pack_sharded
+def test_no_test_module_imports_another() -> None:
+    """Helpers shared by test files live in conftest.py: a test file that imports
+    another inherits that file's imports (torch, say) and module-level setup,
+    and renaming or splitting one test file breaks the other."""
+    test_modules = {path.stem for path in TESTS.glob("test_*.py")}
+    for path in sorted(TESTS.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in test_modules, (
+                    f"{path.name} imports the test module {top}: move the helper to conftest.py"
+                )
 
-    assert lmdbfolder.reader.Reader is Reader
-    assert lmdbfolder.loading.Resize is Resize
-    assert lmdbfolder.shards.pack_sharded is pack_sharded
-    assert lmdbfolder.writer.pack is lmdbfolder.pack
+
+def test_an_old_flat_path_is_in_no_layer() -> None:
+    # The re-exports of the old flat layout (lmdbfolder/reader.py beside
+    # lmdbfolder/read/reader.py, ...) are gone; one coming back fails here.
+    for old in ("lmdbfolder.reader", "lmdbfolder.writer", "lmdbfolder.decoders", "lmdbfolder.ray"):
+        with pytest.raises(AssertionError, match="is in no layer"):
+            layer_of(old)

@@ -23,7 +23,7 @@ import pytest
 
 import lmdbfolder.write.loop as loop_mod
 import lmdbfolder.write.processes as procpool
-from conftest import image_bytes, write
+from conftest import image_bytes, pack_contents, write
 from lmdbfolder.errors import PackError
 from lmdbfolder.format import CRC32_IMPLEMENTATION, checksum
 from lmdbfolder.tools.verify import verify
@@ -32,7 +32,6 @@ from lmdbfolder.write.processes import ProcessReader, processes_available
 from lmdbfolder.write.records import Alloc, Loaded, Skipped, read_into_record
 from lmdbfolder.write.sources import scan
 from lmdbfolder.write.writer import pack, pack_sources
-from test_robust import pack_contents
 
 needs_processes = pytest.mark.skipif(sys.platform != "linux", reason="worker processes need Linux (fork)")
 

@@ -14,7 +14,7 @@ from lmdbfolder import open_pack, pack
 from lmdbfolder.cli import main
 from lmdbfolder.errors import SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, shard_name
-from lmdbfolder.ray import pack_ray
+from lmdbfolder.write.ray import pack_ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 

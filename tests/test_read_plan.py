@@ -22,14 +22,13 @@ from torch.utils.data import DataLoader
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
-from conftest import image_bytes, write
+from conftest import image_bytes, photo_jpeg, write
 from lmdbfolder import fused, pack
 from lmdbfolder.codecs import ENCODINGS, encoding_of
 from lmdbfolder.read import regions
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.plan import ReadPlan
 from lmdbfolder.torch import LMDBFolder, collate
-from test_decoders import photo_jpeg
 
 
 @pytest.fixture(scope="module")

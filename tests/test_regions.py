@@ -5,7 +5,6 @@ torchvision's ImageFolder."""
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +17,7 @@ from torch.utils.data import DataLoader
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
-from conftest import write
+from conftest import assert_imagefolders_samples, built, make_photo_tree, photo_jpeg, write
 from lmdbfolder import pack
 from lmdbfolder.codecs import JPEG
 from lmdbfolder.errors import DecodeError
@@ -26,19 +25,6 @@ from lmdbfolder.read import capabilities as caps_module
 from lmdbfolder.read import regions
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.torch import LMDBFolder
-from test_decoders import photo_jpeg
-
-_HEADERS = any(os.path.exists(p) for p in ("/usr/include/jpeglib.h", "/usr/local/include/jpeglib.h"))
-
-
-def built(found: Any, what: str) -> Any:
-    """``found`` (a part of the compiled module), else fail where the module should
-    have been built (the libjpeg headers are here) and skip where it cannot be."""
-    if found is None:
-        if _HEADERS:
-            pytest.fail(f"the libjpeg headers are installed but {what} is not usable: reinstall lmdbfolder")
-        pytest.skip("no libjpeg headers here, so the optional lmdbfolder.read._crops is not built")
-    return found
 
 
 @pytest.fixture
@@ -261,34 +247,13 @@ def test_the_environment_switch_turns_regions_off(helper: Any, fresh: Any, monke
     assert caps.region_decoder() is not None and caps.why_no_regions() is None
 
 
-def _tree(root: Path) -> Path:
-    sizes = [(500, 375), (375, 500), (161, 121), (333, 250), (64, 48), (300, 300)]
-    for k, (w, h) in enumerate(sizes * 2):
-        data = photo_jpeg(w, h, seed=k) if k % 4 else photo_jpeg(w, h, seed=k, mode="L")
-        write(root / f"c{k % 3}" / f"{k:02d}.jpg", data)
-    return root
-
-
 def _assert_default_path_is_imagefolder(tmp_path: Path, *, expect_regions: bool) -> None:
-    src = _tree(tmp_path / "src")
+    src = make_photo_tree(tmp_path / "src")
     pack(src, tmp_path / "p", progress=False)
     steps = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
     calls = _count_regions()
     assert_imagefolders_samples(ImageFolder(str(src), transform=steps), LMDBFolder(tmp_path / "p", transform=steps))
     assert (calls["n"] > 0) == expect_regions
-
-
-def assert_imagefolders_samples(theirs: ImageFolder, ours: LMDBFolder, seeds: int = 4) -> None:
-    """``ours`` gives ``theirs``' samples for the same seeds, one by one and as one batch."""
-    for seed in range(seeds):
-        torch.manual_seed(seed)
-        expected = [theirs[i] for i in range(len(theirs))]
-        torch.manual_seed(seed)
-        singles = [ours[i] for i in range(len(ours))]
-        torch.manual_seed(seed)
-        batch = ours.__getitems__(list(range(len(ours))))
-        for (x, y), (sx, sy), (bx, by) in zip(expected, singles, batch):
-            assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
 
 
 def _count_regions() -> dict[str, int]:
@@ -316,7 +281,7 @@ def test_the_default_path_decodes_regions_with_imagefolders_pixels(helper: Any, 
 
 
 def test_decoder_pillow_decodes_whole_images(helper: Any, fresh: Any, tmp_path: Path) -> None:
-    src = _tree(tmp_path / "src")
+    src = make_photo_tree(tmp_path / "src")
     pack(src, tmp_path / "p", progress=False)
     ours = LMDBFolder(tmp_path / "p", transform=T.Compose([T.RandomResizedCrop(64), T.PILToTensor()]), decoder="pillow")
     calls = _count_regions()
@@ -329,7 +294,7 @@ def test_decoder_pillow_decodes_whole_images(helper: Any, fresh: Any, tmp_path: 
 def test_dataloader_workers_give_imagefolders_batches(helper: Any, tmp_path: Path, context: str) -> None:
     """Two workers, fork and spawn: the batches are ImageFolder's, batch by batch
     (each worker checks the helper against Pillow itself)."""
-    src = _tree(tmp_path / "src")
+    src = make_photo_tree(tmp_path / "src")
     pack(src, tmp_path / "p", progress=False)
     steps = T.Compose([T.RandomResizedCrop(64), T.RandomHorizontalFlip(), T.PILToTensor()])
     loaders = []

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import write
+from conftest import photo_jpeg, write
 from lmdbfolder.cli import main
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.torch import LMDBFolder
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.writer import pack
-from test_decoders import photo_jpeg
 
 
 @pytest.fixture

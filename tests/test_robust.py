@@ -19,7 +19,7 @@ from PIL import Image
 
 import lmdbfolder.write.loop as loop_mod
 import lmdbfolder.write.output as output_mod
-from conftest import image_bytes, make_small_tree, write
+from conftest import image_bytes, make_small_tree, pack_contents, write
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import OutputExistsError, PackError, SourceError
 from lmdbfolder.format import PROGRESS_KEY
@@ -27,20 +27,6 @@ from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.verify import verify
 from lmdbfolder.write.sources import scan
 from lmdbfolder.write.writer import pack, pack_sources
-
-
-def pack_contents(path: Path) -> dict:
-    """Everything a pack holds that must not depend on how it was written."""
-    with Reader(path) as r:
-        meta = dict(r.meta)
-        for volatile in ("created_at", "pack_id"):  # pack_id: random, one per pack
-            meta.pop(volatile)
-        return {
-            "meta": meta,
-            "labels": list(r.labels),
-            "paths": r.paths(),
-            "records": [(rec.label, rec.encoding, rec.width, rec.height, bytes(rec.payload)) for rec in r],
-        }
 
 
 class Interrupt(Exception):

@@ -7,9 +7,10 @@ The package is layered (docs/design.md, "Module boundaries"): the format and
 the pack directory at the bottom (``format``, ``errors``, ``codecs``,
 ``environments``, ``packdir``), the read side (``lmdbfolder.read``) and the
 write side (``lmdbfolder.write``) above it, sharing only that core, the tools
-(``lmdbfolder.tools``: info, verify, copy, warm, import) above both, then
-the PyTorch layer (``torch``, ``fused``, ``sampler``), the benchmarks
-(``lmdbfolder.bench``) and the command line (``cli``).
+(``lmdbfolder.tools``: info, verify, show, export, copy, warm, import) above
+both, then the PyTorch layer (``torch``, ``fused``, ``sampler``, ``gpu``), the
+benchmarks (``lmdbfolder.bench``) and the command line (``lmdbfolder.cli``,
+one module per command).
 
 Example:
     >>> import lmdbfolder

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["plural", "escape_field"]
+__all__ = ["plural", "megabytes", "escape_field"]
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:
@@ -11,6 +11,11 @@ def plural(n: int, noun: str, many: str | None = None) -> str:
     ``many`` is the plural when it is not ``noun + "s"`` (``plural(n, "class", "classes")``).
     """
     return f"{n:,} {noun if n == 1 else (many or noun + 's')}"
+
+
+def megabytes(n: float) -> str:
+    """``"1,234.5 MB"``: a byte count in decimal megabytes, one decimal, as every report prints sizes."""
+    return f"{n / 1e6:,.1f} MB"
 
 
 _ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}

@@ -188,9 +188,7 @@ def _torch_available() -> bool:
 def run_bench(cfg: BenchConfig) -> BenchResult:
     """Measure files against the pack as described in the module docstring."""
     from lmdbfolder.read.capabilities import resolve_decoder_name
-    from lmdbfolder.write.options import Resize
     from lmdbfolder.write.sources import scan
-    from lmdbfolder.write.writer import pack
 
     say = cfg.say
     sources = scan(cfg.src)
@@ -201,209 +199,268 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     if made_workdir and (cfg.packed is None or cfg.max_size):
         say(f"packs for the bench go to the temporary folder {workdir} (deleted at the end)")
     try:
-        pack_info: dict[str, Any] = {}
-        packed = cfg.packed
-        if packed is None:
-            packed = os.path.join(workdir, "pack")
-            result = pack(cfg.src, packed, progress=cfg.progress)
-            pack_info.update(
-                packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second)
-            )
-            say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
-        pack_info.update(path=os.path.abspath(packed), size=packdir.pack_size(packed))
-        resized = None
-        if cfg.max_size:
-            resized = os.path.join(workdir, f"pack-max{cfg.max_size}")
-            result = pack(cfg.src, resized, resize=Resize(cfg.max_size, cfg.quality), progress=cfg.progress)
-            pack_info["max_size"] = {
-                "path": resized,
-                "max_size": cfg.max_size,
-                "quality": cfg.quality,
-                "size": packdir.pack_size(resized),
-                "packed_in_seconds": round(result.seconds, 2),
-                "images_per_second": round(result.images_per_second),
-            }
-            say(
-                f"packed a copy resized to longer side <= {cfg.max_size} px (JPEG q{cfg.quality}) in "
-                f"{result.seconds:.1f} s ({result.images_per_second:,.0f} img/s): "
-                f"{packdir.pack_size(resized) / 1e6:,.0f} MB vs {pack_info['size'] / 1e6:,.0f} MB"
-            )
-        resized_raw = None
-        if cfg.max_size and cfg.max_size_raw:
-            resized_raw = os.path.join(workdir, f"pack-max{cfg.max_size}-raw")
-            result = pack(cfg.src, resized_raw, store="raw", resize=Resize(cfg.max_size), progress=cfg.progress)
-            pack_info["max_size_raw"] = {
-                "path": resized_raw,
-                "size": packdir.pack_size(resized_raw),
-                "packed_in_seconds": round(result.seconds, 2),
-                "images_per_second": round(result.images_per_second),
-            }
-            say(
-                f"packed a raw copy (--store raw --max-size {cfg.max_size}) in {result.seconds:.1f} s: "
-                f"{packdir.pack_size(resized_raw) / 1e6:,.0f} MB"
-            )
-        main_files = packdir.data_files(packed)
-        data_files = main_files + [f for p in (resized, resized_raw) if p for f in packdir.data_files(p)]
-        rng = random.Random(cfg.seed)
-        n = len(files)
-        raw_subset = sorted(rng.sample(range(n), cfg.raw_limit)) if 0 < cfg.raw_limit < n else list(range(n))
-        subset = sorted(rng.sample(range(n), cfg.limit)) if 0 < cfg.limit < n else list(range(n))
-        best = _Best()
-        last_evict: list[EvictReport] = []
-
-        def cold() -> None:
-            last_evict.append(evict(files + data_files, always_check=data_files))
-
-        # -- raw read ------------------------------------------------------------
-        raw_files = [files[i] for i in raw_subset]
-        raw: list[tuple[str, Callable[[], Measurement]]] = [
-            (DD, lambda: time_sequential(main_files)),
-            (FILES, lambda: _renamed(time_raw_files(raw_files, seed=cfg.seed), FILES)),
-            (RAW_GET, lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, contestant=RAW_GET)),
-            (
-                RAW_BATCH,
-                lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, batch=BATCH, contestant=RAW_BATCH),
-            ),
-        ]
-        caches = (["cold"] if cfg.cold else []) + ["warm"]
-        for cache in caches:
-            contestants = list(raw)
-            if cache == "cold":
-                contestants.append(
-                    (
-                        RECIPE,
-                        lambda: time_raw_pack(
-                            packed, indices=raw_subset, seed=cfg.seed, readahead=False, contestant=RECIPE
-                        ),
-                    )
-                )
-            else:
-                for _, fn in contestants:  # warm everything once
-                    fn()
-            for rep in range(cfg.repeat):
-                for name, fn in _rotate(contestants, rep):
-                    if cache == "cold":
-                        cold()
-                    m = best.add(_tag(fn(), cache))
-                    say(f"  raw read, {cache}, {name}: {_rate(m)}")
-
-        # Everything the warm runs read is cached first (the cold runs evicted
-        # the resized packs too, and --raw-limit may have skipped files).
-        for pack_dir in (packed, resized, resized_raw):
-            if pack_dir:
-                warm(pack_dir, progress=False)
-        time_raw_files([files[i] for i in subset], shuffle=False)
-        overhead = read_path_overhead(packed)
-        say(
-            f"  read path (get + header parse), warm: {overhead['get_us']:.1f} us/record = "
-            f"{overhead['share']:.2%} of a Pillow decode ({overhead['pillow_decode_us']:,.0f} us)"
-        )
-
-        # -- training pipeline ------------------------------------------------------
-        single: dict[str, Measurement] = {}
-        device_summary: dict[str, Any] | None = None
+        run = _Run(cfg, files, _make_packs(cfg, workdir))
+        _measure_raw_reads(run)
+        _warm_everything(run)
+        overhead = _read_path(run)
         fastest_decoder = resolve_decoder_name("auto")
-        if _torch_available():
-            from torchvision.datasets import ImageFolder
-
-            from lmdbfolder.torch import LMDBFolder
-
-            def make(name: str) -> Any:
-                if name == FILES:
-                    return ImageFolder(cfg.src, transform=train_transform(cfg.size))
-                if name == DEFAULT:
-                    return LMDBFolder(packed, transform=train_transform(cfg.size))
-                path = str({RESIZED: resized, RESIZED_RAW: resized_raw}.get(name) or packed)
-                return LMDBFolder(
-                    path, transform=fast_train_transform(cfg.size), decoder=fastest_decoder, size_hint=cfg.size
-                )
-
-            names = [FILES, DEFAULT, FUSED] + ([RESIZED] if resized else []) + ([RESIZED_RAW] if resized_raw else [])
-            small = subset[: min(len(subset), 300)]
-            for name in names:  # warm-up and the single-process rate of decode + augment
-                ds = make(name)
-                time_in_process(ds, small[:20], contestant=name)
-                single[name] = best.add(_tag(time_in_process(ds, small, contestant=name), "warm"))
-                _close(ds)
-                say(f"  decode+augment in one process, {name}: {_rate(single[name])}")
-            top = max(cfg.workers)
-            runs = [("warm", w) for w in cfg.workers] + ([("cold", top)] if cfg.cold else [])
-            for cache, w in runs:
-                for rep in range(cfg.repeat):
-                    for name in _rotate(names, rep):
-                        ds = make(name)
-                        if cache == "cold":
-                            cold()
-                        m = time_loader(
-                            ds,
-                            contestant=name,
-                            workers=w,
-                            batch_size=cfg.batch_size,
-                            indices=subset,
-                        )
-                        _close(ds)
-                        m = best.add(_tag(m, cache))
-                        say(f"  train pipeline, {cache}, {plural(w, 'worker')}, {name}: {_rate(m)}")
-            if cfg.device:
-                device_summary = _device_rows(cfg, packed, subset, best, say)
-        else:
-            say("torch/torchvision are not installed: only the raw-read workload was measured")
-
-        torch_measured = bool(single)
-        measurements = list(best.runs.values())
-        eviction = (
-            last_evict[-1].describe()
-            if last_evict
-            else ("cold cache not measured (--warm-only)" if can_evict() else "page cache cannot be evicted here")
-        )
-        result_obj = BenchResult(
-            config={
-                "src": os.path.abspath(cfg.src),
-                "packed": cfg.packed,
-                "workers": list(cfg.workers),
-                "limit": len(subset),
-                "raw_limit": len(raw_subset),
-                "repeat": cfg.repeat,
-                "size": cfg.size,
-                "batch_size": cfg.batch_size,
-                "max_size": cfg.max_size,
-                "device": cfg.device,
-                "settings": {
-                    RAW_BATCH: f"Reader.get_many in batches of {BATCH}, the next batch prefetched (madvise WILLNEED)",
-                    RAW_GET: "Reader.get, one record at a time",
-                    **(
-                        {
-                            DEFAULT: "LMDBFolder(root) with the pipeline as given (Pillow decoder)",
-                            FUSED: (
-                                f"decoder='auto' (here {fastest_decoder!r}), size_hint={cfg.size}, "
-                                f"lmdbfolder.fused.RandomResizedCrop({cfg.size}, resize="
-                                f"{'opencv' if _has_cv2() else 'pil'!r}, output='tensor') first"
-                            ),
-                        }
-                        if torch_measured
-                        else {}
-                    ),
-                },
-                "in_process_threads": "0 workers: the main process, torch.set_num_threads(1) like a DataLoader worker",
-            },
+        single, device_summary = _measure_pipeline(run, fastest_decoder)
+        result = BenchResult(
+            config=_config(run, fastest_decoder, torch_measured=bool(single)),
             machine=_machine(),
-            images=n,
+            images=len(files),
             source_bytes=source_bytes,
-            pack=pack_info,
-            eviction=eviction,
-            measurements=measurements,
+            pack=run.packs.info,
+            eviction=_eviction(run),
+            measurements=list(run.best.runs.values()),
         )
-        result_obj.summary = _summarize(best, cfg, single)
-        result_obj.summary["read_path"] = overhead
+        result.summary = _summarize(run.best, cfg, single)
+        result.summary["read_path"] = overhead
         if device_summary is not None:
-            result_obj.summary["device"] = device_summary
-        result_obj.recommendation = _recommend(best, cfg, result_obj.summary)
-        return result_obj
+            result.summary["device"] = device_summary
+        result.recommendation = _recommend(run.best, cfg, result.summary)
+        return result
     finally:
         if made_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
             if cfg.packed is None or cfg.max_size:
                 say(f"deleted the temporary folder {workdir}")
+
+
+@dataclass
+class _Packs:
+    """The packs one bench run reads: the given (or freshly packed) one and the resized copies."""
+
+    packed: str
+    resized: str | None
+    resized_raw: str | None
+    #: what ``BenchResult.pack`` reports: paths, sizes, packing times
+    info: dict[str, Any]
+
+
+def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
+    """Pack SRC into ``workdir`` unless ``cfg.packed`` is given, and the ``--max-size`` copies asked for."""
+    from lmdbfolder.write.options import Resize
+    from lmdbfolder.write.writer import pack
+
+    say = cfg.say
+    pack_info: dict[str, Any] = {}
+    packed = cfg.packed
+    if packed is None:
+        packed = os.path.join(workdir, "pack")
+        result = pack(cfg.src, packed, progress=cfg.progress)
+        pack_info.update(packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second))
+        say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
+    pack_info.update(path=os.path.abspath(packed), size=packdir.pack_size(packed))
+    resized = None
+    if cfg.max_size:
+        resized = os.path.join(workdir, f"pack-max{cfg.max_size}")
+        result = pack(cfg.src, resized, resize=Resize(cfg.max_size, cfg.quality), progress=cfg.progress)
+        pack_info["max_size"] = {
+            "path": resized,
+            "max_size": cfg.max_size,
+            "quality": cfg.quality,
+            "size": packdir.pack_size(resized),
+            "packed_in_seconds": round(result.seconds, 2),
+            "images_per_second": round(result.images_per_second),
+        }
+        say(
+            f"packed a copy resized to longer side <= {cfg.max_size} px (JPEG q{cfg.quality}) in "
+            f"{result.seconds:.1f} s ({result.images_per_second:,.0f} img/s): "
+            f"{packdir.pack_size(resized) / 1e6:,.0f} MB vs {pack_info['size'] / 1e6:,.0f} MB"
+        )
+    resized_raw = None
+    if cfg.max_size and cfg.max_size_raw:
+        resized_raw = os.path.join(workdir, f"pack-max{cfg.max_size}-raw")
+        result = pack(cfg.src, resized_raw, store="raw", resize=Resize(cfg.max_size), progress=cfg.progress)
+        pack_info["max_size_raw"] = {
+            "path": resized_raw,
+            "size": packdir.pack_size(resized_raw),
+            "packed_in_seconds": round(result.seconds, 2),
+            "images_per_second": round(result.images_per_second),
+        }
+        say(
+            f"packed a raw copy (--store raw --max-size {cfg.max_size}) in {result.seconds:.1f} s: "
+            f"{packdir.pack_size(resized_raw) / 1e6:,.0f} MB"
+        )
+    return _Packs(packed, resized, resized_raw, pack_info)
+
+
+class _Run:
+    """What the steps of one bench run share: the files and packs it reads, the
+    samples drawn for each workload, the measurements so far, the evictions."""
+
+    def __init__(self, cfg: BenchConfig, files: list[str], packs: _Packs) -> None:
+        self.cfg = cfg
+        self.files = files
+        self.packs = packs
+        self.main_files = packdir.data_files(packs.packed)
+        self.data_files = self.main_files + [
+            f for p in (packs.resized, packs.resized_raw) if p for f in packdir.data_files(p)
+        ]
+        rng = random.Random(cfg.seed)
+        n = len(files)
+        # Drawn in this order (raw first) so that a seed picks the same samples as before.
+        self.raw_subset = sorted(rng.sample(range(n), cfg.raw_limit)) if 0 < cfg.raw_limit < n else list(range(n))
+        self.subset = sorted(rng.sample(range(n), cfg.limit)) if 0 < cfg.limit < n else list(range(n))
+        self.best = _Best()
+        self.evictions: list[EvictReport] = []
+
+    def cold(self) -> None:
+        """Evict every file of the run (sources and packs) from the page cache."""
+        self.evictions.append(evict(self.files + self.data_files, always_check=self.data_files))
+
+
+def _measure_raw_reads(run: _Run) -> None:
+    """Raw reads (bytes only, random order), cold then warm, contestants alternated."""
+    cfg, packed, raw_subset = run.cfg, run.packs.packed, run.raw_subset
+    raw_files = [run.files[i] for i in raw_subset]
+    raw: list[tuple[str, Callable[[], Measurement]]] = [
+        (DD, lambda: time_sequential(run.main_files)),
+        (FILES, lambda: _renamed(time_raw_files(raw_files, seed=cfg.seed), FILES)),
+        (RAW_GET, lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, contestant=RAW_GET)),
+        (
+            RAW_BATCH,
+            lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, batch=BATCH, contestant=RAW_BATCH),
+        ),
+    ]
+    caches = (["cold"] if cfg.cold else []) + ["warm"]
+    for cache in caches:
+        contestants = list(raw)
+        if cache == "cold":
+            contestants.append(
+                (
+                    RECIPE,
+                    lambda: time_raw_pack(
+                        packed, indices=raw_subset, seed=cfg.seed, readahead=False, contestant=RECIPE
+                    ),
+                )
+            )
+        else:
+            for _, fn in contestants:  # warm everything once
+                fn()
+        for rep in range(cfg.repeat):
+            for name, fn in _rotate(contestants, rep):
+                if cache == "cold":
+                    run.cold()
+                m = run.best.add(_tag(fn(), cache))
+                cfg.say(f"  raw read, {cache}, {name}: {_rate(m)}")
+
+
+def _warm_everything(run: _Run) -> None:
+    """Cache everything the warm runs read (the cold runs evicted the resized
+    packs too, and --raw-limit may have skipped files)."""
+    for pack_dir in (run.packs.packed, run.packs.resized, run.packs.resized_raw):
+        if pack_dir:
+            warm(pack_dir, progress=False)
+    time_raw_files([run.files[i] for i in run.subset], shuffle=False)
+
+
+def _read_path(run: _Run) -> dict[str, Any]:
+    """The cost of the read path alone (get + header parse), warm, against a Pillow decode."""
+    overhead = read_path_overhead(run.packs.packed)
+    run.cfg.say(
+        f"  read path (get + header parse), warm: {overhead['get_us']:.1f} us/record = "
+        f"{overhead['share']:.2%} of a Pillow decode ({overhead['pillow_decode_us']:,.0f} us)"
+    )
+    return overhead
+
+
+def _measure_pipeline(run: _Run, fastest_decoder: str) -> tuple[dict[str, Measurement], dict[str, Any] | None]:
+    """The training pipeline: decode + augment in one process, then the DataLoader
+    for each worker count (warm, and cold at the largest), then ``--device``'s rows.
+
+    Returns the single-process measurements (empty without torch) and the GPU
+    path's summary (None without ``--device``).
+    """
+    cfg, packs, subset, best = run.cfg, run.packs, run.subset, run.best
+    single: dict[str, Measurement] = {}
+    if not _torch_available():
+        cfg.say("torch/torchvision are not installed: only the raw-read workload was measured")
+        return single, None
+    from torchvision.datasets import ImageFolder
+
+    from lmdbfolder.torch import LMDBFolder
+
+    def make(name: str) -> Any:
+        if name == FILES:
+            return ImageFolder(cfg.src, transform=train_transform(cfg.size))
+        if name == DEFAULT:
+            return LMDBFolder(packs.packed, transform=train_transform(cfg.size))
+        path = str({RESIZED: packs.resized, RESIZED_RAW: packs.resized_raw}.get(name) or packs.packed)
+        return LMDBFolder(path, transform=fast_train_transform(cfg.size), decoder=fastest_decoder, size_hint=cfg.size)
+
+    names = (
+        [FILES, DEFAULT, FUSED] + ([RESIZED] if packs.resized else []) + ([RESIZED_RAW] if packs.resized_raw else [])
+    )
+    small = subset[: min(len(subset), 300)]
+    for name in names:  # warm-up and the single-process rate of decode + augment
+        ds = make(name)
+        time_in_process(ds, small[:20], contestant=name)
+        single[name] = best.add(_tag(time_in_process(ds, small, contestant=name), "warm"))
+        _close(ds)
+        cfg.say(f"  decode+augment in one process, {name}: {_rate(single[name])}")
+    top = max(cfg.workers)
+    runs = [("warm", w) for w in cfg.workers] + ([("cold", top)] if cfg.cold else [])
+    for cache, w in runs:
+        for rep in range(cfg.repeat):
+            for name in _rotate(names, rep):
+                ds = make(name)
+                if cache == "cold":
+                    run.cold()
+                m = time_loader(
+                    ds,
+                    contestant=name,
+                    workers=w,
+                    batch_size=cfg.batch_size,
+                    indices=subset,
+                )
+                _close(ds)
+                m = best.add(_tag(m, cache))
+                cfg.say(f"  train pipeline, {cache}, {plural(w, 'worker')}, {name}: {_rate(m)}")
+    device_summary = _device_rows(cfg, packs.packed, subset, best, cfg.say) if cfg.device else None
+    return single, device_summary
+
+
+def _config(run: _Run, fastest_decoder: str, *, torch_measured: bool) -> dict[str, Any]:
+    """``BenchResult.config``: what was measured, and each contestant's settings in words."""
+    cfg = run.cfg
+    return {
+        "src": os.path.abspath(cfg.src),
+        "packed": cfg.packed,
+        "workers": list(cfg.workers),
+        "limit": len(run.subset),
+        "raw_limit": len(run.raw_subset),
+        "repeat": cfg.repeat,
+        "size": cfg.size,
+        "batch_size": cfg.batch_size,
+        "max_size": cfg.max_size,
+        "device": cfg.device,
+        "settings": {
+            RAW_BATCH: f"Reader.get_many in batches of {BATCH}, the next batch prefetched (madvise WILLNEED)",
+            RAW_GET: "Reader.get, one record at a time",
+            **(
+                {
+                    DEFAULT: "LMDBFolder(root) with the pipeline as given (Pillow decoder)",
+                    FUSED: (
+                        f"decoder='auto' (here {fastest_decoder!r}), size_hint={cfg.size}, "
+                        f"lmdbfolder.fused.RandomResizedCrop({cfg.size}, resize="
+                        f"{'opencv' if _has_cv2() else 'pil'!r}, output='tensor') first"
+                    ),
+                }
+                if torch_measured
+                else {}
+            ),
+        },
+        "in_process_threads": "0 workers: the main process, torch.set_num_threads(1) like a DataLoader worker",
+    }
+
+
+def _eviction(run: _Run) -> str:
+    """How the page cache was made cold (the last eviction's report), or why it was not."""
+    if run.evictions:
+        return run.evictions[-1].describe()
+    return "cold cache not measured (--warm-only)" if can_evict() else "page cache cannot be evicted here"
 
 
 def device_contestant(device: str) -> str:

@@ -1,6 +1,7 @@
-"""``pack_info``: a summary of a pack (single or sharded) from its metadata, and
+"""``pack_info``: a summary of a pack (single or sharded) from its metadata,
 ``pack_statistics``: samples per class and image sizes, from the label table and
-the record headers (never an image payload).
+the record headers (never an image payload), and ``format_info``: both as the
+text of ``lmdbfolder info``.
 
 Informational manifest fields (FORMAT.md) are shown as they are when they
 have their documented type and as ``"invalid"`` when not: a damaged or
@@ -20,8 +21,9 @@ from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, informational
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
+from lmdbfolder.text import megabytes, plural
 
-__all__ = ["pack_info", "pack_statistics", "DEFAULT_SIZE_SAMPLE", "SHOWN_CLASSES", "INVALID"]
+__all__ = ["pack_info", "pack_statistics", "format_info", "DEFAULT_SIZE_SAMPLE", "SHOWN_CLASSES", "INVALID"]
 
 #: Record headers ``pack_statistics`` reads for the image-size distribution by
 #: default (evenly spaced over the pack): a few thousand page reads, so
@@ -172,3 +174,102 @@ def _sharded_info(path: str) -> dict[str, Any]:
         skipped=skipped,
     )
     return info
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """The text of ``lmdbfolder info``: one ``key: value`` line per field, aligned,
+    then the skipped source files, one per line.
+
+    ``info`` is ``pack_info``'s dict updated with ``pack_statistics``' (its
+    ``encodings`` turned into ``encoding_shares``: encoding -> share), as
+    ``lmdbfolder info --json`` prints it. Informational fields that read
+    ``"invalid"`` (a damaged or foreign manifest) are shown as such.
+
+    Example:
+        >>> print(format_info(info))  # doctest: +SKIP
+        pack:         /data/train.lmdb
+        ...
+    """
+    classes = info["classes"]
+    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+    encodings = info["encodings"]
+    encodings = (
+        ", ".join(f"{k} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items()) or "-"
+        if isinstance(encodings, dict)
+        else encodings
+    )
+    payload = info["payload_bytes"]
+    source = info.get("source") or {}
+    source_text = (
+        f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"
+        if isinstance(source, dict)
+        else str(source)
+    )
+    skipped = info["skipped"] if isinstance(info["skipped"], list) else []
+    version = f"{info['format']} version {info['format_version']}"
+    if info.get("pack_id"):
+        version += f" (pack {info['pack_id']})"
+    rows = [
+        ("pack", info["path"]),
+        ("format", version + (f"; {info['note']}" if info.get("note") else "")),
+        ("samples", f"{info['count']:,}"),
+        ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
+        ("store", info["store"]),
+        ("encodings", encodings),
+        ("payload", megabytes(payload) if isinstance(payload, int) else str(payload)),
+        ("size on disk", megabytes(info["size_on_disk"])),
+        ("source", source_text),
+        ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
+        (
+            "skipped",
+            plural(len(skipped), "source file") + (" (listed below)" if skipped else "")
+            if isinstance(info["skipped"], list)
+            else str(info["skipped"]),
+        ),
+    ]
+    if "shards" in info:
+        names = [s["name"] for s in info["shards"]]
+        shown_shards = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
+        rows.insert(3, ("shards", f"{info['num_shards']:,} ({shown_shards})"))
+    after_classes = [k for k, _ in rows].index("classes") + 1
+    rows[after_classes:after_classes] = _class_rows(info)
+    sizes_info = info.get("image_sizes")
+    if sizes_info and sizes_info["width"]:
+        w, h = sizes_info["width"], sizes_info["height"]
+        rows.append(
+            (
+                "image sizes",
+                f"width {w['min']:,}..{w['max']:,} (median {w['median']:,g}), "
+                f"height {h['min']:,}..{h['max']:,} (median {h['median']:,g}) px, "
+                f"from {sizes_info['sampled']:,} of {plural(sizes_info['of'], 'record header')}"
+                + (f" ({sizes_info['unknown']:,} without a size)" if sizes_info["unknown"] else "")
+                + (f" ({sizes_info['unreadable']:,} damaged)" if sizes_info.get("unreadable") else ""),
+            )
+        )
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{key + ':':<{width + 2}}{value}" for key, value in rows]
+    lines += [
+        f"  {item.get('path')}: {item.get('reason')}" if isinstance(item, dict) else f"  {INVALID}" for item in skipped
+    ]
+    return "\n".join(lines)
+
+
+def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, str]]:
+    """The per-class lines of ``info``: every class's count for a few classes,
+    else the spread and the smallest and largest classes."""
+    counts: dict[str, int] = info.get("class_counts") or {}
+    if not counts:
+        return []
+    if len(counts) <= every_up_to:
+        return [("per class", ", ".join(f"{name} {n:,}" for name, n in counts.items()))]
+    values = sorted(counts.values())
+    median = values[len(values) // 2]
+
+    def named(pairs: list[list[Any]]) -> str:
+        return ", ".join(f"{name} {n:,}" for name, n in pairs)
+
+    return [
+        ("per class", f"{values[0]:,}..{values[-1]:,} samples (median {median:,}); every count: --json"),
+        ("smallest", named(info["smallest_classes"])),
+        ("largest", named(info["largest_classes"])),
+    ]

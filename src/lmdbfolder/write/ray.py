@@ -138,7 +138,7 @@ def pack_ray(
     first error is raised naming how many failed.
 
     Example:
-        >>> from lmdbfolder.ray import pack_ray
+        >>> from lmdbfolder.write.ray import pack_ray
         >>> pack_ray("/shared/imagenet/train", "/shared/train", shard_size="4GB", address="auto")  # doctest: +SKIP
     """
     opts = pack_options(options, fields)

@@ -13,7 +13,7 @@ Layout (FORMAT.md, "Sharded packs")::
   (``S`` files). So the global sample order of a sharded pack is the order of
   the single pack of the same source, and any machine that scans the same
   source can pack any shard by itself (``pack_shard``): a Slurm array, a
-  Kubernetes job or Ray (``lmdbfolder.ray``).
+  Kubernetes job or Ray (``lmdbfolder.write.ray``).
 * Every shard is written by the ordinary writer (``pack_sources`` on a slice
   of the sample list), so resuming, skipping bad files and ``strict`` work
   exactly as for a single pack. Each shard's manifest records its place in
@@ -566,7 +566,7 @@ def pack_sharded(
     """Pack ``src`` into a sharded pack at ``dst``: ``shards`` shards, or shards of about ``shard_size``.
 
     The shards are packed one after the other in this process (each with the
-    parallel reading pipeline); ``lmdbfolder.ray.pack_ray`` packs them in
+    parallel reading pipeline); ``lmdbfolder.write.ray.pack_ray`` packs them in
     parallel on a Ray cluster. Rerunning the same call after an interruption
     keeps the finished shards and resumes the unfinished one. The index is
     written last, from the finished shards. ``options``/``fields``, ``layout``,

@@ -1,0 +1,171 @@
+"""What every ``lmdbfolder`` command shares: the parser class, the exit codes and
+the one error path, JSON output, the output flags and the argument types.
+
+A command module (``lmdbfolder.cli.pack``, ...) only adds its parser and prints
+its result; every error it raises reaches the user through ``run_command``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any, Callable
+
+from lmdbfolder.errors import (
+    LmdbFolderError,
+    MissingDependencyError,
+    NotAPackError,
+    OptionError,
+    OutputExistsError,
+    PackError,
+    SourceError,
+)
+
+__all__ = [
+    "EXIT_CODES",
+    "Parser",
+    "run_command",
+    "usage",
+    "print_json",
+    "add_output_flags",
+    "show_progress",
+    "nothing_to_do",
+    "positive_int",
+    "count",
+    "quality",
+]
+
+#: Exit status of each outcome; documented in the README.
+EXIT_CODES = {
+    "ok": 0,
+    "problems found": 1,
+    "usage": 2,
+    "not a pack": 3,
+    "output exists": 4,
+    "source error": 5,
+    "pack failed": 6,
+    "other error": 7,
+    "missing dependency": 8,
+    "interrupted": 130,
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and a hint (not the whole usage), exit code 2."""
+
+    def error(self, message: str) -> Any:  # argparse's signature says NoReturn
+        self.exit(EXIT_CODES["usage"], f"{self.prog}: error: {message}\n  hint: see `{self.prog} --help`\n")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command ``args.run(args)``; turn every lmdbfolder error, Ctrl-C
+    (and SIGTERM) and a closed pipe into one message on stderr and an exit code."""
+    run: Callable[[argparse.Namespace], int] = args.run
+    previous = _terminate_as_interrupt()
+    try:
+        return run(args)
+    except LmdbFolderError as exc:
+        text = exc.text(cli=True).replace("`lmdbfolder COMMAND ", f"`lmdbfolder {args.command} ")
+        print(f"lmdbfolder {args.command}: error: {text}", file=sys.stderr)
+        return _exit_code(exc)
+    except KeyboardInterrupt:
+        hint = "; run the same command again to resume" if args.command == "pack" else ""
+        print(f"lmdbfolder {args.command}: interrupted{hint}", file=sys.stderr)
+        return EXIT_CODES["interrupted"]
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_code(exc: LmdbFolderError) -> int:
+    if isinstance(exc, MissingDependencyError):
+        return EXIT_CODES["missing dependency"]
+    if isinstance(exc, OptionError):
+        return EXIT_CODES["usage"]
+    if isinstance(exc, NotAPackError):
+        return EXIT_CODES["not a pack"]
+    if isinstance(exc, OutputExistsError):
+        return EXIT_CODES["output exists"]
+    if isinstance(exc, SourceError):
+        return EXIT_CODES["source error"]
+    if isinstance(exc, PackError):
+        return EXIT_CODES["pack failed"]
+    return EXIT_CODES["other error"]
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _terminate_as_interrupt() -> Any:
+    """Treat SIGTERM like Ctrl-C (only possible in the main thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:
+        return None
+
+
+def usage(command: str, message: str) -> int:
+    """Print a usage error of ``lmdbfolder COMMAND`` found after parsing (one line and a hint); return 2."""
+    print(f"lmdbfolder {command}: error: {message}\n  hint: see `lmdbfolder {command} --help`", file=sys.stderr)
+    return EXIT_CODES["usage"]
+
+
+def print_json(obj: Any) -> None:
+    """``--json`` output: ``obj`` on stdout, indented, non-ASCII kept."""
+    json.dump(obj, sys.stdout, indent=2, ensure_ascii=False, default=str)
+    sys.stdout.write("\n")
+
+
+def add_output_flags(p: argparse.ArgumentParser, json_help: str) -> None:
+    """``--no-progress`` and ``--json``, for the commands that draw a progress bar."""
+    p.add_argument("--no-progress", action="store_true", help="do not draw a progress bar")
+    p.add_argument("--json", action="store_true", help=json_help)
+
+
+def show_progress(args: argparse.Namespace) -> bool | None:
+    """No bar with --no-progress or --json; otherwise a bar on a terminal."""
+    return False if args.no_progress or args.json else None
+
+
+def nothing_to_do(path: str, what: str) -> str:
+    """The message of a pack (or import) that finds its output already complete."""
+    return (
+        f"{path} is already packed from this source with these options: nothing to do ({what}; "
+        "--overwrite packs it again)"
+    )
+
+
+def _whole_number(text: str, low: int, high: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argument type: a whole number of at least 1."""
+    return _whole_number(text, 1)
+
+
+def count(text: str) -> int:
+    """A whole number of at least 0 (DataLoader workers, limits where 0 means all)."""
+    return _whole_number(text, 0)
+
+
+def quality(text: str) -> int:
+    """An argument type: a JPEG/WebP quality, 1..100."""
+    return _whole_number(text, 1, 100)

@@ -1,0 +1,317 @@
+"""``lmdbfolder pack``: an image folder (or a list file) into a pack; with the
+shard flags a sharded pack, one shard of a Slurm array, or shards on Ray."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Sequence
+
+from lmdbfolder.cli.common import (
+    add_output_flags,
+    count,
+    nothing_to_do,
+    positive_int,
+    print_json,
+    quality,
+    show_progress,
+    usage,
+)
+from lmdbfolder.errors import OptionError
+from lmdbfolder.format import SKIPPED_REPORT
+from lmdbfolder.text import megabytes, plural
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``pack`` and its flags to the subcommands ``sub``."""
+    p = sub.add_parser(
+        "pack",
+        help="pack an image folder (or a list file) into an LMDB",
+        description="Pack SRC into a new pack directory DST. SRC is an ImageFolder tree "
+        "(SRC/<class>/**/<image>) unless --flat or --list says otherwise.",
+    )
+    p.add_argument("src", help="source folder (for --list: the folder the list's paths start from)")
+    p.add_argument("dst", help="pack directory to create")
+    layout = p.add_mutually_exclusive_group()
+    layout.add_argument("--list", metavar="FILE", dest="list_file", help="read `relative/path label` lines from FILE")
+    layout.add_argument("--flat", action="store_true", help="SRC is a folder of unlabelled images")
+    p.add_argument(
+        "--store",
+        choices=("encoded", "raw"),
+        default="encoded",
+        help="encoded: keep the original file bytes (default); raw: decoded RGB pixels",
+    )
+    p.add_argument(
+        "--check",
+        choices=("header", "decode", "none"),
+        default="header",
+        help="how to check each source file: header (the header is read as Pillow reads it; default), "
+        "decode (decode every image once), none (trust the files)",
+    )
+    p.add_argument(
+        "--max-size",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="shrink images whose longer side (see --resize-side) is above N pixels and re-encode them "
+        "as JPEG (--format webp: WebP; or raw pixels with --store raw); smaller images keep their bytes",
+    )
+    p.add_argument(
+        "--quality",
+        type=quality,
+        default=None,
+        metavar="Q",
+        help="JPEG (or WebP) quality of resized images, 1..100 (default 90)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("jpeg", "webp"),
+        default=None,
+        dest="resize_format",
+        help="with --max-size: re-encode resized images as jpeg (default) or webp",
+    )
+    p.add_argument(
+        "--resize-side",
+        choices=("longer", "shorter"),
+        default="longer",
+        help="which side --max-size limits (default: longer, like FFCV's max_resolution)",
+    )
+    p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
+    p.add_argument(
+        "--commit-every", type=positive_int, default=None, metavar="N", help="samples per transaction (default 2000)"
+    )
+    p.add_argument(
+        "--commit-bytes",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="bytes per transaction (default: 2 MB, more where the disk flushes slowly; at most 64 MB)",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="reader processes on Linux, else threads (default: 2x CPUs, at least 4; 1 reads in the writer)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
+    p.add_argument("--restart", action="store_true", help="discard an unfinished pack at DST instead of resuming it")
+    p.add_argument("--allow-empty", action="store_true", help="keep class folders that hold no image")
+    p.add_argument(
+        "--extensions",
+        type=_extension_list,
+        default=None,
+        metavar=".EXT,...",
+        help="file endings to pack, case-insensitive (default: ImageFolder's .jpg,.jpeg,.png,.ppm,.bmp,.pgm,"
+        ".tif,.tiff,.webp); recorded in the pack",
+    )
+    p.add_argument(
+        "--match",
+        default=None,
+        metavar="REGEX",
+        help="pack only files whose path relative to SRC contains a match of REGEX (Python re.search, / "
+        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack",
+    )
+    p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
+    add_output_flags(p, "print the summary as JSON")
+    _add_shard_options(p)
+    p.set_defaults(run=run)
+
+
+def _add_shard_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("shards and clusters")
+    g.add_argument(
+        "--shards",
+        type=positive_int,
+        metavar="N",
+        help="write N shards DST/<prefix>-00000-of-0000N.lmdb ... (a contiguous split) and DST/index.json",
+    )
+    g.add_argument(
+        "--shard-size", metavar="SIZE", help="as many shards as needed for about SIZE each (4GB, 500MB, 2GiB)"
+    )
+    g.add_argument(
+        "--shard-index",
+        type=count,
+        metavar="I",
+        help="pack only shard I of --shards N (one job of a Slurm array); afterwards run `lmdbfolder index DST`",
+    )
+    g.add_argument("--shard-prefix", default="train", metavar="NAME", help="shard name prefix (default: train)")
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="pack the shards in parallel on a Ray cluster, one task per shard. ADDRESS: `auto`, `ray://HOST:10001`; "
+        "without it, the cluster in RAY_ADDRESS or a new local one. Put it after SRC DST (or write --ray=ADDRESS)",
+    )
+    g.add_argument(
+        "--task-cpus", type=float, default=1.0, metavar="C", help="CPUs Ray reserves per shard task (default 1)"
+    )
+    g.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="build each shard in DIR (a node-local disk) and copy it into DST when finished; "
+        "for a DST on a network file system, where LMDB must not be written",
+    )
+
+
+def _extension_list(text: str) -> tuple[str, ...]:
+    """``--extensions .jpg,.png`` (commas and/or spaces; the dot may be left out)."""
+    names = [e.strip() for e in text.replace(",", " ").split()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one extension, e.g. --extensions .jpg,.png")
+    return tuple(e if e.startswith(".") else "." + e for e in names)
+
+
+def _pack_options(args: argparse.Namespace) -> Any:
+    """The PackOptions that ``pack``'s flags ask for (validated by PackOptions itself)."""
+    from lmdbfolder.write.options import DEFAULT_COMMIT_EVERY, PackOptions, Resize
+
+    resize = None
+    if args.max_size is not None:
+        level = 90 if args.quality is None else args.quality
+        resize = Resize(args.max_size, level, args.resize_side, args.resize_format or "jpeg")
+    elif args.quality is not None:
+        raise OptionError("--quality needs --max-size")
+    elif args.resize_format is not None:
+        raise OptionError("--format needs --max-size (only resized images are re-encoded)")
+    return PackOptions(
+        store=args.store,
+        check=args.check,
+        strict=args.strict,
+        commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
+        commit_bytes=args.commit_bytes,
+        workers=args.workers,
+        overwrite=args.overwrite,
+        restart=args.restart,
+        space_check=not args.no_space_check,
+        progress=show_progress(args),
+        resize=resize,
+    )
+
+
+def _source_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Where ``pack`` reads from: layout, list file, empty classes, file filters."""
+    return dict(
+        layout="flat" if args.flat else "imagefolder",
+        list_file=args.list_file,
+        allow_empty=args.allow_empty,
+        extensions=args.extensions,
+        match=args.match,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``lmdbfolder pack``: one pack, or a sharded pack when a shard flag is given."""
+    from lmdbfolder.write.writer import pack
+
+    options = _pack_options(args)
+    if _wants_shards(args):
+        return _run_sharded(args, options)
+
+    result = pack(args.src, args.dst, options, **_source_args(args))
+    if args.json:
+        print_json(result.as_dict())
+        return 0
+    if result.already_packed:
+        skipped = f", {plural(len(result.skipped), 'file')} skipped" if result.skipped else ""
+        print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
+        return 0
+    resumed = f" (resumed after {plural(result.resumed_from, 'file')})" if result.resumed_from else ""
+    print(
+        f"packed {plural(result.count, 'image')} into {result.path}{resumed}: {megabytes(result.input_bytes)} read "
+        f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
+    )
+    resize = options.resize
+    if resize is not None:
+        print(
+            f"resized to {resize.side} side <= {resize.max_size} px "
+            f"({'JPEG' if resize.format == 'jpeg' else 'WebP'} quality {resize.quality} unless raw): "
+            f"{megabytes(result.payload_bytes)} stored "
+            f"({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
+        )
+    _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+    return 0
+
+
+def _wants_shards(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.shards, args.shard_size, args.shard_index, args.ray, args.staging))
+
+
+def _run_sharded(args: argparse.Namespace, options: Any) -> int:
+    from lmdbfolder.write.shards import pack_sharded, parse_size
+
+    if (args.shards is None) == (args.shard_size is None):
+        return usage("pack", "pass one of --shards N and --shard-size SIZE")
+    if args.shard_index is not None and args.shards is None:
+        return usage("pack", "--shard-index needs --shards N (the same N for every job)")
+    if args.shard_index is not None and args.ray is not None:
+        return usage("pack", "--ray packs every shard; do not combine it with --shard-index")
+    if args.shard_index is not None and not 0 <= args.shard_index < args.shards:
+        return usage("pack", f"--shard-index must be in 0..{args.shards - 1}")
+    if args.shards is not None and args.shards < 1:
+        return usage("pack", "--shards must be at least 1")
+    if args.shard_size is not None:
+        try:
+            parse_size(args.shard_size)
+        except ValueError as exc:
+            return usage("pack", str(exc))
+    shard_args: dict[str, Any] = dict(
+        shards=args.shards,
+        shard_size=args.shard_size,
+        prefix=args.shard_prefix,
+        staging=args.staging,
+        **_source_args(args),
+    )
+    if args.ray is not None:
+        from lmdbfolder.write.ray import pack_ray
+
+        result = pack_ray(args.src, args.dst, options, address=args.ray or None, task_cpus=args.task_cpus, **shard_args)
+    else:
+        result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
+    if args.json:
+        print_json(result.as_dict())
+        return 0
+    if result.already_packed:
+        shards = (
+            f"shard {args.shard_index} of {result.path}"
+            if args.shard_index is not None
+            else f"{result.path} ({plural(len(result.shards), 'shard')})"
+        )
+        print(nothing_to_do(shards, plural(result.count, "image")))
+        return 0
+    kept = sum(s.kept for s in result.shards)
+    resumed = sum(1 for s in result.shards if s.resumed_from)
+    notes = [f"{kept} already packed"] if kept else []
+    notes += [f"{resumed} resumed"] if resumed else []
+    note = f" ({', '.join(notes)})" if notes else ""
+    speed = f"{result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
+    if args.shard_index is not None:
+        shard = result.shards[0]
+        print(
+            f"packed shard {shard.index} of {args.shards}: {plural(shard.count, 'image')} into {shard.path}{note} "
+            f"in {result.seconds:.1f} s, {speed}\n"
+            f"when every shard is packed, run: lmdbfolder index {result.path}"
+        )
+    else:
+        print(
+            f"packed {plural(result.count, 'image')} into {result.path} as "
+            f"{plural(len(result.shards), 'shard')}{note}: "
+            f"{megabytes(result.input_bytes)} read in {result.seconds:.1f} s, {speed}"
+        )
+    _print_skipped(result.skipped, "each shard's skipped.txt")
+    return 0
+
+
+def _print_skipped(skipped: Sequence[tuple[str, str]], listed_in: str, shown: int = 20) -> None:
+    """The first ``shown`` skipped files and why, after a pack."""
+    if not skipped:
+        return
+    print(f"skipped {plural(len(skipped), 'file')} (listed in {listed_in}):")
+    for path, reason in skipped[:shown]:
+        print(f"  {path}: {reason}")
+    if len(skipped) > shown:
+        print(f"  ... and {len(skipped) - shown:,} more")

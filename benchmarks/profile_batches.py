@@ -10,8 +10,10 @@ resize="opencv", output="tensor")`` + flip, ``threads=1``). Batches of 64 in a
 seeded random order go through ``__getitems__`` after 5 warm-up batches (run
 ``lmdbfolder warm PACK`` first for a warm page cache). ``--regions 0`` sets
 ``LMDBFOLDER_REGIONS=0`` (whole-image decoding), to see what region decoding
-saves. Prints the CPU time per image and the functions that took most of it
-(their own time, per image and as a share).
+saves. Prints the CPU time per image, the functions that took most of it
+(their own time, per image and as a share), and the time by kind: the decode,
+the resize, pixel copies, checksums, and "other" (the Python glue around them,
+the random draws).
 """
 
 from __future__ import annotations
@@ -67,7 +69,29 @@ def main(argv: list[str] | None = None) -> int:
     rows = sorted(((tt, fn, os.path.basename(file)) for (file, _, fn), (_, _, tt, _, _) in stats.items()), reverse=True)
     for tt, fn, file in rows[: args.top]:
         print(f"  {1e6 * tt / n:8,.0f} us  {100 * tt / total:5.1f} %  {fn}  ({file})")
+    shares = {kind: 0.0 for kind in (*KINDS, "other")}
+    for tt, fn, _file in rows:
+        shares[kind_of(fn)] += tt
+    print("  by kind (own time): " + ", ".join(f"{k} {1e6 * v / n:,.0f} us" for k, v in shares.items()))
     return 0
+
+
+#: What the compiled and library calls on the read path are, by a piece of their profile name;
+#: everything else (Python functions, small builtins, torch's RNG calls) is "other".
+KINDS = {
+    "decode": ("decode_region", "decode_jpeg", "imdecode", "'decode' of 'ImagingDecoder'", "'load' of"),
+    "resize": ("resize_bilinear", "<resize>", "'resize' of 'ImagingCore'"),
+    "copies": ("<split>", "<flip>", "'tobytes'", "frombuffer", "'copy' of"),
+    "checksum": ("crc32", "checksum"),
+}
+
+
+def kind_of(function: str) -> str:
+    """``decode``, ``resize``, ``copies``, ``checksum`` or ``other`` for a profile entry's name."""
+    for kind, marks in KINDS.items():
+        if any(mark in function for mark in marks):
+            return kind
+    return "other"
 
 
 if __name__ == "__main__":

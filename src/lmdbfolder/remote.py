@@ -38,7 +38,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from lmdbfolder.errors import MissingDependencyError, RemoteError
+from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, RemoteError
 from lmdbfolder.format import PARTS_SUFFIX
 
 __all__ = [
@@ -197,7 +197,7 @@ class ObjectInfo:
 class Remote:
     """An object or folder in object storage, named by its URL.
 
-    ``Remote("s3://bucket/train").child("index.json").read()``. Every
+    ``Remote("s3://bucket/train").child(SHARD_INDEX_FILE).read()``. Every
     method raises ``RemoteError`` naming the URL. Pickles as its URL (the
     client is made again in each process).
     """
@@ -235,7 +235,7 @@ class Remote:
     def _call(self, action: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
-        except RemoteError:
+        except LmdbFolderError:  # ours already (a missing client library, a short read)
             raise
         except Exception as exc:
             raise translate(exc, self.url, action) from None
@@ -321,6 +321,7 @@ def download(
     part_size: int = DEFAULT_PART_SIZE,
     jobs: int = DEFAULT_JOBS,
     on_bytes: Callable[[int], None] | None = None,
+    abort: threading.Event | None = None,
 ) -> tuple[int, str]:
     """Fetch ``remote`` into the local file ``dest``; return (bytes fetched now, SHA-256 hex).
 
@@ -332,7 +333,9 @@ def download(
     (the parts a rerun kept are read back from ``dest``); if ``sha256`` is
     given and differs, ``dest`` and its journal are removed and RemoteError
     (kind "digest") is raised, so a rerun fetches it afresh. On success the
-    journal is removed: ``dest`` is complete.
+    journal is removed: ``dest`` is complete. ``abort``, once set (by the
+    caller, when another download of the same copy failed), stops the parts
+    not started yet.
     """
     if part_size < 1 or jobs < 1:
         raise ValueError("part_size and jobs must be positive")
@@ -359,6 +362,8 @@ def download(
         with open(journal, "a", encoding="ascii") as log:
 
             def fetch(k: int) -> int:
+                if abort is not None and abort.is_set():
+                    raise _Aborted
                 start = k * part_size
                 end = min(info.size, start + part_size)
                 data = remote.read(start, end) if end > start else b""
@@ -380,6 +385,8 @@ def download(
                                 on_bytes(n)
                             hasher.landed(k)
                     except BaseException:
+                        if abort is not None:
+                            abort.set()
                         for pending in futures:
                             pending.cancel()
                         raise
@@ -399,6 +406,10 @@ def download(
         )
     os.remove(journal)
     return fetched, digest
+
+
+class _Aborted(Exception):
+    """A part not fetched because another download of the same copy failed (that error is reported)."""
 
 
 class _OrderedHash:

@@ -106,6 +106,7 @@ def fetch_shard(
     part_size: int = DEFAULT_PART_SIZE,
     jobs: int = DEFAULT_JOBS,
     on_bytes: Any = None,
+    abort: threading.Event | None = None,
 ) -> int:
     """Download the shard ``entry`` of the pack at ``remote`` and publish it as
     ``directory/<name>``; return the bytes fetched now.
@@ -143,6 +144,7 @@ def fetch_shard(
             part_size=part_size,
             jobs=jobs,
             on_bytes=on_bytes,
+            abort=abort,
         )
     except OSError as exc:
         raise disk_error(exc, src.url, tmp) from None

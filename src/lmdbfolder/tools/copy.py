@@ -275,17 +275,17 @@ def _download(
             parallel = max(1, min(len(todo), 4, jobs))
             per_shard = max(1, jobs // parallel)
 
+            abort = threading.Event()  # the first failure stops the other shards' next parts
+
             def one(entry: dict[str, Any]) -> None:
-                fetch_shard(remote, entry, tmp, part_size=part_size, jobs=per_shard, on_bytes=count)
+                fetch_shard(remote, entry, tmp, part_size=part_size, jobs=per_shard, on_bytes=count, abort=abort)
                 _fetch_report(remote.child(entry["name"]), os.path.join(tmp, entry["name"]))
                 if not isinstance(entry.get("data_sha256"), str):
                     # Uploaded without a digest (by hand): check every record instead.
                     _verified_or_raise(os.path.join(tmp, entry["name"]), f"shard {entry['name']} of {src}")
 
             if todo:
-                with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-                    for future in [pool.submit(one, e) for e in todo]:
-                        future.result()
+                _run_all(one, todo, parallel, abort)
             count_samples, shards = int(index["count"]), len(entries)
         if verify:
             _verified_or_raise(tmp, f"the copy of {src}")
@@ -294,6 +294,30 @@ def _download(
         bar.close()
     size = packdir.pack_size(dst_path)
     return CopyResult(src, dst_path, count_samples, shards, size, size, time.perf_counter() - start, fetched[0])
+
+
+def _run_all(fn: Any, items: list[Any], workers: int, abort: threading.Event) -> None:
+    """``fn(item)`` for every item, ``workers`` at a time; the first error (not a
+    consequence of another: ``_Aborted``) is raised once the running calls end,
+    and no call starts after it."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    futures = [pool.submit(fn, item) for item in items]
+    first: BaseException | None = None
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            if future.cancelled():
+                continue
+            exc = future.exception()
+            if exc is not None:
+                abort.set()
+                for pending in futures:
+                    pending.cancel()
+                if first is None or type(first).__name__ == "_Aborted":
+                    first = exc
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if first is not None:
+        raise first
 
 
 def decode_meta_count(path: str) -> int:
@@ -369,9 +393,7 @@ def _upload(
                 entry["bytes"] = os.path.getsize(os.path.join(shard.path, DATA_FILE))
                 entry["data_sha256"] = put(shard.path, remote.child(entry["name"]))
 
-            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(entries), 4, jobs))) as pool:
-                for future in [pool.submit(one, k) for k in range(len(entries))]:
-                    future.result()
+            _run_all(one, list(range(len(entries))), max(1, min(len(entries), 4, jobs)), threading.Event())
             reader.close()
             # Last: a remote pack without its index is an unfinished upload.
             remote.child(SHARD_INDEX_FILE).write(encode_shard_index(index))

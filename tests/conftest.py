@@ -344,9 +344,7 @@ class S3:
         """A plain s3fs client on the server itself (the test's own view of storage)."""
         import s3fs
 
-        return s3fs.S3FileSystem(
-            skip_instance_cache=True, key="testing", secret="testing", endpoint_url=self.endpoint
-        )
+        return s3fs.S3FileSystem(skip_instance_cache=True, key="testing", secret="testing", endpoint_url=self.endpoint)
 
 
 _BUCKETS = iter(range(1 << 30))

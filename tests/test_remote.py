@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import S3_ENV, Proxy, S3, free_port, write
+from conftest import S3, S3_ENV, Proxy, free_port, write
 from lmdbfolder import copy_pack, verify
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import MissingDependencyError, OutputExistsError, RemoteError
@@ -194,8 +194,9 @@ def test_server_stopping_mid_copy_is_a_clear_error_and_the_rerun_resumes(
     total = data_total(sharded)
     proxy.reset()
     proxy.pause_after(total // 2)
-    # botocore's standard setting: fewer attempts, so the dead server is given up on sooner
+    # botocore's and fsspec's standard settings: fewer attempts, so the dead server is given up on sooner
     s3.monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    s3.monkeypatch.setenv("FSSPEC_S3_RETRIES", "2")
 
     def stop_server() -> None:
         proxy.paused.wait(120)
@@ -229,9 +230,7 @@ def _tamper(s3: S3, url_prefix: str, name: str, data_file: Path, *, grow: bool =
     s3.client().pipe_file(f"{s3.bucket}/{url_prefix}/{name}/{DATA_FILE}", bytes(blob))
 
 
-def test_a_shard_whose_bytes_do_not_match_its_digest_is_never_published(
-    s3: S3, sharded: Path, tmp_path: Path
-) -> None:
+def test_a_shard_whose_bytes_do_not_match_its_digest_is_never_published(s3: S3, sharded: Path, tmp_path: Path) -> None:
     url = s3.url("train")
     copy_pack(sharded, url)
     names = shard_names(sharded)
@@ -294,7 +293,12 @@ def authenticating_server() -> Any:
     try:
         import boto3
 
-        kw = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "a", "aws_secret_access_key": "b"}
+        kw = {
+            "endpoint_url": endpoint,
+            "region_name": "us-east-1",
+            "aws_access_key_id": "a",
+            "aws_secret_access_key": "b",
+        }
         import botocore.exceptions
 
         deadline = time.monotonic() + 60
@@ -331,7 +335,9 @@ def test_wrong_credentials_are_a_clear_error(
     assert "access denied" in caught.value.message
     assert not any(tmp_path.glob("a*"))
     # credentials from a profile (AWS_PROFILE + a credentials file), as the standard chain reads them
-    creds = write(tmp_path / "credentials", f"[trainer]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n".encode())
+    creds = write(
+        tmp_path / "credentials", f"[trainer]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n".encode()
+    )
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))

@@ -27,10 +27,12 @@ a new folder; the old one is evicted like any unused shard). It holds
   eviction only unlinks it (the map stays valid).
 * **A cache limit** (``cache_limit`` bytes of this pack's shards) is kept by
   evicting shards, least recently used first, that no rank on the node still
-  needs this epoch: each rank following a sampler lists what it still needs
-  in ``.needs-<pid>`` (held with a shared lock while the rank lives, so a
-  killed rank's list is recognised and ignored). Shards in use are never
-  deleted, so the limit can be exceeded by what is needed at once.
+  needs this epoch; then, if that is not enough, the shards needed last
+  (Belady's rule), never those in use or next. Each rank following a sampler
+  lists what it still needs, in order, in ``.needs-<pid>`` (held with a
+  shared lock while the rank lives, so a killed rank's list is recognised
+  and ignored). Shards in use are never deleted, so the limit can be
+  exceeded by what is needed at once (a warning says so).
 * **Ahead of need.** ``follow(schedule)`` (called by
   ``ExactDistributedSampler`` at the start of each epoch's iteration)
   starts a thread in the rank's main process that fetches the shards in the
@@ -313,7 +315,12 @@ class StagedPack:
 
     def needed(self) -> set[int]:
         """Shards some live rank on this node still needs this epoch (``follow``)."""
-        needed: set[int] = set()
+        return set(self.needed_soonest())
+
+    def needed_soonest(self) -> dict[int, int]:
+        """Shard -> how soon a live rank on this node needs it (0: in use now, 1: next, ...;
+        the smallest over the ranks' lists)."""
+        needed: dict[int, int] = {}
         try:
             names = os.listdir(self.root)
         except OSError:
@@ -335,9 +342,10 @@ class StagedPack:
             finally:
                 os.close(fd)
             try:
-                needed.update(int(k) for k in json.loads(raw))
+                for soon, k in enumerate(json.loads(raw)):
+                    needed[int(k)] = min(soon, needed.get(int(k), soon))
             except (ValueError, TypeError):
-                return set(range(len(self.names)))  # being rewritten: keep everything
+                return dict.fromkeys(range(len(self.names)), 0)  # being rewritten: keep everything
         return needed
 
     def _make_room(self, incoming: int, *, keep: int) -> None:
@@ -347,9 +355,13 @@ class StagedPack:
         total = sum(_size(self.path(k)) for k in staged) + incoming
         if total <= self.cache_limit:
             return
-        needed = self.needed()
-        candidates = sorted((k for k in staged if k not in needed), key=lambda k: _mtime(self.path(k)))
-        for k in candidates:
+        # First what no rank needs any more (least recently used first); then, if that
+        # is not enough, what is needed last (never the shards in use or next).
+        soonest = self.needed_soonest()
+        unneeded = sorted((k for k in staged if k not in soonest), key=lambda k: _mtime(self.path(k)))
+        protected = 2 + self.ahead
+        later = sorted((k for k in staged if soonest.get(k, 0) > protected), key=lambda k: -soonest[k])
+        for k in unneeded + later:
             if total <= self.cache_limit:
                 return
             size = _size(self.path(k))
@@ -358,7 +370,7 @@ class StagedPack:
         if total > self.cache_limit:
             warnings.warn(
                 f"the staging cache of {self.url} holds {total:,} bytes, above cache_limit={self.cache_limit:,}: "
-                "every shard in it is still needed this epoch",
+                "every shard in it is in use (raise cache_limit to hold shards_at_once + ahead + 2 shards)",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -428,7 +440,8 @@ class _Follower:
         return len(self.schedule)
 
     def _write_needs(self) -> None:
-        needs = sorted({k for k, last in self.schedule if last + self.linger >= self.position})
+        # In the order of need: the shards still being read (lingering) first.
+        needs = [k for k, last in self.schedule if last + self.linger >= self.position]
         data = json.dumps(needs).encode()
         os.ftruncate(self._needs_fd, 0)
         os.pwrite(self._needs_fd, data, 0)

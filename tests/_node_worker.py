@@ -46,7 +46,8 @@ def collate(batch: list[Any]) -> list[Any]:
 
 
 def main() -> None:
-    spec = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     per_node = world // spec["nodes"]
     node = rank // per_node

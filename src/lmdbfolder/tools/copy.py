@@ -244,10 +244,7 @@ def _download(
     fetched = [0]
     lock = threading.Lock()
     entries: list[dict[str, Any]] = [] if index is None else index["shards"]
-    if index is None:
-        total = remote.child(DATA_FILE).info().size
-    else:
-        total = sum(int(e.get("bytes") or 0) for e in entries)
+    total = sum(int(e.get("bytes") or 0) for e in entries) if index else remote.child(DATA_FILE).info().size
     bar = Progress(total, f"copy {remote.name}", enabled=progress, unit="B")
 
     def count(n: int) -> None:

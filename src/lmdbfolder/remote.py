@@ -16,9 +16,10 @@ is first used; a missing one is a ``MissingDependencyError`` naming the extra.
 
 ``download`` fetches one object into a local file in ranged parts, several
 at once, and is resumable after ``kill -9``: a journal beside the file
-(``<file>.parts``, ``format.PARTS_SUFFIX``) lists the parts whose bytes are on
-disk (each part is flushed before its line is written), and a rerun fetches
-only the parts it does not list. The SHA-256 of the file is computed as the
+(``<file>.parts``, ``format.PARTS_SUFFIX``) lists the parts whose bytes were
+written (a killed process loses nothing it wrote; after a power loss a listed
+part may be lost, which the digest check of the whole file catches), and a
+rerun fetches only the parts it does not list. The SHA-256 of the file is computed as the
 parts land, in order, and compared with the expected digest before the
 caller publishes anything.
 
@@ -327,7 +328,8 @@ def download(
 
     The object is fetched in ranged parts of ``part_size`` bytes, ``jobs`` at
     a time, each written in place into ``dest`` (preallocated to the object's
-    size) and flushed before ``dest + PARTS_SUFFIX`` records it. A rerun
+    size) before ``dest + PARTS_SUFFIX`` records it; the file is flushed to
+    disk once, at the end. A rerun
     fetches only the parts not recorded (if the object changed, by size or
     tag, it starts over). The SHA-256 is computed in order as parts land
     (the parts a rerun kept are read back from ``dest``); if ``sha256`` is
@@ -377,7 +379,9 @@ def download(
                         for future in concurrent.futures.as_completed(futures):
                             n = future.result()
                             k = futures[future]
-                            os.fdatasync(fd)  # the part's bytes are on disk before the journal says so
+                            # The part is in the page cache: it survives a killed process. After a
+                            # power loss the journal may list a part the disk lost; the digest
+                            # (or the record checksums) of the finished file catch that.
                             log.write(f"{k}\n")
                             log.flush()
                             fetched += n
@@ -391,6 +395,7 @@ def download(
                             pending.cancel()
                         raise
         digest = hasher.hexdigest()
+        os.fdatasync(fd)  # durable before the caller publishes it
     finally:
         os.close(fd)
     if sha256 is not None and digest != sha256:

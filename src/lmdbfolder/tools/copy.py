@@ -276,7 +276,8 @@ def _download(
 
             def one(entry: dict[str, Any]) -> None:
                 fetch_shard(remote, entry, tmp, part_size=part_size, jobs=per_shard, on_bytes=count, abort=abort)
-                _fetch_report(remote.child(entry["name"]), os.path.join(tmp, entry["name"]))
+                if entry.get("skipped") != 0:  # the index says whether there is a report to fetch
+                    _fetch_report(remote.child(entry["name"]), os.path.join(tmp, entry["name"]))
                 if not isinstance(entry.get("data_sha256"), str):
                     # Uploaded without a digest (by hand): check every record instead.
                     _verified_or_raise(os.path.join(tmp, entry["name"]), f"shard {entry['name']} of {src}")

@@ -307,7 +307,10 @@ def _run_all(fn: Any, items: list[Any], workers: int, abort: threading.Event) ->
                 continue
             exc = future.exception()
             if exc is not None:
-                abort.set()
+                # A full disk stops no other shard that already has its room (a rerun keeps
+                # them); any other failure (the server gone, credentials) stops them all.
+                if not (isinstance(exc, RemoteError) and exc.kind == "disk"):
+                    abort.set()
                 for pending in futures:
                     pending.cancel()
                 if first is None or type(first).__name__ == "_Aborted":

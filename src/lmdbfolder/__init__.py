@@ -35,6 +35,7 @@ from lmdbfolder.errors import (
     OutputExistsError,
     PackError,
     PackNotFoundError,
+    RemoteError,
     SourceError,
     UnsafePickleError,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "Problem",
     "Reader",
     "Record",
+    "RemoteError",
     "Resize",
     "ShardedPackResult",
     "ShardedReader",

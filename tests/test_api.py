@@ -33,8 +33,11 @@ def test_public_api_snapshot() -> None:
         "Resize",
         "ShardedPackResult",
         "ShardedReader",
+        "SkippedFilesWarning",
+        "SlowPathWarning",
         "SourceError",
         "SourceList",
+        "SourceNotFoundError",
         "UnsafePickleError",
         "VerifyReport",
         "__version__",
@@ -51,7 +54,7 @@ def test_public_api_snapshot() -> None:
         "warm",
         "write_index",
     ]
-    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder", "BatchSamples", "collate"]
+    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
     for name in lmdbfolder.__all__:
         assert hasattr(lmdbfolder, name)
 

@@ -35,7 +35,10 @@ from lmdbfolder.errors import (
     OutputExistsError,
     PackError,
     PackNotFoundError,
+    SkippedFilesWarning,
+    SlowPathWarning,
     SourceError,
+    SourceNotFoundError,
     UnsafePickleError,
 )
 from lmdbfolder.read.opening import open_pack
@@ -74,8 +77,11 @@ __all__ = [
     "Resize",
     "ShardedPackResult",
     "ShardedReader",
+    "SkippedFilesWarning",
+    "SlowPathWarning",
     "SourceError",
     "SourceList",
+    "SourceNotFoundError",
     "UnsafePickleError",
     "VerifyReport",
     "__version__",

@@ -57,7 +57,10 @@ def _campaign(tmp: Path, trials: int, loader_every: int) -> dict[str, Any]:
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param((200, 10), id="quick"), pytest.param((3000, 1), id="soak", marks=pytest.mark.slow)],
+    params=[
+        pytest.param((200, 10), id="quick", marks=pytest.mark.long("about 20 s: 200 damaged packs through every path")),
+        pytest.param((3000, 1), id="soak", marks=pytest.mark.slow),
+    ],
 )
 def fuzz(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     trials, loader_every = request.param

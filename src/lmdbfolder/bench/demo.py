@@ -3,7 +3,7 @@
 Generates an ImageNet-like folder of real JPEGs, packs it, verifies it,
 checks that ``LMDBFolder`` returns exactly what ``ImageFolder`` returns, and
 runs ``lmdbfolder bench`` on it (raw reads and the training pipeline, cold
-and warm, LMDBFolder with its defaults and with the auto decoder and the fused crop, a
+and warm, LMDBFolder with its defaults and with the fused crop, a
 ``--max-size 256`` copy).
 """
 

@@ -20,8 +20,8 @@ def add_parser(sub: Any) -> None:
         "checked (a damaged SRC is an error, never a crash); "
         "a sharded pack is copied shard by shard with its index. DST appears only when complete.",
     )
-    p.add_argument("src", help="pack or sharded pack directory")
-    p.add_argument("dst", help="path of the copy")
+    p.add_argument("src", metavar="SRC", help="pack or sharded pack directory")
+    p.add_argument("dst", metavar="DST", help="path of the copy")
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
     p.add_argument("--verify", action="store_true", help="check every record of the copy before publishing it")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

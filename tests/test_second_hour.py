@@ -289,7 +289,7 @@ def test_make_test_says_what_it_runs_and_how_long() -> None:
 
     makefile = (REPO / "Makefile").read_text()
     recipe = makefile[makefile.index("\ntest: ") : makefile.index("\n\n", makefile.index("\ntest: "))]
-    assert "about 750 tests" in recipe and "min on the 2-core development VM" in recipe
+    assert "about 750 tests" in recipe and "min on the 2-core development VM" in recipe and "longest" in recipe
     assert "pytest --durations=5" in recipe and "-q" not in recipe  # a line per file, the slowest listed
     # a real pytest run prints the notice before the long test starts
     proc = subprocess.run(

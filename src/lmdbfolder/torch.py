@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import sys
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -705,12 +706,15 @@ def _warn_if_slow() -> None:
 
     caps.answer("warned:compiled", asked)
     if first and caps.regions_switch and caps.compiled() is None:
+        frame, level = sys._getframe(0), 1
+        while frame is not None and frame.f_globals.get("__name__") == __name__:
+            frame, level = frame.f_back, level + 1  # type: ignore[assignment]
         warnings.warn(
             "lmdbfolder's compiled crop decoder (lmdbfolder.read._crops) is not built in this installation, "
             "so JPEG crops are decoded whole and resized by Pillow: the same pixels, about 20% slower. "
             "`lmdbfolder doctor` says what to install (usually: apt-get install libjpeg-dev, then reinstall)",
             SlowPathWarning,
-            stacklevel=3,
+            stacklevel=level,  # the user's line that made the dataset
         )
 
 

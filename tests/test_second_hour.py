@@ -312,3 +312,19 @@ def test_make_test_says_what_it_runs_and_how_long() -> None:
     distributed = (REPO / "tests" / "test_distributed.py").read_text()
     at = distributed.index("def test_every_sample_once_per_epoch_across_ranks_and_exact_resume")
     assert "@pytest.mark.long(" in distributed[at - 200 : at]
+
+
+def test_check_identical_leaves_out_the_files_the_pack_skipped(small_tree: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    add_bad_files(small_tree)
+    with pytest.warns(SkippedFilesWarning):
+        pack(small_tree, tmp_path / "p", progress=False)
+    script = REPO / "benchmarks" / "check_identical.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(small_tree), str(tmp_path / "p")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # was: "targets differ", exit 1
+    assert "12 samples, 3 classes compared pixel for pixel" in proc.stdout
+    assert "identical (2 source files that the pack skipped left out)" in proc.stdout

@@ -889,11 +889,15 @@ def _trust_lines(s: dict[str, Any], cpus: int) -> list[str]:
         lines.append("other processes' CPU use is unknown here (no /proc/stat)")
     wide = [d for d in s.get("spread") or [] if d["spread"] is not None and d["spread"] >= SPREAD_WARNING]
     for d in wide[:10]:
-        busy = ", ".join("?" if c is None else f"{c:.2f}" for c in d["others_cpus"])
+        if all(c is None for c in d["others_cpus"]):
+            busy = "runs too short to measure other processes' CPU"
+        else:
+            busy = "other processes used " + ", ".join("-" if c is None else f"{c:.2f}" for c in d["others_cpus"])
+            busy += " CPUs in those runs"
         lines.append(
             f"runs disagree: {d['workload']}, {plural(d['workers'], 'worker')}, {d['contestant']}: "
-            f"{', '.join(f'{r:,.0f}' for r in d['runs'])} {d['unit']} ({d['spread']:.2f}x apart; other "
-            f"processes used {busy} CPUs in those runs); the fastest is reported"
+            f"{', '.join(f'{r:,.0f}' for r in d['runs'])} {d['unit']} ({d['spread']:.2f}x apart; {busy}); "
+            "the fastest is reported"
         )
     if len(wide) > 10:
         lines.append(f"runs disagree: ... and {len(wide) - 10} more (summary.spread in --json)")

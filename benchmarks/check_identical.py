@@ -17,6 +17,7 @@ import time
 from torchvision.datasets import ImageFolder
 
 from lmdbfolder.bench.demo import imagefolder_differences, leave_out_skipped
+from lmdbfolder.text import plural
 from lmdbfolder.torch import LMDBFolder
 
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     status = "identical" if not problems else f"{len(problems)} difference(s)"
     print(
         f"{len(theirs):,} samples, {len(theirs.classes)} classes compared pixel for pixel in {seconds:.0f} s: {status}"
-        + (f" ({left_out:,} source files that the pack skipped left out)" if left_out else "")
+        + (f" ({plural(left_out, 'source file')} that the pack skipped left out)" if left_out else "")
     )
     for p in problems[:20]:
         print("  " + p)

@@ -328,3 +328,16 @@ def test_check_identical_leaves_out_the_files_the_pack_skipped(small_tree: Path,
     assert proc.returncode == 0, proc.stdout + proc.stderr  # was: "targets differ", exit 1
     assert "12 samples, 3 classes compared pixel for pixel" in proc.stdout
     assert "identical (2 source files that the pack skipped left out)" in proc.stdout
+
+
+def test_the_fast_settings_without_opencv_say_what_to_install(capabilities: Callable[..., Capabilities]) -> None:
+    # The README walk after `make demo` alone (no OpenCV): a bare ModuleNotFoundError before.
+    from lmdbfolder import fused
+    from lmdbfolder.errors import MissingDependencyError
+
+    capabilities(cv2=None)
+    with pytest.raises(ImportError) as info:
+        fused.RandomResizedCrop(224, resize="opencv", output="tensor")
+    assert isinstance(info.value, MissingDependencyError)
+    assert 'resize="opencv"' in str(info.value) and 'pip install ".[opencv]"' in str(info.value)
+    fused.RandomResizedCrop(224, resize="pil", output="tensor")  # needs nothing

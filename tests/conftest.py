@@ -9,6 +9,7 @@ Every image is generated here with Pillow; no test data is stored in the repo.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from pathlib import Path
@@ -31,6 +32,27 @@ if TYPE_CHECKING:  # torch only where a test uses it: conftest is loaded for eve
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow (soak tests)")
+
+
+def long_test_notice(item: pytest.Item) -> str | None:
+    """The line printed before a test marked ``long`` starts (``make test`` would
+    otherwise show nothing for the minute it takes), or None for other tests."""
+    marker = item.get_closest_marker("long")
+    if marker is None:
+        return None
+    what = marker.args[0] if marker.args else "a long test"
+    return f"{item.nodeid}: {what} ..."
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    notice = long_test_notice(item)
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    capture = item.config.pluginmanager.get_plugin("capturemanager")
+    if notice is None or reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(notice, yellow=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -34,8 +34,11 @@ def test_public_api_snapshot() -> None:
         "Resize",
         "ShardedPackResult",
         "ShardedReader",
+        "SkippedFilesWarning",
+        "SlowPathWarning",
         "SourceError",
         "SourceList",
+        "SourceNotFoundError",
         "UnsafePickleError",
         "VerifyReport",
         "__version__",
@@ -52,7 +55,7 @@ def test_public_api_snapshot() -> None:
         "warm",
         "write_index",
     ]
-    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder", "BatchSamples", "collate"]
+    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
     for name in lmdbfolder.__all__:
         assert hasattr(lmdbfolder, name)
 

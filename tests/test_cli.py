@@ -150,7 +150,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "verified 12 records" in out
     assert "LMDBFolder == ImageFolder" in out and ": yes" in out
     assert "ImageFolder (files)" in out and "vs files" in out and "train pipeline" in out
-    assert "LMDBFolder auto decoder + fused crop" in out and "Recommendation:" in out
+    assert "LMDBFolder + fused crop" in out and "Recommendation:" in out
     assert f"work folder: {tmp_path / 'demo'} (kept" in out
     assert "  train pipeline, warm, 0 workers, LMDBFolder default: " in out  # the bench's progress, as it goes
     code, out, err = run("demo", "--classes", "2", "--per-class", "3", "--workers", "0", "--json")

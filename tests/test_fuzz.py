@@ -74,6 +74,7 @@ def _hits(result: dict[str, Any], want: Any) -> list[str]:
     return hits
 
 
+@pytest.mark.long("the first user of the fuzz campaign: 20-50 s to damage 200 packs and read each every way")
 def test_every_trial_ran_every_path(fuzz: dict[str, Any]) -> None:
     import fuzz_packs  # type: ignore[import-not-found]
 

@@ -36,7 +36,10 @@ from lmdbfolder.errors import (
     PackError,
     PackNotFoundError,
     RemoteError,
+    SkippedFilesWarning,
+    SlowPathWarning,
     SourceError,
+    SourceNotFoundError,
     UnsafePickleError,
 )
 from lmdbfolder.read.opening import open_pack
@@ -76,8 +79,11 @@ __all__ = [
     "Resize",
     "ShardedPackResult",
     "ShardedReader",
+    "SkippedFilesWarning",
+    "SlowPathWarning",
     "SourceError",
     "SourceList",
+    "SourceNotFoundError",
     "UnsafePickleError",
     "VerifyReport",
     "__version__",

@@ -30,6 +30,7 @@ __all__ = [
     "FormatVersionError",
     "CorruptRecordError",
     "SourceError",
+    "SourceNotFoundError",
     "ListFileError",
     "UnsafePickleError",
     "OutputExistsError",
@@ -39,6 +40,8 @@ __all__ = [
     "OptionError",
     "MissingDependencyError",
     "RemoteError",
+    "SkippedFilesWarning",
+    "SlowPathWarning",
     "PYTHON_FORMS",
     "python_form",
     "install_hint",
@@ -279,6 +282,23 @@ class SourceError(LmdbFolderError):
         super().__init__(f"{self.path}: {why}", hint)
 
 
+class SourceNotFoundError(SourceError, FileNotFoundError):
+    """No images where the source should have them: the folder does not exist, holds
+    no class folder, or a class folder (or a flat folder) holds no image.
+
+    Also a ``FileNotFoundError`` (``errno.ENOENT``, ``filename`` is the folder), as
+    torchvision's ``ImageFolder`` raises for the same tree, with its words for an
+    empty class ("Found no valid file for the classes ...").
+    """
+
+    def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
+        super().__init__(path, why, hint)
+        _not_found(self, self.path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_not_found, (type(self), self.__dict__.copy(), self.path))
+
+
 class ListFileError(SourceError):
     """A line of a ``path label`` list file cannot be parsed."""
 
@@ -384,3 +404,18 @@ class RemoteError(LmdbFolderError):
         self.url = str(url)
         self.kind = kind
         super().__init__(f"{self.url}: {why}", hint)
+
+
+class SkippedFilesWarning(UserWarning):
+    """``lmdbfolder.pack`` skipped source files (unreadable, truncated, not images).
+
+    The message gives the count and where they are listed (``DST/skipped.txt``);
+    the result's ``skipped`` holds every ``(path, reason)``. ``--strict`` /
+    ``strict=True`` stops at the first one instead.
+    """
+
+
+class SlowPathWarning(UserWarning):
+    """A faster read path is not available in this process (the compiled crop
+    decoder was not built): the same pixels, more slowly. Warned once per
+    process; ``lmdbfolder doctor`` says what to install."""

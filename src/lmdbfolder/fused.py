@@ -90,8 +90,8 @@ class RandomResizedCrop(T.RandomResizedCrop):
             raise ValueError(f"resize must be one of {RESIZE_BACKENDS}, got {resize!r}")
         if output not in ("pil", "tensor"):
             raise ValueError(f"output must be 'pil' or 'tensor', got {output!r}")
-        if resize == "opencv":
-            import cv2  # noqa: F401  (fail here, not in a worker)
+        if resize == "opencv" and current().cv2() is None:  # fail here, not in a worker
+            raise MissingDependencyError('lmdbfolder.fused.RandomResizedCrop(resize="opencv")', "opencv", "OpenCV")
         self.reduce = reduce
         self.resize = resize
         self.output = output

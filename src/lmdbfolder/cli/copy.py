@@ -26,8 +26,8 @@ def add_parser(sub: Any) -> None:
         "a download fetches shards in parallel in ranged parts, checks each against the index before "
         "publishing it, and resumes when run again (only the missing parts are fetched).",
     )
-    p.add_argument("src", help="pack or sharded pack directory, or its URL")
-    p.add_argument("dst", help="path or URL of the copy")
+    p.add_argument("src", metavar="SRC", help="pack or sharded pack directory, or its URL")
+    p.add_argument("dst", metavar="DST", help="path or URL of the copy")
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
     p.add_argument("--verify", action="store_true", help="check every record of the copy before publishing it")
     p.add_argument(

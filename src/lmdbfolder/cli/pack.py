@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import warnings
 from typing import Any, Sequence
 
 from lmdbfolder.cli.common import (
@@ -17,7 +19,7 @@ from lmdbfolder.cli.common import (
     show_progress,
     usage,
 )
-from lmdbfolder.errors import OptionError
+from lmdbfolder.errors import OptionError, SkippedFilesWarning
 from lmdbfolder.format import SKIPPED_REPORT
 from lmdbfolder.text import megabytes, plural
 
@@ -32,8 +34,8 @@ def add_parser(sub: Any) -> None:
         description="Pack SRC into a new pack directory DST. SRC is an ImageFolder tree "
         "(SRC/<class>/**/<image>) unless --flat or --list says otherwise.",
     )
-    p.add_argument("src", help="source folder (for --list: the folder the list's paths start from)")
-    p.add_argument("dst", help="pack directory to create")
+    p.add_argument("src", metavar="SRC", help="source folder (for --list: the folder the list's paths start from)")
+    p.add_argument("dst", metavar="DST", help="pack directory to create")
     layout = p.add_mutually_exclusive_group()
     layout.add_argument("--list", metavar="FILE", dest="list_file", help="read `relative/path label` lines from FILE")
     layout.add_argument("--flat", action="store_true", help="SRC is a folder of unlabelled images")
@@ -115,6 +117,12 @@ def add_parser(sub: Any) -> None:
         "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack",
     )
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write nothing: scan SRC and check every file as the pack would, then say the classes, the counts, "
+        "the files that would be skipped and the estimated size (with --check none: scan and estimate only)",
+    )
     add_output_flags(p, "print the summary as JSON")
     _add_shard_options(p)
     p.set_defaults(run=run)
@@ -209,10 +217,14 @@ def run(args: argparse.Namespace) -> int:
     from lmdbfolder.write.writer import pack
 
     options = _pack_options(args)
+    if args.dry_run:
+        return _run_dry(args, options)
     if _wants_shards(args):
         return _run_sharded(args, options)
 
-    result = pack(args.src, args.dst, options, **_source_args(args))
+    with warnings.catch_warnings():  # the skipped files are listed below instead
+        warnings.simplefilter("ignore", SkippedFilesWarning)
+        result = pack(args.src, args.dst, options, **_source_args(args))
     if args.json:
         print_json(result.as_dict())
         return 0
@@ -234,6 +246,54 @@ def run(args: argparse.Namespace) -> int:
             f"({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
         )
     _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+    _print_next_steps(result.path)
+    return 0
+
+
+def _print_next_steps(path: str) -> None:
+    """What to do with a new pack: check it, look at it, train from it."""
+    shell = shlex.quote(path)
+    print(
+        f"next: `lmdbfolder verify {shell}` checks every record, `lmdbfolder show {shell}` draws samples per class;\n"
+        f"      in Python: `from lmdbfolder.torch import LMDBFolder; ds = LMDBFolder({path!r}, transform=...)`"
+    )
+
+
+def _run_dry(args: argparse.Namespace, options: Any) -> int:
+    """``pack --dry-run``: what the pack would hold; nothing is written."""
+    from lmdbfolder.write.dryrun import dry_run
+
+    if args.ray is not None or args.shard_index is not None:
+        return usage("pack", "--dry-run describes the whole pack: leave out --ray and --shard-index")
+    found = dry_run(args.src, args.dst, options, **_source_args(args))
+    if args.json:
+        print_json(found.as_dict())
+        return 0
+    classes = ""
+    if found.classes:
+        counts = found.class_counts
+        shown = ", ".join(f"{name} {n:,}" for name, n in list(counts.items())[:20])
+        more = f", ... ({len(counts) - 20:,} more)" if len(counts) > 20 else ""
+        classes = f" in {plural(len(found.classes), 'class', 'classes')} ({shown}{more})"
+    print(f"dry run, nothing written: {found.src} ({found.layout}) holds {plural(found.files, 'file')}{classes}")
+    if not found.checked:
+        print("files not checked (--check none): every file would be packed as it is")
+    elif found.would_skip:
+        print(f"the check (--check {found.check}) would skip {plural(len(found.would_skip), 'file')}:")
+        for path, reason in found.would_skip[:20]:
+            print(f"  {path}: {reason}")
+        if len(found.would_skip) > 20:
+            print(f"  ... and {len(found.would_skip) - 20:,} more")
+    else:
+        print(f"the check (--check {found.check}) would skip no file")
+    room = "" if found.estimated_upper_bytes < found.free_bytes else " (NOT enough: pack to another disk)"
+    print(
+        f"would pack {plural(found.would_pack, 'image')} into {found.dst}: about {megabytes(found.estimated_bytes)} "
+        f"(at most {megabytes(found.estimated_upper_bytes)}); {megabytes(found.free_bytes)} free there{room}"
+    )
+    if found.dst_exists:
+        print(f"note: {found.dst} holds {found.dst_exists} already (pack resumes, refuses or needs --overwrite)")
+    print(f"to pack: lmdbfolder pack {shlex.quote(args.src)} {shlex.quote(args.dst)} (the same options)")
     return 0
 
 
@@ -269,9 +329,15 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
     if args.ray is not None:
         from lmdbfolder.write.ray import pack_ray
 
-        result = pack_ray(args.src, args.dst, options, address=args.ray or None, task_cpus=args.task_cpus, **shard_args)
+        with warnings.catch_warnings():  # the skipped files are listed below instead
+            warnings.simplefilter("ignore", SkippedFilesWarning)
+            result = pack_ray(
+                args.src, args.dst, options, address=args.ray or None, task_cpus=args.task_cpus, **shard_args
+            )
     else:
-        result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SkippedFilesWarning)
+            result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
     if args.json:
         print_json(result.as_dict())
         return 0
@@ -303,6 +369,8 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
             f"{megabytes(result.input_bytes)} read in {result.seconds:.1f} s, {speed}"
         )
     _print_skipped(result.skipped, "each shard's skipped.txt")
+    if args.shard_index is None:
+        _print_next_steps(result.path)
     return 0
 
 

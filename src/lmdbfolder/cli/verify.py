@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> None:
         "label, and that every JPEG/PNG ends with its end marker; --decode also decodes every image, --against "
         "compares with the source files. Exit code 1 when a problem is found; each is named by record and path.",
     )
-    p.add_argument("pack", help="pack directory")
+    p.add_argument("pack", metavar="DST", help="pack directory")
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.add_argument("--against", metavar="SRC", help="compare with the source folder: same files, labels and bytes")
     p.add_argument("--list", metavar="FILE", dest="list_file", help="with --against: the list file to compare with")

@@ -80,8 +80,8 @@ class ShardedReader(PackAPI):
         if missing:
             raise NotAPackError(
                 self.path,
-                f"{len(missing)} of {len(self._names)} shards are missing: {', '.join(missing[:10])}"
-                + (" ..." if len(missing) > 10 else ""),
+                f"{len(missing)} of {len(self._names)} shards {'is' if len(missing) == 1 else 'are'} missing: "
+                f"{', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""),
                 "copy the missing shard directories next to index.json (or repack them with "
                 "`lmdbfolder pack ... --shard-index I`)",
             )

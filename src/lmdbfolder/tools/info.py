@@ -236,7 +236,8 @@ def format_info(info: dict[str, Any]) -> str:
     sizes_info = info.get("image_sizes")
     if sizes_info and sizes_info["width"]:
         w, h = sizes_info["width"], sizes_info["height"]
-        rows.append(
+        rows.insert(  # before "skipped", whose list follows the rows
+            [k for k, _ in rows].index("skipped"),
             (
                 "image sizes",
                 f"width {w['min']:,}..{w['max']:,} (median {w['median']:,g}), "
@@ -244,7 +245,7 @@ def format_info(info: dict[str, Any]) -> str:
                 f"from {sizes_info['sampled']:,} of {plural(sizes_info['of'], 'record header')}"
                 + (f" ({sizes_info['unknown']:,} without a size)" if sizes_info["unknown"] else "")
                 + (f" ({sizes_info['unreadable']:,} damaged)" if sizes_info.get("unreadable") else ""),
-            )
+            ),
         )
     width = max(len(k) for k, _ in rows)
     lines = [f"{key + ':':<{width + 2}}{value}" for key, value in rows]

@@ -314,6 +314,7 @@ class _Run:
                         )
                     state.skipped.append((s, result.reason))
                     bar.write(f"skipped {self.sources.relpaths[s]}: {result.reason}")
+                    bar.update(1)  # the bar counts source files: a skipped one is done too
                 else:
                     value = bind_record(result.value, state.binding, state.next_index)
                     self.batch.append((encode_key(state.next_index), value))

@@ -43,6 +43,7 @@ from lmdbfolder.write.shards import (
     write_index,
 )
 from lmdbfolder.write.sources import SourceList, SourceSpec
+from lmdbfolder.write.writer import warn_skipped
 
 __all__ = ["pack_ray"]
 
@@ -171,7 +172,9 @@ def pack_ray(
         if started:
             ray.shutdown()
     index = write_index(dst, prefix=prefix)
-    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+    result = ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+    warn_skipped(result.skipped, "each shard's skipped.txt")
+    return result
 
 
 def _run_tasks(

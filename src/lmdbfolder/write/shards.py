@@ -62,7 +62,7 @@ from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.output import check_outside_source
 from lmdbfolder.write.resume import describe_change, pack_fingerprint
 from lmdbfolder.write.sources import SourceList, SourceSpec
-from lmdbfolder.write.writer import pack_sources, per_second
+from lmdbfolder.write.writer import pack_sources, per_second, warn_skipped
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -623,9 +623,12 @@ def pack_sharded(
                 bar.write(f"skipped {path}: {reason}")
             results.append(result)
     if shard_index is not None:
-        return ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, opts.store)
-    index = write_index(dst, prefix=prefix)
-    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+        out = ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, opts.store)
+    else:
+        index = write_index(dst, prefix=prefix)
+        out = ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+    warn_skipped(out.skipped, "each shard's skipped.txt")
+    return out
 
 
 # -- the index ---------------------------------------------------------------------
@@ -686,7 +689,8 @@ def write_index(
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         raise NotAPackError(
             dst,
-            f"{len(missing)} of {total} shards are missing: {', '.join(described)}{more}",
+            f"{len(missing)} of {total} shards {'is' if len(missing) == 1 else 'are'} missing: "
+            f"{', '.join(described)}{more}",
             f"pack them (`lmdbfolder pack SRC {dst} --shards {total} --shard-index I`), "
             "then run `lmdbfolder index` again",
         )

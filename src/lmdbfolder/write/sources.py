@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from lmdbfolder.errors import ListFileError, OptionError, SourceError
+from lmdbfolder.errors import ListFileError, OptionError, SourceError, SourceNotFoundError
 from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL
 from lmdbfolder.write.compact import LabelList, PathList
 
@@ -160,7 +160,7 @@ class SourceList:
 def _check_root(root: str) -> str:
     root = os.path.abspath(os.path.expanduser(os.fspath(root)))
     if not os.path.exists(root):
-        raise SourceError(root, "does not exist", "check the source path")
+        raise SourceNotFoundError(root, "does not exist", "check the source path")
     if not os.path.isdir(root):
         raise SourceError(root, "is not a directory", "pass the folder that holds the images")
     return root
@@ -218,6 +218,18 @@ def _what_counts(exts: tuple[str, ...], fields: dict[str, str | None]) -> str:
     return what
 
 
+def _no_valid_file(empty: list[str], exts: tuple[str, ...], fields: dict[str, str | None]) -> str:
+    # ImageFolder's own words (torchvision.datasets.folder.make_dataset), then our filters.
+    why = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+    if fields["is_valid_file"]:
+        why += f"(is_valid_file {fields['is_valid_file']} kept none of their files)"
+    else:
+        why += f"Supported extensions are: {', '.join(exts)}"
+    if fields["match"] is not None:
+        why += f"; paths must match {fields['match']!r}"
+    return why
+
+
 def scan_imagefolder(
     root: str,
     *,
@@ -234,9 +246,9 @@ def scan_imagefolder(
     with os.scandir(root) as entries:
         classes = sorted(e.name for e in entries if e.is_dir())
     if not classes:
-        raise SourceError(
+        raise SourceNotFoundError(
             root,
-            "no class folders found (an ImageFolder tree is root/<class>/<image>)",
+            "Couldn't find any class folder (an ImageFolder tree is root/<class>/<image>)",
             "for a folder of images without classes use --flat; for a `path label` file use --list",
         )
     class_to_idx = {c: i for i, c in enumerate(classes)}
@@ -257,9 +269,9 @@ def scan_imagefolder(
         if len(relpaths) == before:
             empty.append(cls)
     if empty and not allow_empty:
-        raise SourceError(
+        raise SourceNotFoundError(
             root,
-            f"found no image for the classes {', '.join(empty)}; {_what_counts(exts, fields)}",
+            _no_valid_file(empty, exts, fields),
             "remove the empty class folders, or pass --allow-empty to keep them as classes",
         )
     return SourceList(root, "imagefolder", relpaths, labels, classes, class_to_idx, extensions=exts, **fields)
@@ -284,7 +296,7 @@ def scan_flat(
             if keep(os.path.join(dirpath, fname), rel):
                 relpaths.append(rel)
     if not relpaths:
-        raise SourceError(root, f"no images found; {_what_counts(exts, fields)}")
+        raise SourceNotFoundError(root, f"no images found; {_what_counts(exts, fields)}")
     relpaths.sort()
     return SourceList(root, "flat", relpaths, [NO_LABEL] * len(relpaths), [], {}, extensions=exts, **fields)
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from lmdbfolder.format import encode_meta
+from lmdbfolder.errors import SkippedFilesWarning
+from lmdbfolder.format import SKIPPED_REPORT, encode_meta
 from lmdbfolder.write import output, resume, sizing
 from lmdbfolder.write.lock import writer_lock
 from lmdbfolder.write.loop import Job, _Run, check_manifest_size
@@ -37,7 +39,7 @@ from lmdbfolder.write.runtime import _keep_freed_memory
 from lmdbfolder.write.sources import SourceList, SourceSpec
 from lmdbfolder.write.threads import default_workers
 
-__all__ = ["PackResult", "pack", "pack_sources", "per_second"]
+__all__ = ["PackResult", "pack", "pack_sources", "per_second", "warn_skipped"]
 
 
 def per_second(amount: float, seconds: float) -> float:
@@ -155,8 +157,14 @@ def pack(
         resize: shrink images larger than ``resize.max_size`` and re-encode
             them (a ``Resize``; ``pack --max-size N --quality Q``).
 
+    Skipped files are also announced with a ``SkippedFilesWarning`` naming
+    their count and ``DST/skipped.txt`` (the command line lists them itself).
+    The CLI's names ``max_size``, ``quality``, ``resize_side`` and
+    ``resize_format`` work as keywords too (they make ``resize``).
+
     Returns:
-        A PackResult with the count, bytes, time and the skipped files.
+        A PackResult with the count, bytes, time and the skipped files
+        (``result.skipped``: ``(relative path, reason)`` each).
         Rerunning a finished ``pack`` with the same source and options does
         nothing and returns the existing pack's result with
         ``already_packed=True``; the same ``dst`` with other sources or
@@ -171,7 +179,25 @@ def pack(
     opts = pack_options(options, fields)
     output.check_outside_source(src, dst)  # before the scan, which would see a DST inside SRC as a class
     spec = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
-    return pack_sources(spec.scan(src), dst, opts)
+    result = pack_sources(spec.scan(src), dst, opts)
+    if not result.already_packed:
+        warn_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+    return result
+
+
+def warn_skipped(skipped: Sequence[tuple[str, str]], listed_in: str, *, stacklevel: int = 3) -> None:
+    """Warn (``SkippedFilesWarning``) that ``skipped`` files were left out, with the
+    first few and where the whole list is; nothing when none were."""
+    if not skipped:
+        return
+    n = len(skipped)
+    first = "; ".join(f"{path}: {reason}" for path, reason in skipped[:3]) + ("; ..." if n > 3 else "")
+    warnings.warn(
+        f"{n:,} source file{'s' if n != 1 else ''} could not be packed and {'were' if n != 1 else 'was'} skipped "
+        f"({first}); listed in {listed_in} and in the result's .skipped (strict=True stops at the first instead)",
+        SkippedFilesWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def pack_sources(

@@ -32,22 +32,29 @@ from lmdbfolder.format import (
     CHECK_KEY,
     DAMAGED_HINT,
     DATA_FILE,
+    HISTORY_KEY,
     LABELS_KEY,
     LEGACY_KEYS,
     LEGACY_META_FILES,
     META_KEY,
+    ORDER_KEY,
     PATHS_KEY,
     SKIPPED_KEY,
+    STATS_KEY,
     check_labels,
     check_paths,
     check_table,
     decode_check,
+    decode_history,
     decode_labels,
     decode_meta,
     decode_skipped,
     informational,
+    label_map,
     label_values,
+    order_values,
     pack_binding,
+    stats_values,
 )
 from lmdbfolder.pagefile import PageDamage, PageFile
 
@@ -59,6 +66,9 @@ __all__ = [
     "labels_table",
     "class_counts",
     "paths_table",
+    "order_table",
+    "stats_table",
+    "history_items",
     "skipped_items",
     "read_skipped",
     "read_value",
@@ -137,6 +147,14 @@ class PackTables:
     #: SHA-256 of the manifest's bytes: the same bytes are the same pack, so a
     #: process reopening the file need not parse the manifest again.
     manifest_sha256: bytes
+    #: Format 3 with ``record_classes``: header label -> sample label
+    #: (``format.label_map``; -2 for a class the pack no longer has). None: the same.
+    label_map: np.ndarray | None = None
+
+    @property
+    def ordered(self) -> bool:
+        """Whether sample ``i`` is the record under key ``__order__[i]`` (format 3), not key ``i``."""
+        return self.version >= 3
 
     @property
     def version(self) -> int:
@@ -219,8 +237,38 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
         raise NotAPackError(where, f"its path table (key {PATHS_KEY.decode()}) is missing", DAMAGED_HINT)
     if check is not None and PATHS_KEY in check and found[1] != check[PATHS_KEY][0]:
         raise NotAPackError(where, f"its {PATHS_KEY.decode()} table has the wrong length", DAMAGED_HINT)
+    if meta["format_version"] >= 3:
+        _order_blob(pf, check, meta["count"], where)  # the record keys: present, of the right length
     digest = hashlib.sha256(meta_blob).digest()
-    return PackTables(meta, counts, pack_binding(meta), check, _identity(meta, digest), digest)
+    mapping = label_map(meta)
+    return PackTables(
+        meta,
+        counts,
+        pack_binding(meta),
+        check,
+        _identity(meta, digest),
+        digest,
+        None if mapping is None else np.asarray(mapping, dtype=np.int64),
+    )
+
+
+def _order_blob(pf: PageFile, check: dict[bytes, tuple[int, int]] | None, count: int, where: str) -> memoryview:
+    blob = _required(pf, ORDER_KEY, where, "record order")
+    if check is None or ORDER_KEY not in check:
+        raise NotAPackError(where, f"its table checksums do not cover {ORDER_KEY.decode()}", DAMAGED_HINT)
+    if len(blob) != check[ORDER_KEY][0]:
+        raise NotAPackError(where, f"its {ORDER_KEY.decode()} table has the wrong length", DAMAGED_HINT)
+    order_values(blob, count, where=where)
+    return blob
+
+
+def order_table(pf: PageFile, tables: PackTables, where: str) -> np.ndarray:
+    """Format 3: the record key of every sample (a zero-copy u64 view of ``pf``'s map),
+    checked against ``__check__``."""
+    blob = _order_blob(pf, tables.check, tables.meta["count"], where)
+    if tables.check is not None:
+        check_table(tables.check, ORDER_KEY, blob, where=where)
+    return order_values(blob, tables.meta["count"], where=where)  # type: ignore[no-any-return]
 
 
 def labels_table(pf: PageFile, tables: PackTables, where: str) -> array.array:
@@ -276,6 +324,31 @@ def paths_table(pf: PageFile, tables: PackTables, where: str) -> memoryview:
         check_table(tables.check, PATHS_KEY, blob, where=where)
     check_paths(blob, tables.meta["count"], where=where)
     return blob
+
+
+def _optional_table(pf: PageFile, tables: PackTables, key: bytes, where: str) -> memoryview | None:
+    """An optional table (``__stats__``, ``__history__``): None when the pack has none
+    (its ``__check__`` does not name it), checked against ``__check__`` otherwise."""
+    if tables.check is None or key not in tables.check:
+        return None
+    blob = _required(pf, key, where, f"{key.decode()} table")
+    check_table(tables.check, key, blob, where=where)
+    return blob
+
+
+def stats_table(pf: PageFile, tables: PackTables, where: str) -> np.ndarray | None:
+    """The size and modification time each sample's source file had when it was read
+    (a zero-copy view with fields ``size`` and ``mtime_ns``), or None for a pack
+    without them (written before they were recorded, or by ``import``)."""
+    blob = _optional_table(pf, tables, STATS_KEY, where)
+    return None if blob is None else stats_values(blob, tables.meta["count"], where=where)  # type: ignore[no-any-return]
+
+
+def history_items(pf: PageFile, tables: PackTables, where: str) -> list[dict[str, Any]]:
+    """The pack's history (``__history__``: the pack, then each update), oldest first;
+    [] for a pack without one."""
+    blob = _optional_table(pf, tables, HISTORY_KEY, where)
+    return [] if blob is None else decode_history(blob, where=where)
 
 
 def skipped_items(pf: PageFile, tables: PackTables, where: str) -> list[dict[str, Any]] | str:

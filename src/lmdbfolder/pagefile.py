@@ -43,7 +43,9 @@ higher txnid is current (``mdb_env_pick_meta``).
 
 Limits: nothing can prevent SIGBUS when the file is truncated *in place*
 after it was mapped, or on an I/O error of the disk (LMDB has the same
-limits); lmdbfolder replaces packs by rename, never in place.
+limits); lmdbfolder never truncates a pack in place (``pack --update``
+changes one in place by LMDB transactions, which only grow the file; see
+``committed_txnid``).
 """
 
 from __future__ import annotations
@@ -220,6 +222,22 @@ class PageFile:
                 raise PageDamage(
                     self.path, f"meta page {which} names {name} root page {db.root}, out of range", pgno=which
                 )
+
+    def committed_txnid(self) -> int:
+        """The id of the newest transaction committed to the file now (the larger
+        txnid of the two meta pages, read again from the map).
+
+        The map is shared with the file, so a writer's commits show here; the
+        tree this ``PageFile`` reads stays the one of ``txnid`` (read at open).
+        LMDB never overwrites a page of the tree of transaction ``T`` before
+        transaction ``T + 3`` (pages freed by ``T + 1`` are reused from
+        ``T + 3`` on, when no reader is registered, and ours are not), and
+        writes a transaction's pages before its meta page: so lookups done
+        before this returns at most ``txnid + 1`` read the tree of ``txnid``
+        intact (``lmdbfolder.read.reader`` checks after each read).
+        """
+        at = PAGEHDRSZ + _META.size - 8
+        return max(_U64.unpack_from(self._mm, at)[0], _U64.unpack_from(self._mm, self.psize + at)[0])
 
     # -- pages -------------------------------------------------------------------
     def _header(self, pgno: int, parent: int | None) -> tuple[int, int, int]:

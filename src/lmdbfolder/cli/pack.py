@@ -40,15 +40,23 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--store",
         choices=("encoded", "raw"),
-        default="encoded",
+        default=None,
         help="encoded: keep the original file bytes (default); raw: decoded RGB pixels",
     )
     p.add_argument(
         "--check",
-        choices=("header", "decode", "none"),
-        default="header",
+        choices=("header", "decode", "none", "content"),
+        default=None,
         help="how to check each source file: header (the header is read as Pillow reads it; default), "
-        "decode (decode every image once), none (trust the files)",
+        "decode (decode every image once), none (trust the files); with --update, content: compare every "
+        "file's bytes with the pack instead of its size and modification time",
+    )
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="bring the pack at DST up to date with SRC in place: add new files and classes, drop files that "
+        "are gone, read again the files whose size or modification time changed; nothing else is read. "
+        "Keeps the pack's --store/--check/--max-size (changing them needs --overwrite)",
     )
     p.add_argument(
         "--max-size",
@@ -75,7 +83,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--resize-side",
         choices=("longer", "shorter"),
-        default="longer",
+        default=None,
         help="which side --max-size limits (default: longer, like FFCV's max_resolution)",
     )
     p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
@@ -173,14 +181,30 @@ def _pack_options(args: argparse.Namespace) -> Any:
     resize = None
     if args.max_size is not None:
         level = 90 if args.quality is None else args.quality
-        resize = Resize(args.max_size, level, args.resize_side, args.resize_format or "jpeg")
+        resize = Resize(args.max_size, level, args.resize_side or "longer", args.resize_format or "jpeg")
     elif args.quality is not None:
         raise OptionError("--quality needs --max-size")
     elif args.resize_format is not None:
         raise OptionError("--format needs --max-size (only resized images are re-encoded)")
+    elif args.resize_side is not None:
+        raise OptionError("--resize-side needs --max-size")
+    store, check = args.store, args.check
+    if args.update:
+        # Options not given are the pack's own: an update keeps them.
+        from lmdbfolder.write.update import recorded_options
+
+        recorded = recorded_options(args.dst)
+        if recorded is not None:
+            if store is None:
+                store = recorded.store
+            if check is None:
+                check = recorded.check
+            if args.max_size is None:
+                resize = recorded.resize
     return PackOptions(
-        store=args.store,
-        check=args.check,
+        store=store or "encoded",
+        check=check or "header",
+        update=args.update,
         strict=args.strict,
         commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
         commit_bytes=args.commit_bytes,
@@ -218,9 +242,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if result.already_packed:
         skipped = f", {plural(len(result.skipped), 'file')} skipped" if result.skipped else ""
-        print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
+        if options.update:
+            print(
+                f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')}{skipped})"
+            )
+        else:
+            print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
         return 0
     resumed = f" (resumed after {plural(result.resumed_from, 'file')})" if result.resumed_from else ""
+    if result.changes is not None:
+        changes = result.changes
+        compared = f", {plural(changes.unchanged, 'file')} compared and unchanged" if changes.unchanged else ""
+        print(
+            f"updated {result.path}: {changes.summary()} -> {plural(result.count, 'image')}{resumed}; "
+            f"{plural(changes.read, 'file')} read ({megabytes(result.input_bytes)}){compared} in {result.seconds:.1f} s"
+        )
+        _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+        return 0
     print(
         f"packed {plural(result.count, 'image')} into {result.path}{resumed}: {megabytes(result.input_bytes)} read "
         f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"

@@ -13,8 +13,18 @@ Rules this module enforces (see docs/design.md, "Opening a pack"):
   reads a sample holds nothing open when it starts its workers.
 * Each (re)opening in a new process checks that the pack is still the one
   the tables were read from (``pack_id``, or a digest of a format-1
-  manifest): a pack replaced under a live dataset raises NotAPackError in
-  the worker instead of mixing two packs.
+  manifest): a pack replaced or updated under a live dataset raises
+  PackChangedError in the worker instead of mixing two packs.
+* A process that has opened the pack reads the version it opened, also
+  while ``pack --update`` changes the file in place and after: an update
+  commits one LMDB transaction and never overwrites the pages of the version
+  before it. After every read it checks that no second update has committed
+  since it opened the file (``PageFile.committed_txnid``); if one has, the
+  pages it read may have been reused, and it raises PackChangedError instead
+  of returning them.
+* Format 3 (an updated pack): sample ``i`` is the record under key
+  ``__order__[i]`` (its CRC bound to that key), and a record header's label
+  names a class of ``record_classes`` (mapped to the sample's label here).
 * ``Reader`` pickles without any handle (``__getstate__``), so it can be sent
   to spawned DataLoader workers.
 
@@ -38,11 +48,12 @@ from PIL import Image
 
 from lmdbfolder import environments, packdir
 from lmdbfolder.codecs import decode_rgb
-from lmdbfolder.errors import CorruptRecordError, DecodeError, LmdbFolderError, NotAPackError
+from lmdbfolder.errors import CorruptRecordError, DecodeError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     KEY,
     LABELS_KEY,
     META_KEY,
+    NO_LABEL,
     decode_paths,
     decode_record,
     path_at,
@@ -227,6 +238,7 @@ class Reader(PackAPI):
         self._pid: int | None = None
         self._pf: PageFile | None = None
         self._paths: memoryview | None = None
+        self._order: np.ndarray | None = None  # format 3: sample -> record key, from this process's map
         self._handle_lock = threading.Lock()
 
     # -- metadata ------------------------------------------------------------
@@ -240,7 +252,10 @@ class Reader(PackAPI):
         Read from the pack at first use (opening only checks the table in place).
         """
         if self._labels is None:
-            self._labels = environments.labels_table(self._file(), self._tables, self.path)
+            pf = self._file()
+            labels = environments.labels_table(pf, self._tables, self.path)
+            self._check_unchanged(pf)
+            self._labels = labels
         return self._labels
 
     def class_counts(self) -> np.ndarray:
@@ -266,11 +281,15 @@ class Reader(PackAPI):
     def path_of(self, index: int) -> str:
         """Original relative path of sample ``index``."""
         i = self._check_index(index)
-        return path_at(self._paths_blob(), self._count, i)
+        path = path_at(self._paths_blob(), self._count, i)
+        self._check_unchanged(self._file())
+        return path
 
     def paths(self) -> list[str]:
         """Original relative paths of all samples, in index order."""
-        return decode_paths(self._paths_blob(), self._count, where=self.path)
+        paths = decode_paths(self._paths_blob(), self._count, where=self.path)
+        self._check_unchanged(self._file())
+        return paths
 
     def skipped(self) -> list[dict[str, Any]] | str:
         """The source files the writer left out (``{path, reason}`` dicts), or
@@ -310,7 +329,10 @@ class Reader(PackAPI):
         ``read_bytes`` for an independent copy.
         """
         i = self._check_index(index)
-        return self._record(i, self._lookup(self._file(), i), i)
+        pf = self._file()
+        record = self._record(i, self._lookup(pf, i), i)
+        self._check_unchanged(pf)
+        return record
 
     def get_many(self, indices: Sequence[int], *, prefetch: bool = True) -> list[Record]:
         """The records of ``indices``, in that order (for batch samplers).
@@ -331,7 +353,9 @@ class Reader(PackAPI):
         values = [self._lookup(pf, i) for i in idx]
         if prefetch and len(values) > 1:
             self._prefetch(values)
-        return [self._record(i, v, i + offset) for i, v in zip(idx, values)]
+        records = [self._record(i, v, i + offset) for i, v in zip(idx, values)]
+        self._check_unchanged(pf)
+        return records
 
     def prefetch(self, indices: Sequence[int]) -> None:
         """Ask the kernel to start reading these records now, without waiting
@@ -341,7 +365,7 @@ class Reader(PackAPI):
         values = []
         for i in indices:
             try:
-                values.append(pf.get(KEY.pack(self._check_index(i))))
+                values.append(pf.get(KEY.pack(self._key(self._check_index(i)))))
             except PageDamage:
                 continue  # advice only: the read of that record will say what is wrong
         self._prefetch(values)
@@ -365,10 +389,26 @@ class Reader(PackAPI):
         if run_end > 0:
             _will_need(run_start, run_end)
 
+    def _key(self, i: int) -> int:
+        """The record key of sample ``i`` (format 3: its ``__order__`` entry; else ``i``)."""
+        order = self._order
+        return i if order is None else int(order[i])
+
+    def _check_unchanged(self, pf: PageFile) -> None:
+        """After a read: PackChangedError unless what was read is the version this process
+        opened (at most one transaction has committed to the file since it was mapped)."""
+        committed = pf.committed_txnid()
+        if committed > pf.txnid + 1:
+            raise PackChangedError(
+                self.path,
+                f"was updated in place more than once since this process opened it (transaction {pf.txnid}, "
+                f"now {committed}): the pages of the version it reads may have been reused",
+            )
+
     def _lookup(self, pf: PageFile, i: int) -> memoryview:
         """The stored value of record ``i``; CorruptRecordError (index, path, pack) when it cannot be found."""
         try:
-            value = pf.get(KEY.pack(i))
+            value = pf.get(KEY.pack(self._key(i)))
             if value is None:
                 raise CorruptRecordError(i, "the record is missing from the database")
         except PageDamage as exc:
@@ -382,10 +422,24 @@ class Reader(PackAPI):
     def _record(self, i: int, value: memoryview, reported: int) -> Record:
         # ``i`` is the index in this pack; ``reported`` the one the Record carries.
         try:
-            header, payload = decode_record(value, index=i, verify=self.verify_checksums, binding=self._binding)
+            header, payload = decode_record(
+                value, index=i, verify=self.verify_checksums, binding=self._binding, key=self._key(i)
+            )
         except CorruptRecordError as exc:
             raise exc.locate(self._safe_path(i), self.path) from None
-        return Record(reported, header.label, header.encoding, header.width, header.height, header.channels, payload)
+        label = header.label
+        mapping = self._tables.label_map
+        if mapping is not None and label != NO_LABEL:
+            # Format 3: the header names a class of record_classes.
+            if not 0 <= label < len(mapping) or mapping[label] < 0:
+                raise CorruptRecordError(
+                    i,
+                    f"its header label {label} names no class of the pack (record_classes)",
+                    self._safe_path(i),
+                    self.path,
+                )
+            label = int(mapping[label])
+        return Record(reported, label, header.encoding, header.width, header.height, header.channels, payload)
 
     def raw_items(self) -> Iterator[tuple[bytes, memoryview]]:
         """Every key and stored value in key order (records, then reserved keys).
@@ -419,12 +473,18 @@ class Reader(PackAPI):
                     raise
                 if found != self._tables.identity:
                     pf.close()
-                    raise NotAPackError(
+                    raise PackChangedError(
                         self.path,
-                        f"it was replaced since this dataset was opened (it was pack {self._tables.identity}, "
-                        f"it is now pack {found}); reading on would mix samples of two packs",
-                        "open the pack again (create the dataset and its DataLoader anew) after replacing it",
+                        f"was replaced since this dataset was opened (it was pack {self._tables.identity}, it is "
+                        f"now pack {found}: repacked, updated with `lmdbfolder pack --update`, or copied over); "
+                        "reading on would mix samples of two versions",
                     )
+                if self._tables.ordered:
+                    try:
+                        self._order = environments.order_table(pf, self._tables, self.path)
+                    except BaseException:
+                        pf.close()
+                        raise
                 self._pf = pf
                 self._pid = os.getpid()
             return self._pf
@@ -441,7 +501,7 @@ class Reader(PackAPI):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_pid", "_pf", "_paths", "_handle_lock", "_index_by_path"):
+        for name in ("_pid", "_pf", "_paths", "_order", "_handle_lock", "_index_by_path"):
             state.pop(name, None)
         return state
 

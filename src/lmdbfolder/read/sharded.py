@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lmdbfolder import packdir
-from lmdbfolder.errors import NotAPackError
+from lmdbfolder.errors import NotAPackError, PackChangedError
 from lmdbfolder.format import SHARD_INDEX_FILE, shard_matches
 from lmdbfolder.read.reader import PackAPI, Reader, Record
 
@@ -120,6 +120,14 @@ class ShardedReader(PackAPI):
         reader = Reader(path, readahead=self.readahead, verify_checksums=self.verify_checksums)
         try:
             hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
+            if "pack_id" in entry and reader.pack_id != entry["pack_id"]:
+                # Format 2 and 3: its pack id says whether it is the shard the
+                # index was made of (its own table checksums were checked on open).
+                raise PackChangedError(
+                    path,
+                    f"was replaced since this dataset was opened: its pack_id differs from the index's ({where}; "
+                    "repacked, updated with `lmdbfolder pack --update`, or copied over)",
+                )
             if len(reader) != entry["count"]:
                 raise NotAPackError(
                     path, f"it holds {len(reader)} samples, the index says {entry['count']} ({where})", hint
@@ -127,12 +135,7 @@ class ShardedReader(PackAPI):
             for key in ("classes", "class_to_idx", "store"):
                 if reader.meta[key] != self.meta[key]:
                     raise NotAPackError(path, f"its {key} differ from the index's ({where})", hint)
-            if "pack_id" in entry:
-                # Format 2: the shard's own table checksums were checked when it
-                # opened; its pack id says it is the shard the index was made of.
-                if reader.pack_id != entry["pack_id"]:
-                    raise NotAPackError(path, f"its pack_id differs from the index's ({where})", hint)
-            elif not shard_matches(entry, *reader.tables()):
+            if "pack_id" not in entry and not shard_matches(entry, *reader.tables()):
                 # Version-1 shards: the stored manifest's hash and the tables' lengths
                 # (format.shard_matches): microseconds, where hashing the tables took
                 # milliseconds per shard per worker.

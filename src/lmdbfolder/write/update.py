@@ -1,0 +1,846 @@
+"""Bring a finished pack up to date with its source, in place: ``pack --update``.
+
+The result is the dataset a fresh pack of the changed source would be, as
+ImageFolder sees it (classes, ``class_to_idx``, sample order, targets,
+pixels); the cost is a ``stat`` of every source file plus reading and
+writing the files that changed (docs/design.md, "Updating a pack"):
+
+1. ``_OldPack.load``: the pack's tables (paths, labels, the size and
+   modification time of every sample's file, ``__stats__``), never a record.
+2. ``_plan``: every source file is ``stat``-ed and sorted into kept (same
+   path, size and time: its record stays where it is), relabelled (the same
+   file under another class: its record is rewritten from the pack's bytes),
+   skipped again (a file the pack skipped, unchanged) and to read (new, or
+   changed; with ``check="content"``, or where the pack recorded no time,
+   every file, and those whose record comes out the same are kept).
+3. ``_stage``: the files to read go through the writer's reading pipeline
+   into ``<dst>.update``, a small LMDB with a checkpoint (``_StageRun``), so
+   an interrupted update resumes there. Nothing of ``<dst>`` changes yet.
+4. ``_apply``: one LMDB write transaction on ``<dst>/data.mdb`` adds the new
+   records under new keys, deletes the records no sample uses any more, and
+   replaces the tables (``__order__``: which record each sample is; the
+   labels, paths, stats, skipped files, history, manifest and checksums).
+   The pack becomes format 3 (FORMAT.md). Readers that opened the pack before
+   keep reading the version they opened (the transaction writes only pages
+   that version does not use); a process that opens it afterwards reads the
+   new one, and one whose dataset was opened before is told it changed.
+5. ``<dst>.update`` is removed; the file is compacted only when a quarter of
+   it is free pages (then by LMDB's compacting copy and a rename).
+
+A kill at any point leaves ``<dst>`` as it was (steps 1-3 do not touch it,
+step 4 is one transaction) or as it will be; the same command finishes the
+update.
+"""
+
+from __future__ import annotations
+
+import array
+import datetime as _dt
+import hashlib
+import os
+import shutil
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import lmdb
+import numpy as np
+
+from lmdbfolder import environments, packdir
+from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError
+from lmdbfolder.format import (
+    CHECK_KEY,
+    DATA_FILE,
+    HISTORY_KEY,
+    KEY,
+    LABELS_KEY,
+    LOCK_FILE,
+    META_KEY,
+    NO_LABEL,
+    ORDER_KEY,
+    PATHS_KEY,
+    PROGRESS_KEY,
+    SKIPPED_KEY,
+    SKIPPED_REPORT,
+    STATS_KEY,
+    UNKNOWN_MTIME,
+    UPDATE_SUFFIX,
+    UPDATED_FORMAT_VERSION,
+    bind_record,
+    decode_record,
+    encode_check,
+    encode_history,
+    encode_key,
+    encode_meta,
+    encode_order,
+    encode_record,
+    encode_skipped,
+    encode_stats,
+    new_pack_id,
+)
+from lmdbfolder.pagefile import PageFile
+from lmdbfolder.progress import Progress
+from lmdbfolder.text import escape_field, plural
+from lmdbfolder.write import resume
+from lmdbfolder.write.loop import (
+    Job,
+    _labels_table,
+    _Partial,
+    _paths_table,
+    _Run,
+    _write_error,
+    check_manifest_size,
+    history_entry,
+    skipped_entries,
+)
+from lmdbfolder.write.options import CHECKS, CONTENT_CHECK, PackOptions
+from lmdbfolder.write.records import Loaded, Skipped
+from lmdbfolder.write.runtime import _keep_freed_memory
+from lmdbfolder.write.sources import SourceList
+
+__all__ = ["Changes", "staging_path", "recorded_options", "describe_changes"]
+
+#: Free pages (a fraction of the file) from which an updated pack is compacted.
+COMPACT_FREE_FRACTION = 0.25
+
+# What ``_plan`` decides for each source file.
+_KEEP, _RELABEL, _READ, _SKIP_AGAIN = 0, 1, 2, 3
+# What a staged value holds: kind (u8), the file's size (u64) and mtime (i64), then
+# a record (unbound), nothing (the same record as the pack's), or a skip reason.
+_STAGED = struct.Struct("<BQq")
+_RECORD, _SAME, _SKIPPED = 0, 1, 2
+
+
+def staging_path(dst: str) -> str:
+    """Where ``pack --update`` stages the files it reads for ``dst``: ``<dst>.update``."""
+    return dst + UPDATE_SUFFIX
+
+
+@dataclass
+class Changes:
+    """What an update changed: samples ``added`` (new paths), ``removed`` (paths gone,
+    or now skipped), ``changed`` (same path, another record: new bytes or another
+    class; ``relabelled`` of them only the class), the files ``read``, the files
+    compared by content that were ``unchanged``, classes added and removed."""
+
+    added: int = 0
+    removed: int = 0
+    changed: int = 0
+    relabelled: int = 0
+    read: int = 0
+    unchanged: int = 0
+    classes_added: list[str] = field(default_factory=list)
+    classes_removed: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (``pack --update --json``)."""
+        return {
+            "added": self.added,
+            "removed": self.removed,
+            "changed": self.changed,
+            "relabelled": self.relabelled,
+            "read": self.read,
+            "unchanged": self.unchanged,
+            "classes_added": list(self.classes_added),
+            "classes_removed": list(self.classes_removed),
+        }
+
+    def summary(self) -> str:
+        """``+N / -M / ~K`` and the classes, for messages and ``info``."""
+        return describe_changes(self.as_dict())
+
+
+def describe_changes(entry: Mapping[str, Any]) -> str:
+    """``+N / -M / ~K (classes +a, -b)`` of a history entry (or ``Changes.as_dict``)."""
+
+    def number(key: str) -> int:
+        value = entry.get(key, 0)
+        return value if type(value) is int else 0
+
+    text = f"+{number('added'):,} / -{number('removed'):,} / ~{number('changed'):,}"
+    classes = []
+    for key, sign in (("classes_added", "+"), ("classes_removed", "-")):
+        names = entry.get(key)
+        if isinstance(names, list) and names:
+            shown = ", ".join(escape_field(str(n))[:40] for n in names[:3])
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            classes.append(f"{sign}{plural(len(names), 'class')} ({shown}{more})")
+    return text + (f"; {'; '.join(classes)}" if classes else "")
+
+
+# -- the pack as it is --------------------------------------------------------------
+@dataclass
+class _OldPack:
+    """The finished pack at ``path``: its tables, and its file for the records an update needs."""
+
+    path: str
+    pf: PageFile
+    meta: dict[str, Any]
+    labels: np.ndarray  # int32, per sample
+    path_index: dict[bytes, int]  # path (file system bytes) -> sample index
+    stats: np.ndarray | None  # per sample: size, mtime_ns (None: not recorded)
+    order: np.ndarray | None  # per sample: record key (None: the index)
+    skipped: dict[bytes, dict[str, Any]]  # path -> {path, reason, size?, mtime_ns?}
+    history: list[dict[str, Any]]
+    binding: bytes
+    record_classes: list[str]  # the class each record header's label names
+    next_record: int
+
+    @classmethod
+    def load(cls, path: str) -> _OldPack:
+        pf = environments.open_data(path, readahead=False)
+        try:
+            tables = environments.load_tables(pf, path)
+            meta = tables.meta
+            if tables.version < 2 or tables.binding is None:
+                raise OptionError(
+                    f"{path} is a format-{tables.version} pack (an older lmdbfolder made it); "
+                    "it cannot be updated in place",
+                    "repack it with --overwrite (once); later changes can then use --update",
+                )
+            count = int(meta["count"])
+            labels = np.frombuffer(bytes(environments.labels_table(pf, tables, path)), dtype=np.int32)
+            blob = environments.paths_table(pf, tables, path)
+            offsets = np.frombuffer(blob, dtype="<u8", count=count + 1)
+            names = bytes(blob[(count + 1) * 8 :])
+            bounds = offsets.tolist()
+            path_index = {names[bounds[i] : bounds[i + 1]]: i for i in range(count)}
+            stats = environments.stats_table(pf, tables, path)
+            order = environments.order_table(pf, tables, path) if tables.ordered else None
+            items = environments.skipped_items(pf, tables, path)
+            skipped = {os.fsencode(str(item.get("path"))): item for item in items} if isinstance(items, list) else {}
+            history = environments.history_items(pf, tables, path)
+        except BaseException:
+            pf.close()
+            raise
+        if not history:  # a pack made before histories were kept
+            history = [history_entry("pack", str(meta.get("created_at", "")), str(meta["pack_id"]), count, added=count)]
+        names_in_records = meta.get("record_classes") if tables.version >= 3 else None
+        return cls(
+            path=path,
+            pf=pf,
+            meta=meta,
+            labels=labels,
+            path_index=path_index,
+            stats=None if stats is None else np.array(stats),
+            order=None if order is None else np.array(order),
+            skipped=skipped,
+            history=history,
+            binding=tables.binding,
+            record_classes=list(names_in_records if names_in_records is not None else meta["classes"]),
+            next_record=int(meta.get("next_record", count)) if tables.version >= 3 else count,
+        )
+
+    @property
+    def count(self) -> int:
+        return len(self.labels)
+
+    def key(self, i: int) -> int:
+        """The record key of sample ``i``."""
+        return i if self.order is None else int(self.order[i])
+
+    def value(self, key: int) -> memoryview:
+        """The stored record under ``key`` (a view of the pack's map); PackError if it cannot be read."""
+        try:
+            value = self.pf.get(KEY.pack(key))
+        except Exception as exc:  # PageDamage: the pack is damaged where the update must read
+            raise PackError(
+                f"{self.path} is damaged where record key {key} is stored ({exc})",
+                "run `lmdbfolder verify` on it; repack it with --overwrite",
+            ) from None
+        if value is None:
+            raise PackError(f"{self.path} has no record under key {key}", "repack it with --overwrite")
+        return value
+
+    def class_of(self, i: int) -> str | None:
+        label = int(self.labels[i])
+        return None if label == NO_LABEL else str(self.meta["classes"][label])
+
+    def close(self) -> None:
+        self.pf.close()
+
+
+def check_options(old: _OldPack, options: PackOptions) -> PackOptions:
+    """The options of the update: those the pack was made with (store, check, resize).
+
+    Options that change every record cannot be changed by an update: that is a
+    repack (OptionError saying so). ``check="content"`` keeps the pack's own
+    check for the files it reads.
+    """
+    effective = options
+    if options.check == CONTENT_CHECK:
+        params = old.meta.get("params")
+        recorded = params.get("check") if isinstance(params, dict) else None
+        effective = options.replace(check=recorded if recorded in CHECKS else "header")
+    why = effective.differences(old.meta)
+    if why is not None:
+        raise OptionError(
+            f"{old.path}: {why}; an update keeps the options of the pack, and these would change every record",
+            "pass the options the pack was made with (see `lmdbfolder info`), or repack with --overwrite",
+        )
+    return effective
+
+
+# -- what to do with each source file ------------------------------------------------
+@dataclass
+class _Plan:
+    """Per source file of the new sample list: its ``stat``, its sample index in the
+    pack (-1: none) and the action; the files to read (``todo``) in order."""
+
+    sizes: array.array
+    mtimes: array.array
+    old_index: array.array
+    action: bytearray
+    todo: list[int]
+    record_classes: list[str]
+    header_labels: array.array  # per source: the label its record header carries (record_classes)
+
+    def todo_digest(self, sources: SourceList) -> str:
+        h = hashlib.sha256()
+        for s in self.todo:
+            h.update(os.fsencode(sources.relpaths[s]))
+            h.update(b"\0%d\0%d\n" % (self.header_labels[s], self.old_index[s]))
+        return h.hexdigest()
+
+
+def _plan(old: _OldPack, sources: SourceList, compare_content: bool) -> _Plan:
+    n = len(sources)
+    sizes = array.array("Q", bytes(8 * n))
+    mtimes = array.array("q", [UNKNOWN_MTIME]) * n
+    old_index = array.array("q", [-1]) * n
+    action = bytearray(n)
+    todo: list[int] = []
+    record_classes = list(old.record_classes)
+    known = set(record_classes)
+    for name in sources.classes:
+        if name not in known:
+            record_classes.append(name)
+            known.add(name)
+    rc_index = {name: k for k, name in enumerate(record_classes)}
+    header_of_label = [rc_index[name] for name in sources.classes]
+    header_labels = array.array("i", [NO_LABEL]) * n
+    old_stats = old.stats
+    raw = sources.relpaths.iter_raw() if hasattr(sources.relpaths, "iter_raw") else map(os.fsencode, sources.relpaths)
+    for s, path in enumerate(raw):
+        label = sources.labels[s]
+        header_labels[s] = NO_LABEL if label == NO_LABEL else header_of_label[label]
+        try:
+            st = os.stat(os.path.join(sources.root, os.fsdecode(path)))
+            size, mtime = st.st_size, st.st_mtime_ns
+            sizes[s], mtimes[s] = size, mtime
+        except OSError:
+            size, mtime = -1, UNKNOWN_MTIME  # read it: the reader says why it is skipped
+        i = old.path_index.get(path, -1)
+        old_index[s] = i
+        if i >= 0:
+            same_file = (
+                not compare_content
+                and old_stats is not None
+                and int(old_stats["mtime_ns"][i]) != UNKNOWN_MTIME
+                and int(old_stats["mtime_ns"][i]) == mtime
+                and int(old_stats["size"][i]) == size
+            )
+            if not same_file:
+                action[s] = _READ
+                todo.append(s)
+            elif old.class_of(i) != (None if label == NO_LABEL else sources.classes[label]):
+                action[s] = _RELABEL
+            else:
+                action[s] = _KEEP
+            continue
+        item = old.skipped.get(path)
+        if (
+            item is not None
+            and not compare_content
+            and item.get("mtime_ns") == mtime != UNKNOWN_MTIME
+            and item.get("size") == size
+        ):
+            action[s] = _SKIP_AGAIN  # the same bad file: skipped again for the same reason
+        else:
+            action[s] = _READ
+            todo.append(s)
+    return _Plan(sizes, mtimes, old_index, action, todo, record_classes, header_labels)
+
+
+# -- staging the files to read ------------------------------------------------------
+class _StageRun(_Run):
+    """The write loop over the files to read, into ``<dst>.update`` (keys: position in
+    the list of files to read; values: ``_STAGED`` and the record or skip reason)."""
+
+    def __init__(self, job: Job, state: _Partial, old: _OldPack, old_keys: Sequence[int]) -> None:
+        super().__init__(job, state)
+        self.old = old
+        self.old_keys = old_keys  # per file to read: the record key of its sample in the pack, or -1
+
+    def _write(self, todo: range, results: Iterable[Loaded | Skipped], progress: bool | None) -> None:
+        state = self.state
+        with Progress(len(self.sources), "update", enabled=progress, initial=state.next_source) as bar:
+            for j, result in zip(todo, results):
+                if self.interrupted:
+                    raise KeyboardInterrupt
+                if isinstance(result, Skipped):
+                    if self.options.strict:
+                        self._commit()
+                        raise SourceError(
+                            self.sources.abspath(j),
+                            result.reason,
+                            "fix or remove the file and run the same command again to resume, "
+                            "or update without --strict to skip such files",
+                        )
+                    value = _STAGED.pack(_SKIPPED, result.size, result.mtime_ns) + result.reason.encode(
+                        "utf-8", "surrogateescape"
+                    )
+                    bar.write(f"skipped {self.sources.relpaths[j]}: {result.reason}")
+                else:
+                    self.input_bytes += result.source_bytes
+                    bar.update(1, result.source_bytes)
+                    key = self.old_keys[j]
+                    if key >= 0 and _same_record(self.old.value(key), result.value):
+                        value = _STAGED.pack(_SAME, result.source_bytes, result.mtime_ns)
+                    else:
+                        value = b"".join((_STAGED.pack(_RECORD, result.source_bytes, result.mtime_ns), result.value))
+                self.batch.append((encode_key(j), value))
+                self.batch_bytes += len(value)
+                state.next_source = j + 1
+                if len(self.batch) >= self.options.commit_every or self.batch_bytes >= self.batch_limit:
+                    self._commit()
+                if self.on_progress is not None:
+                    self.on_progress(j + 1, len(self.sources))
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+    def finish(self) -> None:
+        self._commit({PROGRESS_KEY: self.state.checkpoint()})
+        self.state.env.sync(True)
+
+
+def _same_record(old: memoryview, new: bytes | bytearray | memoryview) -> bool:
+    """Whether a file read again gives the pack's record: the same header (but the
+    label and CRC, which an update sets) and the same payload."""
+    new_view = memoryview(new)
+    return len(old) == len(new_view) and old[:24] == new_view[:24] and old[32:] == new_view[32:]
+
+
+def _stage(
+    old: _OldPack, sources: SourceList, plan: _Plan, options: PackOptions, staging: str, progress: Any
+) -> tuple[int, int]:
+    """Read the files of ``plan.todo`` into ``staging`` (resuming what is there).
+    Returns (bytes read by this run, files done before it)."""
+    fingerprint = {
+        "update_of": str(old.meta["pack_id"]),
+        "todo": len(plan.todo),
+        "todo_sha256": plan.todo_digest(sources),
+        "root": sources.root,
+        **options.fingerprint(),
+    }
+    if os.path.lexists(staging):
+        packdir.check_replaceable(staging, hint=f"it is in the way of the update's staging folder: remove {staging}")
+    os.makedirs(staging, exist_ok=True)
+    mean = float(np.mean([plan.sizes[s] for s in plan.todo[:5000]])) if plan.todo else 0.0
+    map_size = int(sum(plan.sizes[s] for s in plan.todo) * 1.6 + len(plan.todo) * 8192 + (64 << 20))
+    try:
+        state = resume._open_partial(staging, fingerprint, map_size, [])
+    except (OutputExistsError, NotAPackError):
+        # Staged for another update (the source or the pack changed since): it holds only
+        # copies of source files, so start it again.
+        packdir.remove(staging)
+        os.makedirs(staging)
+        state = resume._open_partial(staging, fingerprint, map_size, [])
+    done_before = state.next_source
+    todo_sources = SourceList(
+        sources.root,
+        sources.layout,
+        [sources.relpaths[s] for s in plan.todo],
+        [plan.header_labels[s] for s in plan.todo],
+        plan.record_classes,
+        {name: k for k, name in enumerate(plan.record_classes)},
+        list_file=sources.list_file,
+    )
+    old_keys = [old.key(plan.old_index[s]) if plan.old_index[s] >= 0 else -1 for s in plan.todo]
+    job = Job(sources=todo_sources, dst=staging, options=options, on_progress=progress.on_progress)
+    run = _StageRun(job, state, old, old_keys)
+    try:
+        if state.next_source < len(plan.todo):
+            if options.space_check:
+                need = 2 * sum(plan.sizes[s] for s in plan.todo[state.next_source :]) + (64 << 20)
+                free = shutil.disk_usage(staging).free
+                if need > free:
+                    raise PackError(
+                        f"the update needs about {need / 1e9:,.2f} GB but only {free / 1e9:,.2f} GB are free "
+                        f"on the disk holding {staging}",
+                        "free some space (pass --no-space-check to try anyway)",
+                    )
+            workers = options.workers
+            from lmdbfolder.write.threads import default_workers
+
+            with _keep_freed_memory():
+                run.write_all(default_workers() if workers is None else workers, mean + 64, progress.bar)
+    finally:
+        state.close()
+    return run.input_bytes, done_before
+
+
+# -- the transaction ----------------------------------------------------------------
+@dataclass
+class _Result:
+    meta: dict[str, Any]
+    changes: Changes
+    skipped: list[tuple[str, str]]
+
+
+def _apply(
+    old: _OldPack,
+    sources: SourceList,
+    plan: _Plan,
+    options: PackOptions,
+    staging: str,
+    fingerprint: dict[str, Any],
+    manifest_extra: Mapping[str, Any],
+) -> _Result:
+    """Change ``<dst>/data.mdb`` in one transaction: the new records, the tables."""
+    staged = environments.open_data(staging, readahead=True)
+    try:
+        return _apply_staged(old, sources, plan, options, staged, fingerprint, manifest_extra)
+    finally:
+        staged.close()
+
+
+def _apply_staged(
+    old: _OldPack,
+    sources: SourceList,
+    plan: _Plan,
+    options: PackOptions,
+    staged: PageFile,
+    fingerprint: dict[str, Any],
+    manifest_extra: Mapping[str, Any],
+) -> _Result:
+    n = len(sources)
+    changes = Changes()
+    binding = old.binding
+    next_key = old.next_record
+    keys = array.array("Q")  # per sample: its record key
+    sizes = array.array("Q")
+    mtimes = array.array("q")
+    skipped: list[tuple[int, str]] = []
+    skipped_stats: dict[int, tuple[int, int]] = {}
+    puts: list[tuple[int, Any]] = []  # (key, bound record)
+    used_old = np.zeros(old.count, dtype=bool)
+    encodings = dict(old.meta.get("encodings") or {})
+    payload_bytes = int(old.meta.get("payload_bytes") or 0)
+    todo_at = {s: j for j, s in enumerate(plan.todo)}
+    for s in range(n):
+        act = plan.action[s]
+        i = plan.old_index[s]
+        if act == _SKIP_AGAIN:
+            item = old.skipped[os.fsencode(sources.relpaths[s])]
+            skipped.append((s, str(item.get("reason", ""))))
+            skipped_stats[s] = (plan.sizes[s], plan.mtimes[s])
+            continue
+        size, mtime = plan.sizes[s], plan.mtimes[s]
+        if act == _KEEP:
+            key = old.key(i)
+            used_old[i] = True
+        elif act == _RELABEL:
+            value = old.value(old.key(i))
+            header, payload = decode_record(value)
+            key = next_key
+            next_key += 1
+            record = encode_record(
+                payload,
+                label=plan.header_labels[s],
+                encoding=header.encoding,
+                width=header.width,
+                height=header.height,
+                channels=header.channels,
+                binding=binding,
+                index=key,
+            )
+            puts.append((key, record))
+            changes.changed += 1
+            changes.relabelled += 1
+        else:
+            j = todo_at[s]
+            found = staged.get(encode_key(j))
+            if found is None:
+                raise PackError(f"the staged update has no entry for {sources.relpaths[s]}", "run it again")
+            kind, size, mtime = _STAGED.unpack_from(found)
+            body = found[_STAGED.size :]
+            changes.read += 1
+            if kind == _SKIPPED:
+                skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
+                if mtime != UNKNOWN_MTIME:
+                    skipped_stats[s] = (size, mtime)
+                continue
+            if kind == _SAME:
+                key = old.key(i)
+                used_old[i] = True
+                changes.unchanged += 1
+            else:
+                key = next_key
+                next_key += 1
+                puts.append((key, bind_record(bytearray(body), binding, key)))
+                header, _ = decode_record(body)
+                encodings[header.encoding] = encodings.get(header.encoding, 0) + 1
+                payload_bytes += len(body)
+                if i >= 0:
+                    changes.changed += 1
+                else:
+                    changes.added += 1
+        if act == _RELABEL:
+            header = decode_record(memoryview(puts[-1][1]))[0]
+            encodings[header.encoding] = encodings.get(header.encoding, 0) + 1
+            payload_bytes += len(puts[-1][1])
+        keys.append(key)
+        sizes.append(size)
+        mtimes.append(mtime)
+    if not len(keys):
+        raise SourceError(sources.root, "every source file was skipped; nothing to pack")
+    # Records no sample uses any more: files removed, replaced or relabelled.
+    deletes = [old.key(i) for i in np.flatnonzero(~used_old).tolist()]
+    new_paths = {os.fsencode(sources.relpaths[s]) for s in range(n) if plan.old_index[s] >= 0}
+    changes.removed = sum(1 for p in old.path_index if p not in new_paths) + sum(
+        1 for s, _ in skipped if plan.old_index[s] >= 0
+    )
+    for key in deletes:
+        value = old.value(key)
+        enc = _encoding_of(value)
+        if enc in encodings:
+            encodings[enc] -= 1
+            if not encodings[enc]:
+                del encodings[enc]
+        payload_bytes -= len(value)
+    old_classes = list(old.meta["classes"])
+    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
+    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pack_id = new_pack_id()
+    skipped_set = {s for s, _ in skipped}
+    meta = dict(old.meta)
+    for stale in ("skipped",):  # format 1 only
+        meta.pop(stale, None)
+    meta.update(
+        {
+            "format_version": UPDATED_FORMAT_VERSION,
+            "count": len(keys),
+            "classes": sources.classes,
+            "class_to_idx": sources.class_to_idx,
+            "pack_id": pack_id,
+            "binding_id": binding.hex(),
+            "next_record": next_key,
+            "encodings": dict(sorted(encodings.items())),
+            "payload_bytes": payload_bytes,
+            "skipped_count": len(skipped),
+            "source": sources.describe(),
+            "fingerprint": fingerprint,
+            "params": options.params(),
+            "updated_at": now,
+        }
+    )
+    if plan.record_classes != list(sources.classes):
+        meta["record_classes"] = plan.record_classes
+    else:
+        meta.pop("record_classes", None)
+    meta.update(manifest_extra)
+    entry = history_entry(
+        "update",
+        now,
+        pack_id,
+        len(keys),
+        added=changes.added,
+        removed=changes.removed,
+        changed=changes.changed,
+        relabelled=changes.relabelled,
+        read=changes.read,
+        skipped=len(skipped),
+        classes_added=changes.classes_added,
+        classes_removed=changes.classes_removed,
+    )
+    tables: dict[bytes, bytes | bytearray] = {
+        META_KEY: encode_meta(meta),
+        LABELS_KEY: _labels_table(sources.labels, skipped_set),
+        PATHS_KEY: _paths_table(sources.relpaths, skipped_set),
+        SKIPPED_KEY: encode_skipped(skipped_entries(sources.relpaths, skipped, skipped_stats)),
+        ORDER_KEY: encode_order(keys),
+        STATS_KEY: encode_stats(sizes, mtimes),
+        HISTORY_KEY: encode_history([*old.history, entry]),
+    }
+    check_manifest_size(tables[META_KEY], sources.root)
+    tables[CHECK_KEY] = encode_check({k: v for k, v in tables.items()})
+    _commit(old, puts, deletes, tables)
+    return _Result(meta, changes, [(sources.relpaths[s], r) for s, r in skipped])
+
+
+def _encoding_of(value: memoryview) -> str:
+    try:
+        return decode_record(value)[0].encoding
+    except Exception:  # a damaged record: its encoding is not counted
+        return ""
+
+
+def _commit(old: _OldPack, puts: list[tuple[int, Any]], deletes: list[int], tables: dict[bytes, Any]) -> None:
+    """One write transaction on the pack's ``data.mdb``; a map too small is grown and the
+    transaction run again."""
+    size = os.path.getsize(os.path.join(old.path, DATA_FILE))
+    need = sum(len(v) for _, v in puts) + sum(len(v) for v in tables.values())
+    map_size = size + 2 * need + (64 << 20)
+    try:
+        env = lmdb.open(
+            old.path,
+            map_size=map_size,
+            subdir=True,
+            readahead=False,
+            meminit=False,
+            max_dbs=0,
+            sync=True,
+            metasync=True,
+            writemap=False,  # a full disk must fail the commit, never SIGBUS
+        )
+    except lmdb.Error as exc:
+        raise PackError(f"cannot open {old.path} to update it: {exc}", "run `lmdbfolder verify` on it") from None
+    try:
+        while True:
+            txn = env.begin(write=True)
+            try:
+                for key, value in puts:
+                    txn.put(encode_key(key), value)
+                for key in deletes:
+                    txn.delete(encode_key(key))
+                for name, value in tables.items():
+                    txn.put(name, value)
+                txn.commit()
+                break
+            except lmdb.MapFullError:
+                txn.abort()
+                env.set_mapsize(env.info()["map_size"] * 2)
+            except lmdb.Error as exc:
+                txn.abort()
+                raise _write_error(old.path, exc) from exc
+            except BaseException:
+                txn.abort()
+                raise
+        env.sync(True)
+    finally:
+        env.close()
+    lock = os.path.join(old.path, LOCK_FILE)
+    if os.path.exists(lock):
+        os.remove(lock)  # readers never use it
+
+
+def recorded_options(dst: str | os.PathLike[str]) -> PackOptions | None:
+    """The content options (store, check, resize) the pack at ``dst`` was made with
+    (a sharded pack: its first shard's), or None when ``dst`` holds no readable pack.
+    What ``lmdbfolder pack --update`` uses for the options it is not given."""
+    from lmdbfolder.format import decode_meta
+    from lmdbfolder.write.options import Resize
+
+    found = packdir.inspect(dst)
+    try:
+        if found.kind is packdir.Kind.SHARDED:
+            root, index = packdir.load_index(found.path)
+            path = os.path.join(root, index["shards"][0]["name"])
+        elif found.kind is packdir.Kind.PACK:
+            path = found.path
+        else:
+            return None
+        meta = decode_meta(environments.read_manifest(path), where=path)
+        params: dict[str, Any] = meta["params"] if isinstance(meta.get("params"), dict) else {}
+        check = params.get("check")
+        return PackOptions(
+            store=str(meta["store"]),
+            check=check if check in ("none", "header", "decode") else "header",
+            resize=Resize.from_params(params),
+        )
+    except (NotAPackError, OptionError, TypeError, ValueError, KeyError):
+        return None
+
+
+# -- the entry point ------------------------------------------------------------------
+class _Progress:
+    """The progress hooks of an update (a bar, and ``on_progress`` of the caller)."""
+
+    def __init__(self, bar: bool | None, on_progress: Any) -> None:
+        self.bar = bar
+        self.on_progress = on_progress
+
+
+def update(
+    sources: SourceList,
+    dst: str,
+    options: PackOptions,
+    *,
+    manifest_extra: Mapping[str, Any] | None = None,
+    on_progress: Any = None,
+) -> tuple[dict[str, Any], Changes | None, int, int, list[tuple[str, str]], float]:
+    """Bring the finished pack ``dst`` up to date with ``sources`` (the writer lock held).
+
+    Returns (manifest, changes or None when nothing changed, bytes read, files
+    staged before this run, skipped files, seconds).
+    """
+    start = time.perf_counter()
+    staging = staging_path(dst)
+    old = _OldPack.load(dst)
+    try:
+        effective = check_options(old, options)
+        fingerprint = resume.pack_fingerprint(sources, effective, manifest_extra)
+        plan = _plan(old, sources, options.check == CONTENT_CHECK or old.stats is None)
+        relabels = any(a == _RELABEL for a in plan.action)
+        if (
+            not plan.todo
+            and not relabels
+            and old.meta.get("fingerprint") == fingerprint
+            and not _extra_changed(old.meta, manifest_extra)
+        ):
+            _finish_up(dst, staging, old)
+            skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in old.skipped.values()]
+            return old.meta, None, 0, 0, skipped, time.perf_counter() - start
+        read_bytes, before = _stage(old, sources, plan, effective, staging, _Progress(options.progress, on_progress))
+        result = _apply(old, sources, plan, effective, staging, fingerprint, dict(manifest_extra or {}))
+    finally:
+        old.close()
+    _write_report(dst, staging, sources.root, result.skipped)
+    if os.path.lexists(staging):
+        packdir.remove(staging)
+    _compact_if_sparse(dst)
+    return result.meta, result.changes, read_bytes, before, result.skipped, time.perf_counter() - start
+
+
+def _extra_changed(meta: Mapping[str, Any], extra: Mapping[str, Any] | None) -> bool:
+    return any(meta.get(k) != v for k, v in (extra or {}).items())
+
+
+def _finish_up(dst: str, staging: str, old: _OldPack) -> None:
+    """An update that finds nothing to do: remove a staging folder an interrupted one
+    left (its transaction had committed), and write ``skipped.txt`` again."""
+    items = [(str(item.get("path")), str(item.get("reason", ""))) for item in old.skipped.values()]
+    source = old.meta.get("source")
+    root = str(source.get("root")) if isinstance(source, dict) else ""
+    _write_report(dst, staging, root, items)
+    if os.path.lexists(staging):
+        packdir.remove(staging)
+
+
+def _write_report(dst: str, staging: str, root: str, skipped: Sequence[tuple[str, str]]) -> None:
+    """``<dst>/skipped.txt`` for the new version: written in the staging folder (ours, so
+    a kill leaves nothing foreign in ``dst``), then renamed into place."""
+    path = os.path.join(dst, SKIPPED_REPORT)
+    if not skipped:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    os.makedirs(staging, exist_ok=True)
+    tmp = os.path.join(staging, SKIPPED_REPORT)
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(
+            f"# {plural(len(skipped), 'source file')} not packed (path<TAB>reason), relative to {root}\n"
+            "# a backslash, tab, newline or carriage return in a path or reason is written as \\\\, \\t, \\n, \\r\n"
+        )
+        for p, reason in skipped:
+            f.write(f"{escape_field(p)}\t{escape_field(reason)}\n")
+    os.replace(tmp, path)
+
+
+def _compact_if_sparse(dst: str) -> None:
+    from lmdbfolder.write.output import _compact_if_needed
+
+    _compact_if_needed(dst, free_fraction=COMPACT_FREE_FRACTION)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lmdbfolder.errors import FormatVersionError, NotAPackError
+from lmdbfolder.errors import FormatVersionError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     CHECK_KEY,
     DAMAGED_HINT,
@@ -60,6 +60,7 @@ from lmdbfolder.pagefile import PageDamage, PageFile
 
 __all__ = [
     "open_data",
+    "open_version",
     "refuse_foreign",
     "PackTables",
     "load_tables",
@@ -77,15 +78,16 @@ __all__ = [
 ]
 
 
-def open_data(path: str, readahead: bool = True) -> PageFile:
-    """The ``PageFile`` of the pack directory ``path`` (absolute).
+def open_data(path: str, readahead: bool = True, *, previous: bool = False) -> PageFile:
+    """The ``PageFile`` of the pack directory ``path`` (absolute); with ``previous``, of
+    the version before the current one (``PageFile``'s ``previous``).
 
     Raises NotAPackError if ``data.mdb`` is missing, not an LMDB (0.9) file,
     or truncated.
     """
     data = os.path.join(path, DATA_FILE)
     try:
-        return PageFile(data, readahead=readahead)
+        return PageFile(data, readahead=readahead, previous=previous)
     except PageDamage as exc:
         if exc.kind == "format":
             raise NotAPackError(path, f"{DATA_FILE} is not an LMDB file ({exc.why})") from None
@@ -174,6 +176,48 @@ def identity_of(pf: PageFile, where: str, known: PackTables | None = None) -> st
     if known is not None and digest == known.manifest_sha256:
         return known.identity
     return _identity(decode_meta(blob, where=where), digest)
+
+
+def open_version(path: str, identity: str, readahead: bool = True, known: PackTables | None = None) -> PageFile:
+    """The ``PageFile`` of the version ``identity`` (a ``PackTables.identity``) of the pack
+    at ``path``: the current one, or the one before it.
+
+    ``pack --update`` changes a pack in one LMDB transaction, which leaves the
+    version before it intact (its pages are not reused before the commit after
+    next, see ``PageFile.committed_txnid``) and LMDB keeps its meta page: so a
+    dataset opened before one update reads the version it opened in every
+    process it starts, and a sharded pack whose shards were updated but whose
+    index was not yet rewritten reads as the old version. Raises
+    PackChangedError when neither is ``identity`` (replaced, or updated
+    twice), NotAPackError for a file that is not a pack.
+    """
+    pf = open_data(path, readahead)
+    try:
+        found = identity_of(pf, path, known)
+    except BaseException:
+        pf.close()
+        raise
+    if found == identity:
+        return pf
+    pf.close()
+    try:
+        previous = open_data(path, readahead, previous=True)
+    except NotAPackError:
+        previous = None
+    if previous is not None:
+        try:
+            before = identity_of(previous, path, known)
+        except NotAPackError:  # the commit before an update's holds no manifest (an unfinished pack's batch)
+            before = None
+        if before == identity and previous.committed_txnid() <= previous.txnid + 1:
+            return previous
+        previous.close()
+    raise PackChangedError(
+        path,
+        f"was replaced since this dataset was opened (it was pack {identity}, it is now pack {found}: "
+        "repacked, updated with `lmdbfolder pack --update` more than once, or copied over); "
+        "reading on would mix samples of two versions",
+    )
 
 
 def _identity(meta: dict[str, Any], manifest_sha256: bytes) -> str:

@@ -1262,6 +1262,9 @@ class ShardIndex:
     source: dict[str, Any] | None = None
     created_by: str | None = None
     created_at: str | None = None
+    #: The sharded pack's history (``pack --update``): a list of JSON objects, as
+    #: a pack's ``__history__``.
+    history: list[dict[str, Any]] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     # The required fields pass whatever _check_shard_index let through, so they
@@ -1280,6 +1283,7 @@ class ShardIndex:
             key: _INFORMATIONAL[key]
             for key in ("encodings", "payload_bytes", "checksum", "source", "created_by", "created_at")
         },
+        "history": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
     }
 
     def to_dict(self) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from lmdbfolder.format import (
     SKIPPED_REPORT,
     SYNC_PROBE,
     TEMP_MARKER,
+    UPDATE_SUFFIX,
     WRITER_LOCK_SUFFIX,
     decode_meta,
     decode_record,
@@ -112,9 +113,14 @@ class Found:
 
 #: Files lmdbfolder writes into a single pack (or leaves in an unfinished one).
 _PACK_FILES = frozenset({DATA_FILE, LOCK_FILE, SKIPPED_REPORT, SYNC_PROBE, COMPACT_DIR, TEMP_MARKER})
-#: Suffixes of directories on their way: being packed, copied in, or replaced.
+#: Suffixes of directories on their way: being packed, copied in, updated (the
+#: files an update reads), or replaced.
 _TRANSIENT = re.compile(
-    r"(" + re.escape(PARTIAL_SUFFIX) + "|" + re.escape(COPYING_SUFFIX) + "|" + re.escape(OLD_SUFFIX) + r"[0-9]+)$"
+    r"("
+    + "|".join(re.escape(suffix) for suffix in (PARTIAL_SUFFIX, COPYING_SUFFIX, UPDATE_SUFFIX))
+    + "|"
+    + re.escape(OLD_SUFFIX)
+    + r"[0-9]+)$"
 )
 
 

@@ -139,16 +139,22 @@ class PageFile:
         readahead: False asks the kernel not to read ahead (``MADV_RANDOM``),
             as LMDB does with ``readahead=False``.
 
-    Branch pages are parsed once and kept (a pack never changes); leaf pages
-    are searched in place. ``get`` costs a few microseconds. Raises
-    PageDamage (``kind`` ``"format"`` or ``"truncated"``) when the file is
-    not a complete LMDB 0.9 data file, and OSError when it cannot be read.
+    Branch pages are parsed once and kept (the tree of a transaction never
+    changes); leaf pages are searched in place. ``get`` costs a few
+    microseconds. Raises PageDamage (``kind`` ``"format"`` or ``"truncated"``)
+    when the file is not a complete LMDB 0.9 data file, and OSError when it
+    cannot be read. ``previous``: read the tree of the other meta page, the
+    commit before the current one (``pack --update`` commits each version in
+    one transaction, so that is the version before; see ``committed_txnid``).
     Safe to share between threads (nothing it holds changes but its page
     cache, a dict).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, previous: bool = False) -> None:
         self.path = os.fspath(path)
+        #: Read the tree of the meta page LMDB did not pick (the commit before the
+        #: last one), not the current one: see ``committed_txnid``.
+        self.previous = previous
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             self.size = os.fstat(fd).st_size
@@ -196,6 +202,8 @@ class PageFile:
         self.psize = psize
         m1 = self._meta_at(psize, 1)
         meta, which = (m1, 1) if m0[-1] < m1[-1] else (m0, 0)  # mdb_env_pick_meta
+        if self.previous:
+            meta, which = (m0, 0) if which else (m1, 1)
         self.metas = (m0, m1)
         (_, _, _, _, *dbs, last_pg, txnid) = meta
         self.free_db = DB(*dbs[0:8])

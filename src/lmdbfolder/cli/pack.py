@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     from lmdbfolder.write.writer import pack
 
     options = _pack_options(args)
-    if _wants_shards(args):
+    if _wants_shards(args) or (args.update and _is_sharded(args.dst)):
         return _run_sharded(args, options)
 
     result = pack(args.src, args.dst, options, **_source_args(args))
@@ -275,6 +275,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_sharded(path: str) -> bool:
+    from lmdbfolder import packdir
+
+    return packdir.inspect(path).kind is packdir.Kind.SHARDED
+
+
 def _wants_shards(args: argparse.Namespace) -> bool:
     return any(v is not None for v in (args.shards, args.shard_size, args.shard_index, args.ray, args.staging))
 
@@ -282,7 +288,8 @@ def _wants_shards(args: argparse.Namespace) -> bool:
 def _run_sharded(args: argparse.Namespace, options: Any) -> int:
     from lmdbfolder.write.shards import pack_sharded, parse_size
 
-    if (args.shards is None) == (args.shard_size is None):
+    updating = args.update and _is_sharded(args.dst)  # the split is the pack's
+    if (args.shards is None) == (args.shard_size is None) and not updating:
         return usage("pack", "pass one of --shards N and --shard-size SIZE")
     if args.shard_index is not None and args.shards is None:
         return usage("pack", "--shard-index needs --shards N (the same N for every job)")
@@ -312,6 +319,18 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
         result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
     if args.json:
         print_json(result.as_dict())
+        return 0
+    if updating and result.already_packed:
+        print(f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')})")
+        return 0
+    if updating and result.changes is not None:
+        rewritten = [s.name for s in result.shards if not s.kept]
+        print(
+            f"updated {result.path}: {result.changes.summary()} -> {plural(result.count, 'image')}; "
+            f"{plural(len(rewritten), 'shard')} of {len(result.shards)} changed, "
+            f"{plural(result.changes.read, 'file')} read ({megabytes(result.input_bytes)}) in {result.seconds:.1f} s"
+        )
+        _print_skipped(result.skipped, "each shard's skipped.txt")
         return 0
     if result.already_packed:
         shards = (

@@ -11,17 +11,16 @@ Rules this module enforces (see docs/design.md, "Opening a pack"):
 * The map is opened on first use in each process. The constructor reads
   and checks the tables and closes it again, so a parent process that never
   reads a sample holds nothing open when it starts its workers.
-* Each (re)opening in a new process checks that the pack is still the one
-  the tables were read from (``pack_id``, or a digest of a format-1
-  manifest): a pack replaced or updated under a live dataset raises
-  PackChangedError in the worker instead of mixing two packs.
-* A process that has opened the pack reads the version it opened, also
-  while ``pack --update`` changes the file in place and after: an update
-  commits one LMDB transaction and never overwrites the pages of the version
-  before it. After every read it checks that no second update has committed
-  since it opened the file (``PageFile.committed_txnid``); if one has, the
-  pages it read may have been reused, and it raises PackChangedError instead
-  of returning them.
+* Each (re)opening in a new process opens the version the tables were read
+  from (``pack_id``, or a digest of a format-1 manifest): the current one,
+  or, after one ``pack --update``, the one before it, which an update leaves
+  intact (``environments.open_version``). A pack replaced (or updated twice)
+  under a live dataset raises PackChangedError in the worker instead of
+  mixing two versions.
+* After every read, a process checks that no second transaction has
+  committed since the version it reads (``PageFile.committed_txnid``): from
+  then on LMDB may reuse that version's pages, so it raises PackChangedError
+  instead of returning what it read.
 * Format 3 (an updated pack): sample ``i`` is the record under key
   ``__order__[i]`` (its CRC bound to that key), and a record header's label
   names a class of ``record_classes`` (mapped to the sample's label here).
@@ -199,10 +198,21 @@ class Reader(PackAPI):
             in the wrong place fails it too. It costs about 0.3 % of a JPEG
             decode (docs/design.md, "Integrity"); False skips it.
 
+        pack_id: open this version of the pack (format 2 and 3): the current
+            one, or the one before it while ``pack --update`` has changed the
+            pack once since (a sharded pack's index names its shards' ids);
+            PackChangedError when it is neither.
+
     The constructor reads and checks the manifest, the label table and (format
     2) the table checksums, then closes the file again; samples are read
     through a lazily opened, per-process map. A pack that is damaged where a
     record is stored raises CorruptRecordError for that record only.
+
+    A Reader reads the version of the pack it opened, in every process: after
+    one ``pack --update`` (which changes the pack in place, in one
+    transaction) it still reads the version before it; after a second one, or
+    when the pack was replaced (``--overwrite``, a copy), it raises
+    PackChangedError. To read the new version, open the pack again.
 
     Example:
         >>> from lmdbfolder import Reader
@@ -211,7 +221,14 @@ class Reader(PackAPI):
         ...     print(len(r), r.classes[rec.label], rec.encoding, rec.width, rec.height)
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readahead: bool = True,
+        verify_checksums: bool = True,
+        pack_id: str | None = None,
+    ) -> None:
         found = packdir.require_pack(path)
         if found.kind is packdir.Kind.SHARDED:
             raise NotAPackError(
@@ -222,7 +239,10 @@ class Reader(PackAPI):
         self.path = found.path
         self.readahead = readahead
         self.verify_checksums = verify_checksums
-        pf = environments.open_data(self.path, readahead)
+        if pack_id is None:
+            pf = environments.open_data(self.path, readahead)
+        else:
+            pf = environments.open_version(self.path, pack_id, readahead)
         try:
             tables = environments.load_tables(pf, self.path)
         finally:
@@ -295,6 +315,15 @@ class Reader(PackAPI):
         """The source files the writer left out (``{path, reason}`` dicts), or
         ``"invalid"`` when a format-1 manifest holds something else there."""
         return environments.skipped_items(self._file(), self._tables, self.path)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The pack's history, oldest first: how it was packed, then each ``pack --update``
+        (``event``, ``at``, ``pack_id``, ``count``, ``added``, ``removed``, ``changed``,
+        ``classes_added``, ...); [] for a pack written before histories were kept."""
+        pf = self._file()
+        items = environments.history_items(pf, self._tables, self.path)
+        self._check_unchanged(pf)
+        return items
 
     def _paths_blob(self) -> memoryview:
         blob = self._paths
@@ -465,20 +494,9 @@ class Reader(PackAPI):
             self._reset_handles()  # inherited from the parent: its lock and map are not ours to use
         with self._handle_lock:
             if self._pf is None:
-                pf = environments.open_data(self.path, self.readahead)
-                try:
-                    found = environments.identity_of(pf, self.path, self._tables)
-                except BaseException:
-                    pf.close()
-                    raise
-                if found != self._tables.identity:
-                    pf.close()
-                    raise PackChangedError(
-                        self.path,
-                        f"was replaced since this dataset was opened (it was pack {self._tables.identity}, it is "
-                        f"now pack {found}: repacked, updated with `lmdbfolder pack --update`, or copied over); "
-                        "reading on would mix samples of two versions",
-                    )
+                # The version the tables were read from: the current one, or the
+                # one before it after one update (environments.open_version).
+                pf = environments.open_version(self.path, self._tables.identity, self.readahead, self._tables)
                 if self._tables.ordered:
                     try:
                         self._order = environments.order_table(pf, self._tables, self.path)

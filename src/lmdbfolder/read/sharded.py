@@ -117,17 +117,22 @@ class ShardedReader(PackAPI):
         entry = self.meta["shards"][k]
         path = os.path.join(self.path, entry["name"])
         where = f"shard {k} of {len(self._names)} listed in {os.path.join(self.path, SHARD_INDEX_FILE)}"
-        reader = Reader(path, readahead=self.readahead, verify_checksums=self.verify_checksums)
+        try:
+            # Format 2 and 3: the version of the shard the index names (its current
+            # one, or the one before it while an update has rewritten the shard
+            # but not yet the index); its own table checksums are checked on open.
+            reader = Reader(
+                path, readahead=self.readahead, verify_checksums=self.verify_checksums, pack_id=entry.get("pack_id")
+            )
+        except PackChangedError:
+            raise PackChangedError(
+                path,
+                f"does not hold the shard the index names: its pack_id differs from the index's ({where}; "
+                "repacked, updated with `lmdbfolder pack --update`, or copied over)",
+                "open the pack again if it was updated; else restore the shard, or run `lmdbfolder index` again",
+            ) from None
         try:
             hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
-            if "pack_id" in entry and reader.pack_id != entry["pack_id"]:
-                # Format 2 and 3: its pack id says whether it is the shard the
-                # index was made of (its own table checksums were checked on open).
-                raise PackChangedError(
-                    path,
-                    f"was replaced since this dataset was opened: its pack_id differs from the index's ({where}; "
-                    "repacked, updated with `lmdbfolder pack --update`, or copied over)",
-                )
             if len(reader) != entry["count"]:
                 raise NotAPackError(
                     path, f"it holds {len(reader)} samples, the index says {entry['count']} ({where})", hint

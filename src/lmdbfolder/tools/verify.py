@@ -180,8 +180,22 @@ def verify(
                 _against_by_index(sharded, report, os.fspath(against), list_file, _dicts(skipped))
             report.seconds += time.perf_counter() - start
         return report
+    return _verify_single(found.path, decode, against, list_file, progress)
+
+
+def _verify_single(
+    path: str,
+    decode: bool,
+    against: str | os.PathLike[str] | None,
+    list_file: str | os.PathLike[str] | None,
+    progress: bool | None,
+    pack_id: str | None = None,
+) -> VerifyReport:
+    """``verify`` of a single pack; with ``pack_id``, of that version of it (a shard as
+    its index names it: see ``environments.open_version``)."""
     start = time.perf_counter()
-    pf = environments.open_data(found.path, readahead=True)
+    pf = environments.open_data(path, True) if pack_id is None else environments.open_version(path, pack_id, True)
+    found = packdir.Found(path, packdir.Kind.PACK)
     try:
         pack = _Checked(pf, found.path)
         report = VerifyReport(found.path, pack.count, decoded=decode)
@@ -634,7 +648,7 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
             report.problems.append(Problem("shard", f"shard {name} is missing"))
             continue
         try:
-            sub = verify(shard_path, decode=decode, progress=progress)
+            sub = _verify_single(shard_path, decode, None, None, progress, entry.get("pack_id"))
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
             continue
@@ -650,7 +664,7 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
                 Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry['count']}")
             )
         try:
-            with Reader(shard_path) as reader:
+            with Reader(shard_path, pack_id=entry.get("pack_id")) as reader:
                 digest = tables_digest(*reader.tables())
                 same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *reader.tables())
                 meta, pack_id = reader.meta, reader.pack_id

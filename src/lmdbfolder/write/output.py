@@ -108,15 +108,16 @@ def _free_fraction(env: lmdb.Environment) -> float:
     return max(0.0, (total - used) / total)
 
 
-def _compact_if_needed(partial: str, *, force: bool = False, free_fraction: float = _COMPACT_FREE_FRACTION) -> bool:
+def _compact_if_needed(partial: str, *, force: bool = False, free_fraction: float | None = None) -> bool:
     """Rewrite data.mdb without free pages (LMDB's consistent copy with
-    compaction) when they are at least ``free_fraction`` of it (1%), or when
+    compaction) when they are at least ``free_fraction`` of it (default 1%), or when
     ``force``. The copy replaces the file by a rename: a process that has the
     old file mapped keeps reading it (``pack --update`` compacts a published
     pack this way)."""
     env = lmdb.open(partial, readonly=True, lock=False, subdir=True)
     try:
-        if not force and _free_fraction(env) < free_fraction:
+        limit = _COMPACT_FREE_FRACTION if free_fraction is None else free_fraction
+        if not force and _free_fraction(env) < limit:
             return False
         tmp = os.path.join(partial, COMPACT_DIR)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -40,7 +40,6 @@ import hashlib
 import os
 import shutil
 import struct
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -81,7 +80,7 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.pagefile import PageFile
 from lmdbfolder.progress import Progress
-from lmdbfolder.text import escape_field, plural
+from lmdbfolder.text import describe_changes, escape_field, plural
 from lmdbfolder.write import resume
 from lmdbfolder.write.loop import (
     Job,
@@ -99,7 +98,7 @@ from lmdbfolder.write.records import Loaded, Skipped
 from lmdbfolder.write.runtime import _keep_freed_memory
 from lmdbfolder.write.sources import SourceList
 
-__all__ = ["Changes", "staging_path", "recorded_options", "describe_changes"]
+__all__ = ["Changes", "Updated", "update", "staging_path", "recorded_options"]
 
 #: Free pages (a fraction of the file) from which an updated pack is compacted.
 COMPACT_FREE_FRACTION = 0.25
@@ -151,24 +150,6 @@ class Changes:
         return describe_changes(self.as_dict())
 
 
-def describe_changes(entry: Mapping[str, Any]) -> str:
-    """``+N / -M / ~K (classes +a, -b)`` of a history entry (or ``Changes.as_dict``)."""
-
-    def number(key: str) -> int:
-        value = entry.get(key, 0)
-        return value if type(value) is int else 0
-
-    text = f"+{number('added'):,} / -{number('removed'):,} / ~{number('changed'):,}"
-    classes = []
-    for key, sign in (("classes_added", "+"), ("classes_removed", "-")):
-        names = entry.get(key)
-        if isinstance(names, list) and names:
-            shown = ", ".join(escape_field(str(n))[:40] for n in names[:3])
-            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-            classes.append(f"{sign}{plural(len(names), 'class')} ({shown}{more})")
-    return text + (f"; {'; '.join(classes)}" if classes else "")
-
-
 # -- the pack as it is --------------------------------------------------------------
 @dataclass
 class _OldPack:
@@ -186,6 +167,7 @@ class _OldPack:
     binding: bytes
     record_classes: list[str]  # the class each record header's label names
     next_record: int
+    check: dict[bytes, tuple[int, int]]  # __check__: the tables the pack has
 
     @classmethod
     def load(cls, path: str) -> _OldPack:
@@ -230,6 +212,7 @@ class _OldPack:
             binding=tables.binding,
             record_classes=list(names_in_records if names_in_records is not None else meta["classes"]),
             next_record=int(meta.get("next_record", count)) if tables.version >= 3 else count,
+            check=dict(tables.check or {}),
         )
 
     @property
@@ -251,6 +234,13 @@ class _OldPack:
             ) from None
         if value is None:
             raise PackError(f"{self.path} has no record under key {key}", "repack it with --overwrite")
+        return value
+
+    def value_of(self, key: bytes) -> memoryview:
+        """The stored value of the reserved key (a table) ``key``."""
+        value = environments.read_value(self.pf, key, self.path)
+        if value is None:
+            raise PackError(f"{self.path} has no {key.decode()} table", "run `lmdbfolder verify` on it")
         return value
 
     def class_of(self, i: int) -> str | None:
@@ -295,6 +285,16 @@ class _Plan:
     todo: list[int]
     record_classes: list[str]
     header_labels: array.array  # per source: the label its record header carries (record_classes)
+
+    def same_samples(self, old: _OldPack, sources: SourceList) -> bool:
+        """Whether the source holds exactly the pack's samples (same files, classes and
+        order) and skipped files: no file to read, nothing to relabel, nothing gone."""
+        kept = sum(1 for a in self.action if a == _KEEP)
+        again = sum(1 for a in self.action if a == _SKIP_AGAIN)
+        if self.todo or kept != old.count or again != len(old.skipped) or sources.classes != old.meta["classes"]:
+            return False
+        order = [self.old_index[s] for s in range(len(self.action)) if self.action[s] == _KEEP]
+        return order == list(range(old.count))
 
     def todo_digest(self, sources: SourceList) -> str:
         h = hashlib.sha256()
@@ -764,6 +764,19 @@ class _Progress:
         self.on_progress = on_progress
 
 
+@dataclass
+class Updated:
+    """What ``update`` did: the pack's manifest now, what changed (None: no sample
+    changed, nothing was read), the bytes read, the files staged before this run
+    (an interrupted update resumed), and the skipped source files."""
+
+    meta: dict[str, Any]
+    changes: Changes | None
+    read_bytes: int
+    resumed_from: int
+    skipped: list[tuple[str, str]]
+
+
 def update(
     sources: SourceList,
     dst: str,
@@ -771,29 +784,25 @@ def update(
     *,
     manifest_extra: Mapping[str, Any] | None = None,
     on_progress: Any = None,
-) -> tuple[dict[str, Any], Changes | None, int, int, list[tuple[str, str]], float]:
-    """Bring the finished pack ``dst`` up to date with ``sources`` (the writer lock held).
-
-    Returns (manifest, changes or None when nothing changed, bytes read, files
-    staged before this run, skipped files, seconds).
-    """
-    start = time.perf_counter()
+) -> Updated:
+    """Bring the finished pack ``dst`` up to date with ``sources`` (the caller holds the
+    writer lock): the steps of the module docstring."""
     staging = staging_path(dst)
     old = _OldPack.load(dst)
     try:
         effective = check_options(old, options)
         fingerprint = resume.pack_fingerprint(sources, effective, manifest_extra)
         plan = _plan(old, sources, options.check == CONTENT_CHECK or old.stats is None)
-        relabels = any(a == _RELABEL for a in plan.action)
-        if (
-            not plan.todo
-            and not relabels
-            and old.meta.get("fingerprint") == fingerprint
-            and not _extra_changed(old.meta, manifest_extra)
-        ):
+        if plan.same_samples(old, sources):
+            if old.meta.get("fingerprint") != fingerprint or _extra_changed(old.meta, manifest_extra):
+                # The same samples from a source described otherwise (moved, or a
+                # shard whose place in its split moved): the manifest only.
+                meta = _rewrite_manifest(old, sources, effective, fingerprint, dict(manifest_extra or {}))
+            else:
+                meta = old.meta
             _finish_up(dst, staging, old)
             skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in old.skipped.values()]
-            return old.meta, None, 0, 0, skipped, time.perf_counter() - start
+            return Updated(meta, None, 0, 0, skipped)
         read_bytes, before = _stage(old, sources, plan, effective, staging, _Progress(options.progress, on_progress))
         result = _apply(old, sources, plan, effective, staging, fingerprint, dict(manifest_extra or {}))
     finally:
@@ -802,7 +811,27 @@ def update(
     if os.path.lexists(staging):
         packdir.remove(staging)
     _compact_if_sparse(dst)
-    return result.meta, result.changes, read_bytes, before, result.skipped, time.perf_counter() - start
+    return Updated(result.meta, result.changes, read_bytes, before, result.skipped)
+
+
+def _rewrite_manifest(
+    old: _OldPack,
+    sources: SourceList,
+    options: PackOptions,
+    fingerprint: dict[str, Any],
+    manifest_extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Put a manifest with this source's description into the pack, in one transaction;
+    the samples, their tables and the pack id stay as they are."""
+    meta = dict(old.meta)
+    meta.update({"source": sources.describe(), "fingerprint": fingerprint, "params": options.params()})
+    meta.update(manifest_extra)
+    tables: dict[bytes, Any] = {META_KEY: encode_meta(meta)}
+    check_manifest_size(tables[META_KEY], sources.root)
+    covered = {key: old.value_of(key) for key in old.check if key != META_KEY}
+    tables[CHECK_KEY] = encode_check({**covered, META_KEY: tables[META_KEY]})
+    _commit(old, [], [], tables)
+    return meta
 
 
 def _extra_changed(meta: Mapping[str, Any], extra: Mapping[str, Any] | None) -> bool:

@@ -245,21 +245,22 @@ def pack_sources(
 
 def _update(job: Job, start_time: float) -> PackResult:
     """``pack_sources`` of an update (``write.update``)."""
-    meta, changes, read_bytes, before, skipped, _ = update.update(
+    done = update.update(
         job.sources, job.dst, job.options, manifest_extra=job.manifest_extra, on_progress=job.on_progress
     )
+    meta = done.meta
     return PackResult(
         job.dst,
         int(meta["count"]),
-        read_bytes,
+        done.read_bytes,
         int(meta.get("payload_bytes") or 0),
         time.perf_counter() - start_time,
         str(meta["store"]),
         dict(meta.get("encodings") or {}),
-        skipped,
-        resumed_from=before,
-        already_packed=changes is None,
-        changes=changes,
+        done.skipped,
+        resumed_from=done.resumed_from,
+        already_packed=done.changes is None,
+        changes=done.changes,
     )
 
 

@@ -178,7 +178,13 @@ def identity_of(pf: PageFile, where: str, known: PackTables | None = None) -> st
     return _identity(decode_meta(blob, where=where), digest)
 
 
-def open_version(path: str, identity: str, readahead: bool = True, known: PackTables | None = None) -> PageFile:
+def open_version(
+    path: str,
+    identity: str,
+    readahead: bool = True,
+    known: PackTables | None = None,
+    manifest_sha256: str | None = None,
+) -> PageFile:
     """The ``PageFile`` of the version ``identity`` (a ``PackTables.identity``) of the pack
     at ``path``: the current one, or the one before it.
 
@@ -190,6 +196,10 @@ def open_version(path: str, identity: str, readahead: bool = True, known: PackTa
     index was not yet rewritten reads as the old version. Raises
     PackChangedError when neither is ``identity`` (replaced, or updated
     twice), NotAPackError for a file that is not a pack.
+
+    ``manifest_sha256`` (hex; a sharded pack's index has it) prefers, of two
+    versions with that identity, the one with that manifest: an update that
+    changes only a shard's manifest (its place in the split) keeps its id.
     """
     pf = open_data(path, readahead)
     try:
@@ -197,11 +207,10 @@ def open_version(path: str, identity: str, readahead: bool = True, known: PackTa
     except BaseException:
         pf.close()
         raise
-    if found == identity:
+    if found == identity and (manifest_sha256 is None or _manifest_digest(pf, path) == manifest_sha256):
         return pf
-    pf.close()
     try:
-        previous = open_data(path, readahead, previous=True)
+        previous: PageFile | None = open_data(path, readahead, previous=True)
     except NotAPackError:
         previous = None
     if previous is not None:
@@ -209,15 +218,24 @@ def open_version(path: str, identity: str, readahead: bool = True, known: PackTa
             before = identity_of(previous, path, known)
         except NotAPackError:  # the commit before an update's holds no manifest (an unfinished pack's batch)
             before = None
-        if before == identity and previous.committed_txnid() <= previous.txnid + 1:
+        usable = before == identity and previous.committed_txnid() <= previous.txnid + 1
+        if usable and (found != identity or _manifest_digest(previous, path) == manifest_sha256):
+            pf.close()
             return previous
         previous.close()
+    if found == identity:
+        return pf  # the id matches, the manifest does not: the caller (verify) says so
+    pf.close()
     raise PackChangedError(
         path,
         f"was replaced since this dataset was opened (it was pack {identity}, it is now pack {found}: "
         "repacked, updated with `lmdbfolder pack --update` more than once, or copied over); "
         "reading on would mix samples of two versions",
     )
+
+
+def _manifest_digest(pf: PageFile, where: str) -> str:
+    return hashlib.sha256(_required(pf, META_KEY, where, "manifest")).hexdigest()
 
 
 def _identity(meta: dict[str, Any], manifest_sha256: bytes) -> str:

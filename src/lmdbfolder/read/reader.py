@@ -201,7 +201,8 @@ class Reader(PackAPI):
         pack_id: open this version of the pack (format 2 and 3): the current
             one, or the one before it while ``pack --update`` has changed the
             pack once since (a sharded pack's index names its shards' ids);
-            PackChangedError when it is neither.
+            PackChangedError when it is neither. ``manifest_sha256`` (hex)
+            prefers, of two versions with that id, the one with that manifest.
 
     The constructor reads and checks the manifest, the label table and (format
     2) the table checksums, then closes the file again; samples are read
@@ -228,6 +229,7 @@ class Reader(PackAPI):
         readahead: bool = True,
         verify_checksums: bool = True,
         pack_id: str | None = None,
+        manifest_sha256: str | None = None,
     ) -> None:
         found = packdir.require_pack(path)
         if found.kind is packdir.Kind.SHARDED:
@@ -242,7 +244,7 @@ class Reader(PackAPI):
         if pack_id is None:
             pf = environments.open_data(self.path, readahead)
         else:
-            pf = environments.open_version(self.path, pack_id, readahead)
+            pf = environments.open_version(self.path, pack_id, readahead, manifest_sha256=manifest_sha256)
         try:
             tables = environments.load_tables(pf, self.path)
         finally:

@@ -122,7 +122,11 @@ class ShardedReader(PackAPI):
             # one, or the one before it while an update has rewritten the shard
             # but not yet the index); its own table checksums are checked on open.
             reader = Reader(
-                path, readahead=self.readahead, verify_checksums=self.verify_checksums, pack_id=entry.get("pack_id")
+                path,
+                readahead=self.readahead,
+                verify_checksums=self.verify_checksums,
+                pack_id=entry.get("pack_id"),
+                manifest_sha256=entry.get("manifest_sha256"),
             )
         except PackChangedError:
             raise PackChangedError(

@@ -72,7 +72,6 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile
 from lmdbfolder.progress import Progress
-from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
@@ -189,12 +188,12 @@ def _verify_single(
     against: str | os.PathLike[str] | None,
     list_file: str | os.PathLike[str] | None,
     progress: bool | None,
-    pack_id: str | None = None,
+    entry: Any = None,
 ) -> VerifyReport:
-    """``verify`` of a single pack; with ``pack_id``, of that version of it (a shard as
-    its index names it: see ``environments.open_version``)."""
+    """``verify`` of a single pack; with ``entry`` (a sharded pack's index entry), of the
+    version of it the index names (see ``environments.open_version``)."""
     start = time.perf_counter()
-    pf = environments.open_data(path, True) if pack_id is None else environments.open_version(path, pack_id, True)
+    pf = environments.open_data(path, True) if entry is None else _open_entry(path, entry)
     found = packdir.Found(path, packdir.Kind.PACK)
     try:
         pack = _Checked(pf, found.path)
@@ -211,6 +210,14 @@ def _verify_single(
         pf.close()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _open_entry(path: str, entry: Any) -> PageFile:
+    """The version of the shard at ``path`` that its index ``entry`` names (formats 2 and 3:
+    by pack id and manifest; the current version for format 1)."""
+    if entry.get("pack_id") is None:
+        return environments.open_data(path, True)
+    return environments.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
 
 
 def _dicts(items: Any) -> list[Any]:
@@ -648,7 +655,7 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
             report.problems.append(Problem("shard", f"shard {name} is missing"))
             continue
         try:
-            sub = _verify_single(shard_path, decode, None, None, progress, entry.get("pack_id"))
+            sub = _verify_single(shard_path, decode, None, None, progress, entry)
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
             continue
@@ -664,10 +671,17 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
                 Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry['count']}")
             )
         try:
-            with Reader(shard_path, pack_id=entry.get("pack_id")) as reader:
-                digest = tables_digest(*reader.tables())
-                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *reader.tables())
-                meta, pack_id = reader.meta, reader.pack_id
+            pf = _open_entry(shard_path, entry)
+            try:
+                blobs = [environments.read_value(pf, key, shard_path) for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
+                if any(blob is None for blob in blobs):
+                    raise NotAPackError(shard_path, "its manifest, label table or path table is missing")
+                digest = tables_digest(*blobs)  # type: ignore[arg-type]
+                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *blobs)  # type: ignore[arg-type]
+                meta = decode_meta(blobs[0], where=shard_path)
+                pack_id = meta.get("pack_id") if meta["format_version"] >= 2 else None
+            finally:
+                pf.close()
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be opened: {exc.message}"))
             continue

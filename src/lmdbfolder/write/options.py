@@ -147,7 +147,7 @@ class PackOptions:
             if not self.update:
                 raise OptionError(
                     "--check content compares the source files with an existing pack: it needs --update",
-                    "pass --update, or --check header/decode/none to pack",
+                    "pass --update, or another --check (header, decode or none) to pack",
                 )
         elif self.check not in CHECKS:
             raise OptionError(f"check must be one of {CHECKS}, got {self.check!r}")

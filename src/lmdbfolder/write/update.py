@@ -100,8 +100,12 @@ from lmdbfolder.write.sources import SourceList
 
 __all__ = ["Changes", "Updated", "update", "staging_path", "recorded_options"]
 
-#: Free pages (a fraction of the file) from which an updated pack is compacted.
-COMPACT_FREE_FRACTION = 0.25
+#: Free pages (a fraction of the file) from which an updated pack is compacted. LMDB
+#: reuses the pages an update frees from the update after next on, so the file
+#: stays about two updates' changes above what it holds; this much free space
+#: comes only from removing many samples at once. A compacted file holds only the
+#: new version: processes that open the pack afterwards cannot read the one before.
+COMPACT_FREE_FRACTION = 0.5
 
 # What ``_plan`` decides for each source file.
 _KEEP, _RELABEL, _READ, _SKIP_AGAIN = 0, 1, 2, 3
@@ -266,7 +270,8 @@ def check_options(old: _OldPack, options: PackOptions) -> PackOptions:
     why = effective.differences(old.meta)
     if why is not None:
         raise OptionError(
-            f"{old.path}: {why}; an update keeps the options of the pack, and these would change every record",
+            f"{old.path}: {why}; an update keeps the options of the pack (they apply to every record, "
+            "not only to the files that changed)",
             "pass the options the pack was made with (see `lmdbfolder info`), or repack with --overwrite",
         )
     return effective
@@ -775,6 +780,7 @@ class Updated:
     read_bytes: int
     resumed_from: int
     skipped: list[tuple[str, str]]
+    compacted: bool = False
 
 
 def update(
@@ -810,8 +816,8 @@ def update(
     _write_report(dst, staging, sources.root, result.skipped)
     if os.path.lexists(staging):
         packdir.remove(staging)
-    _compact_if_sparse(dst)
-    return Updated(result.meta, result.changes, read_bytes, before, result.skipped)
+    compacted = _compact_if_sparse(dst)
+    return Updated(result.meta, result.changes, read_bytes, before, result.skipped, compacted)
 
 
 def _rewrite_manifest(
@@ -869,7 +875,13 @@ def _write_report(dst: str, staging: str, root: str, skipped: Sequence[tuple[str
     os.replace(tmp, path)
 
 
-def _compact_if_sparse(dst: str) -> None:
+def _compact_if_sparse(dst: str) -> bool:
+    """Compact the updated pack when half of it is free pages (``COMPACT_FREE_FRACTION``):
+    LMDB's compacting copy, renamed over ``data.mdb`` (a process that has the old file
+    mapped keeps reading it)."""
     from lmdbfolder.write.output import _compact_if_needed
 
-    _compact_if_needed(dst, free_fraction=COMPACT_FREE_FRACTION)
+    if not _compact_if_needed(dst, free_fraction=COMPACT_FREE_FRACTION):
+        return False
+    packdir.fsync_path(dst)
+    return True

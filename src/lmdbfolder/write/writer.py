@@ -259,6 +259,7 @@ def _update(job: Job, start_time: float) -> PackResult:
         dict(meta.get("encodings") or {}),
         done.skipped,
         resumed_from=done.resumed_from,
+        compacted=done.compacted,
         already_packed=done.changes is None,
         changes=done.changes,
     )

@@ -34,7 +34,7 @@ from PIL import Image
 
 from lmdbfolder import environments, packdir
 from lmdbfolder.codecs import decode_rgb, raw_rgb, truncation
-from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError
+from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     CHECK_KEY,
     DAMAGED_HINT,
@@ -214,10 +214,14 @@ def _verify_single(
 
 def _open_entry(path: str, entry: Any) -> PageFile:
     """The version of the shard at ``path`` that its index ``entry`` names (formats 2 and 3:
-    by pack id and manifest; the current version for format 1)."""
-    if entry.get("pack_id") is None:
-        return environments.open_data(path, True)
-    return environments.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
+    by pack id and manifest), else the current one (format 1; or a shard replaced since the
+    index was written: the checks against the index then say what differs)."""
+    if entry.get("pack_id") is not None:
+        try:
+            return environments.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
+        except PackChangedError:
+            pass
+    return environments.open_data(path, True)
 
 
 def _dicts(items: Any) -> list[Any]:

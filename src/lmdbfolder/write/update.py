@@ -494,186 +494,198 @@ class _Result:
     skipped: list[tuple[str, str]]
 
 
-def _apply(
-    old: _OldPack,
-    sources: SourceList,
-    plan: _Plan,
-    options: PackOptions,
-    staging: str,
-    fingerprint: dict[str, Any],
-    manifest_extra: Mapping[str, Any],
-) -> _Result:
-    """Change ``<dst>/data.mdb`` in one transaction: the new records, the tables."""
-    staged = environments.open_data(staging, readahead=True)
-    try:
-        return _apply_staged(old, sources, plan, options, staged, fingerprint, manifest_extra)
-    finally:
-        staged.close()
+@dataclass(frozen=True)
+class _Put:
+    """A record the transaction writes under ``key``: staged file ``staged`` (its
+    position in the files read), or the pack's record ``old_key`` with the header
+    label ``label`` (a relabelled file). ``size``: its bytes."""
+
+    key: int
+    size: int
+    staged: int = -1
+    old_key: int = -1
+    label: int = NO_LABEL
 
 
-def _apply_staged(
-    old: _OldPack,
-    sources: SourceList,
-    plan: _Plan,
-    options: PackOptions,
-    staged: PageFile,
-    fingerprint: dict[str, Any],
-    manifest_extra: Mapping[str, Any],
-) -> _Result:
-    n = len(sources)
-    changes = Changes()
-    binding = old.binding
-    next_key = old.next_record
-    keys = array.array("Q")  # per sample: its record key
-    sizes = array.array("Q")
-    mtimes = array.array("q")
-    skipped: list[tuple[int, str]] = []
-    skipped_stats: dict[int, tuple[int, int]] = {}
-    puts: list[tuple[int, Any]] = []  # (key, bound record)
+@dataclass
+class _Assembly:
+    """The new version, sample by sample, before anything is written."""
+
+    keys: array.array = field(default_factory=lambda: array.array("Q"))  # per sample: its record key
+    sizes: array.array = field(default_factory=lambda: array.array("Q"))
+    mtimes: array.array = field(default_factory=lambda: array.array("q"))
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    skipped_stats: dict[int, tuple[int, int]] = field(default_factory=dict)
+    puts: list[_Put] = field(default_factory=list)
+    deletes: list[int] = field(default_factory=list)
+    encodings: dict[str, int] = field(default_factory=dict)
+    payload_bytes: int = 0
+    next_key: int = 0
+    changes: Changes = field(default_factory=Changes)
+
+
+def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile | None) -> _Assembly:
+    """Each sample's record key (kept, or new), the records to put and to delete, the
+    tables' contents and the manifest's totals. Reads the staged files' headers and the
+    headers of the pack's records that go; no payload."""
+    out = _Assembly(
+        encodings=dict(old.meta.get("encodings") or {}),
+        payload_bytes=int(old.meta.get("payload_bytes") or 0),
+        next_key=old.next_record,
+    )
+    changes = out.changes
     used_old = np.zeros(old.count, dtype=bool)
-    encodings = dict(old.meta.get("encodings") or {})
-    payload_bytes = int(old.meta.get("payload_bytes") or 0)
     todo_at = {s: j for j, s in enumerate(plan.todo)}
-    for s in range(n):
-        act = plan.action[s]
-        i = plan.old_index[s]
+
+    def count_in(encoding: str, size: int) -> None:
+        out.encodings[encoding] = out.encodings.get(encoding, 0) + 1
+        out.payload_bytes += size
+
+    for s in range(len(sources)):
+        act, i = plan.action[s], plan.old_index[s]
+        size, mtime = plan.sizes[s], plan.mtimes[s]
         if act == _SKIP_AGAIN:
             item = old.skipped[os.fsencode(sources.relpaths[s])]
-            skipped.append((s, str(item.get("reason", ""))))
-            skipped_stats[s] = (plan.sizes[s], plan.mtimes[s])
+            out.skipped.append((s, str(item.get("reason", ""))))
+            out.skipped_stats[s] = (size, mtime)
             continue
-        size, mtime = plan.sizes[s], plan.mtimes[s]
         if act == _KEEP:
             key = old.key(i)
             used_old[i] = True
         elif act == _RELABEL:
-            value = old.value(old.key(i))
-            header, payload = decode_record(value)
-            key = next_key
-            next_key += 1
-            record = encode_record(
-                payload,
-                label=plan.header_labels[s],
-                encoding=header.encoding,
-                width=header.width,
-                height=header.height,
-                channels=header.channels,
-                binding=binding,
-                index=key,
-            )
-            puts.append((key, record))
+            old_key = old.key(i)
+            value = old.value(old_key)
+            key, out.next_key = out.next_key, out.next_key + 1
+            out.puts.append(_Put(key, len(value), old_key=old_key, label=plan.header_labels[s]))
+            count_in(decode_record(value)[0].encoding, len(value))
             changes.changed += 1
             changes.relabelled += 1
         else:
-            j = todo_at[s]
-            found = staged.get(encode_key(j))
+            found = staged.get(encode_key(todo_at[s])) if staged is not None else None
             if found is None:
-                raise PackError(f"the staged update has no entry for {sources.relpaths[s]}", "run it again")
+                raise PackError(f"the staged update has no entry for {sources.relpaths[s]}", "run the update again")
             kind, size, mtime = _STAGED.unpack_from(found)
             body = found[_STAGED.size :]
             changes.read += 1
             if kind == _SKIPPED:
-                skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
+                out.skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
                 if mtime != UNKNOWN_MTIME:
-                    skipped_stats[s] = (size, mtime)
+                    out.skipped_stats[s] = (size, mtime)
                 continue
             if kind == _SAME:
                 key = old.key(i)
                 used_old[i] = True
                 changes.unchanged += 1
             else:
-                key = next_key
-                next_key += 1
-                puts.append((key, bind_record(bytearray(body), binding, key)))
-                header, _ = decode_record(body)
-                encodings[header.encoding] = encodings.get(header.encoding, 0) + 1
-                payload_bytes += len(body)
+                key, out.next_key = out.next_key, out.next_key + 1
+                out.puts.append(_Put(key, len(body), staged=todo_at[s]))
+                count_in(decode_record(body)[0].encoding, len(body))
                 if i >= 0:
                     changes.changed += 1
                 else:
                     changes.added += 1
-        if act == _RELABEL:
-            header = decode_record(memoryview(puts[-1][1]))[0]
-            encodings[header.encoding] = encodings.get(header.encoding, 0) + 1
-            payload_bytes += len(puts[-1][1])
-        keys.append(key)
-        sizes.append(size)
-        mtimes.append(mtime)
-    if not len(keys):
+        out.keys.append(key)
+        out.sizes.append(size)
+        out.mtimes.append(mtime)
+    if not len(out.keys):
         raise SourceError(sources.root, "every source file was skipped; nothing to pack")
     # Records no sample uses any more: files removed, replaced or relabelled.
-    deletes = [old.key(i) for i in np.flatnonzero(~used_old).tolist()]
-    new_paths = {os.fsencode(sources.relpaths[s]) for s in range(n) if plan.old_index[s] >= 0}
-    changes.removed = sum(1 for p in old.path_index if p not in new_paths) + sum(
-        1 for s, _ in skipped if plan.old_index[s] >= 0
-    )
-    for key in deletes:
+    for i in np.flatnonzero(~used_old).tolist():
+        key = old.key(i)
         value = old.value(key)
-        enc = _encoding_of(value)
-        if enc in encodings:
-            encodings[enc] -= 1
-            if not encodings[enc]:
-                del encodings[enc]
-        payload_bytes -= len(value)
+        encoding = _encoding_of(value)
+        if encoding in out.encodings:
+            out.encodings[encoding] -= 1
+            if not out.encodings[encoding]:
+                del out.encodings[encoding]
+        out.payload_bytes -= len(value)
+        out.deletes.append(key)
+    still = {os.fsencode(sources.relpaths[s]) for s in range(len(sources)) if plan.old_index[s] >= 0}
+    changes.removed = sum(1 for p in old.path_index if p not in still)
+    changes.removed += sum(1 for s, _ in out.skipped if plan.old_index[s] >= 0)  # samples now skipped
     old_classes = list(old.meta["classes"])
     changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
     changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
+    return out
+
+
+def _new_tables(
+    old: _OldPack,
+    sources: SourceList,
+    plan: _Plan,
+    new: _Assembly,
+    options: PackOptions,
+    fingerprint: dict[str, Any],
+    manifest_extra: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[bytes, Any]]:
+    """The manifest (format 3, a new ``pack_id``) and every table of the new version."""
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     pack_id = new_pack_id()
-    skipped_set = {s for s, _ in skipped}
-    meta = dict(old.meta)
-    for stale in ("skipped",):  # format 1 only
-        meta.pop(stale, None)
+    changes = new.changes
+    meta = {k: v for k, v in old.meta.items() if k not in ("skipped", "record_classes")}  # skipped: format 1
     meta.update(
         {
             "format_version": UPDATED_FORMAT_VERSION,
-            "count": len(keys),
+            "count": len(new.keys),
             "classes": sources.classes,
             "class_to_idx": sources.class_to_idx,
             "pack_id": pack_id,
-            "binding_id": binding.hex(),
-            "next_record": next_key,
-            "encodings": dict(sorted(encodings.items())),
-            "payload_bytes": payload_bytes,
-            "skipped_count": len(skipped),
+            "binding_id": old.binding.hex(),
+            "next_record": new.next_key,
+            "encodings": dict(sorted(new.encodings.items())),
+            "payload_bytes": new.payload_bytes,
+            "skipped_count": len(new.skipped),
             "source": sources.describe(),
             "fingerprint": fingerprint,
             "params": options.params(),
             "updated_at": now,
+            **manifest_extra,
         }
     )
     if plan.record_classes != list(sources.classes):
         meta["record_classes"] = plan.record_classes
-    else:
-        meta.pop("record_classes", None)
-    meta.update(manifest_extra)
-    entry = history_entry(
+    event = history_entry(
         "update",
         now,
         pack_id,
-        len(keys),
-        added=changes.added,
-        removed=changes.removed,
-        changed=changes.changed,
-        relabelled=changes.relabelled,
-        read=changes.read,
-        skipped=len(skipped),
-        classes_added=changes.classes_added,
-        classes_removed=changes.classes_removed,
+        len(new.keys),
+        **{k: v for k, v in changes.as_dict().items() if k != "unchanged"},
+        skipped=len(new.skipped),
     )
-    tables: dict[bytes, bytes | bytearray] = {
+    skipped_set = {s for s, _ in new.skipped}
+    tables: dict[bytes, Any] = {
         META_KEY: encode_meta(meta),
         LABELS_KEY: _labels_table(sources.labels, skipped_set),
         PATHS_KEY: _paths_table(sources.relpaths, skipped_set),
-        SKIPPED_KEY: encode_skipped(skipped_entries(sources.relpaths, skipped, skipped_stats)),
-        ORDER_KEY: encode_order(keys),
-        STATS_KEY: encode_stats(sizes, mtimes),
-        HISTORY_KEY: encode_history([*old.history, entry]),
+        SKIPPED_KEY: encode_skipped(skipped_entries(sources.relpaths, new.skipped, new.skipped_stats)),
+        ORDER_KEY: encode_order(new.keys),
+        STATS_KEY: encode_stats(new.sizes, new.mtimes),
+        HISTORY_KEY: encode_history([*old.history, event]),
     }
     check_manifest_size(tables[META_KEY], sources.root)
-    tables[CHECK_KEY] = encode_check({k: v for k, v in tables.items()})
-    _commit(old, puts, deletes, tables)
-    return _Result(meta, changes, [(sources.relpaths[s], r) for s, r in skipped])
+    tables[CHECK_KEY] = encode_check(tables)
+    return meta, tables
+
+
+def _apply(
+    old: _OldPack,
+    sources: SourceList,
+    plan: _Plan,
+    options: PackOptions,
+    staging: str | None,
+    fingerprint: dict[str, Any],
+    manifest_extra: Mapping[str, Any],
+) -> _Result:
+    """Change ``<dst>/data.mdb`` in one transaction: the new records, the tables."""
+    staged = environments.open_data(staging, readahead=True) if staging is not None else None
+    try:
+        new = _assemble(old, sources, plan, staged)
+        meta, tables = _new_tables(old, sources, plan, new, options, fingerprint, manifest_extra)
+        _commit(old, new.puts, new.deletes, tables, staged)
+    finally:
+        if staged is not None:
+            staged.close()
+    return _Result(meta, new.changes, [(sources.relpaths[s], r) for s, r in new.skipped])
 
 
 def _encoding_of(value: memoryview) -> str:
@@ -683,11 +695,38 @@ def _encoding_of(value: memoryview) -> str:
         return ""
 
 
-def _commit(old: _OldPack, puts: list[tuple[int, Any]], deletes: list[int], tables: dict[bytes, Any]) -> None:
-    """One write transaction on the pack's ``data.mdb``; a map too small is grown and the
-    transaction run again."""
+def _record(put: _Put, old: _OldPack, staged: PageFile | None) -> bytes | bytearray:
+    """The bytes of ``put``, bound to the pack and its key (one record in memory at a time)."""
+    if put.old_key >= 0:
+        header, payload = decode_record(old.value(put.old_key))
+        return encode_record(
+            payload,
+            label=put.label,
+            encoding=header.encoding,
+            width=header.width,
+            height=header.height,
+            channels=header.channels,
+            binding=old.binding,
+            index=put.key,
+        )
+    found = staged.get(encode_key(put.staged)) if staged is not None else None
+    if found is None:
+        raise PackError(f"the staged update lost its file {put.staged}", "run the update again")
+    return bind_record(bytearray(found[_STAGED.size :]), old.binding, put.key)  # type: ignore[return-value]
+
+
+def _commit(
+    old: _OldPack,
+    puts: list[_Put],
+    deletes: list[int],
+    tables: dict[bytes, Any],
+    staged: PageFile | None = None,
+) -> None:
+    """One write transaction on the pack's ``data.mdb``: ``puts`` (their bytes made one at
+    a time: LMDB keeps the transaction's pages, spilling them to free pages past its
+    limit), ``deletes``, ``tables``. A map too small is grown and the transaction run again."""
     size = os.path.getsize(os.path.join(old.path, DATA_FILE))
-    need = sum(len(v) for _, v in puts) + sum(len(v) for v in tables.values())
+    need = sum(p.size for p in puts) + sum(len(v) for v in tables.values())
     map_size = size + 2 * need + (64 << 20)
     try:
         env = lmdb.open(
@@ -707,8 +746,8 @@ def _commit(old: _OldPack, puts: list[tuple[int, Any]], deletes: list[int], tabl
         while True:
             txn = env.begin(write=True)
             try:
-                for key, value in puts:
-                    txn.put(encode_key(key), value)
+                for put in puts:
+                    txn.put(encode_key(put.key), _record(put, old, staged))
                 for key in deletes:
                     txn.delete(encode_key(key))
                 for name, value in tables.items():
@@ -809,8 +848,12 @@ def update(
             _finish_up(dst, staging, old)
             skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in old.skipped.values()]
             return Updated(meta, None, 0, 0, skipped)
-        read_bytes, before = _stage(old, sources, plan, effective, staging, _Progress(options.progress, on_progress))
-        result = _apply(old, sources, plan, effective, staging, fingerprint, dict(manifest_extra or {}))
+        read_bytes, before = 0, 0
+        if plan.todo:
+            progress = _Progress(options.progress, on_progress)
+            read_bytes, before = _stage(old, sources, plan, effective, staging, progress)
+        staged = staging if plan.todo else None
+        result = _apply(old, sources, plan, effective, staged, fingerprint, dict(manifest_extra or {}))
     finally:
         old.close()
     _write_report(dst, staging, sources.root, result.skipped)

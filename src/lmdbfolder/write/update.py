@@ -34,7 +34,6 @@ update.
 
 from __future__ import annotations
 
-import array
 import datetime as _dt
 import hashlib
 import os
@@ -82,6 +81,7 @@ from lmdbfolder.pagefile import PageFile
 from lmdbfolder.progress import Progress
 from lmdbfolder.text import describe_changes, escape_field, plural
 from lmdbfolder.write import resume
+from lmdbfolder.write.compact import LabelList, PathList
 from lmdbfolder.write.loop import (
     Job,
     _labels_table,
@@ -97,6 +97,7 @@ from lmdbfolder.write.options import CHECKS, CONTENT_CHECK, PackOptions
 from lmdbfolder.write.records import Loaded, Skipped
 from lmdbfolder.write.runtime import _keep_freed_memory
 from lmdbfolder.write.sources import SourceList
+from lmdbfolder.write.threads import default_workers
 
 __all__ = ["Changes", "Updated", "update", "staging_path", "recorded_options"]
 
@@ -223,6 +224,11 @@ class _OldPack:
     def count(self) -> int:
         return len(self.labels)
 
+    @property
+    def keys(self) -> np.ndarray:
+        """The record key of every sample (u64)."""
+        return np.arange(self.count, dtype=np.uint64) if self.order is None else self.order
+
     def key(self, i: int) -> int:
         """The record key of sample ``i``."""
         return i if self.order is None else int(self.order[i])
@@ -246,10 +252,6 @@ class _OldPack:
         if value is None:
             raise PackError(f"{self.path} has no {key.decode()} table", "run `lmdbfolder verify` on it")
         return value
-
-    def class_of(self, i: int) -> str | None:
-        label = int(self.labels[i])
-        return None if label == NO_LABEL else str(self.meta["classes"][label])
 
     def close(self) -> None:
         self.pf.close()
@@ -280,26 +282,28 @@ def check_options(old: _OldPack, options: PackOptions) -> PackOptions:
 # -- what to do with each source file ------------------------------------------------
 @dataclass
 class _Plan:
-    """Per source file of the new sample list: its ``stat``, its sample index in the
-    pack (-1: none) and the action; the files to read (``todo``) in order."""
+    """Per source file of the new sample list (numpy arrays): its ``stat`` (size,
+    mtime; -1 when it cannot be stat-ed), its sample index in the pack (-1: none),
+    the action, and the label its record header carries (in ``record_classes``);
+    the files to read (``todo``), in order."""
 
-    sizes: array.array
-    mtimes: array.array
-    old_index: array.array
-    action: bytearray
+    sizes: np.ndarray
+    mtimes: np.ndarray
+    old_index: np.ndarray
+    action: np.ndarray
     todo: list[int]
     record_classes: list[str]
-    header_labels: array.array  # per source: the label its record header carries (record_classes)
+    header_labels: np.ndarray
 
     def same_samples(self, old: _OldPack, sources: SourceList) -> bool:
         """Whether the source holds exactly the pack's samples (same files, classes and
         order) and skipped files: no file to read, nothing to relabel, nothing gone."""
-        kept = sum(1 for a in self.action if a == _KEEP)
-        again = sum(1 for a in self.action if a == _SKIP_AGAIN)
-        if self.todo or kept != old.count or again != len(old.skipped) or sources.classes != old.meta["classes"]:
+        keep = self.action == _KEEP
+        again = int(np.count_nonzero(self.action == _SKIP_AGAIN))
+        if self.todo or again != len(old.skipped) or sources.classes != old.meta["classes"]:
             return False
-        order = [self.old_index[s] for s in range(len(self.action)) if self.action[s] == _KEEP]
-        return order == list(range(old.count))
+        kept = self.old_index[keep]
+        return len(kept) == old.count and bool(np.array_equal(kept, np.arange(old.count)))
 
     def todo_digest(self, sources: SourceList) -> str:
         h = hashlib.sha256()
@@ -309,63 +313,69 @@ class _Plan:
         return h.hexdigest()
 
 
+def _raw_paths(sources: SourceList) -> list[bytes]:
+    paths = sources.relpaths
+    return list(paths.iter_raw()) if isinstance(paths, PathList) else [os.fsencode(p) for p in paths]
+
+
 def _plan(old: _OldPack, sources: SourceList, compare_content: bool) -> _Plan:
+    """``stat`` every source file and decide what to do with it (see ``_Plan``).
+
+    One Python loop does what must be done per file (a ``stat``, a dictionary
+    lookup of its path); the decisions are numpy expressions over the arrays.
+    """
     n = len(sources)
-    sizes = array.array("Q", bytes(8 * n))
-    mtimes = array.array("q", [UNKNOWN_MTIME]) * n
-    old_index = array.array("q", [-1]) * n
-    action = bytearray(n)
-    todo: list[int] = []
-    record_classes = list(old.record_classes)
-    known = set(record_classes)
-    for name in sources.classes:
-        if name not in known:
-            record_classes.append(name)
-            known.add(name)
-    rc_index = {name: k for k, name in enumerate(record_classes)}
-    header_of_label = [rc_index[name] for name in sources.classes]
-    header_labels = array.array("i", [NO_LABEL]) * n
-    old_stats = old.stats
-    raw = sources.relpaths.iter_raw() if hasattr(sources.relpaths, "iter_raw") else map(os.fsencode, sources.relpaths)
+    raw = _raw_paths(sources)
+    root = os.fsencode(sources.root) + b"/"
+    stat, find = os.stat, old.path_index.get
+    found, sizes, mtimes = [-1] * n, [-1] * n, [UNKNOWN_MTIME] * n
     for s, path in enumerate(raw):
-        label = sources.labels[s]
-        header_labels[s] = NO_LABEL if label == NO_LABEL else header_of_label[label]
+        found[s] = find(path, -1)
         try:
-            st = os.stat(os.path.join(sources.root, os.fsdecode(path)))
-            size, mtime = st.st_size, st.st_mtime_ns
-            sizes[s], mtimes[s] = size, mtime
+            st = stat(path if path.startswith(b"/") else root + path)
         except OSError:
-            size, mtime = -1, UNKNOWN_MTIME  # read it: the reader says why it is skipped
-        i = old.path_index.get(path, -1)
-        old_index[s] = i
-        if i >= 0:
-            same_file = (
-                not compare_content
-                and old_stats is not None
-                and int(old_stats["mtime_ns"][i]) != UNKNOWN_MTIME
-                and int(old_stats["mtime_ns"][i]) == mtime
-                and int(old_stats["size"][i]) == size
-            )
-            if not same_file:
-                action[s] = _READ
-                todo.append(s)
-            elif old.class_of(i) != (None if label == NO_LABEL else sources.classes[label]):
-                action[s] = _RELABEL
-            else:
-                action[s] = _KEEP
-            continue
-        item = old.skipped.get(path)
-        if (
-            item is not None
-            and not compare_content
-            and item.get("mtime_ns") == mtime != UNKNOWN_MTIME
-            and item.get("size") == size
-        ):
-            action[s] = _SKIP_AGAIN  # the same bad file: skipped again for the same reason
-        else:
-            action[s] = _READ
-            todo.append(s)
-    return _Plan(sizes, mtimes, old_index, action, todo, record_classes, header_labels)
+            continue  # read it: the reader says why it is skipped
+        sizes[s], mtimes[s] = st.st_size, st.st_mtime_ns
+    old_index = np.array(found, dtype=np.int64)
+    size_of, mtime_of = np.array(sizes, dtype=np.int64), np.array(mtimes, dtype=np.int64)
+    labels = (
+        np.frombuffer(sources.labels.array, dtype=np.int32)
+        if isinstance(sources.labels, LabelList)
+        else (np.array(list(sources.labels), dtype=np.int32))
+    )
+    # Record classes only grow: a class new to the pack is appended (header labels stay).
+    record_classes = list(old.record_classes)
+    for name in sources.classes:
+        if name not in record_classes:
+            record_classes.append(name)
+    rc_index = {name: k for k, name in enumerate(record_classes)}
+    # Label -1 indexes the last entry of each map: "no label".
+    header_labels = np.array([rc_index[c] for c in sources.classes] + [NO_LABEL], dtype=np.int32)[labels]
+    new_label_of_old = np.array(
+        [sources.class_to_idx.get(c, -2) for c in old.meta["classes"]] + [NO_LABEL], dtype=np.int64
+    )
+    present = old_index >= 0
+    oi = old_index[present]
+    action = np.full(n, _READ, dtype=np.uint8)
+    if old.stats is not None and not compare_content:
+        old_size = old.stats["size"].astype(np.int64)
+        old_mtime = old.stats["mtime_ns"]
+        unchanged = np.zeros(n, dtype=bool)
+        unchanged[present] = (
+            (old_mtime[oi] != UNKNOWN_MTIME) & (old_mtime[oi] == mtime_of[present]) & (old_size[oi] == size_of[present])
+        )
+        relabel = np.zeros(n, dtype=bool)
+        relabel[present] = new_label_of_old[old.labels[oi]] != labels[present]
+        action[unchanged] = _KEEP
+        action[unchanged & relabel] = _RELABEL
+    # A file the pack skipped, unchanged: skipped again for the same reason, not read.
+    if old.skipped and not compare_content:
+        for s in np.flatnonzero(~present).tolist():
+            item = old.skipped.get(raw[s])
+            if item is not None and item.get("mtime_ns") == mtimes[s] != UNKNOWN_MTIME and item.get("size") == sizes[s]:
+                action[s] = _SKIP_AGAIN
+    todo = np.flatnonzero(action == _READ).tolist()
+    return _Plan(size_of, mtime_of, old_index, action, todo, record_classes, header_labels)
 
 
 # -- staging the files to read ------------------------------------------------------
@@ -442,8 +452,9 @@ def _stage(
     if os.path.lexists(staging):
         packdir.check_replaceable(staging, hint=f"it is in the way of the update's staging folder: remove {staging}")
     os.makedirs(staging, exist_ok=True)
-    mean = float(np.mean([plan.sizes[s] for s in plan.todo[:5000]])) if plan.todo else 0.0
-    map_size = int(sum(plan.sizes[s] for s in plan.todo) * 1.6 + len(plan.todo) * 8192 + (64 << 20))
+    todo_sizes = np.maximum(plan.sizes[plan.todo], 0)
+    mean = float(todo_sizes.mean()) if plan.todo else 0.0
+    map_size = int(todo_sizes.sum() * 1.6 + len(plan.todo) * 8192 + (64 << 20))
     try:
         state = resume._open_partial(staging, fingerprint, map_size, [])
     except (OutputExistsError, NotAPackError):
@@ -457,18 +468,18 @@ def _stage(
         sources.root,
         sources.layout,
         [sources.relpaths[s] for s in plan.todo],
-        [plan.header_labels[s] for s in plan.todo],
+        plan.header_labels[plan.todo].tolist(),
         plan.record_classes,
         {name: k for k, name in enumerate(plan.record_classes)},
         list_file=sources.list_file,
     )
-    old_keys = [old.key(plan.old_index[s]) if plan.old_index[s] >= 0 else -1 for s in plan.todo]
+    old_keys = [old.key(i) if i >= 0 else -1 for i in plan.old_index[plan.todo].tolist()]
     job = Job(sources=todo_sources, dst=staging, options=options, on_progress=progress.on_progress)
     run = _StageRun(job, state, old, old_keys)
     try:
         if state.next_source < len(plan.todo):
             if options.space_check:
-                need = 2 * sum(plan.sizes[s] for s in plan.todo[state.next_source :]) + (64 << 20)
+                need = 2 * int(todo_sizes[state.next_source :].sum()) + (64 << 20)
                 free = shutil.disk_usage(staging).free
                 if need > free:
                     raise PackError(
@@ -477,10 +488,12 @@ def _stage(
                         "free some space (pass --no-space-check to try anyway)",
                     )
             workers = options.workers
-            from lmdbfolder.write.threads import default_workers
-
+            if workers is None:
+                # Reader processes pay off from a few hundred files; forking them costs
+                # ~10 ms each, more than reading a few small files here.
+                workers = min(default_workers(), max(1, (len(plan.todo) - state.next_source) // 256))
             with _keep_freed_memory():
-                run.write_all(default_workers() if workers is None else workers, mean + 64, progress.bar)
+                run.write_all(workers, mean + 64, progress.bar)
     finally:
         state.close()
     return run.input_bytes, done_before
@@ -511,9 +524,9 @@ class _Put:
 class _Assembly:
     """The new version, sample by sample, before anything is written."""
 
-    keys: array.array = field(default_factory=lambda: array.array("Q"))  # per sample: its record key
-    sizes: array.array = field(default_factory=lambda: array.array("Q"))
-    mtimes: array.array = field(default_factory=lambda: array.array("q"))
+    keys: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))  # per sample: its record key
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    mtimes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     skipped: list[tuple[int, str]] = field(default_factory=list)
     skipped_stats: dict[int, tuple[int, int]] = field(default_factory=dict)
     puts: list[_Put] = field(default_factory=list)
@@ -527,68 +540,76 @@ class _Assembly:
 def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile | None) -> _Assembly:
     """Each sample's record key (kept, or new), the records to put and to delete, the
     tables' contents and the manifest's totals. Reads the staged files' headers and the
-    headers of the pack's records that go; no payload."""
+    headers of the pack's records that go; no payload. Kept files are numpy
+    expressions; only the files that changed take a Python loop."""
     out = _Assembly(
         encodings=dict(old.meta.get("encodings") or {}),
         payload_bytes=int(old.meta.get("payload_bytes") or 0),
         next_key=old.next_record,
     )
     changes = out.changes
+    n = len(sources)
+    action, old_index = plan.action, plan.old_index
+    keys = np.zeros(n, dtype=np.uint64)
+    sizes, mtimes = plan.sizes.copy(), plan.mtimes.copy()
+    is_sample = action != _SKIP_AGAIN
+    keep = action == _KEEP
+    keys[keep] = old.keys[old_index[keep]]
     used_old = np.zeros(old.count, dtype=bool)
+    used_old[old_index[keep]] = True
+    skipped: list[tuple[int, str]] = []
+    for s in np.flatnonzero(~is_sample).tolist():
+        item = old.skipped[os.fsencode(sources.relpaths[s])]
+        skipped.append((s, str(item.get("reason", ""))))
+        out.skipped_stats[s] = (int(sizes[s]), int(mtimes[s]))
     todo_at = {s: j for j, s in enumerate(plan.todo)}
 
     def count_in(encoding: str, size: int) -> None:
         out.encodings[encoding] = out.encodings.get(encoding, 0) + 1
         out.payload_bytes += size
 
-    for s in range(len(sources)):
-        act, i = plan.action[s], plan.old_index[s]
-        size, mtime = plan.sizes[s], plan.mtimes[s]
-        if act == _SKIP_AGAIN:
-            item = old.skipped[os.fsencode(sources.relpaths[s])]
-            out.skipped.append((s, str(item.get("reason", ""))))
-            out.skipped_stats[s] = (size, mtime)
-            continue
-        if act == _KEEP:
-            key = old.key(i)
-            used_old[i] = True
-        elif act == _RELABEL:
+    for s in np.flatnonzero((action == _RELABEL) | (action == _READ)).tolist():
+        i = int(old_index[s])
+        if action[s] == _RELABEL:
             old_key = old.key(i)
             value = old.value(old_key)
             key, out.next_key = out.next_key, out.next_key + 1
-            out.puts.append(_Put(key, len(value), old_key=old_key, label=plan.header_labels[s]))
+            out.puts.append(_Put(key, len(value), old_key=old_key, label=int(plan.header_labels[s])))
             count_in(decode_record(value)[0].encoding, len(value))
             changes.changed += 1
             changes.relabelled += 1
+            keys[s] = key
+            continue
+        found = staged.get(encode_key(todo_at[s])) if staged is not None else None
+        if found is None:
+            raise PackError(f"the staged update has no entry for {sources.relpaths[s]}", "run the update again")
+        kind, size, mtime = _STAGED.unpack_from(found)
+        body = found[_STAGED.size :]
+        changes.read += 1
+        sizes[s], mtimes[s] = size, mtime
+        if kind == _SKIPPED:
+            is_sample[s] = False
+            skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
+            if mtime != UNKNOWN_MTIME:
+                out.skipped_stats[s] = (size, mtime)
+        elif kind == _SAME:
+            keys[s] = old.key(i)
+            used_old[i] = True
+            changes.unchanged += 1
         else:
-            found = staged.get(encode_key(todo_at[s])) if staged is not None else None
-            if found is None:
-                raise PackError(f"the staged update has no entry for {sources.relpaths[s]}", "run the update again")
-            kind, size, mtime = _STAGED.unpack_from(found)
-            body = found[_STAGED.size :]
-            changes.read += 1
-            if kind == _SKIPPED:
-                out.skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
-                if mtime != UNKNOWN_MTIME:
-                    out.skipped_stats[s] = (size, mtime)
-                continue
-            if kind == _SAME:
-                key = old.key(i)
-                used_old[i] = True
-                changes.unchanged += 1
+            key, out.next_key = out.next_key, out.next_key + 1
+            out.puts.append(_Put(key, len(body), staged=todo_at[s]))
+            count_in(decode_record(body)[0].encoding, len(body))
+            keys[s] = key
+            if i >= 0:
+                changes.changed += 1
             else:
-                key, out.next_key = out.next_key, out.next_key + 1
-                out.puts.append(_Put(key, len(body), staged=todo_at[s]))
-                count_in(decode_record(body)[0].encoding, len(body))
-                if i >= 0:
-                    changes.changed += 1
-                else:
-                    changes.added += 1
-        out.keys.append(key)
-        out.sizes.append(size)
-        out.mtimes.append(mtime)
-    if not len(out.keys):
+                changes.added += 1
+    samples = np.flatnonzero(is_sample)
+    if not len(samples):
         raise SourceError(sources.root, "every source file was skipped; nothing to pack")
+    out.keys, out.sizes, out.mtimes = keys[samples], sizes[samples], mtimes[samples]
+    out.skipped = sorted(skipped)
     # Records no sample uses any more: files removed, replaced or relabelled.
     for i in np.flatnonzero(~used_old).tolist():
         key = old.key(i)
@@ -600,9 +621,10 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
                 del out.encodings[encoding]
         out.payload_bytes -= len(value)
         out.deletes.append(key)
-    still = {os.fsencode(sources.relpaths[s]) for s in range(len(sources)) if plan.old_index[s] >= 0}
-    changes.removed = sum(1 for p in old.path_index if p not in still)
-    changes.removed += sum(1 for s, _ in out.skipped if plan.old_index[s] >= 0)  # samples now skipped
+    in_source = np.zeros(old.count, dtype=bool)
+    in_source[old_index[old_index >= 0]] = True
+    now_skipped = sum(1 for s, _ in out.skipped if old_index[s] >= 0)  # were samples, are skipped now
+    changes.removed = int(np.count_nonzero(~in_source)) + now_skipped
     old_classes = list(old.meta["classes"])
     changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
     changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]

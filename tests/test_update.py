@@ -25,7 +25,18 @@ import pytest
 from PIL import Image
 
 from conftest import image_bytes, make_small_tree, write
-from lmdbfolder import OptionError, PackChangedError, Reader, Resize, open_pack, pack, pack_sharded, verify
+from lmdbfolder import (
+    NotAPackError,
+    OptionError,
+    PackChangedError,
+    Reader,
+    Resize,
+    copy_pack,
+    open_pack,
+    pack,
+    pack_sharded,
+    verify,
+)
 from lmdbfolder.cli import main
 from lmdbfolder.cli.common import EXIT_CODES
 from lmdbfolder.format import CHECK_KEY, ORDER_KEY, STATS_KEY, TABLE_KEYS, UNKNOWN_MTIME, encode_check, encode_order
@@ -513,6 +524,31 @@ def test_verify_finds_what_is_wrong_in_an_updated_pack(tmp_path: Path) -> None:
     env.close()
     problems = verify(dst, progress=False).problems
     assert [p.kind for p in problems] == ["order", "extra"], problems  # a key twice; a record no sample names
+
+
+def test_updated_packs_copy_verify_against_their_source_and_refuse_damage(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    change_tree(src)
+    pack(src, dst, update=True, progress=False)
+    copied = tmp_path / "copy"
+    copy_pack(dst, copied)
+    assert contents(copied) == contents(dst) and verify(copied, progress=False).ok
+    report = verify(dst, against=src, decode=True, progress=False)
+    assert report.ok, report.problems
+    # A flipped bit in the record order: refused on open, named by verify.
+    data = dst / "data.mdb"
+    blob = bytearray(data.read_bytes())
+    with Reader(dst) as r:
+        order = r._file().get(ORDER_KEY)
+        assert order is not None
+        at = blob.find(bytes(order))
+    blob[at + 8] ^= 0x01
+    data.write_bytes(bytes(blob))
+    with pytest.raises(NotAPackError, match="__order__ table is damaged"):
+        Reader(dst).get(0)
+    assert any("__order__" in p.message for p in verify(dst, progress=False).problems)
 
 
 def test_fresh_packs_record_file_times_and_history(small_tree: Path, tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ What it does, in one run:
 5. ``--kills`` trials: an update of a fresh copy of the old version, in a
    child process that reports each file it reads and each step of the commit
    on a pipe; the parent sends SIGKILL right after the K-th report (K drawn at
-   random over every report), so the kill lands anywhere from the first file
-   to the removal of the staging folder. Then: the pack opens, ``verify`` says
+   random over every report for half the trials, over the steps that are not
+   a file read for the other half), so the kill lands anywhere from the first
+   file to the removal of the staging folder. Then: the pack opens, ``verify`` says
    OK, and it holds the old version (or, killed after the commit, the new one);
    the same update run again gives the fresh pack's tables and payloads.
 6. A no-op: ``--update`` of the unchanged tree, against the scan it needs
@@ -227,10 +228,10 @@ out.write("finished\n")
 """
 
 
-def count_events(src: str, saved: str, dst: str) -> int:
-    """How many reports an uninterrupted update of the old version makes."""
+def count_events(src: str, saved: str, dst: str) -> list[str]:
+    """The reports an uninterrupted update of the old version makes, in order."""
     restore(saved, dst)
-    return len(_child_events(src, dst, None))
+    return _child_events(src, dst, None)
 
 
 def _child_events(src: str, dst: str, kill_after: int | None) -> list[str]:
@@ -258,12 +259,16 @@ def kill_trials(
     from lmdbfolder import pack, verify
 
     dst = os.path.join(work, "killed")
-    total = count_events(src, saved, dst)
+    reports = count_events(src, saved, dst)
+    total = len(reports)
+    # Half the kills after any report (most are files read), half after a step of
+    # the plan, the commit or the cleanup, so that every step is hit.
+    steps = [k + 1 for k, name in enumerate(reports) if name != "read"]
     rng = random.Random(seed + 1)
     outcome = {"trials": trials, "events": total, "old_version": 0, "new_version": 0, "failures": []}
     for t in range(trials):
         restore(saved, dst)
-        k = rng.randint(1, total)
+        k = rng.randint(1, total) if t % 2 == 0 else rng.choice(steps)
         events = _child_events(src, dst, k)
         where = events[-1] if events else "start"
         found = fingerprint(dst)

@@ -472,7 +472,12 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     os.makedirs(out, exist_ok=True)
     pf = environments.open_data(src, readahead=True)
     try:
-        _copy_items(pf, src, out, pack_binding(meta))
+        try:
+            _copy_items(pf, src, out, pack_binding(meta))
+        finally:
+            # Two `pack --update` commits during the copy may have reused pages it read.
+            if pf.committed_txnid() > pf.txnid + 1:
+                raise PackError(f"{src} was updated while it was copied", "copy it again when no update runs")
     except CorruptRecordError as exc:
         raise PackError(
             f"{src} is damaged, so it cannot be copied: record {exc.index} is corrupt ({exc.why})",

@@ -282,7 +282,7 @@ class PageFile:
         return self._mm[off + _NODE.size : off + _NODE.size + ksize]
 
     def _parse(self, pgno: int, parent: int | None) -> tuple[Any, ...]:
-        """Checked summary of B-tree page ``pgno``, cached (a pack never changes).
+        """Checked summary of B-tree page ``pgno``, cached (the tree this file reads never changes).
 
         A branch: ``(P_BRANCH, keys, children, ordered)``. A leaf:
         ``(P_LEAF, nodes, upper, first)``, where ``first`` is the sample index

@@ -275,6 +275,26 @@ def test_list_file_relabel_rewrites_the_record_without_reading_the_file(
     assert verify(dst, progress=False).ok
 
 
+def test_a_file_touched_and_relabelled_gets_its_new_label(tmp_path: Path) -> None:
+    """Read again (its time changed) with the same bytes but another class: a new record."""
+    src = make_small_tree(tmp_path / "src")
+    listing = tmp_path / "list.txt"
+    names = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg"))
+    listing.write_text("".join(f"{n} {k % 3}\n" for k, n in enumerate(names)))
+    dst = tmp_path / "p"
+    pack(src, dst, list_file=listing, progress=False)
+    lines = listing.read_text().splitlines()
+    lines[4] = lines[4].rsplit(" ", 1)[0] + " 0"
+    listing.write_text("\n".join(lines) + "\n")
+    touched = src / names[4]
+    st = touched.stat()
+    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    result = pack(src, dst, list_file=listing, update=True, progress=False)
+    assert result.changes is not None and (result.changes.read, result.changes.changed) == (1, 1)
+    assert contents(dst) == contents(fresh(src, tmp_path, list_file=listing))
+    assert verify(dst, progress=False).ok
+
+
 def test_flat_folder_update(tmp_path: Path) -> None:
     src = tmp_path / "flat"
     for k in range(6):

@@ -20,12 +20,13 @@ writing the files that changed (docs/design.md, "Updating a pack"):
    records under new keys, deletes the records no sample uses any more, and
    replaces the tables (``__order__``: which record each sample is; the
    labels, paths, stats, skipped files, history, manifest and checksums).
-   The pack becomes format 3 (FORMAT.md). Readers that opened the pack before
-   keep reading the version they opened (the transaction writes only pages
-   that version does not use); a process that opens it afterwards reads the
-   new one, and one whose dataset was opened before is told it changed.
-5. ``<dst>.update`` is removed; the file is compacted only when a quarter of
-   it is free pages (then by LMDB's compacting copy and a rename).
+   The pack becomes format 3 (FORMAT.md). Datasets opened before keep reading
+   the version they opened, in every process (the transaction writes only
+   pages that version does not use, and LMDB's other meta page still names
+   it: ``environments.open_version``); a second update ends that, with
+   PackChangedError. A dataset opened afterwards reads the new version.
+5. ``<dst>.update`` is removed; the file is compacted only when half of it
+   is free pages (then by LMDB's compacting copy and a rename).
 
 A kill at any point leaves ``<dst>`` as it was (steps 1-3 do not touch it,
 step 4 is one transaction) or as it will be; the same command finishes the
@@ -431,10 +432,11 @@ class _StageRun(_Run):
 
 
 def _same_record(old: memoryview, new: bytes | bytearray | memoryview) -> bool:
-    """Whether a file read again gives the pack's record: the same header (but the
-    label and CRC, which an update sets) and the same payload."""
+    """Whether a file read again gives the pack's record: the same header, label
+    included (both in ``record_classes``' numbering, which only grows), and the same
+    payload; not the CRC, which the binding makes differ."""
     new_view = memoryview(new)
-    return len(old) == len(new_view) and old[:24] == new_view[:24] and old[32:] == new_view[32:]
+    return len(old) == len(new_view) and old[:28] == new_view[:28] and old[32:] == new_view[32:]
 
 
 def _stage(

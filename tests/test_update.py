@@ -31,6 +31,7 @@ from lmdbfolder import (
     PackChangedError,
     Reader,
     Resize,
+    SourceError,
     copy_pack,
     open_pack,
     pack,
@@ -585,6 +586,32 @@ def test_fresh_packs_record_file_times_and_history(small_tree: Path, tmp_path: P
     assert int(stats["size"][5]) == (small_tree / "class1" / "img1.jpg").stat().st_size
     assert UNKNOWN_MTIME not in stats["mtime_ns"]
     pf.close()
+
+
+def test_records_of_a_resumed_pack_are_compared_by_content_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files read before an interruption may have changed while the pack was stopped:
+    their time is not recorded, and the first update compares their bytes."""
+    src = tree(tmp_path / "src")
+    write(src / "dog" / "img02.jpg", b"broken")
+    dst = tmp_path / "p"
+    with pytest.raises(SourceError):
+        pack(src, dst, strict=True, workers=1, commit_every=2, progress=False)
+    new_image(src / "dog" / "img02.jpg", 11)  # fixed: the rerun resumes after the first files
+    assert pack(src, dst, strict=True, workers=1, commit_every=2, progress=False).resumed_from > 0
+    from lmdbfolder import environments
+
+    pf = environments.open_data(str(dst))
+    mtimes = environments.stats_table(pf, environments.load_tables(pf, str(dst)), str(dst))["mtime_ns"].tolist()
+    pf.close()
+    unknown = mtimes.count(UNKNOWN_MTIME)
+    assert 0 < unknown < len(mtimes) and mtimes[:unknown] == [UNKNOWN_MTIME] * unknown
+    reads = CountReads(monkeypatch)
+    result = pack(src, dst, update=True, workers=1, progress=False)
+    assert result.changes is not None and result.changes.unchanged == unknown == len(reads.paths)
+    assert pack(src, dst, update=True, progress=False).already_packed  # known now
+    assert_imagefolder(src, dst)
 
 
 def test_info_shows_the_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

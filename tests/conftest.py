@@ -286,3 +286,234 @@ def capabilities() -> Iterator[Callable[..., Capabilities]]:
 
     yield fresh
     caps_module.install(previous)
+
+
+# -- object storage: a real S3 API (moto's server) on 127.0.0.1, and a proxy in front of it ----------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+#: Environment of every S3 test: fake credentials, no instance-metadata lookups (botocore would
+#: otherwise ask 169.254.169.254 for credentials: never an outside address), no profile files.
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_CONFIG_FILE": os.devnull,
+}
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 and a free port, for the whole session; yields its endpoint URL."""
+    pytest.importorskip("s3fs")
+    server_module = pytest.importorskip("moto.server")
+    port = free_port()
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+class S3:
+    """One test's bucket on the session's server: ``url(prefix)``, and the endpoint in use."""
+
+    def __init__(self, endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.monkeypatch = monkeypatch
+
+    def url(self, prefix: str = "") -> str:
+        return f"s3://{self.bucket}/{prefix}".rstrip("/")
+
+    def env(self, endpoint: str | None = None) -> dict[str, str]:
+        """The environment a subprocess needs to reach the server (or ``endpoint``, a proxy)."""
+        return {**S3_ENV, "AWS_ENDPOINT_URL": endpoint or self.endpoint}
+
+    def use(self, endpoint: str) -> None:
+        """Send this process's requests to ``endpoint`` (a proxy) from now on."""
+        self.monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+
+    def client(self) -> Any:
+        """A plain s3fs client on the server itself (the test's own view of storage)."""
+        import s3fs
+
+        return s3fs.S3FileSystem(skip_instance_cache=True, key="testing", secret="testing", endpoint_url=self.endpoint)
+
+
+_BUCKETS = iter(range(1 << 30))
+
+
+@pytest.fixture
+def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> S3:
+    """A fresh bucket on the session's S3 server, and this process's environment pointed at it."""
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_server}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(key, raising=False)
+    store = S3(s3_server, f"test-{os.getpid()}-{next(_BUCKETS)}", monkeypatch)
+    store.client().mkdir(store.bucket)
+    return store
+
+
+class Proxy:
+    """A TCP proxy to the S3 server on 127.0.0.1 that counts what it forwards and can fail.
+
+    ``requests``: (method, path) of every HTTP request seen (keep-alive
+    connections carry several, one after another). ``sent[path]``: response
+    bytes forwarded for requests of ``path``. ``pause_after(n)``: stop
+    forwarding responses once ``n`` more bytes went through (``paused`` is
+    set; ``resume()`` goes on). ``down()``: the server "stops": every
+    connection is closed and new ones are closed at once; ``up()`` undoes it.
+    """
+
+    _REQUEST = __import__("re").compile(rb"(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.[01]\r\n")
+
+    def __init__(self, upstream: str) -> None:
+        import socket
+        import threading
+        from collections import Counter
+        from urllib.parse import urlparse
+
+        up = urlparse(upstream)
+        self.upstream = (up.hostname, up.port)
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str]] = []
+        self.sent: Counter[str] = Counter()
+        self.paused = threading.Event()
+        self._go = threading.Event()
+        self._go.set()
+        self._budget: int | None = None
+        self._down = False
+        self._sockets: list[Any] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests.clear()
+            self.sent.clear()
+
+    def data_bytes(self) -> int:
+        """Response bytes forwarded for the shards' data files."""
+        with self.lock:
+            return sum(n for path, n in self.sent.items() if path.split("?")[0].endswith("/data.mdb"))
+
+    def pause_after(self, n: int) -> None:
+        with self.lock:
+            self._budget = n
+
+    def resume(self) -> None:
+        with self.lock:
+            self._budget = None
+        self.paused.clear()
+        self._go.set()
+
+    def down(self) -> None:
+        with self.lock:
+            self._down = True
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            self._kill(s)
+
+    def up(self) -> None:
+        with self.lock:
+            self._down = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.down()
+        self.resume()
+        self.listener.close()
+
+    @staticmethod
+    def _kill(s: Any) -> None:
+        import socket
+
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                down = self._down
+            if down:
+                self._kill(client)
+                continue
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                self._kill(client)
+                continue
+            with self.lock:
+                self._sockets += [client, server]
+            current = ["?"]
+            threading.Thread(target=self._requests, args=(client, server, current), daemon=True).start()
+            threading.Thread(target=self._responses, args=(server, client, current), daemon=True).start()
+
+    def _requests(self, src: Any, dst: Any, current: list[str]) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                for m in self._REQUEST.finditer(data):
+                    with self.lock:
+                        self.requests.append((m.group(1).decode(), m.group(2).decode()))
+                    current[0] = m.group(2).decode()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._kill(dst)
+
+    def _responses(self, src: Any, dst: Any, current: list[str]) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                with self.lock:
+                    if self._budget is not None:
+                        self._budget -= len(data)
+                        if self._budget <= 0:
+                            self._go.clear()
+                            self.paused.set()
+                self._go.wait()
+                dst.sendall(data)
+                with self.lock:  # counted once delivered: a connection closed meanwhile forwards nothing
+                    self.sent[current[0]] += len(data)
+        except OSError:
+            pass
+        finally:
+            self._kill(dst)
+
+
+@pytest.fixture
+def proxy(s3: S3) -> Iterator[Proxy]:
+    """A ``Proxy`` in front of this test's S3 server; this process's requests go through it."""
+    p = Proxy(s3.endpoint)
+    s3.use(p.endpoint)
+    yield p
+    p.close()

@@ -31,6 +31,7 @@ def test_public_api_snapshot() -> None:
         "Problem",
         "Reader",
         "Record",
+        "RemoteError",
         "Resize",
         "ShardedPackResult",
         "ShardedReader",
@@ -60,8 +61,9 @@ def test_public_api_snapshot() -> None:
 def test_core_import_does_not_import_torch_or_tqdm() -> None:
     code = (
         "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.write.shards, lmdbfolder.read.sharded\n"
-        "import lmdbfolder.tools.copy, lmdbfolder.write.ray\n"
-        "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata') if m in sys.modules))"
+        "import lmdbfolder.tools.copy, lmdbfolder.write.ray, lmdbfolder.read.staging, lmdbfolder.remote\n"
+        "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata', 'fsspec', 's3fs', 'botocore')"
+        " if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

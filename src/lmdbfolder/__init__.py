@@ -36,6 +36,7 @@ from lmdbfolder.errors import (
     PackChangedError,
     PackError,
     PackNotFoundError,
+    RemoteError,
     SourceError,
     UnsafePickleError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "Problem",
     "Reader",
     "Record",
+    "RemoteError",
     "Resize",
     "ShardedPackResult",
     "ShardedReader",

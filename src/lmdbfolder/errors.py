@@ -39,6 +39,7 @@ __all__ = [
     "DecoderUnavailableError",
     "OptionError",
     "MissingDependencyError",
+    "RemoteError",
     "PYTHON_FORMS",
     "python_form",
     "install_hint",
@@ -382,3 +383,20 @@ class MissingDependencyError(LmdbFolderError, ImportError):
         self.what = what
         self.extra = extra
         super().__init__(f"{what} needs {libraries or extra} (not installed)", install_hint(extra, libraries))
+
+
+class RemoteError(LmdbFolderError):
+    """Object storage refused or failed a request, or sent bytes that do not match their digest.
+
+    ``url`` names the object or folder; ``kind`` says which failure it was:
+    ``"credentials"`` (none found, or refused), ``"bucket"`` (no such
+    bucket), ``"missing"`` (no such object), ``"connection"`` (the server did not answer), ``"digest"``
+    (the bytes do not match the index), ``"disk"`` (the local disk refused
+    them) or ``"other"``. Nothing half-copied is ever published; rerunning
+    resumes.
+    """
+
+    def __init__(self, url: str, why: str, hint: str | None = None, *, kind: str = "other") -> None:
+        self.url = str(url)
+        self.kind = kind
+        super().__init__(f"{self.url}: {why}", hint)

@@ -64,6 +64,8 @@ __all__ = [
     "COMPACT_DIR",
     "WRITER_LOCK_SUFFIX",
     "UPDATE_SUFFIX",
+    "PARTS_SUFFIX",
+    "NEEDS_PREFIX",
     "LEGACY_KEYS",
     "LEGACY_META_FILES",
     "RecordHeader",
@@ -236,6 +238,12 @@ TEMP_MARKER = ".lmdbfolder-temp"
 #: fdatasync probe file and its compaction folder.
 SYNC_PROBE = ".sync-probe"
 COMPACT_DIR = "compact.tmp"
+#: ``<file>.parts``: the journal of a resumable download (``lmdbfolder.remote.download``):
+#: the parts of ``<file>`` already on disk, one number a line after a JSON header.
+PARTS_SUFFIX = ".parts"
+#: ``.needs-<pid>``: in a staging cache, the shards one rank still needs this epoch
+#: (held with a shared flock by that rank while it lives).
+NEEDS_PREFIX = ".needs-"
 #: ``<dst>.lock``: held (flock) by the ``pack`` writing ``<dst>`` for its whole
 #: run, holding that process's id; removed when it ends.
 WRITER_LOCK_SUFFIX = ".lock"
@@ -1093,6 +1101,18 @@ def _is_str(value: Any) -> bool:
     return isinstance(value, str)
 
 
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _is_class_counts(value: Any) -> bool:
+    # [[class index, samples], ...]: the classes a shard holds, sparse (a shard
+    # of a class-sorted list holds few).
+    return isinstance(value, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(_is_int(x) and x >= 0 for x in p) for p in value
+    )
+
+
 def _is_sizes(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 2 and all(_is_int(x) and x >= 0 for x in value)
 
@@ -1135,8 +1155,13 @@ class ShardEntry:
     The others are informational: ``first_index`` (the global index of its
     first sample), ``first_source``, ``sources`` (source files of the shard,
     packed or skipped), ``skipped``, ``payload_bytes`` and ``data_bytes``
-    (the size of its ``data.mdb``, ``bytes`` in the JSON). None: not in the
-    index. ``extra``: what ``_typed`` kept as it was.
+    (the size of its ``data.mdb``, ``bytes`` in the JSON). Written by
+    ``lmdbfolder copy PACK URL`` (an upload) for staging: ``data_sha256``
+    (SHA-256 of the uploaded ``data.mdb``, which a download must match
+    before the shard is published) and ``class_counts`` (``[[class,
+    samples], ...]``, the classes the shard holds, so a staged pack knows its
+    class counts without downloading every shard). None: not in the index.
+    ``extra``: what ``_typed`` kept as it was.
     """
 
     name: str
@@ -1151,6 +1176,8 @@ class ShardEntry:
     manifest_sha256: str | None = None
     tables_bytes: tuple[int, int] | None = None
     pack_id: str | None = None
+    data_sha256: str | None = None
+    class_counts: tuple[tuple[int, int], ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     _CHECKS: ClassVar[Mapping[str, Callable[[Any], bool]]] = {
@@ -1166,6 +1193,8 @@ class ShardEntry:
         "manifest_sha256": _is_str,
         "tables_bytes": _is_sizes,
         "pack_id": _is_str,
+        "data_sha256": _is_sha256,
+        "class_counts": _is_class_counts,
     }
 
     def to_dict(self) -> dict[str, Any]:
@@ -1185,6 +1214,8 @@ class ShardEntry:
                 ("manifest_sha256", self.manifest_sha256),
                 ("tables_bytes", sizes),
                 ("pack_id", self.pack_id),
+                ("data_sha256", self.data_sha256),
+                ("class_counts", None if self.class_counts is None else [list(p) for p in self.class_counts]),
             ],
             self.extra,
         )
@@ -1197,6 +1228,8 @@ class ShardEntry:
             typed["tables_bytes"] = tuple(typed["tables_bytes"])
         if "bytes" in typed:
             typed["data_bytes"] = typed.pop("bytes")
+        if "class_counts" in typed:
+            typed["class_counts"] = tuple((int(c), int(n)) for c, n in typed["class_counts"])
         return cls(**typed, extra=extra)
 
 

@@ -45,6 +45,7 @@ from lmdbfolder.format import (
     META_KEY,
     OLD_SUFFIX,
     PARTIAL_SUFFIX,
+    PARTS_SUFFIX,
     PROGRESS_KEY,
     SHARD_INDEX_FILE,
     SHARD_INDEX_TMP,
@@ -111,8 +112,11 @@ class Found:
         return self.kind in (Kind.PACK, Kind.SHARDED)
 
 
-#: Files lmdbfolder writes into a single pack (or leaves in an unfinished one).
-_PACK_FILES = frozenset({DATA_FILE, LOCK_FILE, SKIPPED_REPORT, SYNC_PROBE, COMPACT_DIR, TEMP_MARKER})
+#: Files lmdbfolder writes into a single pack (or leaves in an unfinished one, or in a
+#: shard being downloaded: ``data.mdb.parts``, the download's journal).
+_PACK_FILES = frozenset(
+    {DATA_FILE, LOCK_FILE, SKIPPED_REPORT, SYNC_PROBE, COMPACT_DIR, TEMP_MARKER, DATA_FILE + PARTS_SUFFIX}
+)
 #: Suffixes of directories on their way: being packed, copied in, updated (the
 #: files an update reads), or replaced.
 _TRANSIENT = re.compile(

@@ -65,6 +65,11 @@ class LMDBDatasetFolder(DatasetFolder):
             pack, or a sharded pack: its shards are opened lazily in each
             process). ``~`` is expanded. A missing path raises
             ``PackNotFoundError`` (a ``FileNotFoundError``, as ImageFolder).
+            Or the URL of a sharded pack in object storage (``s3://bucket/train``,
+            uploaded with ``lmdbfolder copy PACK URL``), with ``cache_dir``: its
+            shards are staged there as they are needed (in the order
+            ``ExactDistributedSampler`` will read them; ``root`` is then the
+            cache folder of the pack).
         loader: ``None`` (default), torchvision's ``default_loader`` or
             ``pil_loader``: the stored image is decoded to RGB by lmdbfolder,
             exactly as ``pil_loader`` does (and with ``decoder``, ``size_hint``
@@ -125,6 +130,11 @@ class LMDBDatasetFolder(DatasetFolder):
             (1), restored afterwards; several threads made small tensor ops
             such as a flip hundreds of times slower on a busy machine. None:
             leave torch's setting alone.
+        cache_dir: for a URL ``root``: the local folder (fast disk) shards are
+            staged into, the same for every worker and rank of a node (one
+            download per shard per node; ``lmdbfolder.read.staging``).
+        cache_limit: for a URL ``root``: bytes of staged shards to keep at
+            most; shards no rank of the node needs any more are evicted first.
 
     The batch fast path: when ``transform`` is
     ``lmdbfolder.fused.RandomResizedCrop(..., output="tensor")`` followed by at
@@ -180,6 +190,8 @@ class LMDBDatasetFolder(DatasetFolder):
         prefetch: bool = False,
         threads: int = 1,
         torch_threads: int | None = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise OptionError(f"threads must be a whole number of at least 1, got {threads!r}")
@@ -200,7 +212,9 @@ class LMDBDatasetFolder(DatasetFolder):
         self._targets: list[Any] | None = None
         self._samples: list[tuple[str, Any]] | None = None
         self._assigned_targets: Any = None
-        self.reader: AnyReader = open_pack(root, readahead=readahead, verify_checksums=verify_checksums)
+        self.reader: AnyReader = open_pack(
+            root, readahead=readahead, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit
+        )
         self._selection = Selection.of(None, None, len(self.reader))
         VisionDataset.__init__(self, self.reader.path, transform=transform, target_transform=target_transform)
         self.recorded_root = source_root_of(self.reader.meta)
@@ -526,7 +540,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
     allow_empty)``: ImageFolder's arguments, in its order, with its meaning
     (see ``LMDBDatasetFolder`` for each, and for ``extensions``,
     ``source_root``, ``decoder``, ``size_hint``, ``readahead``,
-    ``verify_checksums`` and ``prefetch``, which are keyword-only here). Code
+    ``verify_checksums``, ``prefetch``, ``cache_dir`` and ``cache_limit``,
+    which are keyword-only here). Code
     written with DatasetFolder's order ``(root, loader, extensions, ...)``
     should use ``LMDBDatasetFolder``; a torchvision loader passed where the
     transform goes is refused with that advice.
@@ -561,6 +576,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         prefetch: bool = False,
         threads: int = 1,
         torch_threads: int | None = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(
@@ -579,6 +596,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
             prefetch=prefetch,
             threads=threads,
             torch_threads=torch_threads,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
         )
 
 

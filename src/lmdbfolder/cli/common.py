@@ -21,6 +21,7 @@ from lmdbfolder.errors import (
     OptionError,
     OutputExistsError,
     PackError,
+    RemoteError,
     SourceError,
 )
 
@@ -49,6 +50,7 @@ EXIT_CODES = {
     "pack failed": 6,
     "other error": 7,
     "missing dependency": 8,
+    "storage error": 9,
     "interrupted": 130,
 }
 
@@ -98,6 +100,8 @@ def _exit_code(exc: LmdbFolderError) -> int:
         return EXIT_CODES["source error"]
     if isinstance(exc, PackError):
         return EXIT_CODES["pack failed"]
+    if isinstance(exc, RemoteError):
+        return EXIT_CODES["storage error"]
     return EXIT_CODES["other error"]
 
 

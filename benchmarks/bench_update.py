@@ -9,7 +9,8 @@ What it does, in one run:
 
 1. ``WORK/src`` is a copy of TREE made of hard links (TREE is never changed:
    every change below writes a new file and renames it into place, which
-   breaks the link). It is packed once (``WORK/base``, kept as the old version).
+   breaks the link). It is packed once (``WORK/old``, the old version; each
+   update runs on a copy of it).
 2. 1 % of the files change: 0.5 % added (a fifth of them in one new class,
    ``0000-new``, which sorts before every other, so every label shifts),
    0.3 % removed, 0.2 % rewritten (another file's bytes under the same name).
@@ -312,7 +313,9 @@ def median(runs: list[dict[str, float]], key: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", required=True, help="an ImageFolder tree (photolike.py make ...); never changed")
-    parser.add_argument("--work", default="/tmp/bench-update", help="scratch folder (about 3x the tree's size)")
+    parser.add_argument(
+        "--work", default="/tmp/bench-update", help="scratch folder (about 4x the size of the tree's pack)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--oracle", default="all", help="'all', or how many evenly spaced samples to compare")
@@ -322,16 +325,14 @@ def main(argv: list[str] | None = None) -> int:
 
     work = os.path.abspath(args.work)
     os.makedirs(work, exist_ok=True)
-    src, base, saved = os.path.join(work, "src"), os.path.join(work, "base"), os.path.join(work, "base.saved")
+    src, saved = os.path.join(work, "src"), os.path.join(work, "old")
     fresh, upd = os.path.join(work, "fresh"), os.path.join(work, "upd")
     print(f"copying {args.tree} (hard links) to {src}", flush=True)
     link_copy(os.path.abspath(args.tree), src)
-    for path in (base, saved):
-        if os.path.exists(path):
-            shutil.rmtree(path)
+    if os.path.exists(saved):
+        shutil.rmtree(saved)
     warm(src)
-    first = timed(lmdbfolder("pack", src, base, "--no-progress"))
-    shutil.copytree(base, saved)
+    first = timed(lmdbfolder("pack", src, saved, "--no-progress"))  # the old version, copied for each update
     print(f"packed the old version in {first['wall_s']:.1f} s", flush=True)
     changes = change(src, args.seed)
     print(f"changed the tree: {changes}", flush=True)

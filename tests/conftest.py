@@ -523,9 +523,9 @@ class Proxy:
                             self._go.clear()
                             self.paused.set()
                 self._go.wait()
-                with self.lock:
-                    self.sent[current[0]] += len(data)
                 dst.sendall(data)
+                with self.lock:  # counted once delivered: a connection closed meanwhile forwards nothing
+                    self.sent[current[0]] += len(data)
         except OSError:
             pass
         finally:

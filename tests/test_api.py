@@ -23,6 +23,7 @@ def test_public_api_snapshot() -> None:
         "NotAPackError",
         "OptionError",
         "OutputExistsError",
+        "PackChangedError",
         "PackError",
         "PackNotFoundError",
         "PackOptions",

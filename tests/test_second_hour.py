@@ -172,6 +172,11 @@ def test_dry_run_says_what_a_pack_would_hold_and_writes_nothing(
     assert "files not checked (--check none)" in out and f"note: {dst} holds a pack already" in out
     # refused as pack would refuse it: a DST inside SRC
     assert main(["pack", str(small_tree), str(small_tree / "in.lmdb"), "--dry-run"]) == EXIT_CODES["usage"]
+    # an update is not previewed as if it were a new pack
+    before = os.path.getmtime(dst / "data.mdb")
+    assert main(["pack", str(small_tree), str(dst), "--dry-run", "--update"]) == EXIT_CODES["usage"]
+    assert "cannot preview --update" in capsys.readouterr().err
+    assert os.path.getmtime(dst / "data.mdb") == before
 
 
 # -- 13. import's class names, show's exit code, info's layout, the shards message, --help names ----------------

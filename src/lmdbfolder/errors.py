@@ -28,6 +28,7 @@ __all__ = [
     "PackNotFoundError",
     "NoSamplesError",
     "FormatVersionError",
+    "PackChangedError",
     "CorruptRecordError",
     "SourceError",
     "SourceNotFoundError",
@@ -61,11 +62,12 @@ PYTHON_FORMS: tuple[tuple[str, str], ...] = (
     (r"--max-size (\d+)", r"resize=Resize(\1)"),
     (r"--max-size", "resize"),
     (r"--store (encoded|raw)", r'store="\1"'),
-    (r"--check (header|decode|none)", r'check="\1"'),
+    (r"--check (header|decode|none|content)", r'check="\1"'),
     (r"--workers (\d+)", r"workers=\1"),
     (r"--shards (N|\d+)", r"shards=\1"),
     (r"--shard-index (I|\d+)", r"shard_index=\1"),
     (r"--overwrite", "overwrite=True"),
+    (r"--update", "update=True"),
     (r"--restart", "restart=True"),
     (r"--strict", "strict=True"),
     (r"--allow-empty", "allow_empty=True"),
@@ -238,6 +240,20 @@ class FormatVersionError(NotAPackError):
             else "versions " + ", ".join(map(str, readable[:-1])) + f" and {readable[-1]}"
         )
         super().__init__(path, f"format version {shown}, this lmdbfolder reads {versions}", hint)
+
+
+class PackChangedError(NotAPackError):
+    """The pack a dataset opened has been replaced or updated since (``pack --overwrite``,
+    ``pack --update``, a new copy): reading on would mix samples of two versions."""
+
+    hint = (
+        "open the pack again (create the dataset and its DataLoader anew) to read the new version; "
+        "a training job does this between epochs"
+    )
+
+    def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
+        self.path = str(path)
+        LmdbFolderError.__init__(self, f"{self.path} {why}", hint)
 
 
 class CorruptRecordError(LmdbFolderError):

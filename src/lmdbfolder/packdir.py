@@ -52,6 +52,7 @@ from lmdbfolder.format import (
     SKIPPED_REPORT,
     SYNC_PROBE,
     TEMP_MARKER,
+    UPDATE_SUFFIX,
     WRITER_LOCK_SUFFIX,
     decode_meta,
     decode_record,
@@ -116,9 +117,14 @@ class Found:
 _PACK_FILES = frozenset(
     {DATA_FILE, LOCK_FILE, SKIPPED_REPORT, SYNC_PROBE, COMPACT_DIR, TEMP_MARKER, DATA_FILE + PARTS_SUFFIX}
 )
-#: Suffixes of directories on their way: being packed, copied in, or replaced.
+#: Suffixes of directories on their way: being packed, copied in, updated (the
+#: files an update reads), or replaced.
 _TRANSIENT = re.compile(
-    r"(" + re.escape(PARTIAL_SUFFIX) + "|" + re.escape(COPYING_SUFFIX) + "|" + re.escape(OLD_SUFFIX) + r"[0-9]+)$"
+    r"("
+    + "|".join(re.escape(suffix) for suffix in (PARTIAL_SUFFIX, COPYING_SUFFIX, UPDATE_SUFFIX))
+    + "|"
+    + re.escape(OLD_SUFFIX)
+    + r"[0-9]+)$"
 )
 
 
@@ -470,7 +476,12 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     os.makedirs(out, exist_ok=True)
     pf = environments.open_data(src, readahead=True)
     try:
-        _copy_items(pf, src, out, pack_binding(meta))
+        try:
+            _copy_items(pf, src, out, pack_binding(meta))
+        finally:
+            # Two `pack --update` commits during the copy may have reused pages it read.
+            if pf.committed_txnid() > pf.txnid + 1:
+                raise PackError(f"{src} was updated while it was copied", "copy it again when no update runs")
     except CorruptRecordError as exc:
         raise PackError(
             f"{src} is damaged, so it cannot be copied: record {exc.index} is corrupt ({exc.why})",

@@ -43,7 +43,9 @@ higher txnid is current (``mdb_env_pick_meta``).
 
 Limits: nothing can prevent SIGBUS when the file is truncated *in place*
 after it was mapped, or on an I/O error of the disk (LMDB has the same
-limits); lmdbfolder replaces packs by rename, never in place.
+limits); lmdbfolder never truncates a pack in place (``pack --update``
+changes one in place by LMDB transactions, which only grow the file; see
+``committed_txnid``).
 """
 
 from __future__ import annotations
@@ -137,16 +139,22 @@ class PageFile:
         readahead: False asks the kernel not to read ahead (``MADV_RANDOM``),
             as LMDB does with ``readahead=False``.
 
-    Branch pages are parsed once and kept (a pack never changes); leaf pages
-    are searched in place. ``get`` costs a few microseconds. Raises
-    PageDamage (``kind`` ``"format"`` or ``"truncated"``) when the file is
-    not a complete LMDB 0.9 data file, and OSError when it cannot be read.
+    Branch pages are parsed once and kept (the tree of a transaction never
+    changes); leaf pages are searched in place. ``get`` costs a few
+    microseconds. Raises PageDamage (``kind`` ``"format"`` or ``"truncated"``)
+    when the file is not a complete LMDB 0.9 data file, and OSError when it
+    cannot be read. ``previous``: read the tree of the other meta page, the
+    commit before the current one (``pack --update`` commits each version in
+    one transaction, so that is the version before; see ``committed_txnid``).
     Safe to share between threads (nothing it holds changes but its page
     cache, a dict).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, previous: bool = False) -> None:
         self.path = os.fspath(path)
+        #: Read the tree of the meta page LMDB did not pick (the commit before the
+        #: last one), not the current one: see ``committed_txnid``.
+        self.previous = previous
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             self.size = os.fstat(fd).st_size
@@ -194,6 +202,8 @@ class PageFile:
         self.psize = psize
         m1 = self._meta_at(psize, 1)
         meta, which = (m1, 1) if m0[-1] < m1[-1] else (m0, 0)  # mdb_env_pick_meta
+        if self.previous:
+            meta, which = (m0, 0) if which else (m1, 1)
         self.metas = (m0, m1)
         (_, _, _, _, *dbs, last_pg, txnid) = meta
         self.free_db = DB(*dbs[0:8])
@@ -220,6 +230,22 @@ class PageFile:
                 raise PageDamage(
                     self.path, f"meta page {which} names {name} root page {db.root}, out of range", pgno=which
                 )
+
+    def committed_txnid(self) -> int:
+        """The id of the newest transaction committed to the file now (the larger
+        txnid of the two meta pages, read again from the map).
+
+        The map is shared with the file, so a writer's commits show here; the
+        tree this ``PageFile`` reads stays the one of ``txnid`` (read at open).
+        LMDB never overwrites a page of the tree of transaction ``T`` before
+        transaction ``T + 3`` (pages freed by ``T + 1`` are reused from
+        ``T + 3`` on, when no reader is registered, and ours are not), and
+        writes a transaction's pages before its meta page: so lookups done
+        before this returns at most ``txnid + 1`` read the tree of ``txnid``
+        intact (``lmdbfolder.read.reader`` checks after each read).
+        """
+        at = PAGEHDRSZ + _META.size - 8
+        return max(_U64.unpack_from(self._mm, at)[0], _U64.unpack_from(self._mm, self.psize + at)[0])
 
     # -- pages -------------------------------------------------------------------
     def _header(self, pgno: int, parent: int | None) -> tuple[int, int, int]:
@@ -256,7 +282,7 @@ class PageFile:
         return self._mm[off + _NODE.size : off + _NODE.size + ksize]
 
     def _parse(self, pgno: int, parent: int | None) -> tuple[Any, ...]:
-        """Checked summary of B-tree page ``pgno``, cached (a pack never changes).
+        """Checked summary of B-tree page ``pgno``, cached (the tree this file reads never changes).
 
         A branch: ``(P_BRANCH, keys, children, ordered)``. A leaf:
         ``(P_LEAF, nodes, upper, first)``, where ``first`` is the sample index

@@ -42,15 +42,23 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--store",
         choices=("encoded", "raw"),
-        default="encoded",
+        default=None,
         help="encoded: keep the original file bytes (default); raw: decoded RGB pixels",
     )
     p.add_argument(
         "--check",
-        choices=("header", "decode", "none"),
-        default="header",
+        choices=("header", "decode", "none", "content"),
+        default=None,
         help="how to check each source file: header (the header is read as Pillow reads it; default), "
-        "decode (decode every image once), none (trust the files)",
+        "decode (decode every image once), none (trust the files); with --update, content: compare every "
+        "file's bytes with the pack instead of its size and modification time",
+    )
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="bring the pack at DST up to date with SRC in place: add new files and classes, drop files that "
+        "are gone, read again the files whose size or modification time changed; nothing else is read. "
+        "Keeps the pack's --store/--check/--max-size (changing them needs --overwrite)",
     )
     p.add_argument(
         "--max-size",
@@ -77,7 +85,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--resize-side",
         choices=("longer", "shorter"),
-        default="longer",
+        default=None,
         help="which side --max-size limits (default: longer, like FFCV's max_resolution)",
     )
     p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
@@ -181,14 +189,30 @@ def _pack_options(args: argparse.Namespace) -> Any:
     resize = None
     if args.max_size is not None:
         level = 90 if args.quality is None else args.quality
-        resize = Resize(args.max_size, level, args.resize_side, args.resize_format or "jpeg")
+        resize = Resize(args.max_size, level, args.resize_side or "longer", args.resize_format or "jpeg")
     elif args.quality is not None:
         raise OptionError("--quality needs --max-size")
     elif args.resize_format is not None:
         raise OptionError("--format needs --max-size (only resized images are re-encoded)")
+    elif args.resize_side is not None:
+        raise OptionError("--resize-side needs --max-size")
+    store, check = args.store, args.check
+    if args.update:
+        # Options not given are the pack's own: an update keeps them.
+        from lmdbfolder.write.update import recorded_options
+
+        recorded = recorded_options(args.dst)
+        if recorded is not None:
+            if store is None:
+                store = recorded.store
+            if check is None:
+                check = recorded.check
+            if args.max_size is None:
+                resize = recorded.resize
     return PackOptions(
-        store=args.store,
-        check=args.check,
+        store=store or "encoded",
+        check=check or "header",
+        update=args.update,
         strict=args.strict,
         commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
         commit_bytes=args.commit_bytes,
@@ -216,10 +240,14 @@ def run(args: argparse.Namespace) -> int:
     """``lmdbfolder pack``: one pack, or a sharded pack when a shard flag is given."""
     from lmdbfolder.write.writer import pack
 
+    if args.dry_run and args.update:
+        raise OptionError(
+            "--dry-run describes a new pack; it cannot preview --update (run --update itself: it is atomic)"
+        )
     options = _pack_options(args)
     if args.dry_run:
         return _run_dry(args, options)
-    if _wants_shards(args):
+    if _wants_shards(args) or (args.update and _is_sharded(args.dst)):
         return _run_sharded(args, options)
 
     with warnings.catch_warnings():  # the skipped files are listed below instead
@@ -230,9 +258,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if result.already_packed:
         skipped = f", {plural(len(result.skipped), 'file')} skipped" if result.skipped else ""
-        print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
+        if options.update:
+            print(
+                f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')}{skipped})"
+            )
+        else:
+            print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
         return 0
     resumed = f" (resumed after {plural(result.resumed_from, 'file')})" if result.resumed_from else ""
+    if result.changes is not None:
+        changes = result.changes
+        compared = f", {plural(changes.unchanged, 'file')} compared and unchanged" if changes.unchanged else ""
+        print(
+            f"updated {result.path}: {changes.summary()} -> {plural(result.count, 'image')}{resumed}; "
+            f"{plural(changes.read, 'file')} read ({megabytes(result.input_bytes)}){compared} in {result.seconds:.1f} s"
+        )
+        _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+        return 0
     print(
         f"packed {plural(result.count, 'image')} into {result.path}{resumed}: {megabytes(result.input_bytes)} read "
         f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
@@ -297,6 +339,12 @@ def _run_dry(args: argparse.Namespace, options: Any) -> int:
     return 0
 
 
+def _is_sharded(path: str) -> bool:
+    from lmdbfolder import packdir
+
+    return packdir.inspect(path).kind is packdir.Kind.SHARDED
+
+
 def _wants_shards(args: argparse.Namespace) -> bool:
     return any(v is not None for v in (args.shards, args.shard_size, args.shard_index, args.ray, args.staging))
 
@@ -304,7 +352,8 @@ def _wants_shards(args: argparse.Namespace) -> bool:
 def _run_sharded(args: argparse.Namespace, options: Any) -> int:
     from lmdbfolder.write.shards import pack_sharded, parse_size
 
-    if (args.shards is None) == (args.shard_size is None):
+    updating = args.update and _is_sharded(args.dst)  # the split is the pack's
+    if (args.shards is None) == (args.shard_size is None) and not updating:
         return usage("pack", "pass one of --shards N and --shard-size SIZE")
     if args.shard_index is not None and args.shards is None:
         return usage("pack", "--shard-index needs --shards N (the same N for every job)")
@@ -340,6 +389,18 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
             result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
     if args.json:
         print_json(result.as_dict())
+        return 0
+    if updating and result.already_packed:
+        print(f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')})")
+        return 0
+    if updating and result.changes is not None:
+        rewritten = [s.name for s in result.shards if not s.kept]
+        print(
+            f"updated {result.path}: {result.changes.summary()} -> {plural(result.count, 'image')}; "
+            f"{plural(len(rewritten), 'shard')} of {len(result.shards)} changed, "
+            f"{plural(result.changes.read, 'file')} read ({megabytes(result.input_bytes)}) in {result.seconds:.1f} s"
+        )
+        _print_skipped(result.skipped, "each shard's skipped.txt")
         return 0
     if result.already_packed:
         shards = (

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lmdbfolder import packdir
-from lmdbfolder.errors import NotAPackError
+from lmdbfolder.errors import NotAPackError, PackChangedError
 from lmdbfolder.format import SHARD_INDEX_FILE, shard_matches
 from lmdbfolder.read.reader import PackAPI, Reader, Record
 from lmdbfolder.read.staging import StagedPack
@@ -158,7 +158,24 @@ class ShardedReader(PackAPI):
     def _check_shard(self, k: int, path: str, *, keep_open: bool) -> Reader:
         entry = self.meta["shards"][k]
         where = f"shard {k} of {len(self._names)} listed in {os.path.join(self.path, SHARD_INDEX_FILE)}"
-        reader = Reader(path, readahead=self.readahead, verify_checksums=self.verify_checksums)
+        try:
+            # Format 2 and 3: the version of the shard the index names (its current
+            # one, or the one before it while an update has rewritten the shard
+            # but not yet the index); its own table checksums are checked on open.
+            reader = Reader(
+                path,
+                readahead=self.readahead,
+                verify_checksums=self.verify_checksums,
+                pack_id=entry.get("pack_id"),
+                manifest_sha256=entry.get("manifest_sha256"),
+            )
+        except PackChangedError:
+            raise PackChangedError(
+                path,
+                f"does not hold the shard the index names: its pack_id differs from the index's ({where}; "
+                "repacked, updated with `lmdbfolder pack --update`, or copied over)",
+                "open the pack again if it was updated; else restore the shard, or run `lmdbfolder index` again",
+            ) from None
         try:
             hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
             if len(reader) != entry["count"]:
@@ -168,12 +185,7 @@ class ShardedReader(PackAPI):
             for key in ("classes", "class_to_idx", "store"):
                 if reader.meta[key] != self.meta[key]:
                     raise NotAPackError(path, f"its {key} differ from the index's ({where})", hint)
-            if "pack_id" in entry:
-                # Format 2: the shard's own table checksums were checked when it
-                # opened; its pack id says it is the shard the index was made of.
-                if reader.pack_id != entry["pack_id"]:
-                    raise NotAPackError(path, f"its pack_id differs from the index's ({where})", hint)
-            elif not shard_matches(entry, *reader.tables()):
+            if "pack_id" not in entry and not shard_matches(entry, *reader.tables()):
                 # Version-1 shards: the stored manifest's hash and the tables' lengths
                 # (format.shard_matches): microseconds, where hashing the tables took
                 # milliseconds per shard per worker.

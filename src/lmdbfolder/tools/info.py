@@ -21,7 +21,7 @@ from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, informational
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
-from lmdbfolder.text import megabytes, plural
+from lmdbfolder.text import describe_changes, megabytes, plural, shown_name
 
 __all__ = ["pack_info", "pack_statistics", "format_info", "DEFAULT_SIZE_SAMPLE", "SHOWN_CLASSES", "INVALID"]
 
@@ -52,7 +52,12 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     with Reader(found.path) as reader:
         meta = reader.meta
         info = _summary(reader.path, meta, packdir.dir_size(reader.path))
-        info.update(format_version=meta["format_version"], pack_id=reader.pack_id, skipped=reader.skipped())
+        info.update(
+            format_version=meta["format_version"],
+            pack_id=reader.pack_id,
+            skipped=reader.skipped(),
+            history=reader.history(),
+        )
     if meta["format_version"] < 2:
         info["note"] = "format version 1: records are not bound to their index and pack (repack to get format 2)"
     return info
@@ -148,6 +153,7 @@ def _summary(path: str, meta: dict[str, Any], size: int) -> dict[str, Any]:
         "source": informational(meta, "source"),
         "created_by": informational(meta, "created_by"),
         "created_at": informational(meta, "created_at"),
+        "updated_at": informational(meta, "updated_at"),
     }
 
 
@@ -166,12 +172,14 @@ def _sharded_info(path: str) -> dict[str, Any]:
         size += shard_size
         shards.append({"name": entry["name"], "count": entry["count"], "size_on_disk": shard_size})
     info = _summary(reader.path, meta, size)
+    history = meta.get("history")
     info.update(
         format_version=meta["index_version"],
         pack_format_version=meta["pack_format_version"],
         num_shards=len(shards),
         shards=shards,
         skipped=skipped,
+        history=[item for item in history if isinstance(item, dict)] if isinstance(history, list) else [],
     )
     return info
 
@@ -247,12 +255,33 @@ def format_info(info: dict[str, Any]) -> str:
                 + (f" ({sizes_info['unreadable']:,} damaged)" if sizes_info.get("unreadable") else ""),
             ),
         )
+    created = [k for k, _ in rows].index("created") + 1
+    rows[created:created] = _history_rows(info.get("history") or [])
     width = max(len(k) for k, _ in rows)
-    lines = [f"{key + ':':<{width + 2}}{value}" for key, value in rows]
+    lines = [f"{key + ':' if key else '':<{width + 2}}{value}" for key, value in rows]
     lines += [
         f"  {item.get('path')}: {item.get('reason')}" if isinstance(item, dict) else f"  {INVALID}" for item in skipped
     ]
     return "\n".join(lines)
+
+
+def _history_rows(history: list[dict[str, Any]], shown: int = 10) -> list[tuple[str, str]]:
+    """The ``history`` lines of ``info``: the pack, then each update, oldest first
+    (the last ``shown``); every field is bounded, since it is read from the pack."""
+    if not history:
+        return []
+    rows = []
+    for item in history[-shown:]:
+        at = shown_name(str(item.get("at", "?")), 32)
+        count = item.get("count")
+        total = f"{count:,} samples" if type(count) is int else "?"
+        if item.get("event") == "update":
+            rows.append(("", f"{at}  updated: {describe_changes(item)} -> {total}"))
+        else:
+            rows.append(("", f"{at}  packed: {total}"))
+    earlier = len(history) - shown
+    first = f"{plural(len(history), 'event')}" + (f", the last {shown} (all: --json)" if earlier > 0 else "")
+    return [("history", first), *rows]
 
 
 def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, str]]:

@@ -26,6 +26,7 @@ __all__ = [
     "Resize",
     "STORES",
     "CHECKS",
+    "CONTENT_CHECK",
     "RESIZE_SIDES",
     "RESIZE_FORMATS",
     "DEFAULT_COMMIT_EVERY",
@@ -35,6 +36,9 @@ __all__ = [
 
 STORES = ("encoded", "raw")
 CHECKS = ("none", "header", "decode")
+#: ``check`` of ``pack --update`` that compares every file's bytes with the pack
+#: (the files are still checked as the pack's own ``check`` says).
+CONTENT_CHECK = "content"
 RESIZE_SIDES = ("longer", "shorter")
 RESIZE_FORMATS = ("jpeg", "webp")
 DEFAULT_COMMIT_EVERY = 2000
@@ -113,7 +117,10 @@ class PackOptions:
     transaction), ``commit_bytes`` (bytes per transaction; None: automatic),
     ``workers`` (None: automatic), ``overwrite``, ``restart``,
     ``space_check``, ``progress`` (None: a bar on a terminal), ``resize``
-    (a ``Resize`` or None). Invalid values raise OptionError at once.
+    (a ``Resize`` or None), ``update`` (bring an existing pack up to date
+    with its source in place, reading only the files that changed; with it,
+    ``check="content"`` compares every file's bytes instead of its size and
+    modification time). Invalid values raise OptionError at once.
 
     Example:
         >>> from lmdbfolder import PackOptions, Resize, pack
@@ -132,12 +139,24 @@ class PackOptions:
     space_check: bool = True
     progress: bool | None = None
     resize: Resize | None = None
+    update: bool = False
 
     def __post_init__(self) -> None:
         if self.store not in STORES:
             raise OptionError(f"store must be one of {STORES}, got {self.store!r}")
-        if self.check not in CHECKS:
+        if self.check == CONTENT_CHECK:
+            if not self.update:
+                raise OptionError(
+                    "--check content compares the source files with an existing pack: it needs --update",
+                    "pass --update, or another --check (header, decode or none) to pack",
+                )
+        elif self.check not in CHECKS:
             raise OptionError(f"check must be one of {CHECKS}, got {self.check!r}")
+        if self.update and self.overwrite:
+            raise OptionError(
+                "--update changes the pack at DST in place and --overwrite replaces it: pass one of them",
+                "--update reads only the files that changed; --overwrite packs everything again",
+            )
         _whole_number("commit_every", self.commit_every)
         if self.commit_bytes is not None:
             _whole_number("commit_bytes", self.commit_bytes)

@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, PackError
+from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, OptionError, PackError
 from lmdbfolder.progress import Progress
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.output import check_outside_source
@@ -143,6 +143,11 @@ def pack_ray(
         >>> pack_ray("/shared/imagenet/train", "/shared/train", shard_size="4GB", address="auto")  # doctest: +SKIP
     """
     opts = pack_options(options, fields)
+    if opts.update:
+        raise OptionError(
+            "--update reads only the files that changed, in one process: drop --ray",
+            "run `lmdbfolder pack SRC DST --update` (Python: pack_sharded(src, dst, update=True))",
+        )
     ray = _import_ray()
     start_time = time.perf_counter()
     check_outside_source(src, dst)

@@ -93,7 +93,8 @@ def _existing_pack(
         raise OutputExistsError(
             dst,
             f"already holds a pack of other sources or options: {what}",
-            "pass --overwrite to replace it, or choose another output path",
+            "pass --overwrite to pack it again, or --update to bring it up to date with the source "
+            "(only the files that changed are read), or choose another output path",
         )
     return meta, [(str(item.get("path")), str(item.get("reason", ""))) for item in skipped_items]
 

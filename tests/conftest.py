@@ -231,6 +231,36 @@ def assert_imagefolders_samples(theirs: ImageFolder, ours: LMDBFolder, seeds: in
             assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
 
 
+def forge_record(pack_dir: Path, index: int, **changes: Any) -> None:
+    """Rewrite record ``index`` of a single pack as someone else's writer could: header
+    fields (``width``, ``height``, ``channels``, ``encoding``, ``label``) and/or the
+    ``payload`` changed, every checksum (bound to the index and the pack) valid."""
+    import lmdb
+
+    from lmdbfolder.format import KEY, encode_record, pack_binding
+
+    with Reader(pack_dir) as r:
+        rec = r.get(index)
+        fields = {
+            "payload": bytes(rec.payload),
+            "label": rec.label,
+            "encoding": rec.encoding,
+            "width": rec.width,
+            "height": rec.height,
+            "channels": rec.channels,
+        }
+        binding = pack_binding(r.meta)
+    fields.update(changes)
+    payload = fields.pop("payload")
+    value = encode_record(payload, **fields, binding=binding, index=index)
+    env = lmdb.open(str(pack_dir), subdir=True, map_size=1 << 30, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(KEY.pack(index), value)
+    finally:
+        env.close()
+
+
 def pack_contents(path: Path) -> dict:
     """Everything a pack holds that must not depend on how it was written."""
     with Reader(path) as r:

@@ -34,6 +34,8 @@ __all__ = [
     "UnsafePickleError",
     "OutputExistsError",
     "DecodeError",
+    "FORGED_HINT",
+    "BOMB_HINT",
     "PackError",
     "DecoderUnavailableError",
     "OptionError",
@@ -317,11 +319,23 @@ class DecodeError(LmdbFolderError):
 
     hint = "run `lmdbfolder verify --decode` to find every undecodable image; repack with a fixed source file"
 
-    def __init__(self, index: int, path: str | None, why: str) -> None:
+    def __init__(self, index: int, path: str | None, why: str, hint: str | None = None) -> None:
         self.index = index
         self.path = path
         where = f"record {index}" + (f" ({path})" if path else "")
-        super().__init__(f"{where} cannot be decoded: {why}")
+        super().__init__(f"{where} cannot be decoded: {why}", hint)
+
+
+#: The hint of a record whose header its payload contradicts (``codecs.PayloadMismatch``).
+FORGED_HINT = (
+    "the record's header disagrees with the image it holds: the pack is damaged or was not written by "
+    "lmdbfolder; run `lmdbfolder verify` on it, and repack it from the source images"
+)
+#: The hint of an image over Pillow's decompression-bomb limit (ImageFolder refuses it too).
+BOMB_HINT = (
+    "ImageFolder refuses this image too (Pillow's PIL.Image.MAX_IMAGE_PIXELS); if you trust the pack, "
+    "raise that limit in your program (as for ImageFolder), or repack with --max-size to shrink such images"
+)
 
 
 class PackError(LmdbFolderError):

@@ -14,7 +14,10 @@ runs on the file, so no damage can take the command down), and it checks:
 * every record ``0..count-1`` looked up through the tree as ``Reader.get``
   does, with the CRC (bound to the index and the pack in format 2), the
   header label against the label table, raw sizes against the payload, the
-  encoding against the pack's store; and that no other key is stored.
+  encoding against the pack's store, the header's size and components
+  against the payload's own header and Pillow's decompression-bomb limit
+  (``Encoding.check``, what every decode path checks first: a valid CRC
+  proves nothing about who wrote a pack); and that no other key is stored.
 
 So it cannot say OK for a pack on which some ``Reader.get(i)`` fails.
 """
@@ -24,13 +27,14 @@ from __future__ import annotations
 import io
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from PIL import Image
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.codecs import decode_rgb, raw_rgb, truncation
+from lmdbfolder.codecs import PayloadMismatch, encoding_of, raw_rgb, truncation
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError
 from lmdbfolder.format import (
     CHECK_KEY,
@@ -302,7 +306,9 @@ class _Checked:
         n_classes = len(self.meta["classes"])
         store = self.meta["store"]
         resize = _pack_resize(self.meta)
-        with Progress(count, "verify", enabled=progress) as bar:
+        with Progress(count, "verify", enabled=progress) as bar, warnings.catch_warnings():
+            # Images between Pillow's limit and twice it are readable (ImageFolder warns): not a problem.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             for index in range(count):
                 path = paths[index] if paths is not None else None
                 try:
@@ -477,9 +483,23 @@ def _check_one(
     cut = truncation(payload, header.encoding)
     if cut is not None:
         report.problems.append(Problem("truncated", f"{cut}: the file was cut short before it was packed", index, path))
+    # The header is a claim: what every reader checks before it draws a crop box from it.
+    enc = encoding_of(header.encoding)
+    try:
+        enc.check(payload, header.width, header.height, header.channels)
+    except PayloadMismatch as exc:
+        report.problems.append(Problem("header", str(exc), index, path))
+        return header, payload
+    except Exception as exc:  # Pillow raises many exception types for bad data (a bomb, a bad header)
+        report.problems.append(Problem("decode", f"{type(exc).__name__}: {exc}", index, path))
+        return header, payload
     if decode:
         try:
-            decode_rgb(payload, header.encoding, header.width, header.height).load()
+            img = enc.decode_rgb(payload, header.width, header.height)
+            img.load()
+            enc.expect(img, header.width, header.height)
+        except PayloadMismatch as exc:
+            report.problems.append(Problem("header", str(exc), index, path))
         except Exception as exc:  # Pillow raises many exception types for bad data
             report.problems.append(Problem("decode", f"{type(exc).__name__}: {exc}", index, path))
     return header, payload

@@ -191,7 +191,7 @@ class Encoding:
         ``width`` x ``height`` (at DCT scale ``1/denom``, or a finer one); else
         ``PayloadMismatch``. A claim of 0 (unknown size) accepts any size."""
         shape = (pixels.height, pixels.width) if isinstance(pixels, Image.Image) else pixels.shape[:2]
-        if width > 0 and height > 0 and shape not in _scaled_sizes(width, height, denom):
+        if width > 0 and height > 0 and shape != (height, width) and shape not in _scaled_sizes(width, height, denom):
             raise PayloadMismatch(
                 f"the record header says {width}x{height}, the {self.name} payload decodes to "
                 f"{shape[1]}x{shape[0]}"
@@ -272,6 +272,25 @@ class _Parsed(Encoding):
         components (0: unknown) its components, and its size within Pillow's bomb
         limits (``check_bomb``)."""
         head = bytes(payload[:64])
+        if self.recognises(head):
+            try:
+                found = self.sniff(payload, head)
+            except (struct.error, IndexError, ValueError):
+                found = _UNKNOWN
+            # The usual case, in a few comparisons: an honest header, an image under the limit.
+            limit = Image.MAX_IMAGE_PIXELS
+            if (
+                found.width > 0
+                and found.height > 0
+                and found.width == width
+                and found.height == height
+                and found.channels == channels
+                and (limit is None or width * height <= 2 * limit)
+            ):
+                return
+        self._check_slowly(payload, head, width, height, channels)
+
+    def _check_slowly(self, payload: bytes | memoryview, head: bytes, width: int, height: int, channels: int) -> None:
         if not self.recognises(head):
             raise PayloadMismatch(
                 f"the record header says {self.name}, the payload is not a {self.name} file (its first bytes): "
@@ -302,6 +321,9 @@ class Jpeg(_Parsed):
 
     name = "jpeg"
     magic = (b"\xff\xd8\xff",)
+
+    def recognises(self, head: bytes) -> bool:
+        return head[:3] == b"\xff\xd8\xff"
 
     def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
         return _sniff_jpeg(data)

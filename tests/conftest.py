@@ -261,6 +261,37 @@ def forge_record(pack_dir: Path, index: int, **changes: Any) -> None:
         env.close()
 
 
+def forge_table(pack_dir: Path, key: bytes, blob: bytes) -> None:
+    """Replace a table of a single pack (``__meta__``, ``__paths__``, ...) with ``blob``,
+    ``__check__`` recomputed: a pack someone else's writer made, every checksum valid."""
+    import lmdb
+
+    from lmdbfolder.format import CHECK_KEY, TABLE_KEYS, encode_check
+
+    env = lmdb.open(str(pack_dir), subdir=True, map_size=1 << 30, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(key, blob)
+            tables = {k: txn.get(k) for k in TABLE_KEYS}
+            txn.put(CHECK_KEY, encode_check({k: v for k, v in tables.items() if v is not None}))
+    finally:
+        env.close()
+
+
+def forge_meta(pack_dir: Path, **changes: Any) -> None:
+    """Change fields of a single pack's manifest (``None``: remove), every checksum valid."""
+    from lmdbfolder.format import META_KEY, encode_meta
+
+    with Reader(pack_dir) as r:
+        meta = dict(r.meta)
+    for name, value in changes.items():
+        if value is None:
+            meta.pop(name, None)
+        else:
+            meta[name] = value
+    forge_table(pack_dir, META_KEY, encode_meta(meta))
+
+
 def pack_contents(path: Path) -> dict:
     """Everything a pack holds that must not depend on how it was written."""
     with Reader(path) as r:

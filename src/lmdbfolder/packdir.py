@@ -42,6 +42,7 @@ from lmdbfolder.format import (
     FORMAT_NAME,
     KEY,
     LOCK_FILE,
+    MAX_INDEX_FILE_BYTES,
     META_KEY,
     OLD_SUFFIX,
     PARTIAL_SUFFIX,
@@ -59,7 +60,7 @@ from lmdbfolder.format import (
     pack_binding,
     parse_shard_name,
 )
-from lmdbfolder.pagefile import PageDamage, PageFile
+from lmdbfolder.pagefile import PageDamage, PageFile, read_regular
 
 __all__ = [
     "Kind",
@@ -217,8 +218,8 @@ def load_index(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
         p = os.path.dirname(p)
     index_file = os.path.join(p, SHARD_INDEX_FILE)
     try:
-        with open(index_file, "rb") as f:
-            blob = f.read()
+        # Only a regular file (a FIFO would block), and not beyond what decode_shard_index accepts.
+        blob = read_regular(index_file, MAX_INDEX_FILE_BYTES)
     except OSError as exc:
         raise NotAPackError(p, f"cannot read {SHARD_INDEX_FILE} ({exc.strerror})") from None
     return p, decode_shard_index(blob, where=index_file)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["plural", "megabytes", "escape_field"]
+import re
+
+__all__ = ["plural", "megabytes", "escape_field", "printable", "MAX_FIELD"]
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:
@@ -27,3 +29,34 @@ def escape_field(text: str) -> str:
     if not any(c in text for c in _ESCAPES):
         return text
     return "".join(_ESCAPES.get(c, c) for c in text)
+
+
+#: The most characters of one value read from a pack that a report prints.
+MAX_FIELD = 200
+# C0 and C1 controls (ESC starts terminal escape sequences), DEL, the bidirectional
+# and invisible formatting characters (they reorder or hide what follows), and lone
+# surrogates (undecodable file names, which a UTF-8 terminal cannot print).
+_FORMATTING = "\\x7f-\\x9f\\u061c\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u206f\\ufeff\\ud800-\\udfff"
+_UNPRINTABLE = re.compile(f"[\\x00-\\x1f{_FORMATTING}]")
+_UNPRINTABLE_LINES = re.compile(f"[\\x00-\\x09\\x0b-\\x1f{_FORMATTING}]")  # newlines kept
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object, limit: int | None = MAX_FIELD, *, newlines: bool = False) -> str:
+    r"""``text`` safe to print on a terminal: every control character (an escape sequence's
+    ESC, a carriage return, bidirectional overrides, lone surrogates) written as a
+    ``\xNN`` / ``\uNNNN`` escape, and at most ``limit`` characters (the rest cut and
+    counted; None: no limit). Newlines are kept with ``newlines=True`` (a message
+    of several lines), else escaped too (one field of one line).
+
+    For everything read from a pack (class names, paths, manifest fields) on its
+    way to a terminal: a pack may have been written by anyone.
+    """
+    text = str(text)
+    if limit is not None and len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+    return (_UNPRINTABLE_LINES if newlines else _UNPRINTABLE).sub(_escape, text)

@@ -23,6 +23,7 @@ from lmdbfolder.errors import (
     PackError,
     SourceError,
 )
+from lmdbfolder.text import printable
 
 __all__ = [
     "EXIT_CODES",
@@ -38,6 +39,8 @@ __all__ = [
     "quality",
 ]
 
+#: The most characters of an error message printed (a path read from a pack may be huge).
+MAX_MESSAGE = 4000
 #: Exit status of each outcome; documented in the README.
 EXIT_CODES = {
     "ok": 0,
@@ -69,6 +72,8 @@ def run_command(args: argparse.Namespace) -> int:
         return run(args)
     except LmdbFolderError as exc:
         text = exc.text(cli=True).replace("`lmdbfolder COMMAND ", f"`lmdbfolder {args.command} ")
+        # Messages name paths and values read from packs (anyone's): no control sequences, bounded.
+        text = printable(text, MAX_MESSAGE, newlines=True)
         print(f"lmdbfolder {args.command}: error: {text}", file=sys.stderr)
         return _exit_code(exc)
     except KeyboardInterrupt:

@@ -64,16 +64,19 @@ from lmdbfolder.format import (
     shard_matches,
     tables_digest,
 )
-from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile
+from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
+from lmdbfolder.text import printable
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.sources import scan
 
 __all__ = ["Problem", "VerifyReport", "verify", "verify_sharded", "KNOWN_RESERVED_KEYS", "NO_BINDING_NOTE"]
 
+#: A recorded extension list longer than this is not a pack's (each is matched against every file).
+_MAX_EXTENSIONS = 256
 #: The reserved keys of a format-1 pack; format 2 adds ``__check__`` and ``__skipped__``.
 KNOWN_RESERVED_KEYS = frozenset({META_KEY, LABELS_KEY, PATHS_KEY})
 _RESERVED_V2 = KNOWN_RESERVED_KEYS | {CHECK_KEY, SKIPPED_KEY}
@@ -402,28 +405,41 @@ def _source_files(
         return None
     extensions, match, recorded_list = recorded.get("extensions"), recorded.get("match"), recorded.get("list_file")
     if not (
-        (extensions is None or (isinstance(extensions, list) and all(isinstance(e, str) for e in extensions)))
+        (
+            extensions is None
+            or (
+                isinstance(extensions, list)
+                and len(extensions) <= _MAX_EXTENSIONS
+                and all(isinstance(e, str) and len(e) <= 64 for e in extensions)
+            )
+        )
         and isinstance(match, (str, type(None)))
         and isinstance(recorded_list, (str, type(None)))
     ):
         report.problems.append(Problem("source", "cannot compare with a source folder: the pack's source is invalid"))
         return None
     listing = os.fspath(list_file) if list_file is not None else recorded_list
-    # The same file filters as the pack. An is_valid_file callable cannot be run again:
-    # then every file is listed, and only the pack's own files are compared.
+    # The same file filters as the pack. An is_valid_file callable cannot be run again,
+    # and a regular expression read from a pack is never run (anyone may have written
+    # it: "(a+)+$" backtracks for ever): then every file is listed, and only the pack's
+    # own files are compared.
     filters: dict[str, Any] = {}
     chosen_by_callable = layout != "list" and bool(recorded.get("is_valid_file"))
+    chosen_by_match = layout != "list" and match is not None
     if chosen_by_callable:
         filters["is_valid_file"] = lambda _path: True
     elif layout != "list" and recorded.get("extensions"):
         filters["extensions"] = tuple(recorded["extensions"])
-    if layout != "list" and recorded.get("match") is not None:
-        filters["match"] = recorded["match"]
+    if chosen_by_match:
+        report.notes.append(
+            f"the pack was made with --match {printable(match, 80)!s}: a regular expression read from a pack is "
+            "not run, so only the pack's own files were compared with the source (files it left out are not listed)"
+        )
     sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True, **filters)
     skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
     packed = reader.paths()
     expected = [p for p in sources.relpaths if p not in skipped]
-    if chosen_by_callable:
+    if chosen_by_callable or chosen_by_match:
         in_pack_only = set(packed)
         expected = [p for p in expected if p in in_pack_only]
     if expected != packed:
@@ -521,8 +537,7 @@ def _compare_with_source(
             Problem("source", f"label {header.label} differs from the source's {label}", index, path)
         )
     try:
-        with open(source, "rb") as f:
-            data = f.read()
+        data = read_regular(source)  # a FIFO in the source tree must not block verify
     except OSError as exc:
         report.problems.append(Problem("source", f"cannot read the source file {source}: {exc.strerror}", index, path))
         return

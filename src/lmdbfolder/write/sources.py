@@ -18,7 +18,8 @@ the file's full path, as torchvision does; the two exclude each other), and
 ``match``, a regular expression the path relative to the root must contain
 (``re.search``; the CLI's ``--match``), on top of either.
 
-Only the standard library is used; no file is opened except the list file.
+Only the standard library is used; no file is opened except the list file
+(only a regular one, ``pagefile.open_regular``: a FIFO or a device is refused).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 from lmdbfolder.errors import ListFileError, OptionError, SourceError
 from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL
+from lmdbfolder.pagefile import open_regular
 from lmdbfolder.write.compact import LabelList, PathList
 
 __all__ = [
@@ -56,6 +58,8 @@ IMG_EXTENSIONS: tuple[str, ...] = (
     ".webp",
 )
 LAYOUTS = ("imagefolder", "flat", "list")
+#: The longest line a list file may have (a path and a label: paths are at most a few KB).
+MAX_LIST_LINE = 1 << 16
 
 
 @dataclass
@@ -322,8 +326,14 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
     seen: dict[str, int] = {}
     try:
         # utf-8-sig drops a BOM; surrogateescape keeps undecodable bytes as in file names.
-        with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
-            for lineno, line in enumerate(f, start=1):
+        # Only a regular file (a FIFO would block, /dev/zero never end), lines of bounded length.
+        fd = open_regular(list_file)
+        with open(fd, encoding="utf-8-sig", errors="surrogateescape") as f:
+            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LIST_LINE + 1), ""), start=1):
+                if len(line) > MAX_LIST_LINE:
+                    raise ListFileError(
+                        list_file, lineno, line[:80] + "...", f"a line of more than {MAX_LIST_LINE:,} characters"
+                    )
                 text = line.strip()
                 if not text or text.startswith("#"):
                     continue

@@ -29,7 +29,9 @@ page number), ``ovheader`` (one bit of an overflow page header), ``tables``
 page), ``truncate``.
 
 Forged packs (issue 22), ``--forge``: anyone who writes a pack can make every
-checksum valid, so each trial rewrites one record of a copy of the mixed pack
+checksum valid, so each trial rewrites one record of a copy of a pack of every
+kind the readers route differently (``build_forge_source``: RGB, greyscale,
+CMYK and progressive JPEGs of up to 260 x 200 pixels, PNGs, WebP, GIF, BMP)
 as a stranger's writer could, every CRC recomputed (bound to its index and the
 pack): its header (``header-size``, ``header-channels``, ``header-encoding``),
 its payload with the header kept (``payload-bitflip``, ``payload-marker``: a
@@ -579,6 +581,41 @@ def forge(kind: str, pack_dir: str, rng: random.Random) -> str:
     return what
 
 
+def build_forge_source(work: str, seed: int = 0) -> str:
+    """The pack the forged mode rewrites: every kind a reader routes differently (RGB,
+    greyscale, CMYK and progressive JPEGs large enough for region decoding, PNGs of
+    three colour types, WebP, GIF, BMP); returns its directory."""
+    rng = np.random.default_rng(seed)
+    src = os.path.join(work, "src-forge")
+    for i in range(30):
+        w, h = int(rng.integers(40, 260)), int(rng.integers(30, 200))
+        # A smooth field and noise: JPEG-like content with detail in every block.
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) % 256], -1) + rng.integers(-30, 30, (h, w, 3))
+        img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+        kind = i % 10
+        cls = f"c{i % 3}"
+        if kind in (0, 1, 2):
+            _save(img, f"{src}/{cls}/j{i:03d}.jpg", "JPEG", quality=int(rng.integers(60, 96)))
+        elif kind == 3:
+            _save(img.convert("L"), f"{src}/{cls}/g{i:03d}.jpg", "JPEG", quality=90)
+        elif kind == 4:
+            _save(img.convert("CMYK"), f"{src}/{cls}/k{i:03d}.jpg", "JPEG", quality=90)
+        elif kind == 5:
+            _save(img, f"{src}/{cls}/p{i:03d}.jpg", "JPEG", quality=85, progressive=True, subsampling=0)
+        elif kind == 6:
+            _save(img.convert("P", palette=Image.Palette.ADAPTIVE, colors=32), f"{src}/{cls}/q{i:03d}.png", "PNG")
+        elif kind == 7:
+            _save(img.convert("RGBA"), f"{src}/{cls}/a{i:03d}.png", "PNG")
+        elif kind == 8:
+            _save(img, f"{src}/{cls}/w{i:03d}.webp", "WEBP", quality=80)
+        else:
+            _save(img, f"{src}/{cls}/b{i:03d}.{'gif' if i % 20 == 9 else 'bmp'}", "GIF" if i % 20 == 9 else "BMP")
+    out = os.path.join(work, "forge.lmdb")
+    pack(src, out, progress=False, commit_every=8)
+    return out
+
+
 def _oracle_files(target: str, folder: str) -> list[tuple[str, int]]:
     """Each record's stored bytes as a file (what ImageFolder would read), with its label."""
     from lmdbfolder.read.reader import Reader
@@ -720,7 +757,6 @@ PATH_FUNCS.update(forged=path_forged, floader=path_floader, fverify=path_fverify
 
 def run_forged_trials(
     trials: list[Trial],
-    mixed: str,
     data: bytes,
     work: str,
     rng: random.Random,
@@ -728,10 +764,10 @@ def run_forged_trials(
     mem_limit: int,
     loader_every: int,
 ) -> None:
-    """Forge a copy of the mixed pack for each trial and run the forged paths on it."""
+    """Forge a copy of the pack (its ``data.mdb`` bytes) for each trial and run the forged paths on it."""
     todo = []
     for trial in trials:
-        copy = os.path.join(work, f"t{trial.n}", "mixed.lmdb")
+        copy = os.path.join(work, f"t{trial.n}", "forge.lmdb")
         os.makedirs(copy)
         with open(os.path.join(copy, "data.mdb"), "wb") as f:
             f.write(data)
@@ -784,10 +820,10 @@ def forged_campaign(
     own = work is None
     work = work or tempfile.mkdtemp(prefix="lmdbfolder-forge-")
     start = time.perf_counter()
-    plans = [Trial(n, "mixed", kinds[n % len(kinds)]) for n in range(trials)]
+    plans = [Trial(n, "forge", kinds[n % len(kinds)]) for n in range(trials)]
     try:
-        packs = _in_child(build_sources, work, seed)
-        with open(os.path.join(packs["mixed"], "data.mdb"), "rb") as f:
+        source = _in_child(build_forge_source, work, seed)
+        with open(os.path.join(source, "data.mdb"), "rb") as f:
             data = f.read()
         mem_limit = _memory_limit()
         rng = random.Random(seed + 1)
@@ -796,7 +832,7 @@ def forged_campaign(
             batch.append(trial)
             if len(batch) < max(4, jobs * 2) and k + 1 < len(plans):
                 continue
-            run_forged_trials(batch, packs["mixed"], data, work, rng, jobs, mem_limit, loader_every)
+            run_forged_trials(batch, data, work, rng, jobs, mem_limit, loader_every)
             if log is not None:
                 log(f"{k + 1}/{len(plans)} forged trials, {time.perf_counter() - start:.0f} s")
             batch = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -229,6 +230,15 @@ def assert_imagefolders_samples(theirs: ImageFolder, ours: LMDBFolder, seeds: in
         batch = ours.__getitems__(list(range(len(ours))))
         for (x, y), (sx, sy), (bx, by) in zip(expected, singles, batch):
             assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
+
+
+def as_unprivileged(cmd: list[str]) -> list[str]:
+    """Run ``cmd`` so that file permissions apply even when the tests run as root."""
+    if os.geteuid() != 0:
+        return cmd
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to test permissions as root"
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search", *cmd]
 
 
 def forge_record(pack_dir: Path, index: int, **changes: Any) -> None:

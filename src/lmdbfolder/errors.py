@@ -43,6 +43,8 @@ __all__ = [
     "PYTHON_FORMS",
     "python_form",
     "install_hint",
+    "os_refusal",
+    "os_hint",
 ]
 
 #: Command-line flags that messages name, and the Python form of each
@@ -380,3 +382,33 @@ class MissingDependencyError(LmdbFolderError, ImportError):
         self.what = what
         self.extra = extra
         super().__init__(f"{what} needs {libraries or extra} (not installed)", install_hint(extra, libraries))
+
+
+#: What to do about each way the operating system says no (``os_refusal``).
+_OS_HINTS: dict[int, str] = {
+    errno.ENOSPC: "the disk is full: free some space (or choose another disk), then run the same command again",
+    errno.EDQUOT: "your disk quota is used up: free some space, then run the same command again",
+    errno.EFBIG: "the file is larger than this file system or a limit (ulimit -f) allows: choose another disk",
+    errno.EACCES: "you may not do that there: check its permissions (ls -ld), or choose another path",
+    errno.EPERM: "you may not do that there: check its permissions (ls -ld), or choose another path",
+    errno.EROFS: "that file system is mounted read-only: choose a path on a writable one",
+    errno.EISDIR: "a folder is where a file was expected: choose another path, or remove the folder",
+    errno.ENOTDIR: "a file is where a folder was expected: check the path",
+    errno.ENAMETOOLONG: "the name is longer than this file system allows: choose a shorter path",
+    errno.ENOENT: "check the path: a folder on the way may be missing",
+}
+
+
+def os_refusal(exc: OSError, doing: str, path: Any = None) -> tuple[str, str]:
+    """``(message, hint)`` for an ``OSError`` the system raised while ``doing`` something
+    ("cannot write", "cannot read the folder", ...), naming the path (``path``, else the
+    error's own file name) and the reason in words; for the errors that turn disk full,
+    permission denied, a read-only file system, a folder or a FIFO into clear ones."""
+    where = path if path is not None else (exc.filename if exc.filename is not None else "")
+    reason = exc.strerror or str(exc)
+    return f"{doing} {where}: {reason}", os_hint(exc)
+
+
+def os_hint(exc: OSError) -> str:
+    """What to do about the system's refusal ``exc`` (see ``os_refusal``)."""
+    return _OS_HINTS.get(exc.errno or -1, "check the path, and that the disk is present and healthy")

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from lmdbfolder.errors import ListFileError, OptionError, SourceError
+from lmdbfolder.errors import ListFileError, OptionError, SourceError, os_hint
 from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL
 from lmdbfolder.pagefile import open_regular
 from lmdbfolder.write.compact import LabelList, PathList
@@ -170,6 +170,20 @@ def _check_root(root: str) -> str:
     return root
 
 
+def _unlisted(exc: OSError) -> None:
+    """``os.walk``'s ``onerror``: a folder of the source that cannot be listed (mode 000,
+    vanished) is an error, never a class or a folder of images silently left out."""
+    where = exc.filename if exc.filename is not None else "a folder of the source"
+    raise SourceError(
+        where, f"cannot list this folder ({exc.strerror or exc}): its images would be left out", os_hint(exc)
+    )
+
+
+def _walk(top: str) -> Any:
+    """``os.walk(top, followlinks=True)`` (torchvision's walk), failing on a folder it cannot list."""
+    return os.walk(top, onerror=_unlisted, followlinks=True)
+
+
 #: Decides whether a file (full path; root-relative path) is packed.
 _Keep = Callable[[str, str], bool]
 
@@ -235,8 +249,11 @@ def scan_imagefolder(
     for ``is_valid_file`` and ``match``)."""
     root = _check_root(root)
     keep, exts, fields = _file_filter(extensions, is_valid_file, match)
-    with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir())
+    try:
+        with os.scandir(root) as entries:
+            classes = sorted(e.name for e in entries if e.is_dir())
+    except OSError as exc:
+        raise SourceError(root, f"cannot list this folder ({exc.strerror or exc})", os_hint(exc)) from None
     if not classes:
         raise SourceError(
             root,
@@ -251,7 +268,7 @@ def scan_imagefolder(
         before = len(relpaths)
         target = os.path.join(root, cls)
         # sorted(os.walk(...)) and sorted(fnames): the order torchvision uses.
-        for dirpath, _, fnames in sorted(os.walk(target, followlinks=True)):
+        for dirpath, _, fnames in sorted(_walk(target)):
             rel_dir = os.path.relpath(dirpath, root)
             for fname in sorted(fnames):
                 rel = os.path.join(rel_dir, fname)
@@ -281,7 +298,7 @@ def scan_flat(
     root = _check_root(root)
     keep, exts, fields = _file_filter(extensions, is_valid_file, match)
     relpaths = []
-    for dirpath, _, fnames in os.walk(root, followlinks=True):
+    for dirpath, _, fnames in _walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         for fname in fnames:
             rel = fname if rel_dir == "." else os.path.join(rel_dir, fname)
@@ -355,7 +372,7 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
                 tokens.append(label_text)
                 lines.append((lineno, text))
     except OSError as exc:
-        raise SourceError(list_file, f"cannot read the list file ({exc.strerror})") from None
+        raise SourceError(list_file, f"cannot read the list file ({exc.strerror})", os_hint(exc)) from None
     if not relpaths:
         raise SourceError(list_file, "the list file holds no `path label` lines")
     numbers = [_as_int(t) for t in tokens]

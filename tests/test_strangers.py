@@ -301,3 +301,17 @@ def test_printing_a_hostile_error_message_is_bounded(packed: Path, tmp_path: Pat
     proc = _cli_child("export", str(packed), str(tmp_path / "out"), "--no-progress")
     assert proc.returncode == EXIT_CODES["source error"]
     assert "\x1b" not in proc.stderr and len(proc.stderr) < 5_000 and "\\x1b[31m" in proc.stderr
+
+
+def test_import_never_opens_a_fifo_named_meta_info(tmp_path: Path) -> None:
+    import lmdb
+
+    old = tmp_path / "old"
+    env = lmdb.open(str(old), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        txn.put(b"a", b"\0" * 12)
+    env.close()
+    os.mkfifo(old / "meta_info.txt")
+    proc = _cli_child("import", str(old), str(tmp_path / "new"), "--no-progress")
+    assert proc.returncode == EXIT_CODES["source error"], proc.stderr
+    assert "meta_info.txt: cannot read it (it is a FIFO, not a regular file)" in proc.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -251,6 +252,76 @@ def assert_imagefolders_samples(theirs: ImageFolder, ours: LMDBFolder, seeds: in
         batch = ours.__getitems__(list(range(len(ours))))
         for (x, y), (sx, sy), (bx, by) in zip(expected, singles, batch):
             assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
+
+
+def as_unprivileged(cmd: list[str]) -> list[str]:
+    """Run ``cmd`` so that file permissions apply even when the tests run as root."""
+    if os.geteuid() != 0:
+        return cmd
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to test permissions as root"
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search", *cmd]
+
+
+def forge_record(pack_dir: Path, index: int, **changes: Any) -> None:
+    """Rewrite record ``index`` of a single pack as someone else's writer could: header
+    fields (``width``, ``height``, ``channels``, ``encoding``, ``label``) and/or the
+    ``payload`` changed, every checksum (bound to the index and the pack) valid."""
+    import lmdb
+
+    from lmdbfolder.format import KEY, encode_record, pack_binding
+
+    with Reader(pack_dir) as r:
+        rec = r.get(index)
+        fields = {
+            "payload": bytes(rec.payload),
+            "label": rec.label,
+            "encoding": rec.encoding,
+            "width": rec.width,
+            "height": rec.height,
+            "channels": rec.channels,
+        }
+        binding = pack_binding(r.meta)
+    fields.update(changes)
+    payload = fields.pop("payload")
+    value = encode_record(payload, **fields, binding=binding, index=index)
+    env = lmdb.open(str(pack_dir), subdir=True, map_size=1 << 30, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(KEY.pack(index), value)
+    finally:
+        env.close()
+
+
+def forge_table(pack_dir: Path, key: bytes, blob: bytes) -> None:
+    """Replace a table of a single pack (``__meta__``, ``__paths__``, ...) with ``blob``,
+    ``__check__`` recomputed: a pack someone else's writer made, every checksum valid."""
+    import lmdb
+
+    from lmdbfolder.format import CHECK_KEY, TABLE_KEYS, encode_check
+
+    env = lmdb.open(str(pack_dir), subdir=True, map_size=1 << 30, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(key, blob)
+            tables = {k: txn.get(k) for k in TABLE_KEYS}
+            txn.put(CHECK_KEY, encode_check({k: v for k, v in tables.items() if v is not None}))
+    finally:
+        env.close()
+
+
+def forge_meta(pack_dir: Path, **changes: Any) -> None:
+    """Change fields of a single pack's manifest (``None``: remove), every checksum valid."""
+    from lmdbfolder.format import META_KEY, encode_meta
+
+    with Reader(pack_dir) as r:
+        meta = dict(r.meta)
+    for name, value in changes.items():
+        if value is None:
+            meta.pop(name, None)
+        else:
+            meta[name] = value
+    forge_table(pack_dir, META_KEY, encode_meta(meta))
 
 
 def pack_contents(path: Path) -> dict:

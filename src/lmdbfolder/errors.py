@@ -36,6 +36,8 @@ __all__ = [
     "UnsafePickleError",
     "OutputExistsError",
     "DecodeError",
+    "FORGED_HINT",
+    "BOMB_HINT",
     "PackError",
     "DecoderUnavailableError",
     "OptionError",
@@ -46,6 +48,8 @@ __all__ = [
     "PYTHON_FORMS",
     "python_form",
     "install_hint",
+    "os_refusal",
+    "os_hint",
 ]
 
 #: Command-line flags that messages name, and the Python form of each
@@ -354,11 +358,23 @@ class DecodeError(LmdbFolderError):
 
     hint = "run `lmdbfolder verify --decode` to find every undecodable image; repack with a fixed source file"
 
-    def __init__(self, index: int, path: str | None, why: str) -> None:
+    def __init__(self, index: int, path: str | None, why: str, hint: str | None = None) -> None:
         self.index = index
         self.path = path
         where = f"record {index}" + (f" ({path})" if path else "")
-        super().__init__(f"{where} cannot be decoded: {why}")
+        super().__init__(f"{where} cannot be decoded: {why}", hint)
+
+
+#: The hint of a record whose header its payload contradicts (``codecs.PayloadMismatch``).
+FORGED_HINT = (
+    "the record's header disagrees with the image it holds: the pack is damaged or was not written by "
+    "lmdbfolder; run `lmdbfolder verify` on it, and repack it from the source images"
+)
+#: The hint of an image over Pillow's decompression-bomb limit (ImageFolder refuses it too).
+BOMB_HINT = (
+    "ImageFolder refuses this image too (Pillow's PIL.Image.MAX_IMAGE_PIXELS); if you trust the pack, "
+    "raise that limit in your program (as for ImageFolder), or repack with --max-size to shrink such images"
+)
 
 
 class PackError(LmdbFolderError):
@@ -435,3 +451,33 @@ class SlowPathWarning(UserWarning):
     """A faster read path is not available in this process (the compiled crop
     decoder was not built): the same pixels, more slowly. Warned once per
     process; ``lmdbfolder doctor`` says what to install."""
+
+
+#: What to do about each way the operating system says no (``os_refusal``).
+_OS_HINTS: dict[int, str] = {
+    errno.ENOSPC: "the disk is full: free some space (or choose another disk), then run the same command again",
+    errno.EDQUOT: "your disk quota is used up: free some space, then run the same command again",
+    errno.EFBIG: "the file is larger than this file system or a limit (ulimit -f) allows: choose another disk",
+    errno.EACCES: "you may not do that there: check its permissions (ls -ld), or choose another path",
+    errno.EPERM: "you may not do that there: check its permissions (ls -ld), or choose another path",
+    errno.EROFS: "that file system is mounted read-only: choose a path on a writable one",
+    errno.EISDIR: "a folder is where a file was expected: choose another path, or remove the folder",
+    errno.ENOTDIR: "a file is where a folder was expected: check the path",
+    errno.ENAMETOOLONG: "the name is longer than this file system allows: choose a shorter path",
+    errno.ENOENT: "check the path: a folder on the way may be missing",
+}
+
+
+def os_refusal(exc: OSError, doing: str, path: Any = None) -> tuple[str, str]:
+    """``(message, hint)`` for an ``OSError`` the system raised while ``doing`` something
+    ("cannot write", "cannot read the folder", ...), naming the path (``path``, else the
+    error's own file name) and the reason in words; for the errors that turn disk full,
+    permission denied, a read-only file system, a folder or a FIFO into clear ones."""
+    where = path if path is not None else (exc.filename if exc.filename is not None else "")
+    reason = exc.strerror or str(exc)
+    return f"{doing} {where}: {reason}", os_hint(exc)
+
+
+def os_hint(exc: OSError) -> str:
+    """What to do about the system's refusal ``exc`` (see ``os_refusal``)."""
+    return _OS_HINTS.get(exc.errno or -1, "check the path, and that the disk is present and healthy")

@@ -192,6 +192,8 @@ PACK_ID_BYTES = 16
 #: A manifest longer than this is refused before it is parsed: every reader
 #: process parses it, and JSON costs up to ~30x its size in memory.
 MAX_MANIFEST_BYTES = 16 << 20
+#: A sharded pack's ``index.json`` longer than this is refused before it is read.
+MAX_INDEX_FILE_BYTES = 256 << 20
 #: JSON nested deeper than this (manifest, checkpoint, index, ...) is refused.
 MAX_JSON_DEPTH = 16
 #: More arrays and objects than this in one JSON value are refused.
@@ -556,7 +558,8 @@ def loads_json(
         raise NotAPackError(where, why, DAMAGED_HINT)
     try:
         return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: also an integer of more digits than Python converts (sys.set_int_max_str_digits).
         raise NotAPackError(where, f"its {what} is not valid JSON: {exc}", DAMAGED_HINT) from None
 
 
@@ -686,8 +689,8 @@ def _short(value: Any) -> str:
 #: shows a field that is not as ``INVALID`` instead of failing on it.
 INVALID = "invalid"
 _INFORMATIONAL: dict[str, Callable[[Any], bool]] = {
-    "encodings": lambda v: isinstance(v, dict) and all(isinstance(k, str) and type(n) is int for k, n in v.items()),
-    "payload_bytes": lambda v: type(v) is int and v >= 0,
+    "encodings": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _count(n) for k, n in v.items()),
+    "payload_bytes": lambda v: _count(v),
     "checksum": lambda v: isinstance(v, str),
     "source": lambda v: isinstance(v, dict),
     "created_by": lambda v: isinstance(v, str),
@@ -697,8 +700,13 @@ _INFORMATIONAL: dict[str, Callable[[Any], bool]] = {
     "fingerprint": lambda v: isinstance(v, dict),
     "shard": lambda v: isinstance(v, dict),
     "skipped": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
-    "skipped_count": lambda v: type(v) is int and v >= 0,
+    "skipped_count": lambda v: _count(v),
 }
+
+
+def _count(value: Any) -> bool:
+    # A count or a size: an int a reader can do arithmetic with (a float of it, a share).
+    return type(value) is int and 0 <= value < 1 << 63
 
 
 def informational(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -1094,7 +1102,8 @@ def _check_shard_index(index: Any, where: str) -> None:
 
 
 def _is_int(value: Any) -> bool:
-    return type(value) is int
+    # 64 bits at most: a hostile index's huge integers must not reach arithmetic that overflows.
+    return type(value) is int and -(1 << 63) <= value < 1 << 63
 
 
 def _is_str(value: Any) -> bool:
@@ -1341,7 +1350,7 @@ class ShardIndex:
         required fields are checked; informational ones of an unexpected type
         are kept in ``extra``.
         """
-        index = loads_json(blob, where=where, what="index", max_bytes=256 << 20)
+        index = loads_json(blob, where=where, what="index", max_bytes=MAX_INDEX_FILE_BYTES)
         _check_shard_index(index, where)
         # format and index_version are constants; one that passed the check in
         # another form (``true`` equals 1) stays in ``extra``, as it is.

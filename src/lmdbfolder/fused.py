@@ -46,7 +46,7 @@ except ImportError as exc:  # a core-only install: say what to install
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import RESIZE_BACKENDS, Box
 from lmdbfolder.read.decoders import to_pil
-from lmdbfolder.read.plan import CropSpec, ReadPlan
+from lmdbfolder.read.plan import BatchItemError, CropSpec, ReadPlan
 
 __all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe", "TransformPlan"]
 
@@ -383,7 +383,8 @@ class TransformPlan:
         if width <= 0 or height <= 0:
             # The header has no size to draw the box from: decode, then torchvision's own crop.
             return crop.finish(crop.forward(to_pil(read.pixels(payload, encoding, width, height, channels))))
-        job = read.job(payload, encoding, width, height, channels, self._draw(width, height), False)  # type: ignore[misc]
+        enc = read.claim(payload, encoding, width, height, channels)  # the box is drawn from a checked size
+        job = read.job(payload, enc, width, height, channels, self._draw(width, height), False)  # type: ignore[misc]
         out_h, out_w = crop.size
         planar = self._planar
         out = np.empty((1, 3, out_h, out_w) if planar else (1, out_h, out_w, 3), np.uint8)
@@ -394,14 +395,19 @@ class TransformPlan:
         """Every record's box and flip, drawn in the per-sample order (a sample's box,
         then its flip), then the whole batch made into one uint8 ``N x 3 x H x W``
         tensor (in shared memory in a DataLoader worker, so sending it copies
-        nothing). Raises BatchItemError for the first record that failed."""
-        draw, job, flip = self._draw, self.read.job, self.flip
+        nothing). Raises BatchItemError for the first record that failed; a record
+        whose header its payload denies (``ReadPlan.claim``) fails before its box is drawn."""
+        draw, claim, job, flip = self._draw, self.read.claim, self.read.job, self.flip
         rand = torch.rand
         jobs = []
-        for rec in records:
+        for k, rec in enumerate(records):
+            try:
+                enc = claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+            except Exception as exc:  # Pillow raises many exception types for bad data
+                raise BatchItemError(k, exc) from exc
             box = draw(rec.width, rec.height)  # type: ignore[misc]
             flipped = flip is not None and bool(rand(1) < flip)
-            jobs.append(job(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, box, flipped))
+            jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
         out_h, out_w = self.crop.size  # type: ignore[union-attr]
         nbytes = len(jobs) * out_h * out_w * 3
         storage = torch.UntypedStorage._new_shared(nbytes) if self.in_worker else torch.UntypedStorage(nbytes)

@@ -28,6 +28,10 @@ regular file is fork-safe; readers still open their own in each process (see
 ``audit`` walks the whole file (both B-trees, overflow extents, the free
 list) for ``verify`` and ``copy``.
 
+Only regular files are opened (``open_regular``, which every file a pack or a
+source names goes through): a FIFO named ``data.mdb`` would block the open
+until some writer came, and a device never ends.
+
 Format read: LMDB 0.9 (data version 1, 16-byte page header, 64-bit,
 little-endian), which py-lmdb writes by default (also 3.0's default engine);
 anything else is ``PageDamage(kind="format")``. Layout (``lib/mdb.c``):
@@ -51,15 +55,17 @@ changes one in place by LMDB transactions, which only grow the file; see
 from __future__ import annotations
 
 import bisect
+import errno
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from lmdbfolder.errors import LmdbFolderError
 
-__all__ = ["PageDamage", "PageFile", "ovpages", "Audit"]
+__all__ = ["PageDamage", "PageFile", "ovpages", "Audit", "NotRegularFileError", "open_regular", "read_regular"]
 
 PAGEHDRSZ = 16
 P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_DIRTY, P_LEAF2, P_SUBP = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40
@@ -112,6 +118,45 @@ class PageDamage(LmdbFolderError):
         super().__init__(f"{where} is damaged: {why}")
 
 
+class NotRegularFileError(OSError):
+    """A path that names a FIFO, a socket or a device where a regular file is read
+    (an ``OSError`` with ``filename`` and a ``strerror`` that says what it is)."""
+
+
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
+    """A file descriptor of ``path``, opened for reading (``flags``), if it is a regular
+    file; else ``IsADirectoryError`` for a directory and ``NotRegularFileError`` for a
+    FIFO, socket or device, raised without blocking (a FIFO's open waits for a writer,
+    ``/dev/zero`` never ends). Other ``OSError`` s as ``os.open`` raises them."""
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if not stat.S_ISREG(mode):
+            what = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise NotRegularFileError(errno.EINVAL, f"it is {what}, not a regular file", os.fspath(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (``open_regular``); with ``limit``, an
+    ``OSError`` (EFBIG) for a file of more bytes than that, before reading it."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if limit is not None and size > limit:
+            raise OSError(errno.EFBIG, f"it holds {size:,} bytes, more than the {limit:,} allowed", os.fspath(path))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read() if limit is None else f.read(limit + 1)[:limit]
+    finally:
+        os.close(fd)
+
+
 def ovpages(size: int, psize: int) -> int:
     """Number of overflow pages LMDB uses for a value of ``size`` bytes (``OVPAGES``)."""
     return (PAGEHDRSZ - 1 + size) // psize + 1
@@ -155,7 +200,7 @@ class PageFile:
         #: Read the tree of the meta page LMDB did not pick (the commit before the
         #: last one), not the current one: see ``committed_txnid``.
         self.previous = previous
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = open_regular(self.path)
         try:
             self.size = os.fstat(fd).st_size
             if self.size < 2 * 512:

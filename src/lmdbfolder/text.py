@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
-__all__ = ["plural", "megabytes", "escape_field", "shown_name", "describe_changes"]
+__all__ = ["plural", "megabytes", "escape_field", "printable", "MAX_FIELD", "describe_changes"]
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:
@@ -31,11 +32,35 @@ def escape_field(text: str) -> str:
     return "".join(_ESCAPES.get(c, c) for c in text)
 
 
-def shown_name(text: str, limit: int = 40) -> str:
-    """A name read from a pack, safe and short for one line of a terminal: escaped as
-    ``escape_field`` does, other unprintable characters as ``\\xNN``/``\\uNNNN``, cut at ``limit``."""
-    out = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in escape_field(text))
-    return out if len(out) <= limit else out[: limit - 3] + "..."
+#: The most characters of one value read from a pack that a report prints.
+MAX_FIELD = 200
+# C0 and C1 controls (ESC starts terminal escape sequences), DEL, the bidirectional
+# and invisible formatting characters (they reorder or hide what follows), and lone
+# surrogates (undecodable file names, which a UTF-8 terminal cannot print).
+_FORMATTING = "\\x7f-\\x9f\\u061c\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u206f\\ufeff\\ud800-\\udfff"
+_UNPRINTABLE = re.compile(f"[\\x00-\\x1f{_FORMATTING}]")
+_UNPRINTABLE_LINES = re.compile(f"[\\x00-\\x09\\x0b-\\x1f{_FORMATTING}]")  # newlines kept
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object, limit: int | None = MAX_FIELD, *, newlines: bool = False) -> str:
+    r"""``text`` safe to print on a terminal: every control character (an escape sequence's
+    ESC, a carriage return, bidirectional overrides, lone surrogates) written as a
+    ``\xNN`` / ``\uNNNN`` escape, and at most ``limit`` characters (the rest cut and
+    counted; None: no limit). Newlines are kept with ``newlines=True`` (a message
+    of several lines), else escaped too (one field of one line).
+
+    For everything read from a pack (class names, paths, manifest fields) on its
+    way to a terminal: a pack may have been written by anyone.
+    """
+    text = str(text)
+    if limit is not None and len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+    return (_UNPRINTABLE_LINES if newlines else _UNPRINTABLE).sub(_escape, text)
 
 
 def describe_changes(entry: Mapping[str, Any]) -> str:
@@ -51,7 +76,7 @@ def describe_changes(entry: Mapping[str, Any]) -> str:
     for key, sign in (("classes_added", "+"), ("classes_removed", "-")):
         names = entry.get(key)
         if isinstance(names, list) and names:
-            shown = ", ".join(shown_name(str(n)) for n in names[:3])
+            shown = ", ".join(printable(n, 40) for n in names[:3])
             more = f" and {len(names) - 3:,} more" if len(names) > 3 else ""
             classes.append(f"{sign}{plural(len(names), 'class', 'classes')} ({shown}{more})")
     return text + (f"; {'; '.join(classes)}" if classes else "")

@@ -36,7 +36,7 @@ except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder import fused
-from lmdbfolder.codecs import decode_rgb, encoding_of
+from lmdbfolder.codecs import decode_hint, decode_rgb, encoding_of
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.plan import BatchItemError
@@ -376,7 +376,8 @@ class LMDBDatasetFolder(DatasetFolder):
         return BatchSamples(images, [self._target(rec, p) for rec, p in zip(records, positions)])
 
     def _decode_error(self, rec: Record, exc: BaseException) -> DecodeError:
-        return DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}")
+        hint = decode_hint(exc)
+        return DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}", hint)
 
     def _sample(self, plan: fused.TransformPlan, rec: Record, position: int | None) -> tuple[Any, Any]:
         if not _decodes_itself(self._loader):

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from lmdbfolder.cli.common import EXIT_CODES, add_output_flags, print_json, show_progress, usage
-from lmdbfolder.text import megabytes, plural
+from lmdbfolder.text import megabytes, plural, printable
 
 __all__ = ["add_parser", "run"]
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.as_dict())
     else:
         for problem in report.problems:
-            print(problem, file=sys.stderr)
+            print(printable(problem, 2000), file=sys.stderr)  # paths and values from the pack: escaped
         for note in report.notes:
             print(f"note: {note}", file=sys.stderr)
         what = (

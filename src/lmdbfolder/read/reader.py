@@ -46,7 +46,7 @@ import numpy as np
 from PIL import Image
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.codecs import decode_rgb
+from lmdbfolder.codecs import decode_hint, encoding_of
 from lmdbfolder.errors import CorruptRecordError, DecodeError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     KEY,
@@ -151,12 +151,17 @@ class PackAPI:
         return bytes(self.get(index).payload)
 
     def image(self, index: int) -> Image.Image:
-        """Sample ``index`` decoded to an RGB ``PIL.Image``, exactly as ImageFolder loads it."""
+        """Sample ``index`` decoded to an RGB ``PIL.Image``, exactly as ImageFolder loads it
+        (DecodeError when it does not decode, or its header is one its payload denies:
+        ``Encoding.check``)."""
         rec = self.get(index)
         try:
-            return decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
+            enc = encoding_of(rec.encoding)
+            enc.check(rec.payload, rec.width, rec.height, rec.channels)
+            return enc.expect(enc.decode_rgb(rec.payload, rec.width, rec.height), rec.width, rec.height)
         except Exception as exc:  # Pillow raises many exception types for bad data
-            raise DecodeError(rec.index, self.path_of(rec.index), f"{type(exc).__name__}: {exc}") from exc
+            hint = decode_hint(exc)
+            raise DecodeError(rec.index, self.path_of(rec.index), f"{type(exc).__name__}: {exc}", hint) from exc
 
     def __iter__(self) -> Iterator[Record]:
         for i in range(len(self)):

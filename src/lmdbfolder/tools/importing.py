@@ -27,6 +27,7 @@ a damaged or truncated recipe LMDB is a clear error, never a crash.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
@@ -37,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from lmdbfolder.codecs import sniff
-from lmdbfolder.errors import NotAPackError, OptionError, SourceError, UnsafePickleError
+from lmdbfolder.errors import NotAPackError, OptionError, SourceError, UnsafePickleError, os_hint
 from lmdbfolder.format import DATA_FILE, encode_record
-from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile
+from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, open_regular, read_regular
 from lmdbfolder.write.options import PackOptions
 from lmdbfolder.write.records import Loaded, Skipped
 from lmdbfolder.write.sources import SourceList
@@ -315,11 +316,18 @@ _META_LINE = re.compile(r"^(?P<name>.+?)\s+\((?P<shape>\s*\d+\s*(?:,\s*\d+\s*){1
 
 
 def _basicsr_layout(path: str) -> LegacyLayout:
+    try:
+        return _read_basicsr_layout(path)
+    except OSError as exc:  # a FIFO or a device named meta_info.*, permissions
+        raise SourceError(exc.filename or path, f"cannot read it ({exc.strerror or exc})", os_hint(exc)) from None
+
+
+def _read_basicsr_layout(path: str) -> LegacyLayout:
     txt = os.path.join(path, "meta_info.txt")
     names: list[str] = []
     shapes: list[tuple[int, int, int] | None] = []
     if os.path.exists(txt):
-        with open(txt, encoding="utf-8", errors="surrogateescape") as f:
+        with open(open_regular(txt), encoding="utf-8", errors="surrogateescape") as f:  # no FIFO, no device
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -334,10 +342,13 @@ def _basicsr_layout(path: str) -> LegacyLayout:
                 shapes.append((h, w, c))
     else:
         pkl = os.path.join(path, "meta_info.pkl")
-        if os.path.getsize(pkl) > MAX_PICKLE_BYTES:
-            raise UnsafePickleError(pkl, f"it is larger than the {MAX_PICKLE_BYTES:,} bytes allowed")
-        with open(pkl, "rb") as f:
-            meta = safe_loads(f.read(), where=pkl)
+        try:
+            blob = read_regular(pkl, MAX_PICKLE_BYTES)  # no FIFO, no device, bounded
+        except OSError as exc:
+            if exc.errno == errno.EFBIG:
+                raise UnsafePickleError(pkl, f"it is larger than the {MAX_PICKLE_BYTES:,} bytes allowed") from None
+            raise
+        meta = safe_loads(blob, where=pkl)
         if not isinstance(meta, dict) or not isinstance(meta.get("keys"), list):
             raise SourceError(f"{path}/meta_info.pkl", "expected a dict with a 'keys' list")
         resolutions = meta.get("resolution")

@@ -21,7 +21,7 @@ from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, informational
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
-from lmdbfolder.text import describe_changes, megabytes, plural, shown_name
+from lmdbfolder.text import describe_changes, megabytes, plural, printable
 
 __all__ = ["pack_info", "pack_statistics", "format_info", "DEFAULT_SIZE_SAMPLE", "SHOWN_CLASSES", "INVALID"]
 
@@ -198,18 +198,21 @@ def format_info(info: dict[str, Any]) -> str:
         pack:         /data/train.lmdb
         ...
     """
+    # Every string here may come from a pack someone else wrote: printable() escapes
+    # terminal control sequences in it and bounds its length.
     classes = info["classes"]
-    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+    shown = ", ".join(printable(c, 60) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
     encodings = info["encodings"]
     encodings = (
-        ", ".join(f"{k} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items()) or "-"
+        ", ".join(f"{printable(k, 20)} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items())
+        or "-"
         if isinstance(encodings, dict)
         else encodings
     )
     payload = info["payload_bytes"]
     source = info.get("source") or {}
     source_text = (
-        f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"
+        printable(f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}")
         if isinstance(source, dict)
         else str(source)
     )
@@ -218,7 +221,7 @@ def format_info(info: dict[str, Any]) -> str:
     if info.get("pack_id"):
         version += f" (pack {info['pack_id']})"
     rows = [
-        ("pack", info["path"]),
+        ("pack", printable(info["path"], None)),
         ("format", version + (f"; {info['note']}" if info.get("note") else "")),
         ("samples", f"{info['count']:,}"),
         ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
@@ -227,7 +230,7 @@ def format_info(info: dict[str, Any]) -> str:
         ("payload", megabytes(payload) if isinstance(payload, int) else str(payload)),
         ("size on disk", megabytes(info["size_on_disk"])),
         ("source", source_text),
-        ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
+        ("created", f"{printable(info.get('created_at'), 40)} by {printable(info.get('created_by'), 80)}"),
         (
             "skipped",
             plural(len(skipped), "source file") + (" (listed below)" if skipped else "")
@@ -236,7 +239,7 @@ def format_info(info: dict[str, Any]) -> str:
         ),
     ]
     if "shards" in info:
-        names = [s["name"] for s in info["shards"]]
+        names = [printable(s["name"], 80) for s in info["shards"]]
         shown_shards = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
         rows.insert(3, ("shards", f"{info['num_shards']:,} ({shown_shards})"))
     after_classes = [k for k, _ in rows].index("classes") + 1
@@ -260,7 +263,10 @@ def format_info(info: dict[str, Any]) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{key + ':' if key else '':<{width + 2}}{value}" for key, value in rows]
     lines += [
-        f"  {item.get('path')}: {item.get('reason')}" if isinstance(item, dict) else f"  {INVALID}" for item in skipped
+        f"  {printable(item.get('path'), 1000)}: {printable(item.get('reason'))}"
+        if isinstance(item, dict)
+        else f"  {INVALID}"
+        for item in skipped
     ]
     return "\n".join(lines)
 
@@ -272,7 +278,7 @@ def _history_rows(history: list[dict[str, Any]], shown: int = 10) -> list[tuple[
         return []
     rows = []
     for item in history[-shown:]:
-        at = shown_name(str(item.get("at", "?")), 32)
+        at = printable(item.get("at", "?"), 32)
         count = item.get("count")
         total = f"{count:,} samples" if type(count) is int else "?"
         if item.get("event") == "update":
@@ -291,12 +297,12 @@ def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, 
     if not counts:
         return []
     if len(counts) <= every_up_to:
-        return [("per class", ", ".join(f"{name} {n:,}" for name, n in counts.items()))]
+        return [("per class", ", ".join(f"{printable(name, 60)} {n:,}" for name, n in counts.items()))]
     values = sorted(counts.values())
     median = values[len(values) // 2]
 
     def named(pairs: list[list[Any]]) -> str:
-        return ", ".join(f"{name} {n:,}" for name, n in pairs)
+        return ", ".join(f"{printable(name, 60)} {n:,}" for name, n in pairs)
 
     return [
         ("per class", f"{values[0]:,}..{values[-1]:,} samples (median {median:,}); every count: --json"),

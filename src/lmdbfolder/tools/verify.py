@@ -15,8 +15,11 @@ runs on the file, so no damage can take the command down), and it checks:
   does (format 3: under its ``__order__`` key), with the CRC (bound to the
   key and the pack in formats 2 and 3), the header label against the label
   table (format 3: through ``record_classes``), raw sizes against the
-  payload, the encoding against the pack's store; and that no other key is
-  stored (format 3: no key twice in ``__order__``).
+  payload, the encoding against the pack's store, the header's size and
+  components against the payload's own header and Pillow's
+  decompression-bomb limit (``Encoding.check``, what every decode path checks
+  first: a valid CRC proves nothing about who wrote a pack); and that no
+  other key is stored (format 3: no key twice in ``__order__``).
 
 So it cannot say OK for a pack on which some ``Reader.get(i)`` fails.
 """
@@ -27,13 +30,14 @@ import dataclasses
 import io
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from PIL import Image
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.codecs import decode_rgb, raw_rgb, truncation
+from lmdbfolder.codecs import PayloadMismatch, encoding_of, raw_rgb, truncation
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     CHECK_KEY,
@@ -70,15 +74,18 @@ from lmdbfolder.format import (
     stats_values,
     tables_digest,
 )
-from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile
+from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.sharded import ShardedReader
+from lmdbfolder.text import printable
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.sources import scan
 
 __all__ = ["Problem", "VerifyReport", "verify", "verify_sharded", "KNOWN_RESERVED_KEYS", "NO_BINDING_NOTE"]
 
+#: A recorded extension list longer than this is not a pack's (each is matched against every file).
+_MAX_EXTENSIONS = 256
 #: The reserved keys of a format-1 pack; format 2 adds ``__check__`` and ``__skipped__``.
 KNOWN_RESERVED_KEYS = frozenset({META_KEY, LABELS_KEY, PATHS_KEY})
 _RESERVED_V2 = KNOWN_RESERVED_KEYS | {CHECK_KEY, SKIPPED_KEY, STATS_KEY, HISTORY_KEY}
@@ -367,7 +374,9 @@ class _Checked:
         if self.version >= 3 and self.order is None:
             return  # no record can be found without its key: the table problem is reported
         order = self.order
-        with Progress(count, "verify", enabled=progress) as bar:
+        with Progress(count, "verify", enabled=progress) as bar, warnings.catch_warnings():
+            # Images between Pillow's limit and twice it are readable (ImageFolder warns): not a problem.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             for index in range(count):
                 path = paths[index] if paths is not None else None
                 key = index if order is None else int(order[index])
@@ -482,28 +491,41 @@ def _source_files(
         return None
     extensions, match, recorded_list = recorded.get("extensions"), recorded.get("match"), recorded.get("list_file")
     if not (
-        (extensions is None or (isinstance(extensions, list) and all(isinstance(e, str) for e in extensions)))
+        (
+            extensions is None
+            or (
+                isinstance(extensions, list)
+                and len(extensions) <= _MAX_EXTENSIONS
+                and all(isinstance(e, str) and len(e) <= 64 for e in extensions)
+            )
+        )
         and isinstance(match, (str, type(None)))
         and isinstance(recorded_list, (str, type(None)))
     ):
         report.problems.append(Problem("source", "cannot compare with a source folder: the pack's source is invalid"))
         return None
     listing = os.fspath(list_file) if list_file is not None else recorded_list
-    # The same file filters as the pack. An is_valid_file callable cannot be run again:
-    # then every file is listed, and only the pack's own files are compared.
+    # The same file filters as the pack. An is_valid_file callable cannot be run again,
+    # and a regular expression read from a pack is never run (anyone may have written
+    # it: "(a+)+$" backtracks for ever): then every file is listed, and only the pack's
+    # own files are compared.
     filters: dict[str, Any] = {}
     chosen_by_callable = layout != "list" and bool(recorded.get("is_valid_file"))
+    chosen_by_match = layout != "list" and match is not None
     if chosen_by_callable:
         filters["is_valid_file"] = lambda _path: True
     elif layout != "list" and recorded.get("extensions"):
         filters["extensions"] = tuple(recorded["extensions"])
-    if layout != "list" and recorded.get("match") is not None:
-        filters["match"] = recorded["match"]
+    if chosen_by_match:
+        report.notes.append(
+            f"the pack was made with --match {printable(match, 80)!s}: a regular expression read from a pack is "
+            "not run, so only the pack's own files were compared with the source (files it left out are not listed)"
+        )
     sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True, **filters)
     skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
     packed = reader.paths()
     expected = [p for p in sources.relpaths if p not in skipped]
-    if chosen_by_callable:
+    if chosen_by_callable or chosen_by_match:
         in_pack_only = set(packed)
         expected = [p for p in expected if p in in_pack_only]
     if expected != packed:
@@ -576,9 +598,23 @@ def _check_one(
     cut = truncation(payload, header.encoding)
     if cut is not None:
         report.problems.append(Problem("truncated", f"{cut}: the file was cut short before it was packed", index, path))
+    # The header is a claim: what every reader checks before it draws a crop box from it.
+    enc = encoding_of(header.encoding)
+    try:
+        enc.check(payload, header.width, header.height, header.channels)
+    except PayloadMismatch as exc:
+        report.problems.append(Problem("header", str(exc), index, path))
+        return header, payload
+    except Exception as exc:  # Pillow raises many exception types for bad data (a bomb, a bad header)
+        report.problems.append(Problem("decode", f"{type(exc).__name__}: {exc}", index, path))
+        return header, payload
     if decode:
         try:
-            decode_rgb(payload, header.encoding, header.width, header.height).load()
+            img = enc.decode_rgb(payload, header.width, header.height)
+            img.load()
+            enc.expect(img, header.width, header.height)
+        except PayloadMismatch as exc:
+            report.problems.append(Problem("header", str(exc), index, path))
         except Exception as exc:  # Pillow raises many exception types for bad data
             report.problems.append(Problem("decode", f"{type(exc).__name__}: {exc}", index, path))
     return header, payload
@@ -600,8 +636,7 @@ def _compare_with_source(
             Problem("source", f"label {header.label} differs from the source's {label}", index, path)
         )
     try:
-        with open(source, "rb") as f:
-            data = f.read()
+        data = read_regular(source)  # a FIFO in the source tree must not block verify
     except OSError as exc:
         report.problems.append(Problem("source", f"cannot read the source file {source}: {exc.strerror}", index, path))
         return

@@ -29,7 +29,6 @@ from __future__ import annotations
 import errno
 import io
 import os
-import stat
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,6 +36,7 @@ from PIL import Image, UnidentifiedImageError
 
 from lmdbfolder.codecs import clean_header, sniff, truncation, vouch_jpeg
 from lmdbfolder.format import RECORD_HEADER, UNKNOWN_MTIME, encode_header_into, encode_record
+from lmdbfolder.pagefile import NotRegularFileError, open_regular
 from lmdbfolder.write.options import Resize
 
 __all__ = ["Loaded", "Skipped", "load_sample", "read_into_record"]
@@ -80,6 +80,8 @@ def _read_error(exc: OSError, path: str) -> str:
         return "permission denied"
     if exc.errno == errno.EISDIR:
         return "is a directory, not a file"
+    if isinstance(exc, NotRegularFileError):
+        return f"not read: {exc.strerror}"
     return f"cannot read it: {exc.strerror or exc}"
 
 
@@ -95,7 +97,8 @@ def read_into_record(path: str, alloc: Alloc | None = None) -> bytearray | memor
     The buffer comes from ``alloc`` when given (and it returns one), else it
     is a view of a new bytearray. A file that grows while it is read is
     returned whole, in a new bytearray; one that shrinks, as a shorter view. Raises OSError
-    like ``open``/``read`` (IsADirectoryError for a directory).
+    like ``open``/``read`` (IsADirectoryError for a directory, ``NotRegularFileError``
+    for a FIFO, socket or device: ``open_regular``).
     """
     return _read_file(path, alloc)[0]
 
@@ -104,11 +107,9 @@ def _read_file(path: str, alloc: Alloc | None = None) -> tuple[bytearray | memor
     """``read_into_record``, and the ``fstat`` of the file as it was opened."""
     # os-level calls: four system calls per file (open, fstat, readv, close)
     # where io.open made about ten, and each one is a GIL hand-off in threads.
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)  # a FIFO named *.jpg must not block the pack, nor a device fill it
     try:
         st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         size = st.st_size
         buf = alloc(_HEAD + size) if alloc is not None else None
         if buf is None:

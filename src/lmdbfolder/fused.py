@@ -47,6 +47,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import RESIZE_BACKENDS, Box
 from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import CropSpec, ReadPlan
+from lmdbfolder.transport import pool
 
 __all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe", "TransformPlan"]
 
@@ -393,8 +394,9 @@ class TransformPlan:
     def batch(self, records: Sequence[Any]) -> torch.Tensor:
         """Every record's box and flip, drawn in the per-sample order (a sample's box,
         then its flip), then the whole batch made into one uint8 ``N x 3 x H x W``
-        tensor (in shared memory in a DataLoader worker, so sending it copies
-        nothing). Raises BatchItemError for the first record that failed."""
+        tensor in a reused buffer (``lmdbfolder.transport``: shared memory in a
+        DataLoader worker, which ``collate`` sends by reference). Raises
+        BatchItemError for the first record that failed."""
         draw, job, flip = self._draw, self.read.job, self.flip
         rand = torch.rand
         jobs = []
@@ -403,8 +405,6 @@ class TransformPlan:
             flipped = flip is not None and bool(rand(1) < flip)
             jobs.append(job(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, box, flipped))
         out_h, out_w = self.crop.size  # type: ignore[union-attr]
-        nbytes = len(jobs) * out_h * out_w * 3
-        storage = torch.UntypedStorage._new_shared(nbytes) if self.in_worker else torch.UntypedStorage(nbytes)
-        images = torch.empty(0, dtype=torch.uint8).set_(storage).view(len(jobs), 3, out_h, out_w)
+        images = pool().take((len(jobs), 3, out_h, out_w))
         self.read.run(jobs, images.numpy(), planar=True)
         return images

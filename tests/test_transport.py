@@ -212,3 +212,38 @@ def test_a_batch_sent_twice_is_sent_as_a_copy(photos: Path) -> None:
     del received
     del batch, images
     assert buffer.free()
+
+
+def test_bulk_boxes_equal_the_per_sample_draws(photos: Path, capabilities: Any) -> None:
+    assert fused._batch_boxes_ok()
+    ds = _dataset(photos)
+    order = list(range(len(ds))) * 2
+    torch.manual_seed(3)
+    bulk = ds.__getitems__(order)
+    after_bulk = torch.rand(1)
+    capabilities(**{"torchvision.batch_boxes": False})
+    ds = _dataset(photos)
+    assert ds._plan()._draw_many is None
+    torch.manual_seed(3)
+    each = ds.__getitems__(order)
+    assert torch.equal(torch.rand(1), after_bulk)
+    assert torch.equal(bulk.images, each.images) and bulk.targets == each.targets
+
+
+def test_bulk_boxes_step_aside_for_another_default_dtype(photos: Path) -> None:
+    ds = _dataset(photos)
+    order = list(range(12))
+    torch.manual_seed(4)
+    want = ds.__getitems__(order).images.clone()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # torch.empty(1) draws 64-bit numbers then
+    try:
+        torch.manual_seed(4)
+        float64 = [ds[i][0] for i in order]
+        torch.manual_seed(4)
+        batch = ds.__getitems__(order)
+    finally:
+        torch.set_default_dtype(previous)
+    for k, x in enumerate(float64):
+        assert torch.equal(batch.images[k], x)
+    assert not torch.equal(batch.images, want)  # other numbers were drawn, as sample by sample

@@ -173,6 +173,30 @@ def test_a_corrupt_record_in_a_batch_names_the_record(mixed: Path, tmp_path: Pat
         ds.__getitems__([0, 1, 3, 4])
 
 
+def test_with_threads_the_first_failing_image_is_named(mixed: Path, tmp_path: Path) -> None:
+    # Threads take the images one at a time in any order; the error is still the
+    # first failing image's, as with one thread.
+    import shutil
+
+    import lmdb
+
+    shutil.copytree(mixed / "p", tmp_path / "p")
+    env = lmdb.open(str(tmp_path / "p"), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for index in (3, 9):
+            header, payload = decode_record(bytes(txn.get(KEY.pack(index))))
+            broken = bytes(payload[:200]) + b"\x00" * (len(payload) - 200)
+            fields = {"width": header.width, "height": header.height, "channels": header.channels}
+            txn.put(KEY.pack(index), encode_record(broken, label=header.label, encoding="jpeg", **fields))
+    env.close()
+    crop = fused.RandomResizedCrop(40, output="tensor")
+    for threads in (1, 2, 3):
+        ds = LMDBFolder(tmp_path / "p", transform=crop, verify_checksums=False, threads=threads)
+        for order, first in (([9, 0, 1, 2, 3, 4, 5, 6, 7, 8], 9), ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 3)):
+            with pytest.raises(DecodeError, match=rf"record {first} "):
+                ds.__getitems__(order)
+
+
 def test_default_decoder_is_the_fastest_that_matches_pillow(mixed: Path) -> None:
     ds = LMDBFolder(mixed / "p")
     assert ds.decoder == resolve_decoder_name("auto")

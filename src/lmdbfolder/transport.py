@@ -48,6 +48,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from lmdbfolder.errors import LmdbFolderError
+
 __all__ = ["BatchPool", "PooledBatch", "pool", "MAX_BUFFERS"]
 
 #: Buffers one process keeps (every size together). A DataLoader worker needs one
@@ -268,12 +270,17 @@ def _receive(message: tuple[Any, ...], dropped: list[int]) -> list[Any]:
                 os.close(handle)
             maps[index] = mm
     if mm is None:
-        raise RuntimeError(
-            f"lmdbfolder: a batch from DataLoader worker pool {token} arrived in a process that never "
-            "mapped its buffer (pooled batches go only to the process that started the workers)"
+        raise LmdbFolderError(
+            f"a batch from DataLoader worker {token.split('-')[0]} arrived in a process that never mapped its "
+            "buffer: a worker's batches are sent by reference only to the process that started the workers",
+            "to pass a batch on to another process, send a copy (images.clone()) or the tensor itself",
         )
     if int.from_bytes(mm[8:16], "little") != generation:
-        raise RuntimeError(f"lmdbfolder: pooled batch buffer {index} of {token} was reused while in flight")
+        raise LmdbFolderError(
+            f"batch buffer {index} of DataLoader worker {token.split('-')[0]} was written again before its "
+            "batch arrived (a bug in lmdbfolder.transport: please report it)",
+            "meanwhile, a collate_fn that returns a copy (e.g. [b.images.clone(), b.targets]) avoids the reuse",
+        )
     view = np.frombuffer(mm, np.uint8, count=nbytes, offset=_HEADER).reshape(shape)
     images = torch.from_numpy(view)
     pid = os.getpid()

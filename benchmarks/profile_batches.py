@@ -34,6 +34,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import sys
 import time
 
 
@@ -211,6 +212,7 @@ def through_loader(args: argparse.Namespace) -> int:
             f"  work only the main thread does, per image: {serial:,.0f} us in __getitems__ outside the threads' "
             f"part (records, boxes), {outside:,.0f} us in the DataLoader and collate"
         )
+    sys.stdout.flush()
     os._exit(0)  # persistent workers: leave at once
 
 

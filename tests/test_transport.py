@@ -149,6 +149,21 @@ def test_worker_batches_need_no_fresh_shared_memory(
     assert sum(mapped) <= 2 * transport.MAX_BUFFERS
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "memfd_create"), reason="pooled worker batches need memfd_create")
+def test_the_main_process_lets_go_of_exited_workers_buffers(photos: Path) -> None:
+    # Without persistent_workers every epoch starts new workers: the buffers of the
+    # ones that exited must not stay mapped in the main process epoch after epoch.
+    ds = _dataset(photos)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork", collate_fn=collate)
+    tokens = set()
+    for _ in range(4):
+        for _images, _ in loader:
+            pass
+        tokens |= set(transport._MAPPED)
+    assert len(tokens) == 8  # two new workers per epoch
+    assert len(transport._MAPPED) <= 4  # this epoch's, and at most the last one's
+
+
 def test_default_collate_takes_the_batch_whole(photos: Path) -> None:
     ds = _dataset(photos)
     batch = ds.__getitems__([3, 1, 4, 1, 5])

@@ -95,6 +95,41 @@ def test_held_batches_are_never_overwritten_across_processes(photos: Path, conte
             assert torch.equal(kept, expected), f"batch {k} changed after it was delivered"
 
 
+def copy_collate(batch: BatchSamples) -> list[Any]:
+    """A collate_fn that copies the batch in the worker (the reference)."""
+    return [batch.images.clone(), torch.tensor(batch.targets)]
+
+
+def test_batches_of_other_sizes_take_other_buffers(photos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 40 images in batches of 7: the last batch of every epoch has 5. With room for
+    # 2 buffers, a worker makes room for a new size by closing a free buffer of the
+    # other, and the main process must let go of it too.
+    monkeypatch.setattr(transport, "MAX_BUFFERS", 2)  # inherited by the forked workers
+    ds = _dataset(photos)
+
+    def batches(collate_fn: Any, hold: bool) -> list[torch.Tensor]:
+        loader = DataLoader(
+            ds,
+            batch_size=7,
+            shuffle=True,
+            num_workers=2,
+            multiprocessing_context="fork",
+            persistent_workers=True,
+            collate_fn=collate_fn,
+            generator=torch.Generator().manual_seed(2),
+        )
+        out = [x if hold else x.clone() for x, _ in _epochs(loader, epochs=4)]
+        if not hold:  # buffers were closed and replaced: the main process holds only the live ones
+            assert all(len(maps) <= 2 for maps in transport._MAPPED.values())
+        return out
+
+    want = batches(copy_collate, hold=True)
+    assert [len(x) for x in want] == [7, 7, 7, 7, 7, 5] * 4
+    for got in (batches(collate, hold=False), batches(collate, hold=True)):
+        for k, (x, ref) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(x, ref), f"batch {k} differs"
+
+
 def test_held_batches_are_never_overwritten_in_threads_mode(photos: Path) -> None:
     ds = _dataset(photos, threads=2)
     want = _reference(ds, 0, None)

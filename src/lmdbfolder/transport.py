@@ -124,7 +124,7 @@ class BatchPool:
 
     ``take(shape)`` returns a uint8 tensor of ``shape`` (its values undefined) in a
     buffer no live batch uses, or a newly allocated tensor when every buffer is in
-    use; ``shipped(tensor)`` tells which buffer a tensor came from, for ``collate``.
+    use; ``buffer_of(tensor)`` tells which shared buffer a batch is, for ``collate``.
     """
 
     def __init__(self, shared: bool) -> None:
@@ -169,11 +169,12 @@ class BatchPool:
             # crop size): make room for this size.
             self._buffers.remove(spare)
             del self._by_data[spare.array.ctypes.data]
-            self.dropped.append(spare.index)
+            if spare.fd_sent:
+                self.dropped.append(spare.index)
             spare.close()
         try:
             buf = _Buffer(next(self._numbers), nbytes, self.shared)
-        except OSError:
+        except (OSError, MemoryError):
             return None  # no memory for another buffer now: allocate as torch would
         self._buffers.append(buf)
         self._by_data[buf.array.ctypes.data] = buf

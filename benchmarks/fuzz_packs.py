@@ -28,6 +28,28 @@ page number), ``ovheader`` (one bit of an overflow page header), ``tables``
 ``__keys__``/``__len__`` for recipes), ``meta`` (one bit of an LMDB meta
 page), ``truncate``.
 
+Forged packs (issue 22), ``--forge``: anyone who writes a pack can make every
+checksum valid, so each trial rewrites one record of a copy of a pack of every
+kind the readers route differently (``build_forge_source``: RGB, greyscale,
+CMYK and progressive JPEGs of up to 260 x 200 pixels, PNGs, WebP, GIF, BMP)
+as a stranger's writer could, every CRC recomputed (bound to its index and the
+pack): its header (``header-size``, ``header-channels``, ``header-encoding``),
+its payload with the header kept (``payload-bitflip``, ``payload-marker``: a
+bit in the marker segments, ``payload-bytes``, ``payload-truncate``,
+``payload-splice``), a JPEG's frame size (``payload-sof``: with the header
+changed to agree or not; ``payload-bomb``: a frame of up to 65535 x 65535),
+or another record's payload (``payload-swap``, the header kept or made to
+agree). The truth is then the payload: ImageFolder's loader on those bytes
+(torchvision's ``pil_loader``, and its transforms with the same seeds) is the
+oracle, and the paths are ``forged`` (in one child: ``LMDBFolder[i]`` plain,
+``crop`` one sample at a time and ``batch`` a whole batch with torchvision's
+``RandomResizedCrop`` + flip + ``PILToTensor``, default decoder and region
+decoding), ``loader`` (plain images through 2 DataLoader workers) and
+``verify`` (``verify --decode --json``). Each must give the oracle's sample or
+a clear error; a sample where ImageFolder raises, or other pixels, is
+``wrong``; ``verify`` must not say OK unless every path gave the oracle's
+samples.
+
 Outcomes per (trial, path): ``identical`` (ran through, equal to the
 original), ``clear-error`` (an lmdbfolder error; for verify: problems
 reported), ``exception`` (any other exception: a traceback, or a raw
@@ -72,6 +94,23 @@ from lmdbfolder.pagefile import F_BIGDATA, P_BRANCH, PageFile
 from lmdbfolder.write.writer import pack
 
 PACKS = ("mixed", "raw", "recipe")
+#: ``--forge``: ways to rewrite one record with valid checksums (see the module docstring).
+FORGE_KINDS = (
+    "header-size",
+    "header-channels",
+    "header-encoding",
+    "payload-bitflip",
+    "payload-marker",
+    "payload-bytes",
+    "payload-truncate",
+    "payload-splice",
+    "payload-sof",
+    "payload-bomb",
+    "payload-swap",
+)
+#: The forged mode's paths: the three sample paths run in one child (``forged``).
+FORGED_SUBPATHS = ("plain", "crop", "batch")
+FORGED_PATHS = (*FORGED_SUBPATHS, "loader", "verify")
 KINDS = ("bitflip", "byterange", "btree", "ovsize", "ovpgno", "ovheader", "tables", "meta", "truncate")
 PACK_PATHS = ("reader", "dataset", "loader", "verify", "info", "copy")
 #: The paths a verify OK vouches for: it must not be OK when one of them is not identical.
@@ -90,7 +129,18 @@ OUTCOMES = (
 )
 #: Outcomes that issue 15 says must never happen (signals are added by name).
 FAILURES = ("wrong", "verify-ok-on-damage")
-TIMEOUTS = {"reader": 30.0, "dataset": 30.0, "loader": 90.0, "verify": 30.0, "info": 30.0, "copy": 30.0, "import": 60.0}
+TIMEOUTS = {
+    "reader": 30.0,
+    "dataset": 30.0,
+    "loader": 90.0,
+    "verify": 30.0,
+    "info": 30.0,
+    "copy": 30.0,
+    "import": 60.0,
+    "forged": 90.0,
+    "fverify": 60.0,
+    "floader": 90.0,
+}
 _LMDBFOLDER_ERRORS: set[str] = set()
 #: Wall seconds spent in children, per read path (for the report).
 _SECONDS: dict[str, float] = {}
@@ -398,6 +448,414 @@ PATH_FUNCS: dict[str, Callable[[str, Callable[[Any], None], str], None]] = {
 }
 
 
+# -- forged packs (--forge) ----------------------------------------------------------
+def _sof_offset(payload: bytes | bytearray) -> int | None:
+    """Offset of a JPEG's first SOFn marker (walking the segments), or None."""
+    i = 2
+    while i + 9 < len(payload):
+        if payload[i] != 0xFF:
+            return None
+        marker = payload[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):
+            return None
+        if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
+            return i
+        i += 2 + struct.unpack_from(">H", payload, i + 2)[0]
+    return None
+
+
+def _other_size(rng: random.Random, size: int) -> int:
+    choices = [size + 1, size - 1, size + 2, size + 8, size * 2, size // 2, rng.randrange(1, 4096), 0]
+    return max(0, min(65535, rng.choice(choices)))
+
+
+def forge(kind: str, pack_dir: str, rng: random.Random) -> str:
+    """Rewrite one record of the pack at ``pack_dir`` in one way (``FORGE_KINDS``), every
+    checksum valid; returns what was done."""
+    from lmdbfolder.codecs import sniff
+    from lmdbfolder.format import ENCODINGS, KEY, decode_record, encode_record, pack_binding
+    from lmdbfolder.read.reader import Reader
+
+    with Reader(pack_dir) as r:
+        binding = pack_binding(r.meta)
+        records = [(i, r.get(i)) for i in range(len(r))]
+        heads = {i: (rec.label, rec.encoding, rec.width, rec.height, rec.channels) for i, rec in records}
+        payloads = {i: bytes(rec.payload) for i, rec in records}
+    jpegs = [i for i, h in heads.items() if h[1] == "jpeg"]
+    wants_jpeg = kind in ("payload-sof", "payload-bomb", "payload-marker")
+    index = rng.choice(jpegs if wants_jpeg and jpegs else list(heads))
+    label, encoding, width, height, channels = heads[index]
+    payload = bytearray(payloads[index])
+    what = f"record {index} ({encoding} {width}x{height}x{channels}, {len(payload)} bytes): "
+    if kind == "header-size":
+        which = rng.choice(("width", "height", "both"))
+        if which in ("width", "both"):
+            width = _other_size(rng, width)
+        if which in ("height", "both"):
+            height = _other_size(rng, height)
+        what += f"header size -> {width}x{height}"
+    elif kind == "header-channels":
+        channels = rng.choice([c for c in (0, 1, 2, 3, 4, 5, 255) if c != channels])
+        what += f"header channels -> {channels}"
+    elif kind == "header-encoding":
+        encoding = rng.choice([e for e in ENCODINGS.values() if e != encoding])
+        what += f"header encoding -> {encoding}"
+    elif kind in ("payload-bitflip", "payload-marker"):
+        span = len(payload) if kind == "payload-bitflip" else min(len(payload), 700)
+        flips = []
+        for _ in range(rng.choice((1, 1, 2, 4, 8))):
+            off, bit = rng.randrange(span), rng.randrange(8)
+            payload[off] ^= 1 << bit
+            flips.append(f"{off}.{bit}")
+        what += f"payload bits flipped ({', '.join(flips)}), header kept"
+    elif kind == "payload-bytes":
+        n = min(len(payload), rng.choice((1, 2, 4, 16, 64)))
+        off = rng.randrange(len(payload) - n + 1)
+        payload[off : off + n] = bytes(n) if rng.random() < 0.3 else rng.randbytes(n)
+        what += f"{n} payload bytes at {off} overwritten, header kept"
+    elif kind == "payload-truncate":
+        cut = rng.randrange(1, len(payload))
+        del payload[cut:]
+        what += f"payload cut to {cut} bytes, header kept"
+    elif kind == "payload-splice":
+        off = rng.randrange(len(payload))
+        n = rng.choice((1, 2, 3, 16, 100))
+        if rng.random() < 0.5:
+            payload[off:off] = rng.randbytes(n)
+            what += f"{n} random bytes inserted at {off}, header kept"
+        else:
+            del payload[off : off + n]
+            what += f"{n} payload bytes removed at {off}, header kept"
+    elif kind in ("payload-sof", "payload-bomb"):
+        sof = _sof_offset(payload)
+        if sof is None:
+            what += "no SOF found: payload kept"
+        else:
+            if kind == "payload-bomb":
+                new_w, new_h = rng.randrange(9000, 65536), rng.randrange(9000, 65536)
+            else:
+                new_w, new_h = _other_size(rng, width) or 1, _other_size(rng, height) or 1
+            struct.pack_into(">HH", payload, sof + 5, new_h, new_w)
+            agree = rng.random() < 0.5
+            if agree:
+                width, height = new_w, new_h
+            what += f"SOF -> {new_w}x{new_h}, header {'made to agree' if agree else 'kept'}"
+    elif kind == "payload-swap":
+        other = rng.choice([i for i in heads if i != index] or [index])
+        payload = bytearray(payloads[other])
+        agree = rng.random() < 0.5
+        if agree:
+            info = sniff(payload)
+            encoding, width, height, channels = info.encoding, info.width, info.height, info.channels
+            encoding = heads[other][1] if info.encoding == "other" else encoding
+        what += f"payload of record {other}, header {'made to agree' if agree else 'kept'}"
+    else:
+        raise ValueError(kind)
+    value = encode_record(
+        bytes(payload),
+        label=label,
+        encoding=encoding,
+        width=width,
+        height=height,
+        channels=channels,
+        binding=binding,
+        index=index,
+    )
+    try:
+        decode_record(value, index=index, verify=True, binding=binding)
+    except LmdbFolderError as exc:  # a header the format itself refuses is fine; a bad checksum is not
+        if getattr(exc, "kind", "") == "checksum":
+            raise
+    env = lmdb.open(pack_dir, subdir=True, map_size=1 << 28, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(KEY.pack(index), value)
+    finally:
+        env.close()
+    return what
+
+
+def build_forge_source(work: str, seed: int = 0) -> str:
+    """The pack the forged mode rewrites: every kind a reader routes differently (RGB,
+    greyscale, CMYK and progressive JPEGs large enough for region decoding, PNGs of
+    three colour types, WebP, GIF, BMP); returns its directory."""
+    rng = np.random.default_rng(seed)
+    src = os.path.join(work, "src-forge")
+    for i in range(30):
+        w, h = int(rng.integers(40, 260)), int(rng.integers(30, 200))
+        # A smooth field and noise: JPEG-like content with detail in every block.
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) % 256], -1) + rng.integers(-30, 30, (h, w, 3))
+        img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+        kind = i % 10
+        cls = f"c{i % 3}"
+        if kind in (0, 1, 2):
+            _save(img, f"{src}/{cls}/j{i:03d}.jpg", "JPEG", quality=int(rng.integers(60, 96)))
+        elif kind == 3:
+            _save(img.convert("L"), f"{src}/{cls}/g{i:03d}.jpg", "JPEG", quality=90)
+        elif kind == 4:
+            _save(img.convert("CMYK"), f"{src}/{cls}/k{i:03d}.jpg", "JPEG", quality=90)
+        elif kind == 5:
+            _save(img, f"{src}/{cls}/p{i:03d}.jpg", "JPEG", quality=85, progressive=True, subsampling=0)
+        elif kind == 6:
+            _save(img.convert("P", palette=Image.Palette.ADAPTIVE, colors=32), f"{src}/{cls}/q{i:03d}.png", "PNG")
+        elif kind == 7:
+            _save(img.convert("RGBA"), f"{src}/{cls}/a{i:03d}.png", "PNG")
+        elif kind == 8:
+            _save(img, f"{src}/{cls}/w{i:03d}.webp", "WEBP", quality=80)
+        else:
+            _save(img, f"{src}/{cls}/b{i:03d}.{'gif' if i % 20 == 9 else 'bmp'}", "GIF" if i % 20 == 9 else "BMP")
+    out = os.path.join(work, "forge.lmdb")
+    pack(src, out, progress=False, commit_every=8)
+    return out
+
+
+def _oracle_files(target: str, folder: str) -> list[tuple[str, int]]:
+    """Each record's stored bytes as a file (what ImageFolder would read), with its label."""
+    from lmdbfolder.read.reader import Reader
+
+    out = []
+    os.makedirs(folder, exist_ok=True)
+    with Reader(target, verify_checksums=True) as r:
+        for i in range(len(r)):
+            rec = r.get(i)
+            name = os.path.join(folder, f"{i:05d}.bin")
+            with open(name, "wb") as f:
+                f.write(rec.payload)
+            out.append((name, r.labels[i]))
+    return out
+
+
+def _forged_transform() -> Any:
+    from torchvision import transforms as T
+
+    return T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.PILToTensor()])
+
+
+def _tensor_digest(t: Any) -> str:
+    return _digest(f"{tuple(t.shape)}".encode() + t.contiguous().numpy().tobytes())
+
+
+def path_forged(target: str, emit: Callable[[Any], None], folder: str) -> None:
+    """ImageFolder's loader on the stored bytes (the oracle) and LMDBFolder's plain,
+    one-crop-at-a-time and batched paths, each record seeded alike."""
+    import torch
+    from torchvision.datasets.folder import pil_loader
+
+    from lmdbfolder.torch import LMDBFolder
+
+    files = _oracle_files(target, folder)
+    tf = _forged_transform()
+    n = len(files)
+
+    def oracle(i: int, transform: Any) -> list[Any]:
+        try:
+            img = pil_loader(files[i][0])
+            return ["ok", _image_digest(img) if transform is None else _tensor_digest(transform(img))]
+        except Exception as exc:
+            return ["raises", type(exc).__name__, str(exc)[:200]]
+
+    for i in range(n):
+        emit(["oracle", "plain", i, *oracle(i, None)])
+        torch.manual_seed(1000 + i)
+        emit(["oracle", "crop", i, *oracle(i, tf)])
+    torch.manual_seed(7)
+    for i in range(n):
+        emit(["oracle", "batch", i, *oracle(i, tf)])
+    plain = LMDBFolder(target, verify_checksums=True)
+    cropped = LMDBFolder(target, verify_checksums=True, transform=tf)
+    for i in range(n):
+        try:
+            emit(["ok", "plain", i, _image_digest(plain[i][0])])
+        except Exception as exc:
+            emit(["err", "plain", i, *_error_entry(exc)])
+        torch.manual_seed(1000 + i)
+        try:
+            emit(["ok", "crop", i, _tensor_digest(cropped[i][0])])
+        except Exception as exc:
+            emit(["err", "crop", i, *_error_entry(exc)])
+    torch.manual_seed(7)
+    try:
+        batch = cropped.__getitems__(list(range(n)))
+        for i, (img, _label) in enumerate(batch):
+            emit(["ok", "batch", i, _tensor_digest(img)])
+    except Exception as exc:
+        emit(["err", "batch", -1, *_error_entry(exc)])
+
+
+def path_floader(target: str, emit: Callable[[Any], None], folder: str) -> None:
+    """Plain images through 2 DataLoader workers, against ImageFolder's loader."""
+    from torch.utils.data import DataLoader
+    from torchvision.datasets.folder import pil_loader
+
+    from lmdbfolder.torch import LMDBFolder
+
+    files = _oracle_files(target, folder)
+    for i, (name, _) in enumerate(files):
+        try:
+            emit(["oracle", "loader", i, "ok", _image_digest(pil_loader(name))])
+        except Exception as exc:
+            emit(["oracle", "loader", i, "raises", type(exc).__name__, str(exc)[:200]])
+    ds = LMDBFolder(target, verify_checksums=True, transform=_image_digest)
+    i = 0
+    try:
+        for digests, _targets in DataLoader(ds, batch_size=4, num_workers=2, timeout=60):
+            for d in digests:
+                emit(["ok", "loader", i, d])
+                i += 1
+    except Exception as exc:
+        emit(["err", "loader", -1, *_error_entry(exc)])
+
+
+def path_fverify(target: str, emit: Callable[[Any], None], _extra: str) -> None:
+    rc, out, err = _cli(["verify", target, "--decode", "--json", "--no-progress"])
+    report = json.loads(out) if rc in (0, 1) and out.strip() else {}
+    emit(["verify", rc, bool(report.get("ok")), len(report.get("problems", [])), (err.splitlines() or [""])[0][:300]])
+
+
+def classify_forged(sub: str, lines: list[list[Any]], status: str) -> tuple[str, str]:
+    """(outcome, detail) of one forged path: the oracle's sample or a clear error."""
+    if status == "hang":
+        return "hang", ""
+    if status.startswith("SIG"):
+        return status, ""
+    if status != "exited":
+        return "exception", status
+    fatal = next((ln for ln in lines if ln[0] == "fatal"), None)
+    oracle = {ln[2]: ln[3:] for ln in lines if ln[0] == "oracle" and ln[1] == sub}
+    ours = [ln for ln in lines if ln[0] in ("ok", "err") and ln[1] == sub]
+    if not oracle:
+        return _fatal(fatal)
+    errors = [ln for ln in ours if ln[0] == "err"]
+    if errors:
+        kind = errors[0][3]
+        if kind == "signal":
+            return errors[0][4], "a DataLoader worker"
+        outcome = "clear-error" if kind == "clear" else "exception"
+        return outcome, f"{errors[0][4]}: {errors[0][5] if len(errors[0]) > 5 else ''}"
+    got = {ln[2]: ln[3] for ln in ours}
+    if len(got) < len(oracle):
+        if fatal is not None:
+            return _fatal(fatal)
+        return "exception", f"{len(got)} of {len(oracle)} samples"
+    for i, want in sorted(oracle.items()):
+        if want[0] != "ok":
+            return "wrong", f"index {i}: a sample where ImageFolder raises {want[1]}: {want[2][:100]}"
+        if got[i] != want[1]:
+            return "wrong", f"index {i}: other pixels than ImageFolder's"
+    return "identical", ""
+
+
+PATH_FUNCS.update(forged=path_forged, floader=path_floader, fverify=path_fverify)
+
+
+def run_forged_trials(
+    trials: list[Trial],
+    data: bytes,
+    work: str,
+    rng: random.Random,
+    jobs: int,
+    mem_limit: int,
+    loader_every: int,
+) -> None:
+    """Forge a copy of the pack (its ``data.mdb`` bytes) for each trial and run the forged paths on it."""
+    todo = []
+    for trial in trials:
+        copy = os.path.join(work, f"t{trial.n}", "forge.lmdb")
+        os.makedirs(copy)
+        with open(os.path.join(copy, "data.mdb"), "wb") as f:
+            f.write(data)
+        trial.what = forge(trial.kind, copy, rng)
+        base = f"{work}/t{trial.n}"
+        todo.append(Job((trial.n, "forged"), "forged", copy, f"{base}/forged.jsonl", f"{base}/files"))
+        todo.append(Job((trial.n, "fverify"), "fverify", copy, f"{base}/verify.jsonl"))
+        if trial.n % loader_every == 0:
+            todo.append(Job((trial.n, "floader"), "floader", copy, f"{base}/loader.jsonl", f"{base}/files-loader"))
+    results = run_split(todo, jobs, mem_limit)
+    for trial in trials:
+        got = results[(trial.n, "forged")]
+        for sub in FORGED_SUBPATHS:
+            trial.outcomes[sub] = classify_forged(sub, got["lines"], got["status"])
+        loader = results.get((trial.n, "floader"))
+        if loader is not None:
+            trial.outcomes["loader"] = classify_forged("loader", loader["lines"], loader["status"])
+        said = results[(trial.n, "fverify")]
+        entry = next((ln for ln in said["lines"] if ln[0] == "verify"), None)
+        if said["status"] != "exited" or entry is None:
+            status = said["status"]
+            trial.outcomes["verify"] = (
+                (status, "") if status.startswith("SIG") or status == "hang" else ("exception", "")
+            )
+        elif entry[1] == 0 and entry[2]:
+            broken = [p for p in trial.outcomes if p != "verify" and trial.outcomes[p][0] != "identical"]
+            trial.outcomes["verify"] = (
+                ("verify-ok-on-damage", f"verify OK but {', '.join(broken)}: not ImageFolder's samples")
+                if broken
+                else ("identical", "")
+            )
+        else:
+            trial.outcomes["verify"] = ("clear-error", f"{entry[3]} problems" if entry[1] == 1 else entry[4])
+        shutil.rmtree(os.path.join(work, f"t{trial.n}"), ignore_errors=True)
+
+
+def forged_campaign(
+    trials: int = 1000,
+    seed: int = 0,
+    jobs: int = 2,
+    work: str | None = None,
+    loader_every: int = 10,
+    kinds: tuple[str, ...] = FORGE_KINDS,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Build the mixed pack, forge ``trials`` copies of it, run the forged paths; returns the results."""
+    from lmdbfolder import errors
+
+    _LMDBFOLDER_ERRORS.update(errors.__all__)
+    own = work is None
+    work = work or tempfile.mkdtemp(prefix="lmdbfolder-forge-")
+    start = time.perf_counter()
+    plans = [Trial(n, "forge", kinds[n % len(kinds)]) for n in range(trials)]
+    try:
+        source = _in_child(build_forge_source, work, seed)
+        with open(os.path.join(source, "data.mdb"), "rb") as f:
+            data = f.read()
+        mem_limit = _memory_limit()
+        rng = random.Random(seed + 1)
+        batch: list[Trial] = []
+        for k, trial in enumerate(plans):
+            batch.append(trial)
+            if len(batch) < max(4, jobs * 2) and k + 1 < len(plans):
+                continue
+            run_forged_trials(batch, data, work, rng, jobs, mem_limit, loader_every)
+            if log is not None:
+                log(f"{k + 1}/{len(plans)} forged trials, {time.perf_counter() - start:.0f} s")
+            batch = []
+    finally:
+        global _RUNNER
+        if _RUNNER is not None:
+            _RUNNER.close()
+            _RUNNER = None
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+    return {
+        "mode": "forge",
+        "seed": seed,
+        "trials": len(plans),
+        "seconds": round(time.perf_counter() - start, 1),
+        "lmdb": lmdb.__version__,
+        "child_seconds": {k: round(v, 1) for k, v in _SECONDS.items()},
+        "results": [
+            {"n": t.n, "pack": t.pack, "kind": t.kind, "damage": t.what, "outcomes": t.outcomes} for t in plans
+        ],
+    }
+
+
 # -- running children ------------------------------------------------------------
 @dataclass
 class Job:
@@ -490,7 +948,7 @@ def _collect(job: Job, status: str) -> dict[str, Any]:
 
 
 #: The paths that need torch: their children are forked by the torch runner.
-TORCH_PATHS = ("dataset", "loader")
+TORCH_PATHS = ("dataset", "loader", "forged", "floader")
 
 
 class TorchRunner:
@@ -840,7 +1298,10 @@ def table(result: dict[str, Any]) -> str:
     """Outcomes by damage kind (rows) for each read path, as text."""
     lines = []
     rows = result["results"]
-    for path in PATHS:
+    forged = result.get("mode") == "forge"
+    kinds = FORGE_KINDS if forged else KINDS
+    width = max(len(k) for k in kinds)
+    for path in FORGED_PATHS if forged else PATHS:
         counts: dict[str, Counter[str]] = {}
         for r in rows:
             if path in r["outcomes"]:
@@ -851,14 +1312,16 @@ def table(result: dict[str, Any]) -> str:
             {o for c in counts.values() for o in c}, key=lambda o: (OUTCOMES.index(o) if o in OUTCOMES else 99, o)
         )
         lines.append(f"\n{path}: trials by damage kind and outcome")
-        lines.append(f"{'kind':<10} {'n':>4} " + " ".join(f"{o:>{max(len(o), 5)}}" for o in seen))
+        lines.append(f"{'kind':<{width}} {'n':>4} " + " ".join(f"{o:>{max(len(o), 5)}}" for o in seen))
         total: Counter[str] = Counter()
-        for kind in KINDS:
+        for kind in kinds:
             if kind in counts:
                 c = counts[kind]
                 total.update(c)
-                lines.append(f"{kind:<10} {sum(c.values()):>4} " + " ".join(f"{c[o]:>{max(len(o), 5)}}" for o in seen))
-        lines.append(f"{'all':<10} {sum(total.values()):>4} " + " ".join(f"{total[o]:>{max(len(o), 5)}}" for o in seen))
+                cells = " ".join(f"{c[o]:>{max(len(o), 5)}}" for o in seen)
+                lines.append(f"{kind:<{width}} {sum(c.values()):>4} {cells}")
+        cells = " ".join(f"{total[o]:>{max(len(o), 5)}}" for o in seen)
+        lines.append(f"{'all':<{width}} {sum(total.values()):>4} {cells}")
     return "\n".join(lines)
 
 
@@ -886,6 +1349,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="folder for the packs and copies (default: a temporary one, removed)")
     parser.add_argument("--json", metavar="FILE", help="write every trial's outcomes as JSON")
     parser.add_argument("--examples", type=int, default=3, help="damage examples to print per failure kind")
+    parser.add_argument(
+        "--forge",
+        action="store_true",
+        help="forged packs (issue 22): rewrite one record per trial with valid checksums (kinds: "
+        + ", ".join(FORGE_KINDS)
+        + "); ImageFolder on the stored bytes is the oracle",
+    )
     args = parser.parse_args(argv)
     # Imported once here, so that every forked child starts warm (torch: in
     # the torch runner only, see TorchRunner).
@@ -895,6 +1365,21 @@ def main(argv: list[str] | None = None) -> int:
     import lmdbfolder.tools.info  # noqa: F401
     import lmdbfolder.tools.verify  # noqa: F401
 
+    if args.forge:
+        kinds = FORGE_KINDS if args.kinds == ",".join(KINDS) else tuple(args.kinds.split(","))
+        unknown = [k for k in kinds if k not in FORGE_KINDS]
+        if unknown:
+            parser.error(f"unknown forge kinds {unknown}; choose from {', '.join(FORGE_KINDS)}")
+        result = forged_campaign(
+            args.trials,
+            args.seed,
+            args.jobs,
+            args.work,
+            args.loader_every,
+            kinds,
+            log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )
+        return _report(result, args)
     result = campaign(
         args.trials,
         args.seed,
@@ -905,7 +1390,12 @@ def main(argv: list[str] | None = None) -> int:
         tuple(args.kinds.split(",")),
         log=lambda msg: print(msg, file=sys.stderr, flush=True),
     )
-    head = f"lmdbfolder fuzz: {result['trials']} trials, seed {result['seed']}, lmdb {result['lmdb']}"
+    return _report(result, args)
+
+
+def _report(result: dict[str, Any], args: argparse.Namespace) -> int:
+    mode = ", forged packs" if result.get("mode") == "forge" else ""
+    head = f"lmdbfolder fuzz{mode}: {result['trials']} trials, seed {result['seed']}, lmdb {result['lmdb']}"
     print(f"{head}, {result['seconds']} s")
     print(table(result))
     print("\nforbidden outcomes:", json.dumps(failures(result)))

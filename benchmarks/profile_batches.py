@@ -2,6 +2,7 @@
 
 Usage:
     python benchmarks/profile_batches.py PACK [--mode default|fast] [--regions 0|1] [--batches 45]
+        [--header-check on|off|both] [--rounds 5]
     python benchmarks/profile_batches.py PACK --mode fast --loader threads|workers|workers-dc [--n 2]
 
 ``default`` is ``LMDBFolder(PACK, transform=T.Compose([T.RandomResizedCrop(224),
@@ -15,6 +16,13 @@ saves. Prints the CPU time per image (without and with the profiler), the functi
 (their own time, per image and as a share), and the time by kind: the decode,
 the resize, pixel copies, checksums, and "other" (the Python glue around them,
 the random draws).
+
+``--header-check both`` measures what holding each record header against its
+payload costs (issue 22: ``ReadPlan.claim`` before the box is drawn,
+``Encoding.expect`` after the decode): the timed batches run ``--rounds``
+times with the check and as often with it switched off (patched out in this
+process), alternating, and it prints the CPU time per image of each (the
+median round) and the difference; ``off`` profiles without the check.
 
 ``--loader`` measures a mode through a real DataLoader instead (batches of 64,
 shuffled, after 8 warm-up batches; no profiler): ``threads`` is
@@ -45,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regions", choices=["0", "1"], default="1")
     parser.add_argument("--batches", type=int, default=45)
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--header-check", choices=["on", "off", "both"], default="on")
+    parser.add_argument("--rounds", type=int, default=5, help="with --header-check both: rounds of each")
     parser.add_argument("--loader", choices=["threads", "workers", "workers-dc"], help="measure through a DataLoader")
     parser.add_argument("--n", type=int, default=2, help="threads or workers for --loader (default 2)")
     args = parser.parse_args(argv)
@@ -67,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     n = sum(len(b) for b in timed)
     if not n:
         parser.error(f"{args.pack} has too few samples for 5 warm-up batches of 64 and one timed batch")
+    if args.header_check == "both":
+        return _header_check_cost(ds, timed, n, args)
+    if args.header_check == "off":
+        _header_check(False)
     # Unprofiled first: cProfile's own cost per Python call inflates the glue it measures.
     start = time.process_time()
     for b in timed:
@@ -91,6 +105,47 @@ def main(argv: list[str] | None = None) -> int:
     for tt, fn, _file in rows:
         shares[kind_of(fn)] += tt
     print("  by kind (own time): " + ", ".join(f"{k} {1e6 * v / n:,.0f} us" for k, v in shares.items()))
+    return 0
+
+
+_ORIGINAL: dict[str, object] = {}
+
+
+def _header_check(on: bool) -> None:
+    """Switch the header-vs-payload check (``ReadPlan.claim``'s check, ``Encoding.expect``)
+    on or off in this process, for ``--header-check``."""
+    from lmdbfolder.codecs import Encoding, encoding_of
+    from lmdbfolder.read.plan import ReadPlan
+
+    if not _ORIGINAL:
+        _ORIGINAL.update(claim=ReadPlan.__dict__["claim"], expect=Encoding.__dict__["expect"])
+    if on:
+        ReadPlan.claim = _ORIGINAL["claim"]  # type: ignore[method-assign]
+        Encoding.expect = _ORIGINAL["expect"]  # type: ignore[method-assign]
+    else:
+        ReadPlan.claim = staticmethod(lambda payload, encoding, width, height, channels: encoding_of(encoding))  # type: ignore[method-assign,assignment]
+        Encoding.expect = lambda self, pixels, width, height, denom=1: pixels  # type: ignore[method-assign,assignment,misc]
+
+
+def _header_check_cost(ds: object, timed: list[list[int]], n: int, args: argparse.Namespace) -> int:
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(args.rounds):
+        for on in (True, False) if r % 2 == 0 else (False, True):  # alternate, so drift hits both alike
+            _header_check(on)
+            start = time.process_time()
+            for b in timed:
+                ds.__getitems__(b)  # type: ignore[attr-defined]
+            times[on].append(time.process_time() - start)
+    _header_check(True)
+    median = {on: sorted(t)[len(t) // 2] * 1e6 / n for on, t in times.items()}
+    print(
+        f"{args.pack}, {args.mode}, regions {args.regions}, {n} images x {args.rounds} rounds each: "
+        f"header check on {median[True]:,.1f} us of CPU per image, off {median[False]:,.1f} us "
+        f"(median rounds); the check costs {median[True] - median[False]:+,.1f} us per image "
+        f"({100 * (median[True] / median[False] - 1):+.2f} %)"
+    )
+    print("  rounds, us per image: on " + ", ".join(f"{1e6 * t / n:,.0f}" for t in times[True]))
+    print("                        off " + ", ".join(f"{1e6 * t / n:,.0f}" for t in times[False]))
     return 0
 
 

@@ -9,8 +9,10 @@ Every image is generated here with Pillow; no test data is stored in the repo.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -31,6 +33,27 @@ if TYPE_CHECKING:  # torch only where a test uses it: conftest is loaded for eve
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow (soak tests)")
+
+
+def long_test_notice(item: pytest.Item) -> str | None:
+    """The line printed before a test marked ``long`` starts (``make test`` would
+    otherwise show nothing for the minute it takes), or None for other tests."""
+    marker = item.get_closest_marker("long")
+    if marker is None:
+        return None
+    what = marker.args[0] if marker.args else "a long test"
+    return f"{item.nodeid}: {what} ..."
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    notice = long_test_notice(item)
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    capture = item.config.pluginmanager.get_plugin("capturemanager")
+    if notice is None or reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(notice, yellow=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -231,6 +254,76 @@ def assert_imagefolders_samples(theirs: ImageFolder, ours: LMDBFolder, seeds: in
             assert torch.equal(x, sx) and torch.equal(x, bx) and y == sy == by
 
 
+def as_unprivileged(cmd: list[str]) -> list[str]:
+    """Run ``cmd`` so that file permissions apply even when the tests run as root."""
+    if os.geteuid() != 0:
+        return cmd
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to test permissions as root"
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search", *cmd]
+
+
+def forge_record(pack_dir: Path, index: int, **changes: Any) -> None:
+    """Rewrite record ``index`` of a single pack as someone else's writer could: header
+    fields (``width``, ``height``, ``channels``, ``encoding``, ``label``) and/or the
+    ``payload`` changed, every checksum (bound to the index and the pack) valid."""
+    import lmdb
+
+    from lmdbfolder.format import KEY, encode_record, pack_binding
+
+    with Reader(pack_dir) as r:
+        rec = r.get(index)
+        fields = {
+            "payload": bytes(rec.payload),
+            "label": rec.label,
+            "encoding": rec.encoding,
+            "width": rec.width,
+            "height": rec.height,
+            "channels": rec.channels,
+        }
+        binding = pack_binding(r.meta)
+    fields.update(changes)
+    payload = fields.pop("payload")
+    value = encode_record(payload, **fields, binding=binding, index=index)
+    env = lmdb.open(str(pack_dir), subdir=True, map_size=1 << 30, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(KEY.pack(index), value)
+    finally:
+        env.close()
+
+
+def forge_table(pack_dir: Path, key: bytes, blob: bytes) -> None:
+    """Replace a table of a single pack (``__meta__``, ``__paths__``, ...) with ``blob``,
+    ``__check__`` recomputed: a pack someone else's writer made, every checksum valid."""
+    import lmdb
+
+    from lmdbfolder.format import CHECK_KEY, TABLE_KEYS, encode_check
+
+    env = lmdb.open(str(pack_dir), subdir=True, map_size=1 << 30, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(key, blob)
+            tables = {k: txn.get(k) for k in TABLE_KEYS}
+            txn.put(CHECK_KEY, encode_check({k: v for k, v in tables.items() if v is not None}))
+    finally:
+        env.close()
+
+
+def forge_meta(pack_dir: Path, **changes: Any) -> None:
+    """Change fields of a single pack's manifest (``None``: remove), every checksum valid."""
+    from lmdbfolder.format import META_KEY, encode_meta
+
+    with Reader(pack_dir) as r:
+        meta = dict(r.meta)
+    for name, value in changes.items():
+        if value is None:
+            meta.pop(name, None)
+        else:
+            meta[name] = value
+    forge_table(pack_dir, META_KEY, encode_meta(meta))
+
+
 def pack_contents(path: Path) -> dict:
     """Everything a pack holds that must not depend on how it was written."""
     with Reader(path) as r:
@@ -286,3 +379,234 @@ def capabilities() -> Iterator[Callable[..., Capabilities]]:
 
     yield fresh
     caps_module.install(previous)
+
+
+# -- object storage: a real S3 API (moto's server) on 127.0.0.1, and a proxy in front of it ----------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+#: Environment of every S3 test: fake credentials, no instance-metadata lookups (botocore would
+#: otherwise ask 169.254.169.254 for credentials: never an outside address), no profile files.
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_CONFIG_FILE": os.devnull,
+}
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 and a free port, for the whole session; yields its endpoint URL."""
+    pytest.importorskip("s3fs")
+    server_module = pytest.importorskip("moto.server")
+    port = free_port()
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+class S3:
+    """One test's bucket on the session's server: ``url(prefix)``, and the endpoint in use."""
+
+    def __init__(self, endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.monkeypatch = monkeypatch
+
+    def url(self, prefix: str = "") -> str:
+        return f"s3://{self.bucket}/{prefix}".rstrip("/")
+
+    def env(self, endpoint: str | None = None) -> dict[str, str]:
+        """The environment a subprocess needs to reach the server (or ``endpoint``, a proxy)."""
+        return {**S3_ENV, "AWS_ENDPOINT_URL": endpoint or self.endpoint}
+
+    def use(self, endpoint: str) -> None:
+        """Send this process's requests to ``endpoint`` (a proxy) from now on."""
+        self.monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+
+    def client(self) -> Any:
+        """A plain s3fs client on the server itself (the test's own view of storage)."""
+        import s3fs
+
+        return s3fs.S3FileSystem(skip_instance_cache=True, key="testing", secret="testing", endpoint_url=self.endpoint)
+
+
+_BUCKETS = iter(range(1 << 30))
+
+
+@pytest.fixture
+def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> S3:
+    """A fresh bucket on the session's S3 server, and this process's environment pointed at it."""
+    for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_server}.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(key, raising=False)
+    store = S3(s3_server, f"test-{os.getpid()}-{next(_BUCKETS)}", monkeypatch)
+    store.client().mkdir(store.bucket)
+    return store
+
+
+class Proxy:
+    """A TCP proxy to the S3 server on 127.0.0.1 that counts what it forwards and can fail.
+
+    ``requests``: (method, path) of every HTTP request seen (keep-alive
+    connections carry several, one after another). ``sent[path]``: response
+    bytes forwarded for requests of ``path``. ``pause_after(n)``: stop
+    forwarding responses once ``n`` more bytes went through (``paused`` is
+    set; ``resume()`` goes on). ``down()``: the server "stops": every
+    connection is closed and new ones are closed at once; ``up()`` undoes it.
+    """
+
+    _REQUEST = __import__("re").compile(rb"(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/1\.[01]\r\n")
+
+    def __init__(self, upstream: str) -> None:
+        import socket
+        import threading
+        from collections import Counter
+        from urllib.parse import urlparse
+
+        up = urlparse(upstream)
+        self.upstream = (up.hostname, up.port)
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, str]] = []
+        self.sent: Counter[str] = Counter()
+        self.paused = threading.Event()
+        self._go = threading.Event()
+        self._go.set()
+        self._budget: int | None = None
+        self._down = False
+        self._sockets: list[Any] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests.clear()
+            self.sent.clear()
+
+    def data_bytes(self) -> int:
+        """Response bytes forwarded for the shards' data files."""
+        with self.lock:
+            return sum(n for path, n in self.sent.items() if path.split("?")[0].endswith("/data.mdb"))
+
+    def pause_after(self, n: int) -> None:
+        with self.lock:
+            self._budget = n
+
+    def resume(self) -> None:
+        with self.lock:
+            self._budget = None
+        self.paused.clear()
+        self._go.set()
+
+    def down(self) -> None:
+        with self.lock:
+            self._down = True
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            self._kill(s)
+
+    def up(self) -> None:
+        with self.lock:
+            self._down = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.down()
+        self.resume()
+        self.listener.close()
+
+    @staticmethod
+    def _kill(s: Any) -> None:
+        import socket
+
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                down = self._down
+            if down:
+                self._kill(client)
+                continue
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                self._kill(client)
+                continue
+            with self.lock:
+                self._sockets += [client, server]
+            current = ["?"]
+            threading.Thread(target=self._requests, args=(client, server, current), daemon=True).start()
+            threading.Thread(target=self._responses, args=(server, client, current), daemon=True).start()
+
+    def _requests(self, src: Any, dst: Any, current: list[str]) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                for m in self._REQUEST.finditer(data):
+                    with self.lock:
+                        self.requests.append((m.group(1).decode(), m.group(2).decode()))
+                    current[0] = m.group(2).decode()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._kill(dst)
+
+    def _responses(self, src: Any, dst: Any, current: list[str]) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                with self.lock:
+                    if self._budget is not None:
+                        self._budget -= len(data)
+                        if self._budget <= 0:
+                            self._go.clear()
+                            self.paused.set()
+                self._go.wait()
+                dst.sendall(data)
+                with self.lock:  # counted once delivered: a connection closed meanwhile forwards nothing
+                    self.sent[current[0]] += len(data)
+        except OSError:
+            pass
+        finally:
+            self._kill(dst)
+
+
+@pytest.fixture
+def proxy(s3: S3) -> Iterator[Proxy]:
+    """A ``Proxy`` in front of this test's S3 server; this process's requests go through it."""
+    p = Proxy(s3.endpoint)
+    s3.use(p.endpoint)
+    yield p
+    p.close()

@@ -23,6 +23,7 @@ def test_public_api_snapshot() -> None:
         "NotAPackError",
         "OptionError",
         "OutputExistsError",
+        "PackChangedError",
         "PackError",
         "PackNotFoundError",
         "PackOptions",
@@ -30,11 +31,15 @@ def test_public_api_snapshot() -> None:
         "Problem",
         "Reader",
         "Record",
+        "RemoteError",
         "Resize",
         "ShardedPackResult",
         "ShardedReader",
+        "SkippedFilesWarning",
+        "SlowPathWarning",
         "SourceError",
         "SourceList",
+        "SourceNotFoundError",
         "UnsafePickleError",
         "VerifyReport",
         "__version__",
@@ -51,7 +56,7 @@ def test_public_api_snapshot() -> None:
         "warm",
         "write_index",
     ]
-    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder", "BatchSamples", "collate"]
+    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
     for name in lmdbfolder.__all__:
         assert hasattr(lmdbfolder, name)
 
@@ -59,8 +64,9 @@ def test_public_api_snapshot() -> None:
 def test_core_import_does_not_import_torch_or_tqdm() -> None:
     code = (
         "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.write.shards, lmdbfolder.read.sharded\n"
-        "import lmdbfolder.tools.copy, lmdbfolder.write.ray\n"
-        "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata') if m in sys.modules))"
+        "import lmdbfolder.tools.copy, lmdbfolder.write.ray, lmdbfolder.read.staging, lmdbfolder.remote\n"
+        "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata', 'fsspec', 's3fs', 'botocore')"
+        " if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from lmdbfolder.cli import main
+from lmdbfolder.errors import SkippedFilesWarning
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.cache import can_evict, evict, resident_fraction, warm
 from lmdbfolder.torch import LMDBFolder
+from lmdbfolder.write.writer import pack
 
 
 def test_bench_json_chart_and_resized_pack(
@@ -42,7 +44,7 @@ def test_bench_json_chart_and_resized_pack(
     pipeline = (
         "ImageFolder (files)",
         "LMDBFolder default",
-        "LMDBFolder auto decoder + fused crop",
+        "LMDBFolder + fused crop",
         "LMDBFolder max-size",
     )
     for name in (*pipeline, "LMDBFolder max-size raw"):
@@ -75,6 +77,40 @@ def test_bench_table_on_an_existing_pack(
     assert "raw read, warm" in out and "train pipeline, warm" in out and "raw read, cold" not in out
     assert "Recommendation: " in out
     assert "packed" not in out.split("\n")[0]  # the given pack was used, not a new one
+
+
+def test_bench_on_a_tree_with_bad_files(small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Real trees hold bad files: the pack skips them, ImageFolder would fail on them; the
+    # bench used the tree's file list as pack indices (IndexError past the pack's end).
+    good = (small_tree / "class0" / "img0.jpg").read_bytes()
+    (small_tree / "class0" / "aa_truncated.jpg").write_bytes(good[: len(good) // 2])
+    (small_tree / "class2" / "zero.jpg").write_bytes(b"")
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "0", "--warm-only", "--no-chart"]
+    assert main([*argv, "--json"]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    assert result["images"] == 12 and result["summary"]["left_out"] == 2
+    assert "2 source files of " in out.err and "are not in the pack" in out.err
+    pipeline = [m for m in result["measurements"] if m["workload"].startswith("train")]
+    assert pipeline and all(m["images"] == 12 for m in pipeline)
+    assert all(m["cpu_ms_per_image"] is not None and m["cpu_seconds"] >= 0 for m in pipeline)
+    # the same with a pack given, and the report's words
+    with pytest.warns(SkippedFilesWarning, match="2 source files could not be packed"):
+        pack(small_tree, tmp_path / "given", progress=False)
+    assert main([*argv[:2], str(tmp_path / "given"), *argv[2:]]) == 0
+    text = capsys.readouterr().out
+    assert "left out: 2 source files that the pack skipped" in text and "Recommendation: " in text
+    assert "CPU ms/img" in text and "others" in text and "spread" in text
+
+
+def test_bench_legend_and_advice_name_the_real_defaults(small_tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "0", "--warm-only", "--no-chart"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    legend = result["config"]["settings"]
+    assert "Pillow decoder" not in legend["LMDBFolder default"]
+    assert "its default decoder='auto'" in legend["LMDBFolder default"]
+    assert "decoder='auto'" not in result["recommendation"]  # already the default: nothing to pass
 
 
 def test_warm_command(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,12 +18,13 @@ from lmdbfolder.bench.run import (
     BenchConfig,
     BenchResult,
     _Best,
+    _others,
     _recommend,
     _summarize,
     format_report,
     versus,
 )
-from lmdbfolder.bench.timing import Measurement, time_loader
+from lmdbfolder.bench.timing import CpuMeter, Measurement, proc_cpu_sample, time_loader
 
 
 def measured(rates: dict[tuple[str, str, int], float]) -> _Best:
@@ -84,7 +85,7 @@ def result_with(repeat: int, workers: list[int]) -> BenchResult:
     "repeat, workers, said, unsaid",
     [
         (1, [1], ["one run per contestant", "1 CPU;", "train pipeline, warm, 1 worker:"], ["median of 1", "1 workers"]),
-        (3, [2], ["median of 3 alternated runs", "train pipeline, warm, 2 workers:"], ["one run per contestant"]),
+        (3, [2], ["the fastest of 3 alternated runs", "train pipeline, warm, 2 workers:"], ["one run per contestant"]),
     ],
 )
 def test_report_numbers_agree_with_their_nouns(
@@ -134,3 +135,85 @@ def test_bench_says_which_temporary_folders_it_makes(small_tree: Path, capsys: p
     assert "packs for the bench go to the temporary folder " in out and "deleted the temporary folder " in out
     assert "  train pipeline, warm, 0 workers, LMDBFolder default: " in out  # each measurement as it is made
     assert "0 workers: the main process, torch.set_num_threads(1) like a DataLoader worker" in out
+
+
+# -- repeated runs and a shared machine ---------------------------------------------------------------------
+def run(contestant: str, per_second: float, others: float | None = 0.0, workers: int = 1) -> Measurement:
+    seconds = 1000 / per_second
+    return Measurement(
+        contestant, "train pipeline, warm", workers, 1000, 0, seconds, cpu_seconds=seconds * 0.9,
+        others_cpu_seconds=None if others is None else others * seconds, cpu_wall_seconds=seconds,
+    )  # fmt: skip
+
+
+def report_of(best: _Best, cpus: int = 2, repeat: int = 2) -> tuple[BenchResult, str]:
+    cfg = BenchConfig(src=".", workers=[1], repeat=repeat, cold=False)
+    summary = _summarize(best, cfg, {})
+    summary["spread"] = best.spreads()
+    summary["others"] = _others(best.every_run(), cpus)
+    config: dict[str, Any] = {"repeat": repeat, "size": 224, "batch_size": 64, "limit": 1000, "settings": {}}
+    result = BenchResult(config, {"cpus": cpus}, 1000, 10**8, {"size": 10**8}, "-", list(best.runs.values()), summary)
+    result.recommendation = _recommend(best, cfg, summary)
+    return result, format_report(result)
+
+
+def test_a_stalled_run_does_not_decide_the_ratio_and_the_disagreement_is_said() -> None:
+    # Two runs each; ImageFolder's second stalled (10 img/s). Its median of two was the
+    # stall, and LMDBFolder came out "41.84x faster" with no word about it.
+    best = _Best()
+    for m in (run(FILES, 350.0), run(DEFAULT, 420.0), run(DEFAULT, 418.4), run(FILES, 10.0, others=1.5)):
+        best.add(m)
+    result, text = report_of(best)
+    assert best.get(FILES, "train pipeline, warm", 1).images_per_second == pytest.approx(350.0)  # type: ignore[union-attr]
+    assert result.summary["train_warm_default_vs_files_1w"] == pytest.approx(1.2)
+    assert "41.84x" not in text and "1.20x faster than ImageFolder" in text
+    wide = [s for s in result.summary["spread"] if s["spread"] and s["spread"] >= 1.2]
+    assert [(s["contestant"], s["runs"]) for s in wide] == [(FILES, [350.0, 10.0])]
+    assert text.count("runs disagree: ") == 1 and "350, 10 img/s (35.00x apart" in text
+    assert "other processes used 0.00, 1.50 CPUs in those runs" in text
+    assert "repeated runs disagreed (1 measurement, listed above)" in result.recommendation
+
+
+def test_other_processes_cpu_flags_a_shared_machine() -> None:
+    quiet, busy = _Best(), _Best()
+    for best, others in ((quiet, 0.05), (busy, 1.2)):
+        best.add(run(FILES, 100.0, others=others))
+        best.add(run(DEFAULT, 150.0, others=others))
+    _, text = report_of(quiet)
+    assert "shared machine" not in text and "Caution" not in text
+    assert "CPU ms/img" in text and "others" in text  # the columns are there either way
+    result, text = report_of(busy)
+    assert result.summary["others"] == {"measured": True, "mean_cpus": 1.2, "max_cpus": 1.2, "busy": True}
+    assert "shared machine: other processes kept 1.20 of 2 CPUs busy on average" in text
+    assert "this machine is shared" in result.recommendation and "only directional" in result.recommendation
+    unknown = _Best()
+    unknown.add(run(FILES, 100.0, others=None))
+    assert _others(unknown.every_run(), 2) == {"measured": False, "mean_cpus": None, "max_cpus": None, "busy": False}
+
+
+def test_cpu_meter_counts_what_others_used() -> None:
+    # Readings as (machine busy CPU-seconds, this tree's CPU-seconds), and a wall clock.
+    readings = iter([(100.0, 10.0), (103.5, 11.0)])
+    clock = iter([0.0, 2.0])
+    use = CpuMeter(sample=lambda: next(readings), clock=lambda: next(clock), cpus=2).start().stop()
+    assert (use.wall, use.own, use.others) == (2.0, 1.0, 2.5)  # 3.5 busy, 1.0 of it ours
+    readings = iter([(100.0, 10.0), (100.2, 10.1)])
+    clock = iter([0.0, 0.1])
+    short = CpuMeter(sample=lambda: next(readings), clock=lambda: next(clock)).start().stop()
+    assert short.own == pytest.approx(0.1) and short.others is None  # too short for 10 ms ticks
+    readings = iter([(None, 1.0), (None, 2.0)])  # type: ignore[list-item]
+    clock = iter([0.0, 5.0])
+    assert CpuMeter(sample=lambda: next(readings), clock=lambda: next(clock)).start().stop().others is None
+
+
+def test_the_tree_cpu_includes_child_processes() -> None:
+    import subprocess
+    import sys
+
+    before = proc_cpu_sample()
+    code = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3: pass"
+    subprocess.run([sys.executable, "-c", code], check=True)  # reaped: its CPU time is this tree's now
+    after = proc_cpu_sample()
+    assert after[1] - before[1] >= 0.3
+    if before[0] is not None:
+        assert after[0] is not None and after[0] - before[0] >= 0.3  # the machine saw it too

@@ -103,11 +103,11 @@ def test_wrong_version_message(small_pack: Path, capsys: pytest.CaptureFixture[s
     env = lmdb.open(str(small_pack), map_size=1 << 30)
     with env.begin(write=True) as txn:
         meta = json.loads(txn.get(META_KEY))
-        meta["format_version"] = 3
+        meta["format_version"] = 4
         txn.put(META_KEY, json.dumps(meta).encode())
     env.close()
     assert main(["info", str(small_pack)]) == EXIT_CODES["not a pack"]
-    assert "format version 3, this lmdbfolder reads versions 1 and 2" in capsys.readouterr().err
+    assert "format version 4, this lmdbfolder reads versions 1, 2 and 3" in capsys.readouterr().err
 
 
 def test_subprocess_module_and_console_script(small_tree: Path, tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "verified 12 records" in out
     assert "LMDBFolder == ImageFolder" in out and ": yes" in out
     assert "ImageFolder (files)" in out and "vs files" in out and "train pipeline" in out
-    assert "LMDBFolder auto decoder + fused crop" in out and "Recommendation:" in out
+    assert "LMDBFolder + fused crop" in out and "Recommendation:" in out
     assert f"work folder: {tmp_path / 'demo'} (kept" in out
     assert "  train pipeline, warm, 0 workers, LMDBFolder default: " in out  # the bench's progress, as it goes
     code, out, err = run("demo", "--classes", "2", "--per-class", "3", "--workers", "0", "--json")

@@ -132,6 +132,7 @@ def _run_matrix(sharded_pack: Path, tmp_path: Path, worlds: list[int], slow: boo
     return rows
 
 
+@pytest.mark.long("about 1 min on 2 cores (2 min on a busy machine): real gloo ranks, world sizes 1-4, 0-2 workers")
 def test_every_sample_once_per_epoch_across_ranks_and_exact_resume(sharded_pack: Path, tmp_path: Path) -> None:
     worlds = [1, 2, 3, 4]
     rows = _run_matrix(sharded_pack, tmp_path, worlds, slow=False)

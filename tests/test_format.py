@@ -210,6 +210,66 @@ def test_golden_check() -> None:
             fmt.decode_check(bad, where="x")
 
 
+#: Format 3 (an updated pack): the records are bound to ``binding_id`` (the first
+#: version's pack id) and their key; ``record_classes`` names the class of each
+#: header label ("cat" is header label 0, a class the pack has as index 1).
+GOLDEN_META_V3 = (
+    b'{"binding_id":"000102030405060708090a0b0c0d0e0f","class_to_idx":{"ant":0,"cat":1},"classes":["ant","cat"],'
+    b'"count":2,"format":"lmdbfolder","format_version":3,"next_record":9,"pack_id":"ffffffffffffffffffffffffffffffff",'
+    b'"record_classes":["cat","dog","ant"],"store":"encoded"}'
+)
+#: ``__order__`` of that pack: sample 0 is the record under key 8, sample 1 the one under key 0.
+GOLDEN_ORDER = bytes.fromhex("08000000000000000000000000000000")
+#: ``__stats__``: (size u64, mtime_ns i64) per sample; -1 = not known.
+GOLDEN_STATS = bytes.fromhex("030000000000000015cd853dfe9c97170010000000000000ffffffffffffffff")
+GOLDEN_HISTORY = (
+    b'[{"added":2,"at":"2026-01-02T03:04:05Z","count":2,"event":"pack","pack_id":"00000000000000000000000000000000"}]'
+)
+#: The record ``abc`` (label 0 = record class "cat", jpeg, 2x3x3) under key 8 of that pack.
+GOLDEN_V3_RECORD = bytes.fromhex("4c4601010300000002000000030000000300000000000000000000009bb909e5616263")
+
+
+def test_golden_format_3() -> None:
+    meta = fmt.decode_meta(GOLDEN_META_V3, where="x")
+    assert fmt.encode_meta(meta) == GOLDEN_META_V3
+    assert fmt.pack_binding(meta) == PACK_ID  # binding_id, not pack_id
+    assert fmt.label_map(meta) == [1, -2, 0]  # "dog" is no class of the pack any more
+    assert fmt.label_map(fmt.decode_meta(GOLDEN_META, where="x")) is None
+    assert fmt.encode_order([8, 0]) == GOLDEN_ORDER
+    assert fmt.order_values(GOLDEN_ORDER, 2, where="x").tolist() == [8, 0]
+    assert fmt.encode_stats([3, 4096], [1700000000123456789, fmt.UNKNOWN_MTIME]) == GOLDEN_STATS
+    stats = fmt.stats_values(GOLDEN_STATS, 2, where="x")
+    assert stats["size"].tolist() == [3, 4096] and stats["mtime_ns"].tolist() == [1700000000123456789, -1]
+    event = {"event": "pack", "at": "2026-01-02T03:04:05Z", "pack_id": "00" * 16, "count": 2, "added": 2}
+    assert fmt.encode_history([event]) == GOLDEN_HISTORY and fmt.decode_history(GOLDEN_HISTORY, where="x") == [event]
+    record = fmt.encode_record(
+        b"abc", label=0, encoding="jpeg", width=2, height=3, channels=3, binding=PACK_ID, index=8
+    )
+    assert record == GOLDEN_V3_RECORD
+    # Sample 0's record: its CRC is bound to its key (8), whatever the sample's index.
+    header, _ = fmt.decode_record(GOLDEN_V3_RECORD, index=0, key=8, verify=True, binding=PACK_ID)
+    assert header.label == 0
+    with pytest.raises(CorruptRecordError, match="CRC-32"):
+        fmt.decode_record(GOLDEN_V3_RECORD, index=0, key=0, verify=True, binding=PACK_ID)
+    for blob, what in ((GOLDEN_ORDER[:-1], "__order__"), (GOLDEN_STATS[:-1], "__stats__")):
+        with pytest.raises(NotAPackError, match=what):
+            (fmt.order_values if what == "__order__" else fmt.stats_values)(blob, 2, where="x")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ((b'"binding_id":"000102030405060708090a0b0c0d0e0f",', b""), "binding_id=None"),
+        ((b'"next_record":9', b'"next_record":-1'), "next_record=-1"),
+        ((b'"dog","ant"', b'"dog","dog"'), "record_classes is not a list of distinct strings"),
+        ((b'"record_classes":["cat","dog","ant"]', b'"record_classes":"cat"'), "record_classes"),
+    ],
+)
+def test_format_3_manifests_are_checked(change: tuple[bytes, bytes], message: str) -> None:
+    with pytest.raises(NotAPackError, match=message):
+        fmt.decode_meta(GOLDEN_META_V3.replace(*change), where="x")
+
+
 def _index_shape(value: object) -> object:
     """The keys and JSON types of ``value``, recursively (what a layout change changes)."""
     if isinstance(value, dict):
@@ -424,7 +484,7 @@ def test_crc_is_only_checked_when_asked() -> None:
         (b"[1, 2]", NotAPackError, "not a JSON object"),
         (b"{not json", NotAPackError, "not valid JSON"),
         (b'{"format": "other"}', NotAPackError, "format='lmdbfolder'"),
-        (GOLDEN_META.replace(b'"format_version":2', b'"format_version":3'), FormatVersionError, "format version 3"),
+        (GOLDEN_META.replace(b'"format_version":2', b'"format_version":4'), FormatVersionError, "format version 4"),
         (GOLDEN_META.replace(b'"format_version":2', b'"format_version":true'), FormatVersionError, "version True"),
         (GOLDEN_META.replace(b'"count":2', b'"count":-1'), NotAPackError, "count=-1"),
         (GOLDEN_META.replace(b'"store":"encoded"', b'"store":"pickle"'), NotAPackError, "store='pickle'"),
@@ -541,13 +601,17 @@ def test_format_md_matches_constants() -> None:
         doc = f.read()
     assert fmt.RECORD_HEADER.format in doc
     assert fmt.KEY.format in doc
-    for key in (fmt.META_KEY, fmt.LABELS_KEY, fmt.PATHS_KEY, fmt.CHECK_KEY, fmt.SKIPPED_KEY):
+    for key in fmt.TABLE_KEYS + (fmt.CHECK_KEY,):
         assert key.decode() in doc
     for enc_id, name in fmt.ENCODINGS.items():
         assert f"| {enc_id} | `{name}` |" in doc
     flat = doc.replace(" ", "").replace("\n", "")
     assert GOLDEN_RECORD.hex() in flat and GOLDEN_BOUND_RECORD.hex() in flat
     assert GOLDEN_CHECK.decode() in doc and f"version {fmt.FORMAT_VERSION}" in doc
+    assert f"version {fmt.UPDATED_FORMAT_VERSION}" in doc and GOLDEN_META_V3.decode() in flat.replace("\\", "\\")
+    for golden in (GOLDEN_ORDER, GOLDEN_STATS, GOLDEN_V3_RECORD):
+        assert golden.hex() in flat
+    assert GOLDEN_HISTORY.decode() in doc
 
 
 @given(st.text(alphabet='[]{}"\\ab,:', max_size=60))

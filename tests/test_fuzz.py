@@ -27,11 +27,12 @@ SEED = int(os.environ.get("LMDBFOLDER_FUZZ_SEED", "0"))
 sys.path.insert(0, str(FUZZ.parent))  # `import fuzz_packs` (for its constants)
 
 
-def _campaign(tmp: Path, trials: int, loader_every: int) -> dict[str, Any]:
+def _campaign(tmp: Path, trials: int, loader_every: int, *extra: str) -> dict[str, Any]:
     out = tmp / "fuzz.json"
     cmd = [
         sys.executable,
         str(FUZZ),
+        *extra,
         "--trials",
         os.environ.get("LMDBFOLDER_FUZZ_TRIALS", str(trials)),
         "--seed",
@@ -74,6 +75,7 @@ def _hits(result: dict[str, Any], want: Any) -> list[str]:
     return hits
 
 
+@pytest.mark.long("the first user of the fuzz campaign: 20-50 s to damage 200 packs and read each every way")
 def test_every_trial_ran_every_path(fuzz: dict[str, Any]) -> None:
     import fuzz_packs  # type: ignore[import-not-found]
 
@@ -113,3 +115,29 @@ def test_damage_raises_lmdbfolder_errors(fuzz: dict[str, Any]) -> None:
 
 def test_metadata_damage_is_caught(fuzz: dict[str, Any]) -> None:
     assert _hits(fuzz, lambda o: o == "wrong-meta") == []
+
+
+# -- forged packs (issue 22) -------------------------------------------------------------------
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param((33, 11), id="forged-quick"), pytest.param((1100, 10), id="forged", marks=pytest.mark.slow)],
+)
+def forged(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Packs with every checksum valid and one record rewritten (``fuzz_packs.py --forge``):
+    ImageFolder's loader on the stored bytes is the oracle."""
+    trials, loader_every = request.param
+    return _campaign(tmp_path_factory.mktemp("forged"), trials, loader_every, "--forge")
+
+
+def test_forged_packs_give_imagefolders_samples_or_a_clear_error(forged: dict[str, Any]) -> None:
+    import fuzz_packs
+
+    assert forged["mode"] == "forge" and len(forged["results"]) == forged["trials"] > 0
+    assert {r["kind"] for r in forged["results"]} == set(fuzz_packs.FORGE_KINDS)
+    for r in forged["results"]:
+        assert {*fuzz_packs.FORGED_SUBPATHS, "verify"} <= set(r["outcomes"]), r
+    assert any("loader" in r["outcomes"] for r in forged["results"])  # DataLoader workers took part
+    assert _hits(forged, lambda o: o not in ("identical", "clear-error")) == []
+    # the forgeries are found: most of them are refused, and verify refuses them too
+    refused = _hits(forged, lambda o: o == "clear-error")
+    assert len(refused) > forged["trials"]

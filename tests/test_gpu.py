@@ -424,18 +424,14 @@ def test_bench_device_rows(small_tree: Path, small_pack: Path, capsys: pytest.Ca
     rows = {(m["workload"], m["contestant"], m["workers"]) for m in result["measurements"]}
     for w in (0, 1):
         assert ("train pipeline, warm", "GPU path (cpu)", w) in rows
-        assert ("train pipeline, warm", "LMDBFolder auto decoder + fused crop", w) in rows  # beside the CPU rows
+        assert ("train pipeline, warm", "LMDBFolder + fused crop", w) in rows  # beside the CPU rows
     assert ("decode+augment, warm", "GPU path (cpu)", 1) in rows
     dev = result["summary"]["device"]
     assert dev["device"] == "cpu" and dev["batch_size"] == 4 and dev["stats"]["device"] == 12
     assert dev["vs_fastest"] > 0 and dev["transform_alone"]["gpu_ms_per_batch"] is None
     assert main([*argv, "--repeat", "1", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert (
-        "GPU path (cpu)" in out
-        and "GPU path on cpu, batch 64" in out
-        and "vs LMDBFolder auto decoder + fused crop" in out
-    )
+    assert "GPU path (cpu)" in out and "GPU path on cpu, batch 64" in out and "vs LMDBFolder + fused crop" in out
 
 
 def test_bench_device_refused_without_cuda(small_tree: Path, capsys: pytest.CaptureFixture[str]) -> None:

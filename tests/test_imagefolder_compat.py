@@ -114,7 +114,7 @@ def assert_same_item(a: Any, b: Any) -> None:
 def test_smoke_is_a_vision_dataset_with_imagefolder_features(packed: Path, tree: Path) -> None:
     ds = LMDBFolder(packed)
     assert isinstance(ds, VisionDataset) and isinstance(ds, ImageFolder) and isinstance(ds, DatasetFolder)
-    assert isinstance(LMDBDatasetFolder(packed), DatasetFolder)
+    assert isinstance(LMDBDatasetFolder(packed, pil_loader), DatasetFolder)
     img, target = ds[0]
     assert isinstance(img, Image.Image) and type(target) is int
     assert len(ds) == len(ImageFolder(str(tree)))
@@ -224,7 +224,7 @@ def test_allow_empty(tmp_path: Path) -> None:
     theirs = ImageFolder(str(src), allow_empty=True)
     with pytest.raises(FileNotFoundError, match="Found no valid file"):
         ImageFolder(str(src))
-    with pytest.raises(Exception, match="found no image for the classes empty_class"):
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes empty_class"):
         pack(src, tmp_path / "p", progress=False)  # refused at pack time, as ImageFolder refuses
     pack(src, tmp_path / "p", allow_empty=True, progress=False)
     assert_same_dataset(LMDBFolder(tmp_path / "p", allow_empty=True), theirs)
@@ -355,7 +355,9 @@ def test_loaders_get_a_path_to_the_stored_bytes(packed: Path, tree: Path) -> Non
     # the original path, for loaders that look at the name; as ImageFolder's identity loader
     ours = LMDBFolder(packed, loader=lambda p: p.source)
     assert [ours[i] for i in range(len(ours))] == ImageFolder(str(tree), loader=lambda p: p).samples
-    assert LMDBFolder(packed).loader is default_loader and LMDBFolder(packed, loader=gray_loader).loader is gray_loader
+    # the attribute: the loader given (default_loader when none), bound to the pack
+    assert LMDBFolder(packed).loader.__wrapped__ is default_loader
+    assert LMDBFolder(packed, loader=gray_loader).loader.__wrapped__ is gray_loader
 
 
 def test_opencv_loader_reads_the_path(packed: Path, tree: Path) -> None:

@@ -29,7 +29,7 @@ import pytest
 import lmdbfolder
 
 PACKAGE = Path(lmdbfolder.__file__).parent
-CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text"}
+CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text", "remote"}
 TORCH = {"torch", "fused", "sampler", "gpu", "transport"}
 TOP = {"", "__main__", "cli"}
 TESTS = Path(__file__).parent

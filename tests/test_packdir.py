@@ -210,6 +210,7 @@ def test_names_on_disk_live_only_in_format() -> None:
 
     names = ['".partial"', '".copying"', '".old-"', '"skipped.txt"', '".sync-probe"', '"compact.tmp"']
     names += ['".index.json.tmp"', '"data.mdb"', '"lock.mdb"', '"index.json"', '".lmdbfolder-temp"']
+    names += ['".parts"', '".needs-"']
     root = Path(lmdbfolder.__file__).parent
     for path in root.rglob("*.py"):
         if path.name == "format.py":

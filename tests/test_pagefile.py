@@ -85,7 +85,7 @@ def test_finds_exactly_what_lmdb_finds(big_pack: Path) -> None:
     try:
         with env.begin() as txn, PageFile(big_pack / "data.mdb") as pf:
             pairs = list(txn.cursor())
-            assert len(pairs) == pf.entries == 155  # 150 records and 5 tables
+            assert len(pairs) == pf.entries == 157  # 150 records and 7 tables
             assert [(k, bytes(v)) for k, v in pf.items()] == pairs
             kinds = {flags & F_BIGDATA for _, _, kind, nodes in pf.pages() if kind == P_LEAF for *_, flags in nodes}
             assert kinds == {0, F_BIGDATA}  # both storage kinds are covered

@@ -19,7 +19,7 @@ from PIL import Image
 
 import lmdbfolder.write.loop as loop_mod
 import lmdbfolder.write.output as output_mod
-from conftest import image_bytes, make_small_tree, pack_contents, write
+from conftest import as_unprivileged, image_bytes, make_small_tree, pack_contents, write
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import OutputExistsError, PackError, SourceError
 from lmdbfolder.format import PROGRESS_KEY
@@ -167,15 +167,6 @@ def test_bad_inputs_are_skipped_and_reported(tmp_path: Path, capsys: pytest.Capt
     decoded = pack(src, tmp_path / "decoded", check="decode", progress=False)
     assert "cannot be decoded" in dict(decoded.skipped)["class0/img0.jpg"]
     assert "truncated" in dict(decoded.skipped)["class1/truncated.jpg"]
-
-
-def as_unprivileged(cmd: list[str]) -> list[str]:
-    """Run ``cmd`` so that file permissions apply even when the tests run as root."""
-    if os.geteuid() != 0:
-        return cmd
-    setpriv = shutil.which("setpriv")
-    assert setpriv, "setpriv (util-linux) is needed to test permissions as root"
-    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search", *cmd]
 
 
 def test_permission_denied_is_skipped(tmp_path: Path) -> None:

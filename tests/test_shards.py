@@ -136,7 +136,7 @@ def test_slurm_style_one_shard_per_job_then_index(
     (dst / (shard_name("train", 1, 3) + ".partial")).mkdir()  # a job still running
     assert main(["index", str(dst)]) == EXIT_CODES["not a pack"]
     err = capsys.readouterr().err
-    assert "1 of 3 shards are missing: train-00001-of-00003.lmdb (unfinished)" in err
+    assert "1 of 3 shards is missing: train-00001-of-00003.lmdb (unfinished)" in err
     with pytest.raises(NotAPackError, match="no train-00001|unfinished sharded pack"):
         open_pack(dst)
     os.rmdir(dst / (shard_name("train", 1, 3) + ".partial"))
@@ -237,7 +237,7 @@ def test_missing_truncated_and_replaced_shards_are_named(
     assert any(name2 in p.message and "truncated" in p.message for p in verify(dst).problems)
     # missing
     shutil.rmtree(dst / name2)
-    with pytest.raises(NotAPackError, match="1 of 3 shards are missing") as info:
+    with pytest.raises(NotAPackError, match="1 of 3 shards is missing") as info:
         open_pack(dst)
     assert name2 in str(info.value)
     assert main(["info", str(dst)]) == EXIT_CODES["not a pack"]

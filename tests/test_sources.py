@@ -31,7 +31,7 @@ def test_imagefolder_order_classes_and_labels_match_torchvision(odd_tree: Path) 
 
 def test_imagefolder_no_classes(tmp_path: Path) -> None:
     write(tmp_path / "a.jpg", b"x")
-    with pytest.raises(SourceError, match="no class folders") as info:
+    with pytest.raises(SourceError, match="Couldn.t find any class folder") as info:
         scan_imagefolder(str(tmp_path))
     assert "--flat" in info.value.hint
 
@@ -39,7 +39,7 @@ def test_imagefolder_no_classes(tmp_path: Path) -> None:
 def test_imagefolder_empty_class(tmp_path: Path) -> None:
     make_small_tree(tmp_path, classes=2, per_class=1)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SourceError, match="found no image for the classes empty"):
+    with pytest.raises(SourceError, match="Found no valid file for the classes empty"):
         scan_imagefolder(str(tmp_path))
     with pytest.raises(FileNotFoundError):  # torchvision agrees that this is an error
         ImageFolder(str(tmp_path))

@@ -11,6 +11,15 @@ RGB conversion (``decode_rgb``), and for the read path the pixels a fast decoder
 or the memory map gives (``pixels``), the DCT scales it decodes at, and the crop
 region decode (``region``).
 
+The payload is the truth, the record header is a claim: a pack may come from
+anyone, and a CRC-32 proves nothing about who wrote it. ``Encoding.check``
+holds a record header's claim (size, components) against what the payload's
+own header says, and applies Pillow's decompression-bomb limits to the
+payload's size (``check_bomb``), before any crop box is drawn from the claim
+or any pixel is allocated; ``Encoding.pixels`` checks the decoded image's size
+against the claim again (``PayloadMismatch``). The read plan
+(``lmdbfolder.read.plan``) asks both on every decode path.
+
 ``sniff`` reads only the first bytes of a file (magic numbers and the header
 fields that give the size) in pure Python: it never decodes pixels and never
 raises, so the writer can record the format and shape of every image at
@@ -26,13 +35,19 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any, Callable, NamedTuple
+import warnings
+from typing import Any, Callable, NamedTuple, TypeVar
 
 import numpy as np
 from PIL import Image
 
+from lmdbfolder.errors import BOMB_HINT, FORGED_HINT
+
 __all__ = [
     "ImageInfo",
+    "PayloadMismatch",
+    "check_bomb",
+    "decode_hint",
     "Encoding",
     "ENCODINGS",
     "encoding_of",
@@ -67,8 +82,70 @@ END_SEARCH_WINDOW = 8192
 _JPEG_EOI = b"\xff\xd9"
 _PNG_IEND = b"IEND\xaeB`\x82"  # the chunk type and its (constant) CRC-32
 #: The compiled region decoder's signature: ``(payload, left, top, width, height,
-#: out) -> (x0, w0)``, the columns it decoded.
+#: out[, image_width, image_height]) -> (x0, w0)``, the columns it decoded.
 RegionFn = Callable[..., tuple[int, int]]
+#: Decoded pixels: an ``H x W x 3`` array or a PIL image (``Encoding.expect``).
+_Pixels = TypeVar("_Pixels", np.ndarray, Image.Image)
+
+
+class PayloadMismatch(ValueError):
+    """A record header's claim (encoding, size, components) that its payload contradicts.
+
+    Readers wrap it in an error naming the record (``DecodeError``); ``verify``
+    reports it as a problem of kind ``"header"``.
+    """
+
+
+def check_bomb(width: int, height: int, *, error_only: bool = False) -> None:
+    """Pillow's decompression-bomb rule for an image of ``width`` x ``height``, as
+    ``Image.open`` applies it (so ImageFolder on the same file): above
+    ``Image.MAX_IMAGE_PIXELS`` a ``DecompressionBombWarning`` (not with
+    ``error_only``), above twice it a ``DecompressionBombError``; no limit when
+    it is None. The limit is read at each call, so a program that changes it
+    (as for ImageFolder) is obeyed.
+
+    ``Encoding.check`` raises the error before anything is drawn or allocated;
+    the warning comes with the decode, once: from Pillow's open where Pillow
+    decodes, from here where a fast decoder does (``Jpeg.pixels``, ``Jpeg.region``).
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is None:
+        return
+    pixels = max(1, width) * max(1, height)
+    if pixels > 2 * limit:
+        raise Image.DecompressionBombError(
+            f"Image size ({pixels} pixels) exceeds limit of {2 * limit} pixels, could be decompression bomb DOS attack."
+        )
+    if pixels > limit and not error_only:
+        warnings.warn(
+            f"Image size ({pixels} pixels) exceeds limit of {limit} pixels, could be decompression bomb DOS attack.",
+            Image.DecompressionBombWarning,
+            stacklevel=2,
+        )
+
+
+def decode_hint(exc: BaseException) -> str | None:
+    """What to do about a record that failed to decode with ``exc``, where this module
+    knows better than ``DecodeError``'s default hint: a header its payload denies,
+    an image over Pillow's bomb limit."""
+    if isinstance(exc, PayloadMismatch):
+        return FORGED_HINT
+    if isinstance(exc, Image.DecompressionBombError):
+        return BOMB_HINT
+    return None
+
+
+def _pillow_info(payload: bytes | memoryview) -> tuple[int, int, int]:
+    """``(width, height, bands)`` as Pillow's open reads them (headers only; its own
+    bomb check included, as in ImageFolder's loader)."""
+    with Image.open(io.BytesIO(payload)) as img:
+        return img.size[0], img.size[1], len(img.getbands())
+
+
+def _scaled_sizes(width: int, height: int, denom: int) -> set[tuple[int, int]]:
+    """The ``(height, width)`` an image of this size decodes to at DCT scale ``1/s``
+    for each ``s <= denom`` (libjpeg rounds up; Pillow's draft may pick a smaller ``s``)."""
+    return {(-(-height // s), -(-width // s)) for s in (1, 2, 4, 8) if s <= max(1, denom)}
 
 
 class Encoding:
@@ -86,6 +163,42 @@ class Encoding:
         """The size and components the header gives (``head``: the first 64 bytes). May raise
         ``struct.error``/``IndexError``/``ValueError`` on damage (``sniff`` catches them)."""
         return ImageInfo(self.name, 0, 0, 0)
+
+    def check(self, payload: bytes | memoryview, width: int, height: int, channels: int) -> None:
+        """Hold a record header's claim against the payload, before anything is drawn
+        from the claim or allocated for it.
+
+        The size is the payload's own (here as Pillow's open reads it: these kinds
+        are decoded whole by Pillow, and the open applies its bomb limits); a
+        claimed size (0: unknown) must be it. Raises ``PayloadMismatch`` when it is
+        not, ``Image.DecompressionBombError`` above Pillow's limit, and whatever
+        Pillow raises for a file it cannot open (as ImageFolder's loader would).
+        """
+        if width <= 0 and height <= 0:
+            return  # nothing claimed: the box is drawn from the decoded image
+        found_w, found_h, _ = _pillow_info(payload)
+        self._same_size(width, height, found_w, found_h)
+
+    def _same_size(self, width: int, height: int, found_w: int, found_h: int) -> None:
+        if (width, height) != (found_w, found_h):
+            raise PayloadMismatch(
+                f"the record header says {width}x{height}, the {self.name} payload's own header "
+                f"says {found_w}x{found_h}: the header is wrong (damaged, or a forged pack)"
+            )
+
+    def expect(self, pixels: _Pixels, width: int, height: int, denom: int = 1) -> _Pixels:
+        """``pixels`` (decoded: ``H x W x 3`` or a PIL image) when their size is the claimed
+        ``width`` x ``height`` (at DCT scale ``1/denom``, or a finer one); else
+        ``PayloadMismatch``. A claim of 0 (unknown size) accepts any size."""
+        shape = (pixels.height, pixels.width) if isinstance(pixels, Image.Image) else pixels.shape[:2]
+        if width > 0 and height > 0 and shape != (height, width) and shape not in _scaled_sizes(width, height, denom):
+            raise PayloadMismatch(
+                f"the record header says {width}x{height}, the {self.name} payload decodes to "
+                f"{shape[1]}x{shape[0]}"
+                + (f" at 1/{denom} scale" if denom > 1 else "")
+                + ": the header is wrong (damaged, or a forged pack)"
+            )
+        return pixels
 
     def clean_header(self, data: bytes | memoryview, info: ImageInfo) -> bool:
         """Whether this parser vouches for the header as Pillow's open would (see ``clean_header``)."""
@@ -120,8 +233,9 @@ class Encoding:
         buffer: np.ndarray | None,
     ) -> np.ndarray:
         """RGB pixels, ``H x W x 3`` uint8, at ``1/denom`` scale where this kind decodes
-        scaled (``buffer``: a reusable flat uint8 buffer the decoder may write into)."""
-        return np.asarray(self.decode_rgb(payload, width, height))
+        scaled (``buffer``: a reusable flat uint8 buffer the decoder may write into). Their
+        size is checked against the claim (``expect``)."""
+        return self.expect(np.asarray(self.decode_rgb(payload, width, height)), width, height)
 
     def region(
         self,
@@ -131,21 +245,85 @@ class Encoding:
         channels: int,
         helper: RegionFn,
         buffer: np.ndarray,
+        height: int = 0,
     ) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
         """Only the rows of ``box`` (``top, left, height, width``), decoded by ``helper``:
-        ``(pixels, inner box)``, or None when this record must be decoded whole."""
+        ``(pixels, inner box)``, or None when this record must be decoded whole
+        (``width`` x ``height``: the claimed size, which the helper holds libjpeg's to;
+        a ``height`` of 0 skips that)."""
         return None
 
     def __repr__(self) -> str:
         return f"<encoding {self.name}>"
 
 
-class Jpeg(Encoding):
+class _Parsed(Encoding):
+    """A kind whose header this module parses (``sniff``): the claim is checked against
+    the parse, components included (the writer records them from it)."""
+
+    def recognises(self, head: bytes) -> bool:
+        """Whether the file's first bytes (``head``) are this kind's magic."""
+        return any(head.startswith(m) for m in self.magic)
+
+    def check(self, payload: bytes | memoryview, width: int, height: int, channels: int) -> None:
+        """As ``Encoding.check``, from this module's parse of the payload's header (a few
+        microseconds; Pillow's open only when the parse cannot walk it): the payload
+        must be of this kind, a claimed size (0x0: unknown) its size, claimed
+        components (0: unknown) its components, and its size within Pillow's bomb
+        limits (``check_bomb``)."""
+        head = bytes(payload[:64])
+        if self.recognises(head):
+            try:
+                found = self.sniff(payload, head)
+            except (struct.error, IndexError, ValueError):
+                found = _UNKNOWN
+            # The usual case, in a few comparisons: an honest header, an image under the limit.
+            limit = Image.MAX_IMAGE_PIXELS
+            if (
+                found.width > 0
+                and found.height > 0
+                and found.width == width
+                and found.height == height
+                and found.channels == channels
+                and (limit is None or width * height <= 2 * limit)
+            ):
+                return
+        self._check_slowly(payload, head, width, height, channels)
+
+    def _check_slowly(self, payload: bytes | memoryview, head: bytes, width: int, height: int, channels: int) -> None:
+        if not self.recognises(head):
+            raise PayloadMismatch(
+                f"the record header says {self.name}, the payload is not a {self.name} file (its first bytes): "
+                "the header is wrong (damaged, or a forged pack)"
+            )
+        try:
+            found = self.sniff(payload, head)
+        except (struct.error, IndexError, ValueError):
+            found = ImageInfo(self.name, 0, 0, 0)
+        if found.width <= 0 or found.height <= 0:
+            # A header our parser cannot walk: the size is Pillow's (which raises,
+            # as ImageFolder's loader would, for a file it cannot open).
+            found_w, found_h, bands = _pillow_info(payload)
+            found = ImageInfo(self.name, found_w, found_h, found.channels or bands)
+        check_bomb(found.width, found.height, error_only=True)  # the warning comes with the decode
+        if width > 0 or height > 0:
+            self._same_size(width, height, found.width, found.height)
+        if channels > 0 and channels != found.channels:
+            raise PayloadMismatch(
+                f"the record header says {channels} colour components, the {self.name} payload's own header "
+                f"says {found.channels}: the header is wrong (damaged, or a forged pack)"
+            )
+
+
+class Jpeg(_Parsed):
     """JPEG files: 1 (grey) and 3 (YCbCr) components go to the fast decoders, the
     fused crop and the region decoder; CMYK/YCCK (4) is Pillow's conversion."""
 
     name = "jpeg"
     magic = (b"\xff\xd8\xff",)
+
+    def recognises(self, head: bytes) -> bool:
+        return head[:3] == b"\xff\xd8\xff"
 
     def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
         return _sniff_jpeg(data)
@@ -176,12 +354,15 @@ class Jpeg(Encoding):
         buffer: np.ndarray | None,
     ) -> np.ndarray:
         if channels not in (1, 3):
-            return np.asarray(self.decode_rgb(payload, width, height))
+            return self.expect(np.asarray(self.decode_rgb(payload, width, height)), width, height)
+        if decoder.name != "pillow":
+            check_bomb(width, height)  # Pillow's warning, which its open would give (the error was ``check``'s)
         if denom not in decoder.scales:
             denom = 1
         if buffer is None:
-            return np.asarray(decoder.decode_jpeg(payload, denom))
-        return decoder.decode_into(payload, denom, buffer, (width, height) if width > 0 and height > 0 else None)
+            return self.expect(np.asarray(decoder.decode_jpeg(payload, denom)), width, height, denom)
+        size = (width, height) if width > 0 and height > 0 else None
+        return self.expect(decoder.decode_into(payload, denom, buffer, size), width, height, denom)
 
     def region(
         self,
@@ -191,6 +372,7 @@ class Jpeg(Encoding):
         channels: int,
         helper: RegionFn,
         buffer: np.ndarray,
+        height: int = 0,
     ) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
         # Only a file that ends with its end-of-image marker: a truncated one is
         # decoded whole, so it fails (or is decoded past) as in ImageFolder.
@@ -201,9 +383,11 @@ class Jpeg(Encoding):
         if buffer.size < need:
             return None
         try:
-            x0, w0 = helper(payload, left, top, cols, rows, buffer)
+            # The helper also holds libjpeg's image size to the claim (the box was drawn from it).
+            x0, w0 = helper(payload, left, top, cols, rows, buffer, width, height)
         except ValueError:
             return None  # damaged, or a kind libjpeg refuses: the caller decodes it whole
+        check_bomb(width, height)  # Pillow's warning, as in ``pixels``
         offset = left - x0
         return buffer[: 3 * w0 * rows].reshape(rows, w0, 3), (offset, 0, offset + cols, rows)
 
@@ -217,7 +401,7 @@ class Jpeg(Encoding):
         return _JPEG_EOI in bytes(payload[-(2 + slack) :])
 
 
-class Png(Encoding):
+class Png(_Parsed):
     """PNG files: the header check and the IEND end marker are ours; decoding is Pillow's."""
 
     name = "png"
@@ -236,11 +420,14 @@ class Png(Encoding):
         return "the PNG has no IEND chunk"
 
 
-class Webp(Encoding):
+class Webp(_Parsed):
     """WebP files (packs re-encoded with ``--format webp``): Pillow decodes them, the
     fused crop crops and resizes them itself."""
 
     name = "webp"
+
+    def recognises(self, head: bytes) -> bool:
+        return head[:4] == b"RIFF" and head[8:12] == b"WEBP"
 
     def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
         return _sniff_webp(head)
@@ -254,6 +441,12 @@ class Raw(Encoding):
 
     name = "raw"
     stores_pixels = True
+
+    def check(self, payload: bytes | memoryview, width: int, height: int, channels: int) -> None:
+        """The pixels are the payload: the claim must describe exactly its bytes (RGB)."""
+        if channels != 3:
+            raise PayloadMismatch(f"raw pixels are RGB (3 components), the record header says {channels}")
+        self._check(payload, width, height)
 
     def decode_rgb(self, payload: bytes | memoryview, width: int, height: int) -> Image.Image:
         # A copy: the image never points into the memory map. The size is checked
@@ -280,7 +473,7 @@ class Raw(Encoding):
     @staticmethod
     def _check(payload: bytes | memoryview, width: int, height: int) -> None:
         if width * height * 3 != len(payload):
-            raise ValueError(f"raw pixels: {width}x{height}x3 is not the {len(payload):,} bytes stored")
+            raise PayloadMismatch(f"raw pixels: {width}x{height}x3 is not the {len(payload):,} bytes stored")
 
 
 class _Named(Encoding):
@@ -328,7 +521,7 @@ def _recognise(head: bytes) -> Encoding | None:
     for magic, enc in _BY_MAGIC:
         if head.startswith(magic):
             return enc
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+    if WEBP.recognises(head):
         return WEBP
     if head[:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
         return ENCODINGS["pnm"]

@@ -27,38 +27,49 @@ from typing import Any
 
 import numpy as np
 
-from lmdbfolder.errors import FormatVersionError, NotAPackError
+from lmdbfolder.errors import FormatVersionError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     CHECK_KEY,
     DAMAGED_HINT,
     DATA_FILE,
+    HISTORY_KEY,
     LABELS_KEY,
     LEGACY_KEYS,
     LEGACY_META_FILES,
     META_KEY,
+    ORDER_KEY,
     PATHS_KEY,
     SKIPPED_KEY,
+    STATS_KEY,
     check_labels,
     check_paths,
     check_table,
     decode_check,
+    decode_history,
     decode_labels,
     decode_meta,
     decode_skipped,
     informational,
+    label_map,
     label_values,
+    order_values,
     pack_binding,
+    stats_values,
 )
 from lmdbfolder.pagefile import PageDamage, PageFile
 
 __all__ = [
     "open_data",
+    "open_version",
     "refuse_foreign",
     "PackTables",
     "load_tables",
     "labels_table",
     "class_counts",
     "paths_table",
+    "order_table",
+    "stats_table",
+    "history_items",
     "skipped_items",
     "read_skipped",
     "read_value",
@@ -67,15 +78,16 @@ __all__ = [
 ]
 
 
-def open_data(path: str, readahead: bool = True) -> PageFile:
-    """The ``PageFile`` of the pack directory ``path`` (absolute).
+def open_data(path: str, readahead: bool = True, *, previous: bool = False) -> PageFile:
+    """The ``PageFile`` of the pack directory ``path`` (absolute); with ``previous``, of
+    the version before the current one (``PageFile``'s ``previous``).
 
     Raises NotAPackError if ``data.mdb`` is missing, not an LMDB (0.9) file,
     or truncated.
     """
     data = os.path.join(path, DATA_FILE)
     try:
-        return PageFile(data, readahead=readahead)
+        return PageFile(data, readahead=readahead, previous=previous)
     except PageDamage as exc:
         if exc.kind == "format":
             raise NotAPackError(path, f"{DATA_FILE} is not an LMDB file ({exc.why})") from None
@@ -137,6 +149,14 @@ class PackTables:
     #: SHA-256 of the manifest's bytes: the same bytes are the same pack, so a
     #: process reopening the file need not parse the manifest again.
     manifest_sha256: bytes
+    #: Format 3 with ``record_classes``: header label -> sample label
+    #: (``format.label_map``; -2 for a class the pack no longer has). None: the same.
+    label_map: np.ndarray | None = None
+
+    @property
+    def ordered(self) -> bool:
+        """Whether sample ``i`` is the record under key ``__order__[i]`` (format 3), not key ``i``."""
+        return self.version >= 3
 
     @property
     def version(self) -> int:
@@ -156,6 +176,66 @@ def identity_of(pf: PageFile, where: str, known: PackTables | None = None) -> st
     if known is not None and digest == known.manifest_sha256:
         return known.identity
     return _identity(decode_meta(blob, where=where), digest)
+
+
+def open_version(
+    path: str,
+    identity: str,
+    readahead: bool = True,
+    known: PackTables | None = None,
+    manifest_sha256: str | None = None,
+) -> PageFile:
+    """The ``PageFile`` of the version ``identity`` (a ``PackTables.identity``) of the pack
+    at ``path``: the current one, or the one before it.
+
+    ``pack --update`` changes a pack in one LMDB transaction, which leaves the
+    version before it intact (its pages are not reused before the commit after
+    next, see ``PageFile.committed_txnid``) and LMDB keeps its meta page: so a
+    dataset opened before one update reads the version it opened in every
+    process it starts, and a sharded pack whose shards were updated but whose
+    index was not yet rewritten reads as the old version. Raises
+    PackChangedError when neither is ``identity`` (replaced, or updated
+    twice), NotAPackError for a file that is not a pack.
+
+    ``manifest_sha256`` (hex; a sharded pack's index has it) prefers, of two
+    versions with that identity, the one with that manifest: an update that
+    changes only a shard's manifest (its place in the split) keeps its id.
+    """
+    pf = open_data(path, readahead)
+    try:
+        found = identity_of(pf, path, known)
+    except BaseException:
+        pf.close()
+        raise
+    if found == identity and (manifest_sha256 is None or _manifest_digest(pf, path) == manifest_sha256):
+        return pf
+    try:
+        previous: PageFile | None = open_data(path, readahead, previous=True)
+    except NotAPackError:
+        previous = None
+    if previous is not None:
+        try:
+            before = identity_of(previous, path, known)
+        except NotAPackError:  # the commit before an update's holds no manifest (an unfinished pack's batch)
+            before = None
+        usable = before == identity and previous.committed_txnid() <= previous.txnid + 1
+        if usable and (found != identity or _manifest_digest(previous, path) == manifest_sha256):
+            pf.close()
+            return previous
+        previous.close()
+    if found == identity:
+        return pf  # the id matches, the manifest does not: the caller (verify) says so
+    pf.close()
+    raise PackChangedError(
+        path,
+        f"was replaced since this dataset was opened (it was pack {identity}, it is now pack {found}: "
+        "repacked, updated with `lmdbfolder pack --update` more than once, or copied over); "
+        "reading on would mix samples of two versions",
+    )
+
+
+def _manifest_digest(pf: PageFile, where: str) -> str:
+    return hashlib.sha256(_required(pf, META_KEY, where, "manifest")).hexdigest()
 
 
 def _identity(meta: dict[str, Any], manifest_sha256: bytes) -> str:
@@ -219,8 +299,38 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
         raise NotAPackError(where, f"its path table (key {PATHS_KEY.decode()}) is missing", DAMAGED_HINT)
     if check is not None and PATHS_KEY in check and found[1] != check[PATHS_KEY][0]:
         raise NotAPackError(where, f"its {PATHS_KEY.decode()} table has the wrong length", DAMAGED_HINT)
+    if meta["format_version"] >= 3:
+        _order_blob(pf, check, meta["count"], where)  # the record keys: present, of the right length
     digest = hashlib.sha256(meta_blob).digest()
-    return PackTables(meta, counts, pack_binding(meta), check, _identity(meta, digest), digest)
+    mapping = label_map(meta)
+    return PackTables(
+        meta,
+        counts,
+        pack_binding(meta),
+        check,
+        _identity(meta, digest),
+        digest,
+        None if mapping is None else np.asarray(mapping, dtype=np.int64),
+    )
+
+
+def _order_blob(pf: PageFile, check: dict[bytes, tuple[int, int]] | None, count: int, where: str) -> memoryview:
+    blob = _required(pf, ORDER_KEY, where, "record order")
+    if check is None or ORDER_KEY not in check:
+        raise NotAPackError(where, f"its table checksums do not cover {ORDER_KEY.decode()}", DAMAGED_HINT)
+    if len(blob) != check[ORDER_KEY][0]:
+        raise NotAPackError(where, f"its {ORDER_KEY.decode()} table has the wrong length", DAMAGED_HINT)
+    order_values(blob, count, where=where)
+    return blob
+
+
+def order_table(pf: PageFile, tables: PackTables, where: str) -> np.ndarray:
+    """Format 3: the record key of every sample (a zero-copy u64 view of ``pf``'s map),
+    checked against ``__check__``."""
+    blob = _order_blob(pf, tables.check, tables.meta["count"], where)
+    if tables.check is not None:
+        check_table(tables.check, ORDER_KEY, blob, where=where)
+    return order_values(blob, tables.meta["count"], where=where)  # type: ignore[no-any-return]
 
 
 def labels_table(pf: PageFile, tables: PackTables, where: str) -> array.array:
@@ -276,6 +386,31 @@ def paths_table(pf: PageFile, tables: PackTables, where: str) -> memoryview:
         check_table(tables.check, PATHS_KEY, blob, where=where)
     check_paths(blob, tables.meta["count"], where=where)
     return blob
+
+
+def _optional_table(pf: PageFile, tables: PackTables, key: bytes, where: str) -> memoryview | None:
+    """An optional table (``__stats__``, ``__history__``): None when the pack has none
+    (its ``__check__`` does not name it), checked against ``__check__`` otherwise."""
+    if tables.check is None or key not in tables.check:
+        return None
+    blob = _required(pf, key, where, f"{key.decode()} table")
+    check_table(tables.check, key, blob, where=where)
+    return blob
+
+
+def stats_table(pf: PageFile, tables: PackTables, where: str) -> np.ndarray | None:
+    """The size and modification time each sample's source file had when it was read
+    (a zero-copy view with fields ``size`` and ``mtime_ns``), or None for a pack
+    without them (written before they were recorded, or by ``import``)."""
+    blob = _optional_table(pf, tables, STATS_KEY, where)
+    return None if blob is None else stats_values(blob, tables.meta["count"], where=where)  # type: ignore[no-any-return]
+
+
+def history_items(pf: PageFile, tables: PackTables, where: str) -> list[dict[str, Any]]:
+    """The pack's history (``__history__``: the pack, then each update), oldest first;
+    [] for a pack without one."""
+    blob = _optional_table(pf, tables, HISTORY_KEY, where)
+    return [] if blob is None else decode_history(blob, where=where)
 
 
 def skipped_items(pf: PageFile, tables: PackTables, where: str) -> list[dict[str, Any]] | str:

@@ -28,19 +28,28 @@ __all__ = [
     "PackNotFoundError",
     "NoSamplesError",
     "FormatVersionError",
+    "PackChangedError",
     "CorruptRecordError",
     "SourceError",
+    "SourceNotFoundError",
     "ListFileError",
     "UnsafePickleError",
     "OutputExistsError",
     "DecodeError",
+    "FORGED_HINT",
+    "BOMB_HINT",
     "PackError",
     "DecoderUnavailableError",
     "OptionError",
     "MissingDependencyError",
+    "RemoteError",
+    "SkippedFilesWarning",
+    "SlowPathWarning",
     "PYTHON_FORMS",
     "python_form",
     "install_hint",
+    "os_refusal",
+    "os_hint",
 ]
 
 #: Command-line flags that messages name, and the Python form of each
@@ -57,11 +66,12 @@ PYTHON_FORMS: tuple[tuple[str, str], ...] = (
     (r"--max-size (\d+)", r"resize=Resize(\1)"),
     (r"--max-size", "resize"),
     (r"--store (encoded|raw)", r'store="\1"'),
-    (r"--check (header|decode|none)", r'check="\1"'),
+    (r"--check (header|decode|none|content)", r'check="\1"'),
     (r"--workers (\d+)", r"workers=\1"),
     (r"--shards (N|\d+)", r"shards=\1"),
     (r"--shard-index (I|\d+)", r"shard_index=\1"),
     (r"--overwrite", "overwrite=True"),
+    (r"--update", "update=True"),
     (r"--restart", "restart=True"),
     (r"--strict", "strict=True"),
     (r"--allow-empty", "allow_empty=True"),
@@ -236,6 +246,20 @@ class FormatVersionError(NotAPackError):
         super().__init__(path, f"format version {shown}, this lmdbfolder reads {versions}", hint)
 
 
+class PackChangedError(NotAPackError):
+    """The pack a dataset opened has been replaced or updated since (``pack --overwrite``,
+    ``pack --update``, a new copy): reading on would mix samples of two versions."""
+
+    hint = (
+        "open the pack again (create the dataset and its DataLoader anew) to read the new version; "
+        "a training job does this between epochs"
+    )
+
+    def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
+        self.path = str(path)
+        LmdbFolderError.__init__(self, f"{self.path} {why}", hint)
+
+
 class CorruptRecordError(LmdbFolderError):
     """A stored record is damaged (bad header, length or checksum).
 
@@ -278,6 +302,23 @@ class SourceError(LmdbFolderError):
         super().__init__(f"{self.path}: {why}", hint)
 
 
+class SourceNotFoundError(SourceError, FileNotFoundError):
+    """No images where the source should have them: the folder does not exist, holds
+    no class folder, or a class folder (or a flat folder) holds no image.
+
+    Also a ``FileNotFoundError`` (``errno.ENOENT``, ``filename`` is the folder), as
+    torchvision's ``ImageFolder`` raises for the same tree, with its words for an
+    empty class ("Found no valid file for the classes ...").
+    """
+
+    def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
+        super().__init__(path, why, hint)
+        _not_found(self, self.path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_not_found, (type(self), self.__dict__.copy(), self.path))
+
+
 class ListFileError(SourceError):
     """A line of a ``path label`` list file cannot be parsed."""
 
@@ -317,11 +358,23 @@ class DecodeError(LmdbFolderError):
 
     hint = "run `lmdbfolder verify --decode` to find every undecodable image; repack with a fixed source file"
 
-    def __init__(self, index: int, path: str | None, why: str) -> None:
+    def __init__(self, index: int, path: str | None, why: str, hint: str | None = None) -> None:
         self.index = index
         self.path = path
         where = f"record {index}" + (f" ({path})" if path else "")
-        super().__init__(f"{where} cannot be decoded: {why}")
+        super().__init__(f"{where} cannot be decoded: {why}", hint)
+
+
+#: The hint of a record whose header its payload contradicts (``codecs.PayloadMismatch``).
+FORGED_HINT = (
+    "the record's header disagrees with the image it holds: the pack is damaged or was not written by "
+    "lmdbfolder; run `lmdbfolder verify` on it, and repack it from the source images"
+)
+#: The hint of an image over Pillow's decompression-bomb limit (ImageFolder refuses it too).
+BOMB_HINT = (
+    "ImageFolder refuses this image too (Pillow's PIL.Image.MAX_IMAGE_PIXELS); if you trust the pack, "
+    "raise that limit in your program (as for ImageFolder), or repack with --max-size to shrink such images"
+)
 
 
 class PackError(LmdbFolderError):
@@ -366,3 +419,65 @@ class MissingDependencyError(LmdbFolderError, ImportError):
         self.what = what
         self.extra = extra
         super().__init__(f"{what} needs {libraries or extra} (not installed)", install_hint(extra, libraries))
+
+
+class RemoteError(LmdbFolderError):
+    """Object storage refused or failed a request, or sent bytes that do not match their digest.
+
+    ``url`` names the object or folder; ``kind`` says which failure it was:
+    ``"credentials"`` (none found, or refused), ``"bucket"`` (no such
+    bucket), ``"missing"`` (no such object), ``"connection"`` (the server did not answer), ``"digest"``
+    (the bytes do not match the index), ``"disk"`` (the local disk refused
+    them) or ``"other"``. Nothing half-copied is ever published; rerunning
+    resumes.
+    """
+
+    def __init__(self, url: str, why: str, hint: str | None = None, *, kind: str = "other") -> None:
+        self.url = str(url)
+        self.kind = kind
+        super().__init__(f"{self.url}: {why}", hint)
+
+
+class SkippedFilesWarning(UserWarning):
+    """``lmdbfolder.pack`` skipped source files (unreadable, truncated, not images).
+
+    The message gives the count and where they are listed (``DST/skipped.txt``);
+    the result's ``skipped`` holds every ``(path, reason)``. ``--strict`` /
+    ``strict=True`` stops at the first one instead.
+    """
+
+
+class SlowPathWarning(UserWarning):
+    """A faster read path is not available in this process (the compiled crop
+    decoder was not built): the same pixels, more slowly. Warned once per
+    process; ``lmdbfolder doctor`` says what to install."""
+
+
+#: What to do about each way the operating system says no (``os_refusal``).
+_OS_HINTS: dict[int, str] = {
+    errno.ENOSPC: "the disk is full: free some space (or choose another disk), then run the same command again",
+    errno.EDQUOT: "your disk quota is used up: free some space, then run the same command again",
+    errno.EFBIG: "the file is larger than this file system or a limit (ulimit -f) allows: choose another disk",
+    errno.EACCES: "you may not do that there: check its permissions (ls -ld), or choose another path",
+    errno.EPERM: "you may not do that there: check its permissions (ls -ld), or choose another path",
+    errno.EROFS: "that file system is mounted read-only: choose a path on a writable one",
+    errno.EISDIR: "a folder is where a file was expected: choose another path, or remove the folder",
+    errno.ENOTDIR: "a file is where a folder was expected: check the path",
+    errno.ENAMETOOLONG: "the name is longer than this file system allows: choose a shorter path",
+    errno.ENOENT: "check the path: a folder on the way may be missing",
+}
+
+
+def os_refusal(exc: OSError, doing: str, path: Any = None) -> tuple[str, str]:
+    """``(message, hint)`` for an ``OSError`` the system raised while ``doing`` something
+    ("cannot write", "cannot read the folder", ...), naming the path (``path``, else the
+    error's own file name) and the reason in words; for the errors that turn disk full,
+    permission denied, a read-only file system, a folder or a FIFO into clear ones."""
+    where = path if path is not None else (exc.filename if exc.filename is not None else "")
+    reason = exc.strerror or str(exc)
+    return f"{doing} {where}: {reason}", os_hint(exc)
+
+
+def os_hint(exc: OSError) -> str:
+    """What to do about the system's refusal ``exc`` (see ``os_refusal``)."""
+    return _OS_HINTS.get(exc.errno or -1, "check the path, and that the disk is present and healthy")

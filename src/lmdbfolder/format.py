@@ -28,6 +28,7 @@ from lmdbfolder.errors import CorruptRecordError, FormatVersionError, NotAPackEr
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "UPDATED_FORMAT_VERSION",
     "READABLE_VERSIONS",
     "RECORD_VERSION",
     "RECORD_MAGIC",
@@ -40,7 +41,11 @@ __all__ = [
     "PROGRESS_KEY",
     "CHECK_KEY",
     "SKIPPED_KEY",
+    "ORDER_KEY",
+    "STATS_KEY",
+    "HISTORY_KEY",
     "TABLE_KEYS",
+    "UNKNOWN_MTIME",
     "PACK_ID_BYTES",
     "MAX_MANIFEST_BYTES",
     "MAX_JSON_DEPTH",
@@ -58,6 +63,9 @@ __all__ = [
     "SYNC_PROBE",
     "COMPACT_DIR",
     "WRITER_LOCK_SUFFIX",
+    "UPDATE_SUFFIX",
+    "PARTS_SUFFIX",
+    "NEEDS_PREFIX",
     "LEGACY_KEYS",
     "LEGACY_META_FILES",
     "RecordHeader",
@@ -72,6 +80,14 @@ __all__ = [
     "decode_record",
     "new_pack_id",
     "pack_binding",
+    "label_map",
+    "encode_order",
+    "order_values",
+    "STAT_DTYPE",
+    "encode_stats",
+    "stats_values",
+    "encode_history",
+    "decode_history",
     "loads_json",
     "encode_check",
     "decode_check",
@@ -117,8 +133,16 @@ FORMAT_NAME = "lmdbfolder"
 #: the pack (``pack_id``) and adds the table checksums (``__check__``); see
 #: "Version rules" in FORMAT.md.
 FORMAT_VERSION = 2
+#: Version of a pack that ``pack --update`` changed in place: format 2 plus a
+#: level of indirection (sample ``i`` is the record under key ``__order__[i]``,
+#: whose CRC is bound to ``binding_id`` and that key), so that unchanged
+#: records keep their keys and bytes when samples are added before them, and
+#: ``record_classes`` (the class each record header's label names), so that
+#: they keep them when class indices shift. Fresh packs are still written as
+#: version 2, which older readers open.
+UPDATED_FORMAT_VERSION = 3
 #: The versions this reader understands; it refuses any other.
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 #: Version of the per-record header layout below (unchanged in format 2:
 #: only what the CRC covers changed, and the pack's format version says so).
 RECORD_VERSION = 1
@@ -149,13 +173,27 @@ CHECK_KEY = b"__check__"
 #: Format 2: the source files left out (JSON list of {path, reason}); format 1
 #: kept them in the manifest, which every reader process parses.
 SKIPPED_KEY = b"__skipped__"
-#: The tables ``__check__`` covers, in this order.
-TABLE_KEYS = (META_KEY, LABELS_KEY, PATHS_KEY, SKIPPED_KEY)
+#: Format 3 (required there): the record key of every sample, count x u64 LE.
+ORDER_KEY = b"__order__"
+#: Optional (formats 2 and 3): size and modification time (ns) of every
+#: sample's source file when it was read, count x (u64 LE, i64 LE); what
+#: ``pack --update`` compares to find the files that changed.
+STATS_KEY = b"__stats__"
+#: Optional (formats 2 and 3): the pack's history, a JSON list (the pack, then
+#: every update: when, and what changed).
+HISTORY_KEY = b"__history__"
+#: The tables ``__check__`` covers (the last three only when present).
+TABLE_KEYS = (META_KEY, LABELS_KEY, PATHS_KEY, SKIPPED_KEY, ORDER_KEY, STATS_KEY, HISTORY_KEY)
+#: A ``__stats__`` modification time that is not known (the file was read by a
+#: run that was interrupted and resumed): an update compares its bytes.
+UNKNOWN_MTIME = -1
 #: Format 2: bytes of the random pack id (32 hex digits in the manifest).
 PACK_ID_BYTES = 16
 #: A manifest longer than this is refused before it is parsed: every reader
 #: process parses it, and JSON costs up to ~30x its size in memory.
 MAX_MANIFEST_BYTES = 16 << 20
+#: A sharded pack's ``index.json`` longer than this is refused before it is read.
+MAX_INDEX_FILE_BYTES = 256 << 20
 #: JSON nested deeper than this (manifest, checkpoint, index, ...) is refused.
 MAX_JSON_DEPTH = 16
 #: More arrays and objects than this in one JSON value are refused.
@@ -202,9 +240,18 @@ TEMP_MARKER = ".lmdbfolder-temp"
 #: fdatasync probe file and its compaction folder.
 SYNC_PROBE = ".sync-probe"
 COMPACT_DIR = "compact.tmp"
+#: ``<file>.parts``: the journal of a resumable download (``lmdbfolder.remote.download``):
+#: the parts of ``<file>`` already on disk, one number a line after a JSON header.
+PARTS_SUFFIX = ".parts"
+#: ``.needs-<pid>``: in a staging cache, the shards one rank still needs this epoch
+#: (held with a shared flock by that rank while it lives).
+NEEDS_PREFIX = ".needs-"
 #: ``<dst>.lock``: held (flock) by the ``pack`` writing ``<dst>`` for its whole
 #: run, holding that process's id; removed when it ends.
 WRITER_LOCK_SUFFIX = ".lock"
+#: ``pack --update`` reads the changed files into ``<dst>.update`` (a small LMDB
+#: with a checkpoint, or one per shard), then changes ``<dst>`` in one transaction.
+UPDATE_SUFFIX = ".update"
 #: Keys by which the folder2lmdb recipes' LMDBs are recognised (pickled
 #: samples; ``lmdbfolder import`` converts them), and the files beside
 #: ``data.mdb`` that mark a BasicSR-style image LMDB.
@@ -390,6 +437,7 @@ def decode_record(
     index: int | None = None,
     verify: bool = False,
     binding: bytes | None = None,
+    key: int | None = None,
 ) -> tuple[RecordHeader, memoryview]:
     """Split a stored value into its header and a zero-copy payload view.
 
@@ -398,9 +446,10 @@ def decode_record(
     length that disagrees with the header, raw pixels whose count is not
     width x height x 3 (checked before anything is allocated for them), or
     (with ``verify=True``) a CRC-32 that does not match. ``binding`` is the
-    pack's (``pack_binding``, format 2): the CRC then also covers the pack id
-    and ``index``, so a record found under another index, or from another
-    pack, fails the check.
+    pack's (``pack_binding``, format 2 and 3): the CRC then also covers it and
+    the record's key number, so a record found under another key, or from
+    another pack, fails the check. The key number is ``key`` (format 3: the
+    sample's ``__order__`` entry), else ``index`` (format 2: key = index).
     """
     view = value if isinstance(value, memoryview) else memoryview(value)
     if len(view) < RECORD_HEADER.size:
@@ -429,9 +478,10 @@ def decode_record(
     if verify:
         actual = checksum(payload, checksum(view[:_CRC_OFFSET]))
         if binding is not None:
-            if index is None:
+            bound = index if key is None else key
+            if bound is None:
                 raise ValueError("checking a bound record needs its index")
-            actual = checksum(record_binding(binding, index), actual)
+            actual = checksum(record_binding(binding, bound), actual)
         if actual != crc:
             raise CorruptRecordError(index, f"record CRC-32 is {actual:08x}, header says {crc:08x}", kind="checksum")
     header = RecordHeader(encoding, channels, width, height, label, crc, length)
@@ -508,7 +558,8 @@ def loads_json(
         raise NotAPackError(where, why, DAMAGED_HINT)
     try:
         return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: also an integer of more digits than Python converts (sys.set_int_max_str_digits).
         raise NotAPackError(where, f"its {what} is not valid JSON: {exc}", DAMAGED_HINT) from None
 
 
@@ -546,10 +597,25 @@ def new_pack_id() -> str:
 
 
 def pack_binding(meta: Mapping[str, Any]) -> bytes | None:
-    """What a format-2 pack's record CRCs are bound to (its ``pack_id``), or None for format 1."""
-    if meta.get("format_version", 1) < 2:
+    """What a pack's record CRCs are bound to: its ``pack_id`` (format 2), its
+    ``binding_id`` (format 3: the ``pack_id`` of the version that first wrote
+    its records), or None for format 1."""
+    version = meta.get("format_version", 1)
+    if version < 2:
         return None
-    return bytes.fromhex(meta["pack_id"])
+    return bytes.fromhex(meta["binding_id"] if version >= 3 else meta["pack_id"])
+
+
+def label_map(meta: Mapping[str, Any]) -> list[int] | None:
+    """How a record header's label becomes the sample's label (format 3 with
+    ``record_classes``): ``out[h]`` is the class index of ``record_classes[h]``
+    in ``classes``, or -2 for a class the pack no longer has (no sample may
+    then refer to such a record). None: header labels are class indices."""
+    names = meta.get("record_classes") if meta.get("format_version", 1) >= 3 else None
+    if names is None:
+        return None
+    class_to_idx = meta["class_to_idx"]
+    return [int(class_to_idx.get(name, -2)) for name in names]
 
 
 def encode_progress(progress: Mapping[str, Any]) -> bytes:
@@ -584,10 +650,22 @@ def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
         problems.append("classes and class_to_idx contradict each other")
     if meta.get("store") not in ("encoded", "raw"):
         problems.append(f"store={_short(meta.get('store'))} is neither 'encoded' nor 'raw'")
-    if meta.get("format_version") == 2:
+    if meta.get("format_version") in (2, 3):
         pack_id = meta.get("pack_id")
         if not isinstance(pack_id, str) or not _PACK_ID.match(pack_id):
             problems.append(f"pack_id={_short(pack_id)} is not {2 * PACK_ID_BYTES} hex digits")
+    if meta.get("format_version") == 3:
+        binding_id = meta.get("binding_id")
+        if not isinstance(binding_id, str) or not _PACK_ID.match(binding_id):
+            problems.append(f"binding_id={_short(binding_id)} is not {2 * PACK_ID_BYTES} hex digits")
+        names = meta.get("record_classes")
+        if names is not None and (
+            not isinstance(names, list) or not all(isinstance(c, str) for c in names) or len(set(names)) != len(names)
+        ):
+            problems.append("record_classes is not a list of distinct strings")
+        next_record = meta.get("next_record")
+        if type(next_record) is not int or not 0 <= next_record <= MAX_INDEX + 1:
+            problems.append(f"next_record={_short(next_record)} is not a record key count")
     if problems:
         raise NotAPackError(where, "its manifest is invalid: " + "; ".join(problems), DAMAGED_HINT)
 
@@ -611,18 +689,24 @@ def _short(value: Any) -> str:
 #: shows a field that is not as ``INVALID`` instead of failing on it.
 INVALID = "invalid"
 _INFORMATIONAL: dict[str, Callable[[Any], bool]] = {
-    "encodings": lambda v: isinstance(v, dict) and all(isinstance(k, str) and type(n) is int for k, n in v.items()),
-    "payload_bytes": lambda v: type(v) is int and v >= 0,
+    "encodings": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _count(n) for k, n in v.items()),
+    "payload_bytes": lambda v: _count(v),
     "checksum": lambda v: isinstance(v, str),
     "source": lambda v: isinstance(v, dict),
     "created_by": lambda v: isinstance(v, str),
     "created_at": lambda v: isinstance(v, str),
+    "updated_at": lambda v: isinstance(v, str),
     "params": lambda v: isinstance(v, dict),
     "fingerprint": lambda v: isinstance(v, dict),
     "shard": lambda v: isinstance(v, dict),
     "skipped": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
-    "skipped_count": lambda v: type(v) is int and v >= 0,
+    "skipped_count": lambda v: _count(v),
 }
+
+
+def _count(value: Any) -> bool:
+    # A count or a size: an int a reader can do arithmetic with (a float of it, a share).
+    return type(value) is int and 0 <= value < 1 << 63
 
 
 def informational(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -685,6 +769,63 @@ def decode_skipped(blob: bytes | memoryview, *, where: str) -> list[dict[str, An
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         raise NotAPackError(where, f"its {SKIPPED_KEY.decode()} is not a list of objects")
     return items
+
+
+def encode_order(keys: Any) -> bytes:
+    """The ``__order__`` value (format 3): the record key of every sample, in sample
+    order, as little-endian u64 (``keys``: any sequence or array of integers)."""
+    import numpy as np
+
+    return np.asarray(keys, dtype="<u8").tobytes()
+
+
+def order_values(blob: bytes | memoryview, count: int, *, where: str) -> Any:
+    """``__order__`` as a read-only little-endian u64 numpy view of ``blob`` (no copy),
+    its length checked (NotAPackError)."""
+    import numpy as np
+
+    if len(blob) != count * _OFFSET.size:
+        raise NotAPackError(where, f"{ORDER_KEY.decode()} holds {len(blob)} bytes, expected {count * _OFFSET.size}")
+    return np.frombuffer(blob, dtype="<u8")
+
+
+#: One ``__stats__`` entry: the source file's size and modification time in ns.
+STAT_DTYPE = [("size", "<u8"), ("mtime_ns", "<i8")]
+
+
+def encode_stats(sizes: Any, mtimes: Any) -> bytes:
+    """The ``__stats__`` value: for every sample, its source file's size (u64 LE)
+    and modification time in nanoseconds (i64 LE; ``UNKNOWN_MTIME`` if unknown)."""
+    import numpy as np
+
+    sizes = np.asarray(sizes, dtype="<u8")
+    out = np.empty(len(sizes), dtype=STAT_DTYPE)
+    out["size"] = sizes
+    out["mtime_ns"] = np.asarray(mtimes, dtype="<i8")
+    return out.tobytes()
+
+
+def stats_values(blob: bytes | memoryview, count: int, *, where: str) -> Any:
+    """``__stats__`` as a read-only numpy view (fields ``size``, ``mtime_ns``), its length checked."""
+    import numpy as np
+
+    size = np.dtype(STAT_DTYPE).itemsize
+    if len(blob) != count * size:
+        raise NotAPackError(where, f"{STATS_KEY.decode()} holds {len(blob)} bytes, expected {count * size}")
+    return np.frombuffer(blob, dtype=STAT_DTYPE)
+
+
+def encode_history(history: Sequence[Mapping[str, Any]]) -> bytes:
+    """The ``__history__`` value: a JSON list of events (canonical JSON, ASCII)."""
+    return json.dumps(list(history), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def decode_history(blob: bytes | memoryview, *, where: str) -> list[dict[str, Any]]:
+    """Parse ``__history__`` (NotAPackError if malformed); entries that are not objects are dropped."""
+    items = loads_json(blob, where=where, what=f"history ({HISTORY_KEY.decode()})", max_bytes=1 << 30)
+    if not isinstance(items, list):
+        raise NotAPackError(where, f"its {HISTORY_KEY.decode()} is not a list")
+    return [item for item in items if isinstance(item, dict)]
 
 
 def encode_labels(labels: Sequence[int]) -> bytes:
@@ -961,11 +1102,24 @@ def _check_shard_index(index: Any, where: str) -> None:
 
 
 def _is_int(value: Any) -> bool:
-    return type(value) is int
+    # 64 bits at most: a hostile index's huge integers must not reach arithmetic that overflows.
+    return type(value) is int and -(1 << 63) <= value < 1 << 63
 
 
 def _is_str(value: Any) -> bool:
     return isinstance(value, str)
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _is_class_counts(value: Any) -> bool:
+    # [[class index, samples], ...]: the classes a shard holds, sparse (a shard
+    # of a class-sorted list holds few).
+    return isinstance(value, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(_is_int(x) and x >= 0 for x in p) for p in value
+    )
 
 
 def _is_sizes(value: Any) -> bool:
@@ -1010,8 +1164,13 @@ class ShardEntry:
     The others are informational: ``first_index`` (the global index of its
     first sample), ``first_source``, ``sources`` (source files of the shard,
     packed or skipped), ``skipped``, ``payload_bytes`` and ``data_bytes``
-    (the size of its ``data.mdb``, ``bytes`` in the JSON). None: not in the
-    index. ``extra``: what ``_typed`` kept as it was.
+    (the size of its ``data.mdb``, ``bytes`` in the JSON). Written by
+    ``lmdbfolder copy PACK URL`` (an upload) for staging: ``data_sha256``
+    (SHA-256 of the uploaded ``data.mdb``, which a download must match
+    before the shard is published) and ``class_counts`` (``[[class,
+    samples], ...]``, the classes the shard holds, so a staged pack knows its
+    class counts without downloading every shard). None: not in the index.
+    ``extra``: what ``_typed`` kept as it was.
     """
 
     name: str
@@ -1026,6 +1185,8 @@ class ShardEntry:
     manifest_sha256: str | None = None
     tables_bytes: tuple[int, int] | None = None
     pack_id: str | None = None
+    data_sha256: str | None = None
+    class_counts: tuple[tuple[int, int], ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     _CHECKS: ClassVar[Mapping[str, Callable[[Any], bool]]] = {
@@ -1041,6 +1202,8 @@ class ShardEntry:
         "manifest_sha256": _is_str,
         "tables_bytes": _is_sizes,
         "pack_id": _is_str,
+        "data_sha256": _is_sha256,
+        "class_counts": _is_class_counts,
     }
 
     def to_dict(self) -> dict[str, Any]:
@@ -1060,6 +1223,8 @@ class ShardEntry:
                 ("manifest_sha256", self.manifest_sha256),
                 ("tables_bytes", sizes),
                 ("pack_id", self.pack_id),
+                ("data_sha256", self.data_sha256),
+                ("class_counts", None if self.class_counts is None else [list(p) for p in self.class_counts]),
             ],
             self.extra,
         )
@@ -1072,6 +1237,8 @@ class ShardEntry:
             typed["tables_bytes"] = tuple(typed["tables_bytes"])
         if "bytes" in typed:
             typed["data_bytes"] = typed.pop("bytes")
+        if "class_counts" in typed:
+            typed["class_counts"] = tuple((int(c), int(n)) for c, n in typed["class_counts"])
         return cls(**typed, extra=extra)
 
 
@@ -1137,6 +1304,9 @@ class ShardIndex:
     source: dict[str, Any] | None = None
     created_by: str | None = None
     created_at: str | None = None
+    #: The sharded pack's history (``pack --update``): a list of JSON objects, as
+    #: a pack's ``__history__``.
+    history: list[dict[str, Any]] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     # The required fields pass whatever _check_shard_index let through, so they
@@ -1155,6 +1325,7 @@ class ShardIndex:
             key: _INFORMATIONAL[key]
             for key in ("encodings", "payload_bytes", "checksum", "source", "created_by", "created_at")
         },
+        "history": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
     }
 
     def to_dict(self) -> dict[str, Any]:
@@ -1179,7 +1350,7 @@ class ShardIndex:
         required fields are checked; informational ones of an unexpected type
         are kept in ``extra``.
         """
-        index = loads_json(blob, where=where, what="index", max_bytes=256 << 20)
+        index = loads_json(blob, where=where, what="index", max_bytes=MAX_INDEX_FILE_BYTES)
         _check_shard_index(index, where)
         # format and index_version are constants; one that passed the check in
         # another form (``true`` equals 1) stays in ``extra``, as it is.

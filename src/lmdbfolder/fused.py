@@ -46,7 +46,7 @@ except ImportError as exc:  # a core-only install: say what to install
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import RESIZE_BACKENDS, Box
 from lmdbfolder.read.decoders import to_pil
-from lmdbfolder.read.plan import CropSpec, ReadPlan
+from lmdbfolder.read.plan import BatchItemError, CropSpec, ReadPlan
 from lmdbfolder.transport import pool
 
 __all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe", "TransformPlan"]
@@ -91,8 +91,8 @@ class RandomResizedCrop(T.RandomResizedCrop):
             raise ValueError(f"resize must be one of {RESIZE_BACKENDS}, got {resize!r}")
         if output not in ("pil", "tensor"):
             raise ValueError(f"output must be 'pil' or 'tensor', got {output!r}")
-        if resize == "opencv":
-            import cv2  # noqa: F401  (fail here, not in a worker)
+        if resize == "opencv" and current().cv2() is None:  # fail here, not in a worker
+            raise MissingDependencyError('lmdbfolder.fused.RandomResizedCrop(resize="opencv")', "opencv", "OpenCV")
         self.reduce = reduce
         self.resize = resize
         self.output = output
@@ -559,7 +559,8 @@ class TransformPlan:
         if width <= 0 or height <= 0:
             # The header has no size to draw the box from: decode, then torchvision's own crop.
             return crop.finish(crop.forward(to_pil(read.pixels(payload, encoding, width, height, channels))))
-        job = read.job(payload, encoding, width, height, channels, self._draw(width, height), False)  # type: ignore[misc]
+        enc = read.claim(payload, encoding, width, height, channels)  # the box is drawn from a checked size
+        job = read.job(payload, enc, width, height, channels, self._draw(width, height), False)  # type: ignore[misc]
         out_h, out_w = crop.size
         planar = self._planar
         out = np.empty((1, 3, out_h, out_w) if planar else (1, out_h, out_w, 3), np.uint8)
@@ -571,22 +572,33 @@ class TransformPlan:
         then its flip), then the whole batch made into one uint8 ``N x 3 x H x W``
         tensor in a reused buffer (``lmdbfolder.transport``: shared memory in a
         DataLoader worker, which ``collate`` sends by reference). Raises
-        BatchItemError for the first record that failed."""
-        job, flip = self.read.job, self.flip
+        BatchItemError for the first record that failed; a record whose header its
+        payload denies (``ReadPlan.claim``) fails before its box is drawn."""
+        claim, job, flip = self.read.claim, self.read.job, self.flip
         draw_many = self._draw_many
         if draw_many is not None and torch.get_default_dtype() == torch.float32:
+            encodings = []
+            for k, rec in enumerate(records):  # every claim before any box is drawn
+                try:
+                    encodings.append(claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
+                except Exception as exc:  # Pillow raises many exception types for bad data
+                    raise BatchItemError(k, exc) from exc
             boxes, flips = draw_many([(rec.width, rec.height) for rec in records], flip)
             jobs = [
-                job(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, box, flipped)
-                for rec, box, flipped in zip(records, boxes, flips)
+                job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped)
+                for rec, enc, box, flipped in zip(records, encodings, boxes, flips)
             ]
         else:
             draw, rand = self._draw, torch.rand
             jobs = []
-            for rec in records:
+            for k, rec in enumerate(records):
+                try:
+                    enc = claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+                except Exception as exc:  # Pillow raises many exception types for bad data
+                    raise BatchItemError(k, exc) from exc
                 box = draw(rec.width, rec.height)  # type: ignore[misc]
                 flipped = flip is not None and bool(rand(1) < flip)
-                jobs.append(job(rec.payload, rec.encoding, rec.width, rec.height, rec.channels, box, flipped))
+                jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
         out_h, out_w = self.crop.size  # type: ignore[union-attr]
         images = pool().take((len(jobs), 3, out_h, out_w))
         self.read.run(jobs, images.numpy(), planar=True)

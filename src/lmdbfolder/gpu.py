@@ -4,8 +4,9 @@ When every CPU core is busy decoding JPEGs, the decode and the augmentation
 can move to the GPU. The pieces:
 
 * ``RecordBytes``: a map-style Dataset over a pack whose workers only read
-  records (a B+tree lookup and one copy of the bytes per record: microseconds)
-  and, when given a ``plan``, draw each sample's crop box and flip from the
+  records (a B+tree lookup, the header held against the payload's own header
+  and Pillow's bomb limits, ``ReadPlan.claim``, and one copy of the bytes per
+  record: microseconds) and, when given a ``plan``, draw each sample's crop box and flip from the
   header sizes, exactly as torchvision's transforms would in that worker.
   ``__getitems__`` returns a whole ``RecordBatch`` (one byte buffer, one
   header table), so ``collate_records`` has nothing left to do and a batch
@@ -76,7 +77,7 @@ import torch.utils.data
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from lmdbfolder.codecs import JPEG, encoding_of
+from lmdbfolder.codecs import JPEG, decode_hint, encoding_of
 from lmdbfolder.errors import DecodeError
 from lmdbfolder.fused import RandomResizedCrop as _FusedCrop
 from lmdbfolder.read.capabilities import current
@@ -267,6 +268,14 @@ class RecordBytes(torch.utils.data.Dataset):
         meta = np.zeros((n, _NCOLS), dtype=np.int64)
         plan = self.plan
         for k, rec in enumerate(records):
+            # The header is a claim: held against the payload (and Pillow's bomb limits)
+            # before a box is drawn from it here or the device decodes by it.
+            try:
+                ReadPlan.claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+            except Exception as exc:  # Pillow raises many exception types for bad data
+                hint = decode_hint(exc)
+                path = self.reader.path_of(rec.index)
+                raise DecodeError(rec.index, path, f"{type(exc).__name__}: {exc}", hint) from exc
             buf[offsets[k] : offsets[k + 1]] = np.frombuffer(rec.payload, dtype=np.uint8)
             row = meta[k]
             row[:_PACK] = (rec.index, rec.label, rec.width, rec.height, rec.channels)
@@ -494,7 +503,8 @@ class DeviceRandomResizedCrop:
             img = self._cpu.image(payload.data, batch.encodings[k], row[_WIDTH], row[_HEIGHT], row[_CHANNELS])
             arr = np.array(img)  # a writable copy: torch refuses to wrap Pillow's read-only buffer silently
         except Exception as exc:  # Pillow raises many exception types for bad data
-            raise DecodeError(row[_INDEX], self._path_of(batch, k), f"{type(exc).__name__}: {exc}") from exc
+            why = f"{type(exc).__name__}: {exc}"
+            raise DecodeError(row[_INDEX], self._path_of(batch, k), why, decode_hint(exc)) from exc
         return torch.from_numpy(arr).permute(2, 0, 1).to(self.device, non_blocking=True)
 
     @staticmethod

@@ -23,6 +23,7 @@ Every name it reasons about comes from ``lmdbfolder.format``.
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import os
 import re
@@ -42,15 +43,18 @@ from lmdbfolder.format import (
     FORMAT_NAME,
     KEY,
     LOCK_FILE,
+    MAX_INDEX_FILE_BYTES,
     META_KEY,
     OLD_SUFFIX,
     PARTIAL_SUFFIX,
+    PARTS_SUFFIX,
     PROGRESS_KEY,
     SHARD_INDEX_FILE,
     SHARD_INDEX_TMP,
     SKIPPED_REPORT,
     SYNC_PROBE,
     TEMP_MARKER,
+    UPDATE_SUFFIX,
     WRITER_LOCK_SUFFIX,
     decode_meta,
     decode_record,
@@ -59,7 +63,7 @@ from lmdbfolder.format import (
     pack_binding,
     parse_shard_name,
 )
-from lmdbfolder.pagefile import PageDamage, PageFile
+from lmdbfolder.pagefile import PageDamage, PageFile, read_regular
 
 __all__ = [
     "Kind",
@@ -110,11 +114,19 @@ class Found:
         return self.kind in (Kind.PACK, Kind.SHARDED)
 
 
-#: Files lmdbfolder writes into a single pack (or leaves in an unfinished one).
-_PACK_FILES = frozenset({DATA_FILE, LOCK_FILE, SKIPPED_REPORT, SYNC_PROBE, COMPACT_DIR, TEMP_MARKER})
-#: Suffixes of directories on their way: being packed, copied in, or replaced.
+#: Files lmdbfolder writes into a single pack (or leaves in an unfinished one, or in a
+#: shard being downloaded: ``data.mdb.parts``, the download's journal).
+_PACK_FILES = frozenset(
+    {DATA_FILE, LOCK_FILE, SKIPPED_REPORT, SYNC_PROBE, COMPACT_DIR, TEMP_MARKER, DATA_FILE + PARTS_SUFFIX}
+)
+#: Suffixes of directories on their way: being packed, copied in, updated (the
+#: files an update reads), or replaced.
 _TRANSIENT = re.compile(
-    r"(" + re.escape(PARTIAL_SUFFIX) + "|" + re.escape(COPYING_SUFFIX) + "|" + re.escape(OLD_SUFFIX) + r"[0-9]+)$"
+    r"("
+    + "|".join(re.escape(suffix) for suffix in (PARTIAL_SUFFIX, COPYING_SUFFIX, UPDATE_SUFFIX))
+    + "|"
+    + re.escape(OLD_SUFFIX)
+    + r"[0-9]+)$"
 )
 
 
@@ -217,8 +229,8 @@ def load_index(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
         p = os.path.dirname(p)
     index_file = os.path.join(p, SHARD_INDEX_FILE)
     try:
-        with open(index_file, "rb") as f:
-            blob = f.read()
+        # Only a regular file (a FIFO would block), and not beyond what decode_shard_index accepts.
+        blob = read_regular(index_file, MAX_INDEX_FILE_BYTES)
     except OSError as exc:
         raise NotAPackError(p, f"cannot read {SHARD_INDEX_FILE} ({exc.strerror})") from None
     return p, decode_shard_index(blob, where=index_file)
@@ -410,6 +422,28 @@ def clear_temp_dir(path: str) -> None:
     remove(path)
 
 
+#: Bytes of ``lock.mdb`` reserved on disk before LMDB maps it: LMDB sizes it for its
+#: readers (8 KB for py-lmdb's default 126) and writes it through a shared map, so on a disk without those bytes
+#: the first write into the map was a SIGBUS, not an error. Reserved first, a full
+#: disk is ENOSPC from ``posix_fallocate``.
+LOCK_RESERVE = 16 << 10
+
+
+def reserve_lock_file(folder: str) -> None:
+    """Make ``folder/lock.mdb`` at least ``LOCK_RESERVE`` bytes, allocated on disk (not
+    sparse), before ``lmdb.open`` maps it; OSError (ENOSPC, ...) when the disk cannot."""
+    fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, LOCK_RESERVE)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system that cannot: LMDB's way
+                    raise
+    finally:
+        os.close(fd)
+
+
 # -- publishing ------------------------------------------------------------------
 def fsync_path(path: str) -> None:
     """fsync a file or a directory (a directory's fsync makes renames in it durable)."""
@@ -466,7 +500,12 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     os.makedirs(out, exist_ok=True)
     pf = environments.open_data(src, readahead=True)
     try:
-        _copy_items(pf, src, out, pack_binding(meta))
+        try:
+            _copy_items(pf, src, out, pack_binding(meta))
+        finally:
+            # Two `pack --update` commits during the copy may have reused pages it read.
+            if pf.committed_txnid() > pf.txnid + 1:
+                raise PackError(f"{src} was updated while it was copied", "copy it again when no update runs")
     except CorruptRecordError as exc:
         raise PackError(
             f"{src} is damaged, so it cannot be copied: record {exc.index} is corrupt ({exc.why})",
@@ -500,6 +539,7 @@ def _copy_items(pf: PageFile, src: str, out: str, binding: bytes | None) -> None
     each record checked (CorruptRecordError) as a reader would check it."""
     map_size = pf.size + pf.size // 4 + (64 << 20)
     try:
+        reserve_lock_file(out)  # a full disk: ENOSPC here, not SIGBUS inside lmdb.open
         env = lmdb.open(out, map_size=map_size, subdir=True, readahead=False, meminit=False, sync=False, max_dbs=0)
     except lmdb.Error as exc:
         raise PackError(f"cannot create the copy of {src} in {out}: {exc}", "check the destination") from None

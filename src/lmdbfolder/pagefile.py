@@ -28,6 +28,10 @@ regular file is fork-safe; readers still open their own in each process (see
 ``audit`` walks the whole file (both B-trees, overflow extents, the free
 list) for ``verify`` and ``copy``.
 
+Only regular files are opened (``open_regular``, which every file a pack or a
+source names goes through): a FIFO named ``data.mdb`` would block the open
+until some writer came, and a device never ends.
+
 Format read: LMDB 0.9 (data version 1, 16-byte page header, 64-bit,
 little-endian), which py-lmdb writes by default (also 3.0's default engine);
 anything else is ``PageDamage(kind="format")``. Layout (``lib/mdb.c``):
@@ -43,21 +47,25 @@ higher txnid is current (``mdb_env_pick_meta``).
 
 Limits: nothing can prevent SIGBUS when the file is truncated *in place*
 after it was mapped, or on an I/O error of the disk (LMDB has the same
-limits); lmdbfolder replaces packs by rename, never in place.
+limits); lmdbfolder never truncates a pack in place (``pack --update``
+changes one in place by LMDB transactions, which only grow the file; see
+``committed_txnid``).
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from lmdbfolder.errors import LmdbFolderError
 
-__all__ = ["PageDamage", "PageFile", "ovpages", "Audit"]
+__all__ = ["PageDamage", "PageFile", "ovpages", "Audit", "NotRegularFileError", "open_regular", "read_regular"]
 
 PAGEHDRSZ = 16
 P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_DIRTY, P_LEAF2, P_SUBP = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40
@@ -110,6 +118,45 @@ class PageDamage(LmdbFolderError):
         super().__init__(f"{where} is damaged: {why}")
 
 
+class NotRegularFileError(OSError):
+    """A path that names a FIFO, a socket or a device where a regular file is read
+    (an ``OSError`` with ``filename`` and a ``strerror`` that says what it is)."""
+
+
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
+    """A file descriptor of ``path``, opened for reading (``flags``), if it is a regular
+    file; else ``IsADirectoryError`` for a directory and ``NotRegularFileError`` for a
+    FIFO, socket or device, raised without blocking (a FIFO's open waits for a writer,
+    ``/dev/zero`` never ends). Other ``OSError`` s as ``os.open`` raises them."""
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if not stat.S_ISREG(mode):
+            what = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise NotRegularFileError(errno.EINVAL, f"it is {what}, not a regular file", os.fspath(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (``open_regular``); with ``limit``, an
+    ``OSError`` (EFBIG) for a file of more bytes than that, before reading it."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if limit is not None and size > limit:
+            raise OSError(errno.EFBIG, f"it holds {size:,} bytes, more than the {limit:,} allowed", os.fspath(path))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read() if limit is None else f.read(limit + 1)[:limit]
+    finally:
+        os.close(fd)
+
+
 def ovpages(size: int, psize: int) -> int:
     """Number of overflow pages LMDB uses for a value of ``size`` bytes (``OVPAGES``)."""
     return (PAGEHDRSZ - 1 + size) // psize + 1
@@ -137,17 +184,23 @@ class PageFile:
         readahead: False asks the kernel not to read ahead (``MADV_RANDOM``),
             as LMDB does with ``readahead=False``.
 
-    Branch pages are parsed once and kept (a pack never changes); leaf pages
-    are searched in place. ``get`` costs a few microseconds. Raises
-    PageDamage (``kind`` ``"format"`` or ``"truncated"``) when the file is
-    not a complete LMDB 0.9 data file, and OSError when it cannot be read.
+    Branch pages are parsed once and kept (the tree of a transaction never
+    changes); leaf pages are searched in place. ``get`` costs a few
+    microseconds. Raises PageDamage (``kind`` ``"format"`` or ``"truncated"``)
+    when the file is not a complete LMDB 0.9 data file, and OSError when it
+    cannot be read. ``previous``: read the tree of the other meta page, the
+    commit before the current one (``pack --update`` commits each version in
+    one transaction, so that is the version before; see ``committed_txnid``).
     Safe to share between threads (nothing it holds changes but its page
     cache, a dict).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, previous: bool = False) -> None:
         self.path = os.fspath(path)
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        #: Read the tree of the meta page LMDB did not pick (the commit before the
+        #: last one), not the current one: see ``committed_txnid``.
+        self.previous = previous
+        fd = open_regular(self.path)
         try:
             self.size = os.fstat(fd).st_size
             if self.size < 2 * 512:
@@ -194,6 +247,8 @@ class PageFile:
         self.psize = psize
         m1 = self._meta_at(psize, 1)
         meta, which = (m1, 1) if m0[-1] < m1[-1] else (m0, 0)  # mdb_env_pick_meta
+        if self.previous:
+            meta, which = (m0, 0) if which else (m1, 1)
         self.metas = (m0, m1)
         (_, _, _, _, *dbs, last_pg, txnid) = meta
         self.free_db = DB(*dbs[0:8])
@@ -220,6 +275,22 @@ class PageFile:
                 raise PageDamage(
                     self.path, f"meta page {which} names {name} root page {db.root}, out of range", pgno=which
                 )
+
+    def committed_txnid(self) -> int:
+        """The id of the newest transaction committed to the file now (the larger
+        txnid of the two meta pages, read again from the map).
+
+        The map is shared with the file, so a writer's commits show here; the
+        tree this ``PageFile`` reads stays the one of ``txnid`` (read at open).
+        LMDB never overwrites a page of the tree of transaction ``T`` before
+        transaction ``T + 3`` (pages freed by ``T + 1`` are reused from
+        ``T + 3`` on, when no reader is registered, and ours are not), and
+        writes a transaction's pages before its meta page: so lookups done
+        before this returns at most ``txnid + 1`` read the tree of ``txnid``
+        intact (``lmdbfolder.read.reader`` checks after each read).
+        """
+        at = PAGEHDRSZ + _META.size - 8
+        return max(_U64.unpack_from(self._mm, at)[0], _U64.unpack_from(self._mm, self.psize + at)[0])
 
     # -- pages -------------------------------------------------------------------
     def _header(self, pgno: int, parent: int | None) -> tuple[int, int, int]:
@@ -256,7 +327,7 @@ class PageFile:
         return self._mm[off + _NODE.size : off + _NODE.size + ksize]
 
     def _parse(self, pgno: int, parent: int | None) -> tuple[Any, ...]:
-        """Checked summary of B-tree page ``pgno``, cached (a pack never changes).
+        """Checked summary of B-tree page ``pgno``, cached (the tree this file reads never changes).
 
         A branch: ``(P_BRANCH, keys, children, ordered)``. A leaf:
         ``(P_LEAF, nodes, upper, first)``, where ``first`` is the sample index

@@ -23,6 +23,26 @@ adds:
   order, each rank takes a contiguous block of it, and shuffles it within
   windows of about ``shards_at_once`` shards, so a rank reads from only a few
   shards at a time.
+* **Node-local sampling** (``order="nodes"``, ``nodes=N``) for packs staged
+  from object storage: each epoch the shards, in a seeded order, are split
+  into ``nodes`` contiguous blocks of ``ranks per node x num_samples``
+  samples, one per node (ranks ``node * R .. node * R + R - 1``, torchrun's
+  numbering). A node's ranks take turns over its block, shuffled within
+  windows of ``shards_at_once`` shards, so they move through the same few
+  shards together, and the node stages about ``1/nodes`` of the shards per
+  epoch (plus at most one shard it shares with each neighbouring node when
+  the shards' sizes do not fall on the split). The seed reassigns shards to
+  nodes every epoch. The cost is shuffle quality: a batch mixes samples of
+  about ``shards_at_once`` shards only (and the global batch those of
+  ``nodes x shards_at_once``), where ``order="random"`` draws every batch
+  from the whole dataset. With a class-sorted pack (ImageFolder order) a
+  shard holds few classes, so pack with more, smaller shards and raise
+  ``shards_at_once`` as far as the cache allows (docs/design.md).
+
+With a pack in object storage (``LMDBFolder(url, cache_dir=...)``), the
+sampler tells the pack's staging cache, at the start of each epoch, the order
+in which this rank will read the shards, so they are fetched ahead of need
+in that order and evicted when no rank on the node needs them any more.
 
 Ranks need no communication: the order is a function of (seed, epoch,
 dataset size, shard offsets, number of ranks), computed identically in every
@@ -34,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import os
 from typing import Any, Iterator, Sequence, Sized
 
 from lmdbfolder.errors import MissingDependencyError
@@ -47,10 +68,12 @@ except ImportError as exc:  # a core-only install: say what to install
 
 __all__ = ["ExactDistributedSampler", "ORDERS"]
 
-ORDERS = ("random", "shards")
+ORDERS = ("random", "shards", "nodes")
 _STATE_VERSION = 1
 #: Settings a saved state must share with the sampler that loads it.
-_SETTINGS = ("num_replicas", "dataset_len", "shuffle", "seed", "drop_last", "order", "window")
+_SETTINGS = ("num_replicas", "dataset_len", "shuffle", "seed", "drop_last", "order", "window", "nodes")
+#: The value of a setting that states saved before it existed meant.
+_SETTING_DEFAULTS = {"nodes": 1}
 
 
 def _shard_offsets_of(dataset: Sized) -> list[int] | None:
@@ -58,6 +81,14 @@ def _shard_offsets_of(dataset: Sized) -> list[int] | None:
         offsets = getattr(obj, "shard_offsets", None)
         if offsets is not None:
             return [int(x) for x in offsets]
+    return None
+
+
+def _staging_of(dataset: Sized) -> Any:
+    for obj in (dataset, getattr(dataset, "reader", None)):
+        staging = getattr(obj, "staging", None)
+        if staging is not None:
+            return staging
     return None
 
 
@@ -79,11 +110,16 @@ class ExactDistributedSampler(Sampler[int]):
         seed: the same in every rank.
         drop_last: the remainder policy. False: pad by repeating
             ``num_padded`` samples; True: leave out ``num_dropped`` samples.
-        order: ``"random"`` (the order of torch's DistributedSampler) or
-            ``"shards"`` (shard-aware, see the module docs).
-        shards_at_once: for ``order="shards"``: the shuffle window is this
-            many average shards long, so a rank reads from at most
-            ``shards_at_once + 1`` shards at a time.
+        order: ``"random"`` (the order of torch's DistributedSampler),
+            ``"shards"`` (shard-aware) or ``"nodes"`` (node-local: each node's
+            ranks read their own part of the shards; see the module docs).
+        shards_at_once: for ``order="shards"`` and ``"nodes"``: the shuffle
+            window is this many average shards long, so a rank reads from at
+            most ``shards_at_once + 1`` shards at a time.
+        nodes: for ``order="nodes"``: the number of nodes; ranks
+            ``k * R .. k * R + R - 1`` are node ``k`` (``R = num_replicas //
+            nodes``, torchrun's numbering). Default: ``num_replicas //
+            LOCAL_WORLD_SIZE`` (set by torchrun).
         window: the shuffle window in samples (overrides ``shards_at_once``).
         shard_offsets: first index of each shard, then the total (``num_shards + 1``
             values); by default taken from ``dataset``, else one shard.
@@ -112,6 +148,7 @@ class ExactDistributedSampler(Sampler[int]):
         shards_at_once: int = 2,
         window: int | None = None,
         shard_offsets: Sequence[int] | None = None,
+        nodes: int | None = None,
     ) -> None:
         if num_replicas is None or rank is None:
             if not (dist.is_available() and dist.is_initialized()):
@@ -132,6 +169,21 @@ class ExactDistributedSampler(Sampler[int]):
             raise ValueError(f"shard_offsets must rise from 0 to len(dataset)={n}, got {offsets[:3]}...{offsets[-2:]}")
         if shards_at_once < 1 or (window is not None and window < 1):
             raise ValueError("shards_at_once and window must be positive")
+        if order == "nodes":
+            if nodes is None:
+                local = os.environ.get("LOCAL_WORLD_SIZE", "")
+                if not local.isdigit() or int(local) < 1:
+                    raise ValueError("order='nodes' needs nodes=N (or LOCAL_WORLD_SIZE, which torchrun sets)")
+                nodes = max(1, num_replicas // int(local))
+            if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or num_replicas % nodes:
+                raise ValueError(
+                    f"nodes must divide num_replicas={num_replicas} (every node runs as many ranks), got {nodes!r}"
+                )
+        elif nodes not in (None, 1):
+            raise ValueError(f"nodes is for order='nodes', not order={order!r}")
+        self.nodes = nodes or 1
+        self.ranks_per_node = num_replicas // self.nodes
+        self._dataset = dataset  # its staging cache (a pack in object storage) follows the order
         self.dataset_len = n
         self.num_replicas = num_replicas
         self.rank = rank
@@ -192,6 +244,23 @@ class ExactDistributedSampler(Sampler[int]):
                 indices = torch.randperm(n, generator=g).tolist()
             else:
                 indices = list(range(n))
+        elif self.order == "nodes":
+            offsets = self.shard_offsets
+            shard_order = list(range(len(offsets) - 1))
+            if self.shuffle:
+                g = torch.Generator()
+                g.manual_seed(self.seed + epoch)
+                shard_order = torch.randperm(len(shard_order), generator=g).tolist()
+            # No rotation: the nodes' blocks start on shard boundaries wherever
+            # the sizes allow, so a node stages only its own shards.
+            indices = [i for s in shard_order for i in range(offsets[s], offsets[s + 1])]
+            if self.drop_last:
+                return indices[: self.total_size]
+            # Padding repeats the end of the sequence: samples of the last node's
+            # own shards, so padding makes no node stage another node's shard.
+            padding = self.total_size - n
+            repeated = indices * math.ceil(padding / n) if padding else []
+            return indices + repeated[len(repeated) - padding :]
         else:
             offsets = self.shard_offsets
             shard_order = list(range(len(offsets) - 1))
@@ -221,6 +290,21 @@ class ExactDistributedSampler(Sampler[int]):
         order = self.global_order(epoch)
         if self.order == "random":
             return order[rank : self.total_size : self.num_replicas]
+        if self.order == "nodes":
+            node, local = divmod(rank, self.ranks_per_node)
+            size = self.ranks_per_node * self.num_samples
+            block = order[node * size : (node + 1) * size]
+            if self.shuffle:
+                # The same shuffle in every rank of the node; the ranks then take
+                # turns, so they read the same window of shards at the same time.
+                g = torch.Generator()
+                g.manual_seed(_derived_seed(self.seed, epoch, node, self.nodes))
+                shuffled: list[int] = []
+                for start in range(0, len(block), self.window):
+                    part = block[start : start + self.window]
+                    shuffled.extend(part[j] for j in torch.randperm(len(part), generator=g).tolist())
+                block = shuffled
+            return block[local :: self.ranks_per_node]
         block = order[rank * self.num_samples : (rank + 1) * self.num_samples]
         if not self.shuffle:
             return block
@@ -237,9 +321,40 @@ class ExactDistributedSampler(Sampler[int]):
         start = 0 if self._resume_at is None else self._resume_at
         self._resume_at = None
         self._position = start
-        for index in itertools.islice(self.indices(), start, None):
+        indices = self.indices()
+        follower, events = self._follow(indices, start)
+        for index in itertools.islice(indices, start, None):
             self._position += 1
+            if self._position in events:
+                follower.advance(self._position)
             yield index
+
+    def shard_schedule(self, indices: Sequence[int], start: int = 0) -> list[tuple[int, int]]:
+        """``(shard, position of its last use)`` for the shards ``indices[start:]``
+        reads, in the order of their first use (what a staging cache fetches ahead)."""
+        import numpy as np
+
+        idx = np.asarray(indices[start:], dtype=np.int64)
+        if not len(idx):
+            return []
+        shard = np.searchsorted(np.asarray(self.shard_offsets, dtype=np.int64), idx, side="right") - 1
+        shards, first = np.unique(shard, return_index=True)
+        last = len(shard) - 1 - np.unique(shard[::-1], return_index=True)[1]
+        order = np.argsort(first, kind="stable")
+        return [(int(shards[j]), int(last[j]) + start) for j in order]
+
+    def _follow(self, indices: list[int], start: int) -> tuple[Any, set[int]]:
+        """Hand the dataset's staging cache (a pack in object storage) this rank's
+        shard order; the positions at which to tell it how far the rank has got."""
+        staging = _staging_of(self._dataset)
+        if staging is None or staging.num_shards != len(self.shard_offsets) - 1:
+            return None, set()
+        schedule = self.shard_schedule(indices, start)
+        linger = min(self.window, self.num_samples)
+        follower = staging.follow(schedule, linger=linger)
+        follower.advance(start)
+        events = {last + 1 for _, last in schedule} | {last + 1 + linger for _, last in schedule}
+        return follower, events
 
     def __len__(self) -> int:
         return self.num_samples
@@ -283,9 +398,9 @@ class ExactDistributedSampler(Sampler[int]):
         if not isinstance(state_dict, dict) or state_dict.get("version") != _STATE_VERSION:
             raise ValueError(f"not a state of ExactDistributedSampler (version {_STATE_VERSION}): {state_dict!r}")
         differ = [
-            f"{name} {state_dict.get(name)!r} -> {getattr(self, name)!r}"
+            f"{name} {state_dict.get(name, _SETTING_DEFAULTS.get(name))!r} -> {getattr(self, name)!r}"
             for name in _SETTINGS
-            if state_dict.get(name) != getattr(self, name)
+            if state_dict.get(name, _SETTING_DEFAULTS.get(name)) != getattr(self, name)
         ]
         if differ:
             raise ValueError("the saved sampler state does not fit this sampler: " + "; ".join(differ))

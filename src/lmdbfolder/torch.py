@@ -16,12 +16,15 @@ docs/switching-from-imagefolder.md.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import sys
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from lmdbfolder.errors import DecodeError, MissingDependencyError, OptionError
+from lmdbfolder.errors import DecodeError, MissingDependencyError, NoSamplesError, OptionError, SlowPathWarning
 
 try:
     import torch
@@ -34,7 +37,7 @@ except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder import fused, transport
-from lmdbfolder.codecs import encoding_of
+from lmdbfolder.codecs import decode_hint, decode_rgb, encoding_of
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.plan import BatchItemError
@@ -47,9 +50,9 @@ from lmdbfolder.read.selection import (
     select,
     source_root_of,
 )
-from lmdbfolder.read.stored_file import stored_file
+from lmdbfolder.read.stored_file import StoredFile, stored_file
 
-__all__ = ["LMDBFolder", "LMDBDatasetFolder", "BatchSamples", "collate"]
+__all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
 
 
 class LMDBDatasetFolder(DatasetFolder):
@@ -66,8 +69,14 @@ class LMDBDatasetFolder(DatasetFolder):
             pack, or a sharded pack: its shards are opened lazily in each
             process). ``~`` is expanded. A missing path raises
             ``PackNotFoundError`` (a ``FileNotFoundError``, as ImageFolder).
-        loader: ``None`` (default), torchvision's ``default_loader`` or
-            ``pil_loader``: the stored image is decoded to RGB by lmdbfolder,
+            Or the URL of a sharded pack in object storage (``s3://bucket/train``,
+            uploaded with ``lmdbfolder copy PACK URL``), with ``cache_dir``: its
+            shards are staged there as they are needed (in the order
+            ``ExactDistributedSampler`` will read them; ``root`` is then the
+            cache folder of the pack).
+        loader: required, as in DatasetFolder (``LMDBFolder`` defaults it to
+            ``default_loader``, as ImageFolder). torchvision's ``default_loader``
+            or ``pil_loader`` (or None): the stored image is decoded to RGB by lmdbfolder,
             exactly as ``pil_loader`` does (and with ``decoder``, ``size_hint``
             and the fused crop). Any other callable is called as ImageFolder
             calls it, with a path: a ``str`` naming a file that holds exactly
@@ -126,6 +135,11 @@ class LMDBDatasetFolder(DatasetFolder):
             (1), restored afterwards; several threads made small tensor ops
             such as a flip hundreds of times slower on a busy machine. None:
             leave torch's setting alone.
+        cache_dir: for a URL ``root``: the local folder (fast disk) shards are
+            staged into, the same for every worker and rank of a node (one
+            download per shard per node; ``lmdbfolder.read.staging``).
+        cache_limit: for a URL ``root``: bytes of staged shards to keep at
+            most; shards no rank of the node needs any more are evicted first.
 
     The batch fast path: when ``transform`` is
     ``lmdbfolder.fused.RandomResizedCrop(..., output="tensor")`` followed by at
@@ -166,7 +180,7 @@ class LMDBDatasetFolder(DatasetFolder):
     def __init__(
         self,
         root: str | os.PathLike[str],
-        loader: Callable[[str], Any] | None = None,
+        loader: Callable[[str], Any] | None,
         extensions: str | tuple[str, ...] | None = None,
         transform: Callable[..., Any] | None = None,
         target_transform: Callable[..., Any] | None = None,
@@ -181,6 +195,8 @@ class LMDBDatasetFolder(DatasetFolder):
         prefetch: bool = False,
         threads: int = 1,
         torch_threads: int | None = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise OptionError(f"threads must be a whole number of at least 1, got {threads!r}")
@@ -201,7 +217,9 @@ class LMDBDatasetFolder(DatasetFolder):
         self._targets: list[Any] | None = None
         self._samples: list[tuple[str, Any]] | None = None
         self._assigned_targets: Any = None
-        self.reader: AnyReader = open_pack(root, readahead=readahead, verify_checksums=verify_checksums)
+        self.reader: AnyReader = open_pack(
+            root, readahead=readahead, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit
+        )
         self._selection = Selection.of(None, None, len(self.reader))
         VisionDataset.__init__(self, self.reader.path, transform=transform, target_transform=target_transform)
         self.recorded_root = source_root_of(self.reader.meta)
@@ -209,7 +227,7 @@ class LMDBDatasetFolder(DatasetFolder):
         if source_root is not None:
             self.source_root = os.path.abspath(os.path.expanduser(os.fspath(source_root)))
         self.loader = default_loader if loader is None else loader
-        if not _decodes_itself(self.loader) and self.reader.store == "raw":
+        if not _decodes_itself(self._loader) and self.reader.store == "raw":
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
         source = self.reader.meta.get("source") or {}
         if extensions is not None:
@@ -220,6 +238,8 @@ class LMDBDatasetFolder(DatasetFolder):
             self.extensions = tuple(source.get("extensions") or IMG_EXTENSIONS)
 
         classes, class_to_idx = self.find_classes(self.root)
+        if not classes and self.reader.classes:
+            raise _no_classes_found(self.root, self.source_root)
         if type(self).make_dataset is not LMDBDatasetFolder.make_dataset:
             # A subclass builds the sample list: take it as the samples (paths -> records).
             self.samples = self.make_dataset(
@@ -240,14 +260,21 @@ class LMDBDatasetFolder(DatasetFolder):
             )
         self.classes: list[str] = classes
         self.class_to_idx: dict[str, int] = class_to_idx
+        if decoder != "pillow":
+            _warn_if_slow()
 
     # -- ImageFolder's overridable steps ------------------------------------------------------
     def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
         """The classes of the pack at ``directory`` and their indices, as packed.
 
-        Override it (as for ImageFolder) to use a subset of the classes or
-        other indices: the samples of the classes it leaves out are dropped,
-        the others get its indices.
+        ``directory`` is the pack (``self.root``), not the image folder it was
+        made from (that is ``self.source_root``, which may no longer exist):
+        a pack directory holds no class folders. Override it (as for
+        ImageFolder) to use a subset of the classes or other indices, starting
+        from ``super().find_classes(directory)``: the samples of the classes
+        it leaves out are dropped, the others get its indices. An override
+        that returns no class raises ``NoSamplesError`` (a
+        ``FileNotFoundError``, as ImageFolder's "Couldn't find any class folder").
         """
         if _same_path(directory, self.root):
             return list(self.reader.classes), dict(self.reader.class_to_idx)
@@ -315,14 +342,14 @@ class LMDBDatasetFolder(DatasetFolder):
     def _plan(self) -> fused.TransformPlan:
         """How samples are made in this process (``fused.TransformPlan``), resolved once
         per transform, loader, decoder, size hint and thread count, and per process."""
-        key = (self.transform, self.loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
+        key = (self.transform, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
         plan = self._plan_cache
         if plan is None or key != self._plan_key:
             decoder = current().decoder(self.decoder)  # resolves "auto": part of the key from now on
-            key = (self.transform, self.loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
-            transform = self.transform if _decodes_itself(self.loader) else None
+            key = (self.transform, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
+            transform = self.transform if _decodes_itself(self._loader) else None
             plan = fused.TransformPlan(transform, decoder=decoder, size_hint=self.size_hint, threads=self.threads)
-            if not _decodes_itself(self.loader):
+            if not _decodes_itself(self._loader):
                 plan.batches = False  # the user's loader makes every sample
             self._plan_cache, self._plan_key = plan, key
         return plan
@@ -350,10 +377,11 @@ class LMDBDatasetFolder(DatasetFolder):
         return BatchSamples(images, [self._target(rec, p) for rec, p in zip(records, positions)])
 
     def _decode_error(self, rec: Record, exc: BaseException) -> DecodeError:
-        return DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}")
+        hint = decode_hint(exc)
+        return DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}", hint)
 
     def _sample(self, plan: fused.TransformPlan, rec: Record, position: int | None) -> tuple[Any, Any]:
-        if not _decodes_itself(self.loader):
+        if not _decodes_itself(self._loader):
             return self._load_with_loader(rec), self._target(rec, position)
         try:
             sample = plan.decode(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
@@ -372,14 +400,48 @@ class LMDBDatasetFolder(DatasetFolder):
         source = sample_path(self.source_root, self.reader.path_of(rec.index))
         with stored_file(rec.payload, source, rec.index) as path:
             try:
-                sample = self.loader(path)
+                sample = self._loader(path)
             except Exception as exc:
                 if hasattr(exc, "add_note"):  # Python 3.11+
-                    exc.add_note(f"lmdbfolder: loader {self.loader!r} failed on record {rec.index} ({source})")
+                    exc.add_note(f"lmdbfolder: loader {self._loader!r} failed on record {rec.index} ({source})")
                 raise
             if self.transform is not None:
                 sample = self.transform(sample)  # inside the block: a lazy loader may still read the file
         return sample
+
+    @property
+    def loader(self) -> PackLoader:
+        """The loader, bound to the pack: ``ds.loader(path)`` with a path from ``samples``
+        loads that sample's image from the pack, never from the image folder.
+
+        So a ``__getitem__`` override written for ImageFolder (``path, target =
+        self.samples[index]; sample = self.loader(path)``) reads the pack, and
+        keeps working after the folder is gone. The usual way is shorter and
+        takes the fast path: ``sample, target = super().__getitem__(index)``.
+        A path that is no sample of the pack is passed to the loader as it is
+        when the file exists, else it is a FileNotFoundError that says so.
+        ``ds.loader.__wrapped__`` is the loader that was given.
+        """
+        return PackLoader(self, self._loader)
+
+    @loader.setter
+    def loader(self, value: Callable[[str], Any]) -> None:
+        if isinstance(value, PackLoader):
+            value = value.__wrapped__
+        self._loader = value
+        self._plan_cache = None
+
+    def _pack_index_of(self, path: Any) -> int | None:
+        """The pack index of the sample at ``path`` (as in ``samples``), or None."""
+        if isinstance(path, StoredFile):
+            return path.pack_index
+        index = self.__dict__.get("_path_index")
+        if index is None:
+            index = self._path_index = PathIndex(self.reader, [self.source_root, self.recorded_root])
+        try:
+            return index(path)
+        except (ValueError, TypeError):
+            return None
 
     @property
     def decoder(self) -> str:
@@ -499,6 +561,7 @@ class LMDBDatasetFolder(DatasetFolder):
         state["_samples"] = None
         state["_plan_cache"] = None  # libraries, buffers and threads of this process: made again in each
         state["_plan_key"] = ()
+        state.pop("_path_index", None)  # path -> index, built where it is used
         return state
 
     def _paths(self) -> list[str]:
@@ -515,8 +578,8 @@ class LMDBDatasetFolder(DatasetFolder):
         ]
         if self._selection.indices is not None:
             lines.append(f"Selected: {len(self)} of {len(self.reader)} packed samples")
-        if not _decodes_itself(self.loader):
-            lines.append(f"Loader: {self.loader!r}")
+        if not _decodes_itself(self._loader):
+            lines.append(f"Loader: {self._loader!r}")
         return "\n".join(lines)
 
 
@@ -527,7 +590,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
     allow_empty)``: ImageFolder's arguments, in its order, with its meaning
     (see ``LMDBDatasetFolder`` for each, and for ``extensions``,
     ``source_root``, ``decoder``, ``size_hint``, ``readahead``,
-    ``verify_checksums`` and ``prefetch``, which are keyword-only here). Code
+    ``verify_checksums``, ``prefetch``, ``cache_dir`` and ``cache_limit``,
+    which are keyword-only here). Code
     written with DatasetFolder's order ``(root, loader, extensions, ...)``
     should use ``LMDBDatasetFolder``; a torchvision loader passed where the
     transform goes is refused with that advice.
@@ -549,7 +613,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         root: str | os.PathLike[str],
         transform: Callable[..., Any] | None = None,
         target_transform: Callable[..., Any] | None = None,
-        loader: Callable[[str], Any] | None = None,
+        loader: Callable[[str], Any] = default_loader,
         is_valid_file: Callable[[str], bool] | None = None,
         allow_empty: bool = False,
         *,
@@ -562,6 +626,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         prefetch: bool = False,
         threads: int = 1,
         torch_threads: int | None = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(
@@ -580,6 +646,96 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
             prefetch=prefetch,
             threads=threads,
             torch_threads=torch_threads,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+        )
+
+
+class PackLoader:
+    """``LMDBFolder.loader``: the given loader, bound to the pack (see that property).
+
+    Called with a path from ``samples``, it loads the sample from the pack:
+    torchvision's ``default_loader``/``pil_loader`` give ``pil_loader``'s RGB
+    image of the stored bytes, any other loader is called with a path to a
+    file holding them (``StoredFile``: ``.source`` is the original path).
+    """
+
+    __slots__ = ("_dataset", "__wrapped__")
+
+    def __init__(self, dataset: LMDBDatasetFolder, loader: Callable[[str], Any]) -> None:
+        self._dataset = dataset
+        self.__wrapped__ = loader
+
+    def __call__(self, path: Any) -> Any:
+        ds, loader = self._dataset, self.__wrapped__
+        if isinstance(path, StoredFile):  # a file of stored bytes already: the loader reads it
+            return loader(path)
+        index = ds._pack_index_of(path)
+        if index is None:
+            if isinstance(path, (str, os.PathLike)) and os.path.exists(path):
+                return loader(path)  # type: ignore[arg-type]  # a file of the user's own, not a sample of the pack
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"{os.fspath(path) if isinstance(path, (str, os.PathLike)) else path!r} is no sample of the pack "
+                f"{ds.root} (whose samples' paths start with {ds.source_root}) and no such file exists. "
+                "LMDBFolder reads its samples from the pack: in a __getitem__ override, "
+                "`sample, target = super().__getitem__(index)` gives sample `index` (transform applied), "
+                "`self.loader(self.samples[index][0])` its image",
+                os.fspath(path) if isinstance(path, (str, os.PathLike)) else None,
+            )
+        rec = ds.reader.get(index)
+        if _decodes_itself(loader):
+            return decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
+        if encoding_of(rec.encoding).stores_pixels:
+            raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
+        with stored_file(rec.payload, sample_path(ds.source_root, ds.reader.path_of(index)), index) as stored:
+            return loader(stored)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackLoader):
+            return self._dataset is other._dataset and self.__wrapped__ == other.__wrapped__
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((id(self._dataset), self.__wrapped__))
+
+    def __repr__(self) -> str:
+        return f"PackLoader({self.__wrapped__!r} on {self._dataset.root})"
+
+
+def _no_classes_found(root: str, source_root: str) -> NoSamplesError:
+    # ImageFolder's find_classes raises for a root without class folders; an override
+    # that scans ``directory`` finds none in a pack, and 0 classes would silently be 0 samples.
+    return NoSamplesError(
+        root,
+        [],
+        f"Couldn't find any class folder: find_classes({root!r}) returned no class. Its directory is "
+        f"the pack, which holds no class folders (the image folder it was packed from is {source_root})",
+        "start a find_classes override from the pack's classes: `classes, class_to_idx = "
+        "super().find_classes(directory)`, then keep or renumber them",
+    )
+
+
+def _warn_if_slow() -> None:
+    # Once per process (per capabilities snapshot): the compiled crop decoder is missing.
+    caps = current()
+    first: list[bool] = []
+
+    def asked() -> bool:
+        first.append(True)
+        return True
+
+    caps.answer("warned:compiled", asked)
+    if first and caps.regions_switch and caps.compiled() is None:
+        frame, level = sys._getframe(0), 1
+        while frame is not None and frame.f_globals.get("__name__") == __name__:
+            frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+        warnings.warn(
+            "lmdbfolder's compiled crop decoder (lmdbfolder.read._crops) is not built in this installation, "
+            "so JPEG crops are decoded whole and resized by Pillow: the same pixels, about 20% slower. "
+            "`lmdbfolder doctor` says what to install (usually: apt-get install libjpeg-dev, then reinstall)",
+            SlowPathWarning,
+            stacklevel=level,  # the user's line that made the dataset
         )
 
 

@@ -3,7 +3,7 @@
 Generates an ImageNet-like folder of real JPEGs, packs it, verifies it,
 checks that ``LMDBFolder`` returns exactly what ``ImageFolder`` returns, and
 runs ``lmdbfolder bench`` on it (raw reads and the training pipeline, cold
-and warm, LMDBFolder with its defaults and with the auto decoder and the fused crop, a
+and warm, LMDBFolder with its defaults and with the fused crop, a
 ``--max-size 256`` copy).
 """
 
@@ -19,7 +19,7 @@ from lmdbfolder.errors import install_hint
 from lmdbfolder.tools.verify import verify
 from lmdbfolder.write.writer import pack
 
-__all__ = ["run_demo", "imagefolder_differences"]
+__all__ = ["run_demo", "imagefolder_differences", "leave_out_skipped"]
 
 
 def _say(as_json: bool, text: str) -> None:
@@ -120,6 +120,19 @@ def run_demo(
             "Run `lmdbfolder bench YOUR_TREE` for your own data (--json, chart)."
         )
     return 0
+
+
+def leave_out_skipped(files_ds: Any, packed_ds: Any) -> int:
+    """Drop from the ImageFolder ``files_ds`` the samples that are not in the pack
+    (files ``pack`` skipped: truncated, not images, ...), so that the two can be
+    compared sample by sample; returns how many were dropped."""
+    packed = set(packed_ds.filenames())
+    keep = [(p, t) for p, t in files_ds.samples if os.path.relpath(p, files_ds.root) in packed]
+    dropped = len(files_ds.samples) - len(keep)
+    if dropped:
+        files_ds.samples = files_ds.imgs = keep
+        files_ds.targets = [t for _, t in keep]
+    return dropped
 
 
 def imagefolder_differences(files_ds: Any, packed_ds: Any, *, limit: int | None = None) -> list[str]:

@@ -20,18 +20,31 @@ shared machine drifts; ratios measured in one run are what to compare):
 Contestants are named by their settings; the report calls a ratio below 1
 slower and above 1 faster, and "fastest" only what measured fastest.
 
+Only the samples that are in every pack are measured, for every contestant:
+a source file that the pack skipped (truncated, not an image) is left out of
+the ImageFolder runs too (ImageFolder would fail on it), and the report says
+how many. Each contestant's runs are alternated with the others'; the report
+gives the fastest of them (interference on a shared machine only slows a run
+down), says where the runs disagree (``SPREAD_WARNING``), and records for
+each run the CPU time of this process and its workers (CPU ms per image) and
+the CPU time every other process used meanwhile (``timing.CpuMeter``): when
+other processes kept more than ``BUSY_SHARE`` of the CPUs busy, the report
+says the machine was shared and the ratios are only directional.
+
 The page cache is made cold by ``os.sync()`` and ``posix_fadvise(DONTNEED)``
 on every file (no root needed); the report says when that is impossible.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import random
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -39,6 +52,7 @@ from lmdbfolder import packdir
 from lmdbfolder.bench.timing import (
     Measurement,
     fast_train_transform,
+    measured,
     read_path_overhead,
     time_in_process,
     time_loader,
@@ -47,6 +61,7 @@ from lmdbfolder.bench.timing import (
     time_sequential,
     train_transform,
 )
+from lmdbfolder.errors import SkippedFilesWarning, SourceError
 from lmdbfolder.text import plural
 from lmdbfolder.tools.cache import EvictReport, can_evict, evict, warm
 
@@ -63,6 +78,8 @@ __all__ = [
     "RAW_BATCH",
     "RESIZED",
     "RESIZED_RAW",
+    "SPREAD_WARNING",
+    "BUSY_SHARE",
 ]
 
 FILES = "ImageFolder (files)"
@@ -70,12 +87,16 @@ FILES = "ImageFolder (files)"
 RAW_GET = "pack, Reader.get"
 RAW_BATCH = "pack, get_many + prefetch"
 DEFAULT = "LMDBFolder default"
-FUSED = "LMDBFolder auto decoder + fused crop"
+FUSED = "LMDBFolder + fused crop"
 RESIZED = "LMDBFolder max-size"
 RESIZED_RAW = "LMDBFolder max-size raw"
 DD = "dd data.mdb"
 RECIPE = "LMDB readahead=False (recipe)"
 BATCH = 64
+#: Repeated runs whose fastest is this many times their slowest are reported as disagreeing.
+SPREAD_WARNING = 1.2
+#: Other processes using more than this share of the CPUs during a run make it a shared machine's run.
+BUSY_SHARE = 0.1
 
 
 @dataclass
@@ -130,6 +151,8 @@ class BenchResult:
                     m.__dict__,
                     images_per_second=round(m.images_per_second, 1),
                     mb_per_second=round(m.mb_per_second, 1),
+                    cpu_ms_per_image=None if m.cpu_ms_per_image is None else round(m.cpu_ms_per_image, 2),
+                    others_cpus=None if m.others_cpus is None else round(m.others_cpus, 2),
                 )
                 for m in self.measurements
             ],
@@ -139,7 +162,13 @@ class BenchResult:
 
 
 class _Best:
-    """All runs of each (contestant, workload, workers); reports the median run."""
+    """All runs of each (contestant, workload, workers); reports the fastest run of each.
+
+    On a shared machine another process can only slow a run down, so the
+    fastest run is the best estimate of what the contestant does undisturbed
+    (a median of two is the slower one: one stall decided a ratio). How far
+    the runs are apart is reported beside it (``spreads``).
+    """
 
     def __init__(self) -> None:
         self.all: dict[tuple[str, str, int], list[Measurement]] = {}
@@ -150,17 +179,45 @@ class _Best:
 
     @property
     def runs(self) -> dict[tuple[str, str, int], Measurement]:
-        return {key: _median(ms) for key, ms in self.all.items()}
+        return {key: _fastest(ms) for key, ms in self.all.items()}
 
     def get(self, contestant: str, workload: str, workers: int) -> Measurement | None:
         ms = self.all.get((contestant, workload, workers))
-        return _median(ms) if ms else None
+        return _fastest(ms) if ms else None
+
+    def spreads(self) -> list[dict[str, Any]]:
+        """Every (contestant, workload, workers) with several runs: the rate of each run
+        and ``spread``, the fastest over the slowest (1.0: they agree)."""
+        out = []
+        for (contestant, workload, workers), ms in self.all.items():
+            if len(ms) < 2:
+                continue
+            rates = [_speed(m) for m in ms]
+            low, high = min(rates), max(rates)
+            out.append(
+                {
+                    "contestant": contestant,
+                    "workload": workload,
+                    "workers": workers,
+                    "runs": [round(r, 1) for r in rates],
+                    "unit": "MB/s" if ms[0].images == 0 else "img/s",
+                    "spread": round(high / low, 2) if low > 0 else None,
+                    "others_cpus": [None if m.others_cpus is None else round(m.others_cpus, 2) for m in ms],
+                }
+            )
+        return out
+
+    def every_run(self) -> list[Measurement]:
+        return [m for ms in self.all.values() for m in ms]
 
 
-def _median(ms: list[Measurement]) -> Measurement:
-    """The median run (by throughput; the lower middle one for an even count)."""
-    ordered = sorted(ms, key=lambda m: m.mb_per_second if m.images == 0 else m.images_per_second)
-    return ordered[(len(ordered) - 1) // 2]
+def _speed(m: Measurement) -> float:
+    return m.mb_per_second if m.images == 0 else m.images_per_second
+
+
+def _fastest(ms: list[Measurement]) -> Measurement:
+    """The fastest run (by images/s; MB/s for byte-only runs)."""
+    return max(ms, key=_speed)
 
 
 def _machine() -> dict[str, Any]:
@@ -192,14 +249,22 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
 
     say = cfg.say
     sources = scan(cfg.src)
-    files = [sources.abspath(i) for i in range(len(sources))]
-    source_bytes = sum(os.path.getsize(p) for p in files)
     workdir = cfg.workdir or tempfile.mkdtemp(prefix="lmdbfolder-bench-")
     made_workdir = cfg.workdir is None
     if made_workdir and (cfg.packed is None or cfg.max_size):
         say(f"packs for the bench go to the temporary folder {workdir} (deleted at the end)")
     try:
-        run = _Run(cfg, files, _make_packs(cfg, workdir))
+        packs = _make_packs(cfg, workdir)
+        samples = _Samples.of(sources, packs)
+        if samples.left_out:
+            say(
+                f"{plural(samples.left_out, 'source file')} of {cfg.src} {'is' if samples.left_out == 1 else 'are'} "
+                f"not in the pack (skipped when packing: {packs.skipped_note}); every contestant reads the "
+                f"{plural(len(samples.files), 'other')}"
+            )
+        files = samples.files
+        source_bytes = sum(os.path.getsize(p) for p in files)
+        run = _Run(cfg, samples, packs)
         _measure_raw_reads(run)
         _warm_everything(run)
         overhead = _read_path(run)
@@ -216,6 +281,9 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         )
         result.summary = _summarize(run.best, cfg, single)
         result.summary["read_path"] = overhead
+        result.summary["left_out"] = samples.left_out
+        result.summary["spread"] = run.best.spreads()
+        result.summary["others"] = _others(run.best.every_run(), result.machine.get("cpus") or 1)
         if device_summary is not None:
             result.summary["device"] = device_summary
         result.recommendation = _recommend(run.best, cfg, result.summary)
@@ -236,6 +304,55 @@ class _Packs:
     resized_raw: str | None
     #: what ``BenchResult.pack`` reports: paths, sizes, packing times
     info: dict[str, Any]
+    #: where the files the pack skipped are listed (for the report)
+    skipped_note: str = ""
+
+    def paths(self) -> list[str]:
+        """Every pack of the run."""
+        return [p for p in (self.packed, self.resized, self.resized_raw) if p]
+
+
+@dataclass
+class _Samples:
+    """The samples a bench run measures: the source files that are in every pack.
+
+    A file that ``pack`` skipped is in the tree (and in ImageFolder, which
+    would fail on it) but in no pack; it is left out for every contestant, and
+    each contestant reads the others by its own index: ``source_index`` into
+    ``ImageFolder(SRC)``, ``pack_index[pack]`` into each pack.
+    """
+
+    files: list[str]
+    source_index: list[int]
+    pack_index: dict[str, list[int]]
+    #: source files in no pack (or not in every one)
+    left_out: int
+
+    @classmethod
+    def of(cls, sources: Any, packs: _Packs) -> _Samples:
+        from lmdbfolder.read.opening import open_pack
+
+        by_pack: dict[str, dict[str, int]] = {}
+        for path in packs.paths():
+            with open_pack(path) as reader:
+                by_pack[path] = {p: i for i, p in reversed(list(enumerate(reader.paths())))}
+        files, source_index = [], []
+        pack_index: dict[str, list[int]] = {path: [] for path in by_pack}
+        for i, rel in enumerate(sources.relpaths):
+            found = [table.get(rel) for table in by_pack.values()]
+            if any(k is None for k in found):
+                continue
+            files.append(sources.abspath(i))
+            source_index.append(i)
+            for path, k in zip(by_pack, found):
+                pack_index[path].append(int(k))  # type: ignore[arg-type]
+        if not files:
+            raise SourceError(
+                packs.packed,
+                f"none of its samples is a file of {sources.root} (compared by path relative to the source folder)",
+                "pass the pack made from this folder (or leave PACKED out to pack it now)",
+            )
+        return cls(files, source_index, pack_index, len(sources) - len(files))
 
 
 def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
@@ -246,16 +363,23 @@ def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
     say = cfg.say
     pack_info: dict[str, Any] = {}
     packed = cfg.packed
+    skipped_note = f"see `lmdbfolder info {packed}`"
     if packed is None:
         packed = os.path.join(workdir, "pack")
-        result = pack(cfg.src, packed, progress=cfg.progress)
+        with warnings.catch_warnings():  # said below, with what it means for the bench
+            warnings.simplefilter("ignore", SkippedFilesWarning)
+            result = pack(cfg.src, packed, progress=cfg.progress)
         pack_info.update(packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second))
         say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
+        more = "; ..." if len(result.skipped) > 3 else ""
+        skipped_note = "; ".join(f"{p}: {r}" for p, r in result.skipped[:3]) + more
     pack_info.update(path=os.path.abspath(packed), size=packdir.pack_size(packed))
     resized = None
     if cfg.max_size:
         resized = os.path.join(workdir, f"pack-max{cfg.max_size}")
-        result = pack(cfg.src, resized, resize=Resize(cfg.max_size, cfg.quality), progress=cfg.progress)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SkippedFilesWarning)
+            result = pack(cfg.src, resized, resize=Resize(cfg.max_size, cfg.quality), progress=cfg.progress)
         pack_info["max_size"] = {
             "path": resized,
             "max_size": cfg.max_size,
@@ -272,7 +396,9 @@ def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
     resized_raw = None
     if cfg.max_size and cfg.max_size_raw:
         resized_raw = os.path.join(workdir, f"pack-max{cfg.max_size}-raw")
-        result = pack(cfg.src, resized_raw, store="raw", resize=Resize(cfg.max_size), progress=cfg.progress)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SkippedFilesWarning)
+            result = pack(cfg.src, resized_raw, store="raw", resize=Resize(cfg.max_size), progress=cfg.progress)
         pack_info["max_size_raw"] = {
             "path": resized_raw,
             "size": packdir.pack_size(resized_raw),
@@ -283,16 +409,17 @@ def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
             f"packed a raw copy (--store raw --max-size {cfg.max_size}) in {result.seconds:.1f} s: "
             f"{packdir.pack_size(resized_raw) / 1e6:,.0f} MB"
         )
-    return _Packs(packed, resized, resized_raw, pack_info)
+    return _Packs(packed, resized, resized_raw, pack_info, skipped_note)
 
 
 class _Run:
     """What the steps of one bench run share: the files and packs it reads, the
     samples drawn for each workload, the measurements so far, the evictions."""
 
-    def __init__(self, cfg: BenchConfig, files: list[str], packs: _Packs) -> None:
+    def __init__(self, cfg: BenchConfig, samples: _Samples, packs: _Packs) -> None:
         self.cfg = cfg
-        self.files = files
+        self.samples = samples
+        self.files = files = samples.files
         self.packs = packs
         self.main_files = packdir.data_files(packs.packed)
         self.data_files = self.main_files + [
@@ -310,18 +437,29 @@ class _Run:
         """Evict every file of the run (sources and packs) from the page cache."""
         self.evictions.append(evict(self.files + self.data_files, always_check=self.data_files))
 
+    def in_pack(self, pack: str, positions: Sequence[int]) -> list[int]:
+        """The indices in ``pack`` of the samples at ``positions`` (of ``samples``)."""
+        table = self.samples.pack_index[pack]
+        return [table[k] for k in positions]
+
+    def in_source(self, positions: Sequence[int]) -> list[int]:
+        """The indices in ``ImageFolder(SRC)`` of the samples at ``positions``."""
+        table = self.samples.source_index
+        return [table[k] for k in positions]
+
 
 def _measure_raw_reads(run: _Run) -> None:
     """Raw reads (bytes only, random order), cold then warm, contestants alternated."""
-    cfg, packed, raw_subset = run.cfg, run.packs.packed, run.raw_subset
-    raw_files = [run.files[i] for i in raw_subset]
+    cfg, packed = run.cfg, run.packs.packed
+    raw_files = [run.files[i] for i in run.raw_subset]
+    in_pack = run.in_pack(packed, run.raw_subset)
     raw: list[tuple[str, Callable[[], Measurement]]] = [
         (DD, lambda: time_sequential(run.main_files)),
-        (FILES, lambda: _renamed(time_raw_files(raw_files, seed=cfg.seed), FILES)),
-        (RAW_GET, lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, contestant=RAW_GET)),
+        (FILES, lambda: time_raw_files(raw_files, seed=cfg.seed).renamed(contestant=FILES)),
+        (RAW_GET, lambda: time_raw_pack(packed, indices=in_pack, seed=cfg.seed, contestant=RAW_GET)),
         (
             RAW_BATCH,
-            lambda: time_raw_pack(packed, indices=raw_subset, seed=cfg.seed, batch=BATCH, contestant=RAW_BATCH),
+            lambda: time_raw_pack(packed, indices=in_pack, seed=cfg.seed, batch=BATCH, contestant=RAW_BATCH),
         ),
     ]
     caches = (["cold"] if cfg.cold else []) + ["warm"]
@@ -331,9 +469,7 @@ def _measure_raw_reads(run: _Run) -> None:
             contestants.append(
                 (
                     RECIPE,
-                    lambda: time_raw_pack(
-                        packed, indices=raw_subset, seed=cfg.seed, readahead=False, contestant=RECIPE
-                    ),
+                    lambda: time_raw_pack(packed, indices=in_pack, seed=cfg.seed, readahead=False, contestant=RECIPE),
                 )
             )
         else:
@@ -343,8 +479,8 @@ def _measure_raw_reads(run: _Run) -> None:
             for name, fn in _rotate(contestants, rep):
                 if cache == "cold":
                     run.cold()
-                m = run.best.add(_tag(fn(), cache))
-                cfg.say(f"  raw read, {cache}, {name}: {_rate(m)}")
+                m = run.best.add(_tag(measured(fn), cache))
+                cfg.say(f"  raw read, {cache}, {name}: {_rate(m)}{_cpu_note(m)}")
 
 
 def _warm_everything(run: _Run) -> None:
@@ -382,6 +518,12 @@ def _measure_pipeline(run: _Run, fastest_decoder: str) -> tuple[dict[str, Measur
 
     from lmdbfolder.torch import LMDBFolder
 
+    def indices(name: str, positions: Sequence[int]) -> list[int]:
+        if name == FILES:
+            return run.in_source(positions)
+        path = {RESIZED: packs.resized, RESIZED_RAW: packs.resized_raw}.get(name) or packs.packed
+        return run.in_pack(path, positions)
+
     def make(name: str) -> Any:
         if name == FILES:
             return ImageFolder(cfg.src, transform=train_transform(cfg.size))
@@ -396,10 +538,11 @@ def _measure_pipeline(run: _Run, fastest_decoder: str) -> tuple[dict[str, Measur
     small = subset[: min(len(subset), 300)]
     for name in names:  # warm-up and the single-process rate of decode + augment
         ds = make(name)
-        time_in_process(ds, small[:20], contestant=name)
-        single[name] = best.add(_tag(time_in_process(ds, small, contestant=name), "warm"))
+        time_in_process(ds, indices(name, small[:20]), contestant=name)
+        chosen = indices(name, small)
+        single[name] = best.add(_tag(measured(functools.partial(time_in_process, ds, chosen, contestant=name)), "warm"))
         _close(ds)
-        cfg.say(f"  decode+augment in one process, {name}: {_rate(single[name])}")
+        cfg.say(f"  decode+augment in one process, {name}: {_rate(single[name])}{_cpu_note(single[name])}")
     top = max(cfg.workers)
     runs = [("warm", w) for w in cfg.workers] + ([("cold", top)] if cfg.cold else [])
     for cache, w in runs:
@@ -408,17 +551,17 @@ def _measure_pipeline(run: _Run, fastest_decoder: str) -> tuple[dict[str, Measur
                 ds = make(name)
                 if cache == "cold":
                     run.cold()
-                m = time_loader(
-                    ds,
-                    contestant=name,
-                    workers=w,
-                    batch_size=cfg.batch_size,
-                    indices=subset,
+                chosen = indices(name, subset)
+                m = measured(
+                    functools.partial(
+                        time_loader, ds, contestant=name, workers=w, batch_size=cfg.batch_size, indices=chosen
+                    )
                 )
                 _close(ds)
                 m = best.add(_tag(m, cache))
-                cfg.say(f"  train pipeline, {cache}, {plural(w, 'worker')}, {name}: {_rate(m)}")
-    device_summary = _device_rows(cfg, packs.packed, subset, best, cfg.say) if cfg.device else None
+                cfg.say(f"  train pipeline, {cache}, {plural(w, 'worker')}, {name}: {_rate(m)}{_cpu_note(m)}")
+    in_pack = run.in_pack(packs.packed, subset)
+    device_summary = _device_rows(cfg, packs.packed, in_pack, best, cfg.say) if cfg.device else None
     return single, device_summary
 
 
@@ -441,9 +584,12 @@ def _config(run: _Run, fastest_decoder: str, *, torch_measured: bool) -> dict[st
             RAW_GET: "Reader.get, one record at a time",
             **(
                 {
-                    DEFAULT: "LMDBFolder(root) with the pipeline as given (Pillow decoder)",
+                    DEFAULT: (
+                        f"LMDBFolder(root) with the pipeline as given (its default decoder='auto': here "
+                        f"{fastest_decoder!r})"
+                    ),
                     FUSED: (
-                        f"decoder='auto' (here {fastest_decoder!r}), size_hint={cfg.size}, "
+                        f"LMDBFolder(root, size_hint={cfg.size}) (decoder='auto': here {fastest_decoder!r}) with "
                         f"lmdbfolder.fused.RandomResizedCrop({cfg.size}, resize="
                         f"{'opencv' if _has_cv2() else 'pil'!r}, output='tensor') first"
                     ),
@@ -528,12 +674,33 @@ def _has_cv2() -> bool:
     return True
 
 
-def _renamed(m: Measurement, name: str) -> Measurement:
-    return Measurement(name, m.workload, m.workers, m.images, m.nbytes, m.seconds)
-
-
 def _tag(m: Measurement, cache: str) -> Measurement:
-    return Measurement(m.contestant, f"{m.workload}, {cache}", m.workers, m.images, m.nbytes, m.seconds)
+    return m.renamed(workload=f"{m.workload}, {cache}")
+
+
+def _cpu_note(m: Measurement) -> str:
+    """`` (CPU: 3.1 ms/img; other processes: 0.9 CPUs)`` for a measurement's progress line."""
+    parts = []
+    if m.cpu_ms_per_image is not None:
+        parts.append(f"{m.cpu_ms_per_image:,.1f} CPU ms/img")
+    if m.others_cpus is not None:
+        parts.append(f"other processes {m.others_cpus:.2f} CPUs")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _others(runs: list[Measurement], cpus: int) -> dict[str, Any]:
+    """What other processes used during the runs: the mean and the most CPUs, and whether
+    that makes this a shared machine's measurement (``BUSY_SHARE`` of the CPUs)."""
+    known = [m.others_cpus for m in runs if m.others_cpus is not None]
+    if not known:
+        return {"measured": False, "mean_cpus": None, "max_cpus": None, "busy": False}
+    worst = max(known)
+    return {
+        "measured": True,
+        "mean_cpus": round(sum(known) / len(known), 2),
+        "max_cpus": round(worst, 2),
+        "busy": worst > BUSY_SHARE * cpus,
+    }
 
 
 def _rotate(items: list[Any], k: int) -> list[Any]:
@@ -631,7 +798,8 @@ def _recommend(best: _Best, cfg: BenchConfig, summary: dict[str, Any]) -> str:
     files = best.get(FILES, wl, top.workers)
     gain = _ratio(top, files) or 0.0
     setting = (
-        f"LMDBFolder(..., decoder='auto') with lmdbfolder.fused.RandomResizedCrop({cfg.size}) first in the transform"
+        f"LMDBFolder(..., size_hint={cfg.size}) with lmdbfolder.fused.RandomResizedCrop({cfg.size}) first in the "
+        "transform"
         if top.contestant == FUSED
         else "LMDBFolder(...) with its defaults"
     )
@@ -655,8 +823,24 @@ def _recommend(best: _Best, cfg: BenchConfig, summary: dict[str, Any]) -> str:
     )
     return (
         f"Fastest measured: {top.contestant} with {plural(top.workers, 'worker')}{in_process}. "
-        f"Use {setting}, num_workers={top.workers}; {verdict}{extra}."
+        f"Use {setting}, num_workers={top.workers}; {verdict}{extra}." + _caveat(summary)
     )
+
+
+def _caveat(summary: dict[str, Any]) -> str:
+    """What makes the numbers less sure: a shared machine, repeated runs that disagree."""
+    notes = []
+    others = summary.get("others") or {}
+    if others.get("busy"):
+        notes.append(
+            f"other processes used up to {others['max_cpus']:.2f} CPUs during the runs (this machine is shared)"
+        )
+    wide = [s for s in summary.get("spread") or [] if s["spread"] is not None and s["spread"] >= SPREAD_WARNING]
+    if wide:
+        notes.append(f"repeated runs disagreed ({plural(len(wide), 'measurement')}, listed above)")
+    if not notes:
+        return ""
+    return " Caution: " + " and ".join(notes) + "; the ratios are only directional: rerun on a quiet machine."
 
 
 def _device_lines(dev: dict[str, Any], top: int) -> list[str]:
@@ -687,6 +871,39 @@ def _format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _trust_lines(s: dict[str, Any], cpus: int) -> list[str]:
+    """The report's warnings: samples left out, a shared machine, runs that disagree."""
+    lines = []
+    if s.get("left_out"):
+        lines.append(
+            f"left out: {plural(s['left_out'], 'source file')} that the pack skipped (not measured for any contestant)"
+        )
+    others = s.get("others") or {}
+    if others.get("busy"):
+        lines.append(
+            f"shared machine: other processes kept {others['mean_cpus']:.2f} of {plural(cpus, 'CPU')} busy on "
+            f"average, up to {others['max_cpus']:.2f} during one run (column 'others'): runs compete with them, "
+            "so the ratios are only directional"
+        )
+    elif not others.get("measured", True):
+        lines.append("other processes' CPU use is unknown here (no /proc/stat)")
+    wide = [d for d in s.get("spread") or [] if d["spread"] is not None and d["spread"] >= SPREAD_WARNING]
+    for d in wide[:10]:
+        if all(c is None for c in d["others_cpus"]):
+            busy = "runs too short to measure other processes' CPU"
+        else:
+            busy = "other processes used " + ", ".join("-" if c is None else f"{c:.2f}" for c in d["others_cpus"])
+            busy += " CPUs in those runs"
+        lines.append(
+            f"runs disagree: {d['workload']}, {plural(d['workers'], 'worker')}, {d['contestant']}: "
+            f"{', '.join(f'{r:,.0f}' for r in d['runs'])} {d['unit']} ({d['spread']:.2f}x apart; {busy}); "
+            "the fastest is reported"
+        )
+    if len(wide) > 10:
+        lines.append(f"runs disagree: ... and {len(wide) - 10} more (summary.spread in --json)")
+    return lines + ([""] if lines else [])
+
+
 def format_report(result: BenchResult) -> str:
     """The human-readable table, the target ratios and the recommendation."""
     rows = []
@@ -702,9 +919,12 @@ def format_report(result: BenchResult) -> str:
         ),
     )
     base = {(m.workload, m.workers): m for m in ms if m.contestant == FILES}
+    spreads = {(d["contestant"], d["workload"], d["workers"]): d for d in result.summary.get("spread") or []}
     for m in ms:
         ref = base.get((m.workload, m.workers))
         vs = _ratio(m, ref) if m.images else None
+        spread = (spreads.get((m.contestant, m.workload, m.workers)) or {}).get("spread")
+        cpu_ms, others = m.cpu_ms_per_image, m.others_cpus
         rows.append(
             [
                 m.workload,
@@ -713,10 +933,13 @@ def format_report(result: BenchResult) -> str:
                 f"{m.images_per_second:,.0f}" if m.images else "-",
                 f"{m.mb_per_second:,.0f}" if m.nbytes else "-",
                 f"{vs:.2f}x" if vs is not None else "-",
+                f"{cpu_ms:,.1f}" if cpu_ms is not None else "-",
+                f"{others:.2f}" if others is not None else "-",
+                (f"{spread:.2f}x" + (" !" if spread >= SPREAD_WARNING else "")) if spread is not None else "-",
             ]
         )
     cfg = result.config
-    runs = "one run per contestant" if cfg["repeat"] == 1 else f"median of {cfg['repeat']} alternated runs"
+    runs = "one run per contestant" if cfg["repeat"] == 1 else f"the fastest of {cfg['repeat']} alternated runs"
     lines = [
         f"{result.images:,} images, {result.source_bytes / 1e6:,.0f} MB; pack {result.pack.get('size', 0) / 1e6:,.0f} "
         f"MB; {plural(result.machine.get('cpus') or 0, 'CPU')}; {runs}; pipeline = "
@@ -726,10 +949,16 @@ def format_report(result: BenchResult) -> str:
         cfg.get("in_process_threads", ""),
         result.eviction,
         "",
-        _format_table(["workload", "workers", "contestant", "img/s", "MB/s", "vs files"], rows),
+        "CPU ms/img: CPU time of this process and its DataLoader workers per image; others: CPUs that other "
+        "processes kept busy meanwhile (from /proc/stat); spread: fastest run / slowest run",
+        "",
+        _format_table(
+            ["workload", "workers", "contestant", "img/s", "MB/s", "vs files", "CPU ms/img", "others", "spread"], rows
+        ),
         "",
     ]
     s = result.summary
+    lines.extend(_trust_lines(s, result.machine.get("cpus") or 1))
     for cache in ("cold", "warm"):
         if f"raw_{cache}_batched_vs_dd" in s:
             dd = s[f"raw_{cache}_batched_vs_dd"]

@@ -8,16 +8,22 @@ the functions that need a DataLoader.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from lmdbfolder.read.opening import open_pack
 
 __all__ = [
     "Measurement",
+    "CpuMeter",
+    "CpuUse",
+    "proc_cpu_sample",
+    "measured",
     "time_raw_files",
     "time_raw_pack",
     "time_sequential",
@@ -39,6 +45,30 @@ class Measurement:
     images: int
     nbytes: int
     seconds: float
+    #: CPU seconds this process and its workers used during the measurement (None: not measured)
+    cpu_seconds: float | None = None
+    #: CPU seconds every other process on the machine used meanwhile (None: unknown here)
+    others_cpu_seconds: float | None = None
+    #: wall seconds the CPU use was measured over (the measurement with its setup)
+    cpu_wall_seconds: float | None = None
+
+    @property
+    def cpu_ms_per_image(self) -> float | None:
+        """CPU milliseconds per image of this process and its workers (None: not measured)."""
+        if self.cpu_seconds is None or not self.images:
+            return None
+        return self.cpu_seconds / self.images * 1e3
+
+    @property
+    def others_cpus(self) -> float | None:
+        """CPUs that other processes kept busy on average during the measurement (None: unknown)."""
+        if self.others_cpu_seconds is None or not self.cpu_wall_seconds:
+            return None
+        return self.others_cpu_seconds / self.cpu_wall_seconds
+
+    def renamed(self, **changes: Any) -> Measurement:
+        """A copy with ``changes`` (another contestant or workload name)."""
+        return dataclasses.replace(self, **changes)
 
     @property
     def images_per_second(self) -> float:
@@ -49,6 +79,113 @@ class Measurement:
     def mb_per_second(self) -> float:
         """Throughput in megabytes (10**6 bytes) per second."""
         return self.nbytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """What the CPUs did during one measurement: ``own`` CPU seconds of this process
+    and its descendants, ``others`` of every other process (None where unknown), over ``wall`` seconds."""
+
+    wall: float
+    own: float
+    others: float | None
+
+
+def _stat_fields(text: str) -> list[str]:
+    # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses.
+    return text[text.rindex(")") + 2 :].split()
+
+
+def proc_cpu_sample(root_pid: int | None = None) -> tuple[float | None, float]:
+    """``(busy CPU seconds of the whole machine, CPU seconds of the process tree at root_pid)``.
+
+    The machine's busy time is ``/proc/stat``'s first line without idle and
+    iowait (steal counts: another VM used the core). The tree's is every
+    descendant's ``utime + stime`` plus what its reaped children used
+    (``cutime + cstime``), from ``/proc/PID/stat``; the root defaults to this
+    process. Where ``/proc`` is missing: ``(None, this process's CPU time)``.
+    """
+    root = os.getpid() if root_pid is None else root_pid
+    tick = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+    try:
+        with open("/proc/stat", "rb") as f:
+            cpu = f.readline().split()
+    except OSError:
+        t = os.times()
+        return None, t.user + t.system + t.children_user + t.children_system
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    values = [int(v) for v in cpu[1:9]] + [0] * max(0, 9 - len(cpu))
+    busy = sum(values[:3]) + sum(values[5:8])
+    parents: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = _stat_fields(f.read().decode("ascii", "replace"))
+        except (OSError, ValueError):
+            continue  # it ended meanwhile
+        pid = int(name)
+        parents.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    tree, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        tree += times.get(pid, 0)
+        todo.extend(parents.get(pid, ()))
+    return busy / tick, tree / tick
+
+
+class CpuMeter:
+    """CPU seconds used by this process tree and by everything else, between ``start`` and ``stop``.
+
+    ``sample`` returns ``(machine busy seconds or None, tree seconds)``
+    (``proc_cpu_sample``; tests pass their own), ``clock`` wall seconds,
+    ``cpus`` the CPUs the machine has. The others' share is the machine's busy
+    time minus the tree's: what other processes (and other VMs, as steal)
+    took from the CPUs meanwhile. The kernel counts CPU time in ticks
+    (10 ms), so over less than ``MIN_WALL`` seconds it is not told (None).
+    """
+
+    #: The shortest interval whose others' CPU time is reported.
+    MIN_WALL = 0.5
+
+    def __init__(
+        self,
+        sample: Callable[[], tuple[float | None, float]] = proc_cpu_sample,
+        clock: Callable[[], float] = time.perf_counter,
+        cpus: int | None = None,
+    ) -> None:
+        self._sample = sample
+        self._clock = clock
+        self._cpus = cpus or os.cpu_count() or 1
+        self._start: tuple[float | None, float] = (None, 0.0)
+        self._t0 = 0.0
+
+    def start(self) -> CpuMeter:
+        """Take the first reading."""
+        self._start = self._sample()
+        self._t0 = self._clock()
+        return self
+
+    def stop(self) -> CpuUse:
+        """Take the second reading; what was used in between."""
+        busy, own = self._sample()
+        wall = self._clock() - self._t0
+        used = max(0.0, own - self._start[1])
+        others = None
+        if busy is not None and self._start[0] is not None and wall >= self.MIN_WALL:
+            others = min(max(0.0, (busy - self._start[0]) - used), wall * self._cpus)
+        return CpuUse(wall, used, others)
+
+
+def measured(fn: Callable[[], Measurement], meter: CpuMeter | None = None) -> Measurement:
+    """``fn()``'s measurement with the CPU use recorded around it (``CpuMeter``)."""
+    meter = (meter or CpuMeter()).start()
+    m = fn()
+    use = meter.stop()
+    return m.renamed(cpu_seconds=use.own, others_cpu_seconds=use.others, cpu_wall_seconds=use.wall)
 
 
 def _order(n: int, shuffle: bool, seed: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""The ``lmdbfolder`` command line: pack, info, verify, show, export, import, index, copy, bench, warm, demo.
+"""The ``lmdbfolder`` command line: pack, info, verify, show, export, import, index, copy, bench, warm, demo, doctor.
 
 ``main(argv) -> int`` is the whole interface: it parses, runs one subcommand
 and turns every lmdbfolder error into one message on stderr and an exit code
@@ -20,13 +20,13 @@ import argparse
 from typing import Sequence
 
 from lmdbfolder._version import __version__
-from lmdbfolder.cli import bench, copy, demo, export, importing, index, info, pack, show, verify, warm
+from lmdbfolder.cli import bench, copy, demo, doctor, export, importing, index, info, pack, show, verify, warm
 from lmdbfolder.cli.common import EXIT_CODES, Parser, run_command
 
 __all__ = ["main", "EXIT_CODES"]
 
 #: The command modules, in the order ``lmdbfolder --help`` lists them.
-COMMANDS = (pack, info, verify, show, export, importing, index, copy, bench, warm, demo)
+COMMANDS = (pack, info, verify, show, export, importing, index, copy, bench, warm, demo, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,8 +23,10 @@ def add_parser(sub: Any) -> None:
         "DataLoader worker counts, contestants alternated in one run. Prints a table, the ratios, and a "
         "recommendation; --json for the numbers, --chart for a PNG.",
     )
-    p.add_argument("src", help="the ImageFolder tree (the plain files)")
-    p.add_argument("packed", nargs="?", help="its pack (default: pack SRC into a temporary folder first)")
+    p.add_argument("src", metavar="SRC", help="the ImageFolder tree (the plain files)")
+    p.add_argument(
+        "packed", metavar="PACKED", nargs="?", help="its pack (default: pack SRC into a temporary folder first)"
+    )
     p.add_argument(
         "--workers", type=count, nargs="+", default=None, metavar="N", help="worker counts (default 0 1 .. CPUs)"
     )

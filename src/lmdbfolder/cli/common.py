@@ -21,8 +21,11 @@ from lmdbfolder.errors import (
     OptionError,
     OutputExistsError,
     PackError,
+    RemoteError,
     SourceError,
+    os_refusal,
 )
+from lmdbfolder.text import printable
 
 __all__ = [
     "EXIT_CODES",
@@ -38,6 +41,11 @@ __all__ = [
     "quality",
 ]
 
+#: The commands that write a pack or files: the system refusing a write ends them
+#: with "pack failed" (6), others with "other error" (7).
+WRITING_COMMANDS = frozenset({"pack", "import", "copy", "export", "index"})
+#: The most characters of an error message printed (a path read from a pack may be huge).
+MAX_MESSAGE = 4000
 #: Exit status of each outcome; documented in the README.
 EXIT_CODES = {
     "ok": 0,
@@ -49,6 +57,7 @@ EXIT_CODES = {
     "pack failed": 6,
     "other error": 7,
     "missing dependency": 8,
+    "storage error": 9,
     "interrupted": 130,
 }
 
@@ -69,8 +78,17 @@ def run_command(args: argparse.Namespace) -> int:
         return run(args)
     except LmdbFolderError as exc:
         text = exc.text(cli=True).replace("`lmdbfolder COMMAND ", f"`lmdbfolder {args.command} ")
+        # Messages name paths and values read from packs (anyone's): no control sequences, bounded.
+        text = printable(text, MAX_MESSAGE, newlines=True)
         print(f"lmdbfolder {args.command}: error: {text}", file=sys.stderr)
         return _exit_code(exc)
+    except OSError as exc:
+        # The system said no (a full disk, a read-only folder, ...) where no lmdbfolder
+        # error says more: one message naming the path, never a traceback.
+        message, hint = os_refusal(exc, "the system refused:")
+        text = printable(f"{message}\n  hint: {hint}", MAX_MESSAGE, newlines=True)
+        print(f"lmdbfolder {args.command}: error: {text}", file=sys.stderr)
+        return EXIT_CODES["pack failed"] if args.command in WRITING_COMMANDS else EXIT_CODES["other error"]
     except KeyboardInterrupt:
         hint = "; run the same command again to resume" if args.command == "pack" else ""
         print(f"lmdbfolder {args.command}: interrupted{hint}", file=sys.stderr)
@@ -98,6 +116,8 @@ def _exit_code(exc: LmdbFolderError) -> int:
         return EXIT_CODES["source error"]
     if isinstance(exc, PackError):
         return EXIT_CODES["pack failed"]
+    if isinstance(exc, RemoteError):
+        return EXIT_CODES["storage error"]
     return EXIT_CODES["other error"]
 
 

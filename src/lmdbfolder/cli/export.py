@@ -22,8 +22,8 @@ def add_parser(sub: Any) -> None:
         "webdataset: tar shards of about --shard-size, members <key>.jpg/.png/... and <key>.cls, __key__ = "
         "the path without its extension, and classes.txt.",
     )
-    p.add_argument("pack", help="pack directory")
-    p.add_argument("out", help="new directory to write")
+    p.add_argument("pack", metavar="DST", help="pack directory")
+    p.add_argument("out", metavar="OUT", help="new directory to write")
     p.add_argument("--format", choices=("files", "webdataset"), default="files", help="files (default) or webdataset")
     p.add_argument("--shard-size", default="1GB", metavar="SIZE", help="webdataset: bytes per tar shard (default 1GB)")
     add_output_flags(p, "print the summary as JSON")

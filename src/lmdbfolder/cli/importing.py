@@ -23,13 +23,19 @@ def add_parser(sub: Any) -> None:
         "or BasicSR-style images with meta_info.txt/.pkl) into the new pack NEW. Pickles are read "
         "with a restricted unpickler: nothing in OLD can run code.",
     )
-    p.add_argument("old", help="the recipe's LMDB directory")
-    p.add_argument("new", help="pack directory to create")
+    p.add_argument("old", metavar="OLD", help="the recipe's LMDB directory")
+    p.add_argument("new", metavar="NEW", help="pack directory to create")
     p.add_argument(
         "--channel-order",
         choices=("bgr", "rgb"),
         default="bgr",
         help="channel order of raw arrays in OLD (default bgr, as OpenCV writes them); packs are RGB",
+    )
+    p.add_argument(
+        "--classes",
+        metavar="FILE",
+        help="the class names, one per line in label order (line 1 names label 0); without it the classes "
+        "are named 0, 1, ... (the recipe's LMDB stores only the labels)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at NEW")
     p.add_argument("--restart", action="store_true", help="discard an unfinished import instead of resuming it")
@@ -45,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         args.old,
         args.new,
         channel_order=args.channel_order,
+        classes=None if args.classes is None else _read_classes(args.classes),
         overwrite=args.overwrite,
         restart=args.restart,
         progress=show_progress(args),
@@ -61,3 +68,21 @@ def run(args: argparse.Namespace) -> int:
         for path, reason in result.skipped[:20]:
             print(f"  skipped {path}: {reason}")
     return 0
+
+
+def _read_classes(path: str) -> list[str]:
+    """``--classes FILE``: one class name a line (blank lines at the end ignored)."""
+    from lmdbfolder.errors import SourceError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = f.read().splitlines()
+    except OSError as exc:
+        raise SourceError(
+            path, f"cannot read the class list ({exc.strerror})", "pass a text file, one name a line"
+        ) from None
+    except UnicodeDecodeError:
+        raise SourceError(path, "the class list is not UTF-8 text", "pass a text file, one name a line") from None
+    while names and not names[-1].strip():
+        names.pop()
+    return names

@@ -19,7 +19,7 @@ def add_parser(sub: Any) -> None:
         help="write DST/index.json once every shard of a sharded pack is packed",
         description="Check the shards in DST (all present, finished, from one split) and write DST/index.json.",
     )
-    p.add_argument("dst", help="the directory holding the shards")
+    p.add_argument("dst", metavar="DST", help="the directory holding the shards")
     p.add_argument("--prefix", help="use the shards named PREFIX-* (when several splits share DST)")
     p.add_argument("--json", action="store_true", help="print the index as JSON")
     p.set_defaults(run=run)

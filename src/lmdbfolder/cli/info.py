@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
         description="Describe the pack DST from its manifest: count, classes, store, encodings, size on disk, "
         "format version, source and skipped files.",
     )
-    p.add_argument("pack", help="pack directory")
+    p.add_argument("pack", metavar="DST", help="pack directory")
     p.add_argument(
         "--sizes",
         type=count,

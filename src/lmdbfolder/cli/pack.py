@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import warnings
 from typing import Any, Sequence
 
 from lmdbfolder.cli.common import (
@@ -17,7 +19,7 @@ from lmdbfolder.cli.common import (
     show_progress,
     usage,
 )
-from lmdbfolder.errors import OptionError
+from lmdbfolder.errors import OptionError, SkippedFilesWarning
 from lmdbfolder.format import SKIPPED_REPORT
 from lmdbfolder.text import megabytes, plural
 
@@ -32,23 +34,31 @@ def add_parser(sub: Any) -> None:
         description="Pack SRC into a new pack directory DST. SRC is an ImageFolder tree "
         "(SRC/<class>/**/<image>) unless --flat or --list says otherwise.",
     )
-    p.add_argument("src", help="source folder (for --list: the folder the list's paths start from)")
-    p.add_argument("dst", help="pack directory to create")
+    p.add_argument("src", metavar="SRC", help="source folder (for --list: the folder the list's paths start from)")
+    p.add_argument("dst", metavar="DST", help="pack directory to create")
     layout = p.add_mutually_exclusive_group()
     layout.add_argument("--list", metavar="FILE", dest="list_file", help="read `relative/path label` lines from FILE")
     layout.add_argument("--flat", action="store_true", help="SRC is a folder of unlabelled images")
     p.add_argument(
         "--store",
         choices=("encoded", "raw"),
-        default="encoded",
+        default=None,
         help="encoded: keep the original file bytes (default); raw: decoded RGB pixels",
     )
     p.add_argument(
         "--check",
-        choices=("header", "decode", "none"),
-        default="header",
+        choices=("header", "decode", "none", "content"),
+        default=None,
         help="how to check each source file: header (the header is read as Pillow reads it; default), "
-        "decode (decode every image once), none (trust the files)",
+        "decode (decode every image once), none (trust the files); with --update, content: compare every "
+        "file's bytes with the pack instead of its size and modification time",
+    )
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="bring the pack at DST up to date with SRC in place: add new files and classes, drop files that "
+        "are gone, read again the files whose size or modification time changed; nothing else is read. "
+        "Keeps the pack's --store/--check/--max-size (changing them needs --overwrite)",
     )
     p.add_argument(
         "--max-size",
@@ -75,7 +85,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--resize-side",
         choices=("longer", "shorter"),
-        default="longer",
+        default=None,
         help="which side --max-size limits (default: longer, like FFCV's max_resolution)",
     )
     p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
@@ -115,6 +125,12 @@ def add_parser(sub: Any) -> None:
         "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack",
     )
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write nothing: scan SRC and check every file as the pack would, then say the classes, the counts, "
+        "the files that would be skipped and the estimated size (with --check none: scan and estimate only)",
+    )
     add_output_flags(p, "print the summary as JSON")
     _add_shard_options(p)
     p.set_defaults(run=run)
@@ -173,14 +189,30 @@ def _pack_options(args: argparse.Namespace) -> Any:
     resize = None
     if args.max_size is not None:
         level = 90 if args.quality is None else args.quality
-        resize = Resize(args.max_size, level, args.resize_side, args.resize_format or "jpeg")
+        resize = Resize(args.max_size, level, args.resize_side or "longer", args.resize_format or "jpeg")
     elif args.quality is not None:
         raise OptionError("--quality needs --max-size")
     elif args.resize_format is not None:
         raise OptionError("--format needs --max-size (only resized images are re-encoded)")
+    elif args.resize_side is not None:
+        raise OptionError("--resize-side needs --max-size")
+    store, check = args.store, args.check
+    if args.update:
+        # Options not given are the pack's own: an update keeps them.
+        from lmdbfolder.write.update import recorded_options
+
+        recorded = recorded_options(args.dst)
+        if recorded is not None:
+            if store is None:
+                store = recorded.store
+            if check is None:
+                check = recorded.check
+            if args.max_size is None:
+                resize = recorded.resize
     return PackOptions(
-        store=args.store,
-        check=args.check,
+        store=store or "encoded",
+        check=check or "header",
+        update=args.update,
         strict=args.strict,
         commit_every=args.commit_every or DEFAULT_COMMIT_EVERY,
         commit_bytes=args.commit_bytes,
@@ -208,19 +240,41 @@ def run(args: argparse.Namespace) -> int:
     """``lmdbfolder pack``: one pack, or a sharded pack when a shard flag is given."""
     from lmdbfolder.write.writer import pack
 
+    if args.dry_run and args.update:
+        raise OptionError(
+            "--dry-run describes a new pack; it cannot preview --update (run --update itself: it is atomic)"
+        )
     options = _pack_options(args)
-    if _wants_shards(args):
+    if args.dry_run:
+        return _run_dry(args, options)
+    if _wants_shards(args) or (args.update and _is_sharded(args.dst)):
         return _run_sharded(args, options)
 
-    result = pack(args.src, args.dst, options, **_source_args(args))
+    with warnings.catch_warnings():  # the skipped files are listed below instead
+        warnings.simplefilter("ignore", SkippedFilesWarning)
+        result = pack(args.src, args.dst, options, **_source_args(args))
     if args.json:
         print_json(result.as_dict())
         return 0
     if result.already_packed:
         skipped = f", {plural(len(result.skipped), 'file')} skipped" if result.skipped else ""
-        print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
+        if options.update:
+            print(
+                f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')}{skipped})"
+            )
+        else:
+            print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
         return 0
     resumed = f" (resumed after {plural(result.resumed_from, 'file')})" if result.resumed_from else ""
+    if result.changes is not None:
+        changes = result.changes
+        compared = f", {plural(changes.unchanged, 'file')} compared and unchanged" if changes.unchanged else ""
+        print(
+            f"updated {result.path}: {changes.summary()} -> {plural(result.count, 'image')}{resumed}; "
+            f"{plural(changes.read, 'file')} read ({megabytes(result.input_bytes)}){compared} in {result.seconds:.1f} s"
+        )
+        _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+        return 0
     print(
         f"packed {plural(result.count, 'image')} into {result.path}{resumed}: {megabytes(result.input_bytes)} read "
         f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
@@ -234,7 +288,61 @@ def run(args: argparse.Namespace) -> int:
             f"({result.payload_bytes / max(1, result.input_bytes):.0%} of the input)"
         )
     _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+    _print_next_steps(result.path)
     return 0
+
+
+def _print_next_steps(path: str) -> None:
+    """What to do with a new pack: check it, look at it, train from it."""
+    shell = shlex.quote(path)
+    print(
+        f"next: `lmdbfolder verify {shell}` checks every record, `lmdbfolder show {shell}` draws samples per class;\n"
+        f"      in Python: `from lmdbfolder.torch import LMDBFolder; ds = LMDBFolder({path!r}, transform=...)`"
+    )
+
+
+def _run_dry(args: argparse.Namespace, options: Any) -> int:
+    """``pack --dry-run``: what the pack would hold; nothing is written."""
+    from lmdbfolder.write.dryrun import dry_run
+
+    if args.ray is not None or args.shard_index is not None:
+        return usage("pack", "--dry-run describes the whole pack: leave out --ray and --shard-index")
+    found = dry_run(args.src, args.dst, options, **_source_args(args))
+    if args.json:
+        print_json(found.as_dict())
+        return 0
+    classes = ""
+    if found.classes:
+        counts = found.class_counts
+        shown = ", ".join(f"{name} {n:,}" for name, n in list(counts.items())[:20])
+        more = f", ... ({len(counts) - 20:,} more)" if len(counts) > 20 else ""
+        classes = f" in {plural(len(found.classes), 'class', 'classes')} ({shown}{more})"
+    print(f"dry run, nothing written: {found.src} ({found.layout}) holds {plural(found.files, 'file')}{classes}")
+    if not found.checked:
+        print("files not checked (--check none): every file would be packed as it is")
+    elif found.would_skip:
+        print(f"the check (--check {found.check}) would skip {plural(len(found.would_skip), 'file')}:")
+        for path, reason in found.would_skip[:20]:
+            print(f"  {path}: {reason}")
+        if len(found.would_skip) > 20:
+            print(f"  ... and {len(found.would_skip) - 20:,} more")
+    else:
+        print(f"the check (--check {found.check}) would skip no file")
+    room = "" if found.estimated_upper_bytes < found.free_bytes else " (NOT enough: pack to another disk)"
+    print(
+        f"would pack {plural(found.would_pack, 'image')} into {found.dst}: about {megabytes(found.estimated_bytes)} "
+        f"(at most {megabytes(found.estimated_upper_bytes)}); {megabytes(found.free_bytes)} free there{room}"
+    )
+    if found.dst_exists:
+        print(f"note: {found.dst} holds {found.dst_exists} already (pack resumes, refuses or needs --overwrite)")
+    print(f"to pack: lmdbfolder pack {shlex.quote(args.src)} {shlex.quote(args.dst)} (the same options)")
+    return 0
+
+
+def _is_sharded(path: str) -> bool:
+    from lmdbfolder import packdir
+
+    return packdir.inspect(path).kind is packdir.Kind.SHARDED
 
 
 def _wants_shards(args: argparse.Namespace) -> bool:
@@ -244,7 +352,8 @@ def _wants_shards(args: argparse.Namespace) -> bool:
 def _run_sharded(args: argparse.Namespace, options: Any) -> int:
     from lmdbfolder.write.shards import pack_sharded, parse_size
 
-    if (args.shards is None) == (args.shard_size is None):
+    updating = args.update and _is_sharded(args.dst)  # the split is the pack's
+    if (args.shards is None) == (args.shard_size is None) and not updating:
         return usage("pack", "pass one of --shards N and --shard-size SIZE")
     if args.shard_index is not None and args.shards is None:
         return usage("pack", "--shard-index needs --shards N (the same N for every job)")
@@ -269,11 +378,29 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
     if args.ray is not None:
         from lmdbfolder.write.ray import pack_ray
 
-        result = pack_ray(args.src, args.dst, options, address=args.ray or None, task_cpus=args.task_cpus, **shard_args)
+        with warnings.catch_warnings():  # the skipped files are listed below instead
+            warnings.simplefilter("ignore", SkippedFilesWarning)
+            result = pack_ray(
+                args.src, args.dst, options, address=args.ray or None, task_cpus=args.task_cpus, **shard_args
+            )
     else:
-        result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SkippedFilesWarning)
+            result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
     if args.json:
         print_json(result.as_dict())
+        return 0
+    if updating and result.already_packed:
+        print(f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')})")
+        return 0
+    if updating and result.changes is not None:
+        rewritten = [s.name for s in result.shards if not s.kept]
+        print(
+            f"updated {result.path}: {result.changes.summary()} -> {plural(result.count, 'image')}; "
+            f"{plural(len(rewritten), 'shard')} of {len(result.shards)} changed, "
+            f"{plural(result.changes.read, 'file')} read ({megabytes(result.input_bytes)}) in {result.seconds:.1f} s"
+        )
+        _print_skipped(result.skipped, "each shard's skipped.txt")
         return 0
     if result.already_packed:
         shards = (
@@ -303,6 +430,8 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
             f"{megabytes(result.input_bytes)} read in {result.seconds:.1f} s, {speed}"
         )
     _print_skipped(result.skipped, "each shard's skipped.txt")
+    if args.shard_index is None:
+        _print_next_steps(result.path)
     return 0
 
 

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from lmdbfolder.cli.common import count, positive_int, print_json
+from lmdbfolder.cli.common import EXIT_CODES, count, positive_int, print_json
 from lmdbfolder.text import plural
 
 __all__ = ["add_parser", "run"]
@@ -19,9 +19,10 @@ def add_parser(sub: Any) -> None:
         help="draw samples of a pack as a PNG contact sheet, to check it by eye",
         description="Write a PNG grid of samples of the pack DST, decoded as ImageFolder loads them, each "
         "captioned with its index and class: a few per class (default 4, a row per class), a random sample, "
-        "or the given indices.",
+        "or the given indices. A sample that does not decode (or whose record is damaged) is drawn as a red "
+        "tile and makes the exit code 1, as `lmdbfolder verify` does.",
     )
-    p.add_argument("pack", help="pack directory")
+    p.add_argument("pack", metavar="DST", help="pack directory")
     p.add_argument("-o", "--output", metavar="PNG", help="the sheet to write (default: <pack name>-sheet.png here)")
     choice = p.add_mutually_exclusive_group()
     choice.add_argument("--per-class", type=positive_int, metavar="K", help="K samples of every class (default 4)")
@@ -49,14 +50,20 @@ def run(args: argparse.Namespace) -> int:
         size=args.size,
         seed=args.seed,
     )
+    problems = EXIT_CODES["problems found"] if result.undecodable else 0
     if args.json:
         print_json(result.as_dict())
-        return 0
+        return problems
     print(
         f"wrote {result.path}: {plural(len(result.indices), 'sample')} of {found.path} in "
         f"{plural(result.rows, 'row')} of {plural(result.columns, 'tile')} ({result.size} px), "
         f"{result.width}x{result.height} px"
     )
     if result.undecodable:
-        print(f"{plural(len(result.undecodable), 'sample')} did not decode (red tiles): {result.undecodable[:10]}")
-    return 0
+        n = len(result.undecodable)
+        shown = ", ".join(map(str, result.undecodable[:10])) + (", ..." if n > 10 else "")
+        print(
+            f"{plural(n, 'sample')} did not decode or {'is' if n == 1 else 'are'} damaged (red tiles): {shown}; "
+            f"`lmdbfolder verify {found.path}` lists every damaged record"
+        )
+    return problems

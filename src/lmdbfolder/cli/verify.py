@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from lmdbfolder.cli.common import EXIT_CODES, add_output_flags, print_json, show_progress, usage
-from lmdbfolder.text import megabytes, plural
+from lmdbfolder.text import megabytes, plural, printable
 
 __all__ = ["add_parser", "run"]
 
@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> None:
         "label, and that every JPEG/PNG ends with its end marker; --decode also decodes every image, --against "
         "compares with the source files. Exit code 1 when a problem is found; each is named by record and path.",
     )
-    p.add_argument("pack", help="pack directory")
+    p.add_argument("pack", metavar="DST", help="pack directory")
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.add_argument("--against", metavar="SRC", help="compare with the source folder: same files, labels and bytes")
     p.add_argument("--list", metavar="FILE", dest="list_file", help="with --against: the list file to compare with")
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.as_dict())
     else:
         for problem in report.problems:
-            print(problem, file=sys.stderr)
+            print(printable(problem, 2000), file=sys.stderr)  # paths and values from the pack: escaped
         for note in report.notes:
             print(f"note: {note}", file=sys.stderr)
         what = (

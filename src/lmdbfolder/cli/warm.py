@@ -20,7 +20,7 @@ def add_parser(sub: Any) -> None:
         description="Read data.mdb of the pack DST (every shard's, for a sharded pack) once, sequentially, so "
         "that training reads it from memory; says how much of it the page cache held before and after.",
     )
-    p.add_argument("pack", help="pack directory")
+    p.add_argument("pack", metavar="DST", help="pack directory")
     add_output_flags(p, "print the summary as JSON")
     p.set_defaults(run=run)
 

@@ -22,6 +22,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
@@ -51,7 +52,7 @@ static void on_message(j_common_ptr cinfo, int level) {
     }
 }
 
-enum outcome { DONE, LIBJPEG_ERROR, UNTESTED_SAMPLING, MARKER_BELOW, BOX_OUTSIDE, OUT_TOO_SMALL };
+enum outcome { DONE, LIBJPEG_ERROR, UNTESTED_SAMPLING, MARKER_BELOW, BOX_OUTSIDE, OUT_TOO_SMALL, OTHER_SIZE, SHORT_READ };
 
 /* Whether the bytes libjpeg has not read hold only entropy-coded data, restart
  * markers and the final EOI. A whole decode reads them and fails on a stray
@@ -93,9 +94,13 @@ static int tested_sampling(j_decompress_ptr cinfo) {
 
 /* The decode itself, after jpeg_read_header; libjpeg errors longjmp out of it. */
 static enum outcome read_region(j_decompress_ptr cinfo, int left, int top, int width, int height, Py_buffer *out,
-                                JDIMENSION *x0, JDIMENSION *w0) {
+                                int expect_w, int expect_h, JDIMENSION *x0, JDIMENSION *w0) {
     if (!tested_sampling(cinfo))
         return UNTESTED_SAMPLING;
+    /* The caller drew its box from the record header's size: the image must be that size. */
+    if (expect_w > 0 && expect_h > 0 &&
+        (cinfo->image_width != (JDIMENSION)expect_w || cinfo->image_height != (JDIMENSION)expect_h))
+        return OTHER_SIZE;
     cinfo->out_color_space = JCS_RGB; /* greyscale comes out as R = G = B, as Pillow's convert("RGB") */
     jpeg_start_decompress(cinfo);
     JDIMENSION image_w = cinfo->output_width, image_h = cinfo->output_height;
@@ -113,10 +118,17 @@ static enum outcome read_region(j_decompress_ptr cinfo, int left, int top, int w
         return OUT_TOO_SMALL;
     if (top > 0)
         jpeg_skip_scanlines(cinfo, (JDIMENSION)top);
+    /* Rows are written at (output_scanline - top): never trust that the skip landed there. */
+    if (cinfo->output_scanline != (JDIMENSION)top)
+        return SHORT_READ;
     JDIMENSION end = (JDIMENSION)top + (JDIMENSION)height;
     while (cinfo->output_scanline < end) {
-        JSAMPROW row = (JSAMPROW)out->buf + (size_t)(cinfo->output_scanline - (JDIMENSION)top) * stride;
-        jpeg_read_scanlines(cinfo, &row, 1);
+        JDIMENSION at = cinfo->output_scanline;
+        if (at < (JDIMENSION)top)
+            return SHORT_READ;
+        JSAMPROW row = (JSAMPROW)out->buf + (size_t)(at - (JDIMENSION)top) * stride;
+        if (jpeg_read_scanlines(cinfo, &row, 1) != 1)
+            return SHORT_READ; /* no progress (a suspending source): never loop on it */
     }
     if (!jpeg_has_multiple_scans(cinfo) &&
         !plain_entropy_data(cinfo->src->next_input_byte, cinfo->src->bytes_in_buffer, cinfo->unread_marker))
@@ -127,19 +139,20 @@ static enum outcome read_region(j_decompress_ptr cinfo, int left, int top, int w
 }
 
 PyDoc_STRVAR(decode_region_doc,
-"decode_region(data, left, top, width, height, out) -> (x0, w0)\n\n"
+"decode_region(data, left, top, width, height, out, image_width=0, image_height=0) -> (x0, w0)\n\n"
 "Decode rows top .. top+height-1 of the JPEG ``data`` as RGB into the writable\n"
 "buffer ``out``, columns x0 .. x0+w0-1 of each (row stride 3*w0), with\n"
 "x0 < left when left > 0 and x0 + w0 >= left + width. The caller's box starts\n"
 "at column left - x0 of each row. Raises ValueError for a JPEG libjpeg cannot\n"
 "decode or warns about, one with a stray marker after the crop's rows, an\n"
-"untested chroma layout, a box outside the image, or an ``out`` that is too\n"
+"untested chroma layout, a box outside the image, an image whose size is not\n"
+"image_width x image_height (when they are given, > 0), or an ``out`` that is too\n"
 "small (3 * image width * height bytes always suffice).");
 
 static PyObject *decode_region(PyObject *self, PyObject *args) {
     Py_buffer data, out;
-    int left, top, width, height;
-    if (!PyArg_ParseTuple(args, "y*iiiiw*", &data, &left, &top, &width, &height, &out))
+    int left, top, width, height, expect_w = 0, expect_h = 0;
+    if (!PyArg_ParseTuple(args, "y*iiiiw*|ii", &data, &left, &top, &width, &height, &out, &expect_w, &expect_h))
         return NULL;
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
@@ -157,7 +170,7 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
         jpeg_create_decompress(&cinfo);
         jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
         jpeg_read_header(&cinfo, TRUE);
-        result = read_region(&cinfo, left, top, width, height, &out, &x0, &w0);
+        result = read_region(&cinfo, left, top, width, height, &out, expect_w, expect_h, &x0, &w0);
     }
     /* jpeg_destroy also aborts: the rows below the crop are never read. */
     jpeg_destroy_decompress(&cinfo);
@@ -180,6 +193,12 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
         return NULL;
     case OUT_TOO_SMALL:
         PyErr_SetString(PyExc_ValueError, "the output buffer is too small for the region");
+        return NULL;
+    case OTHER_SIZE:
+        PyErr_Format(PyExc_ValueError, "the image is not %dx%d", expect_w, expect_h);
+        return NULL;
+    case SHORT_READ:
+        PyErr_SetString(PyExc_ValueError, "libjpeg did not deliver the region's rows");
         return NULL;
     default:
         break;
@@ -213,6 +232,8 @@ static int bilinear_weights(int in, int out, int **first_p, int **count_p, int32
     double scale = (double)(float)in / out; /* Pillow takes the box as floats */
     double filterscale = scale < 1.0 ? 1.0 : scale;
     double support = 1.0 * filterscale;
+    if (in <= 0 || out <= 0 || support > (double)(INT_MAX / 4))
+        return 0; /* ksize would overflow an int */
     int ksize = (int)ceil(support) * 2 + 1;
     int *first = malloc(sizeof(int) * (size_t)out), *count = malloc(sizeof(int) * (size_t)out);
     double *w = malloc(sizeof(double) * (size_t)ksize);
@@ -239,7 +260,7 @@ static int bilinear_weights(int in, int out, int **first_p, int **count_p, int32
         }
         for (int t = 0; t < ksize; t++) {
             double k = t < n ? (total != 0.0 ? w[t] / total : w[t]) : 0.0;
-            weights[o * ksize + t] = (int32_t)(k < 0 ? -0.5 + k * (1 << RESIZE_BITS) : 0.5 + k * (1 << RESIZE_BITS));
+            weights[(size_t)o * (size_t)ksize + (size_t)t] = (int32_t)(k < 0 ? -0.5 + k * (1 << RESIZE_BITS) : 0.5 + k * (1 << RESIZE_BITS));
         }
         first[o] = lo;
         count[o] = n;
@@ -339,10 +360,15 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
                           &tmp, &planar, &flip, &order))
         return NULL;
     const char *problem = NULL;
-    size_t tmp_need = (size_t)3 * ((size_t)out_w * height > (size_t)width * out_h ? (size_t)out_w * height
-                                                                                  : (size_t)width * out_h);
-    if (width <= 0 || height <= 0 || out_w <= 0 || out_h <= 0 || left < 0 || left + width > row_pixels)
+    size_t tmp_need = 0;
+    /* In 64 bits: left + width overflows an int for a box near INT_MAX. */
+    if (width <= 0 || height <= 0 || out_w <= 0 || out_h <= 0 || left < 0 || row_pixels <= 0 ||
+        (int64_t)left + (int64_t)width > (int64_t)row_pixels)
         problem = "the box is empty or outside the rows";
+    else if ((tmp_need = (size_t)3 * ((size_t)out_w * (size_t)height > (size_t)width * (size_t)out_h
+                                          ? (size_t)out_w * (size_t)height
+                                          : (size_t)width * (size_t)out_h)) == 0)
+        problem = "the box is empty";
     else if (order != 0 && order != 1)
         problem = "order must be 0 or 1";
     else if ((size_t)src.len < (size_t)row_pixels * 3 * (size_t)height)

@@ -19,9 +19,19 @@ transform and process:
 What stays per image is only what the image itself decides: its encoding
 (``lmdbfolder.codecs``: each encoding owns its decode and region decode), its
 crop box and flip (drawn by the caller, with torchvision's random numbers), and
-whether a damaged file has to be decoded whole. A record's bytes pass through
-``run`` like this::
+whether a damaged file has to be decoded whole.
 
+The payload is the truth, the record header a claim (a pack may have been
+written by anyone, with valid checksums): ``claim`` holds the header's size and
+components against the payload's own header, and Pillow's decompression-bomb
+limits against the payload's size, before the caller draws a crop box from the
+size or anything is allocated for it; ``image`` and ``pixels`` ask it
+themselves; and every decode checks the decoded size against the claim again
+(``Encoding.expect``; the region decoder holds libjpeg's size to it). A header
+that lies raises ``codecs.PayloadMismatch``, which the dataset reports naming
+the record. A record's bytes pass through ``run`` like this::
+
+    claim (header vs payload header, bomb limits)  -> the caller draws the box
     CropJob (payload view, encoding, header size, box, DCT scale, flip)
       -> encoding.region   (rows of the box only; the compiled helper)
          or encoding.pixels (the whole image: decoder, raw view, or Pillow)
@@ -147,13 +157,34 @@ class ReadPlan:
         raise TypeError("a ReadPlan holds this process's libraries and threads: build one in each process")
 
     # -- planning a crop -----------------------------------------------------------------------
-    def job(
-        self, payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int, box: Box, flip: bool
-    ) -> CropJob:
-        """The job for one stored image and its crop ``box``: the DCT scale it is
-        decoded at is chosen here (the largest that keeps the crop at least the
-        output's size, with ``reduce``)."""
+    @staticmethod
+    def claim(payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int) -> Encoding:
+        """The record's ``Encoding``, once its header's claim is found true of the payload
+        (``Encoding.check``): call it before drawing a crop box from ``width`` x ``height``.
+
+        Raises ``codecs.PayloadMismatch`` for a header the payload contradicts,
+        ``PIL.Image.DecompressionBombError`` above Pillow's limit (and warns as
+        Pillow does between the limit and twice it), and what Pillow raises for a
+        file it cannot open, where its open is asked; nothing is decoded.
+        """
         enc = encoding_of(encoding)
+        enc.check(payload, width, height, channels)
+        return enc
+
+    def job(
+        self,
+        payload: memoryview | bytes,
+        encoding: Encoding | str,
+        width: int,
+        height: int,
+        channels: int,
+        box: Box,
+        flip: bool,
+    ) -> CropJob:
+        """The job for one stored image and its crop ``box`` (``encoding``: what ``claim``
+        returned, before the box was drawn): the DCT scale it is decoded at is chosen
+        here (the largest that keeps the crop at least the output's size, with ``reduce``)."""
+        enc = encoding if isinstance(encoding, Encoding) else encoding_of(encoding)
         denom = 1
         crop = self.crop
         if crop is not None and crop.reduce:
@@ -238,7 +269,13 @@ class ReadPlan:
             if self.regions is not None and job.denom == 1:
                 need = 3 * job.width * job.box[2]
                 region = enc.region(
-                    job.payload, job.box, job.width, job.channels, self.regions, thread_buffer(local, "region", need)
+                    job.payload,
+                    job.box,
+                    job.width,
+                    job.channels,
+                    self.regions,
+                    thread_buffer(local, "region", need),
+                    job.height,
                 )
             if region is not None:
                 pixels, box = region
@@ -249,8 +286,9 @@ class ReadPlan:
             return
         else:
             # Kinds the fused crop leaves to torchvision's own transform: the whole
-            # image in ImageFolder's conversion, cropped and resized as Pillow does.
-            pixels = np.asarray(enc.decode_rgb(job.payload, job.width, job.height))
+            # image in ImageFolder's conversion (its size checked against the claim the
+            # box was drawn from), cropped and resized as Pillow does.
+            pixels = enc.expect(np.asarray(enc.decode_rgb(job.payload, job.width, job.height)), job.width, job.height)
             top, left, height, width = job.box
             box = (left, top, left + width, top + height)
         self._pillow(pixels, box, dst, job.flip, local, planar)
@@ -325,16 +363,19 @@ class ReadPlan:
     ) -> np.ndarray:
         """The whole image as ``H x W x 3`` uint8 RGB (a new array, or a view of the
         map for raw records): the decoder for the JPEGs it takes, at ``1/denom``
-        scale; ImageFolder's conversion (Pillow) for every other image."""
-        return encoding_of(encoding).pixels(payload, width, height, channels, self.decoder, denom, None)
+        scale; ImageFolder's conversion (Pillow) for every other image. The header
+        is checked first (``claim``)."""
+        enc = self.claim(payload, encoding, width, height, channels)
+        return enc.pixels(payload, width, height, channels, self.decoder, denom, None)
 
     def image(self, payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int) -> Image.Image:
         """The whole image as an RGB ``PIL.Image``, as ImageFolder's loader gives it
         (with the ``pillow`` decoder: exactly its ``Image.open(f).convert("RGB")``;
-        with ``size_hint``: decoded at a reduced DCT scale)."""
-        enc = encoding_of(encoding)
+        with ``size_hint``: decoded at a reduced DCT scale). The header is checked
+        first (``claim``), so an image is never sized from a claim its payload denies."""
+        enc = self.claim(payload, encoding, width, height, channels)
         if self.size_hint is None and self.decoder.name == "pillow":
-            return enc.decode_rgb(payload, width, height)
+            return enc.expect(enc.decode_rgb(payload, width, height), width, height)
         denom = 1
         if self.size_hint is not None:
             denom = size_hint_scale(width, height, self.size_hint, enc.scales(channels, self.decoder))

@@ -11,10 +11,19 @@ Rules this module enforces (see docs/design.md, "Opening a pack"):
 * The map is opened on first use in each process. The constructor reads
   and checks the tables and closes it again, so a parent process that never
   reads a sample holds nothing open when it starts its workers.
-* Each (re)opening in a new process checks that the pack is still the one
-  the tables were read from (``pack_id``, or a digest of a format-1
-  manifest): a pack replaced under a live dataset raises NotAPackError in
-  the worker instead of mixing two packs.
+* Each (re)opening in a new process opens the version the tables were read
+  from (``pack_id``, or a digest of a format-1 manifest): the current one,
+  or, after one ``pack --update``, the one before it, which an update leaves
+  intact (``environments.open_version``). A pack replaced (or updated twice)
+  under a live dataset raises PackChangedError in the worker instead of
+  mixing two versions.
+* After every read, a process checks that no second transaction has
+  committed since the version it reads (``PageFile.committed_txnid``): from
+  then on LMDB may reuse that version's pages, so it raises PackChangedError
+  instead of returning what it read.
+* Format 3 (an updated pack): sample ``i`` is the record under key
+  ``__order__[i]`` (its CRC bound to that key), and a record header's label
+  names a class of ``record_classes`` (mapped to the sample's label here).
 * ``Reader`` pickles without any handle (``__getstate__``), so it can be sent
   to spawned DataLoader workers.
 
@@ -37,12 +46,13 @@ import numpy as np
 from PIL import Image
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.codecs import decode_rgb
-from lmdbfolder.errors import CorruptRecordError, DecodeError, LmdbFolderError, NotAPackError
+from lmdbfolder.codecs import decode_hint, encoding_of
+from lmdbfolder.errors import CorruptRecordError, DecodeError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     KEY,
     LABELS_KEY,
     META_KEY,
+    NO_LABEL,
     decode_paths,
     decode_record,
     path_at,
@@ -141,12 +151,17 @@ class PackAPI:
         return bytes(self.get(index).payload)
 
     def image(self, index: int) -> Image.Image:
-        """Sample ``index`` decoded to an RGB ``PIL.Image``, exactly as ImageFolder loads it."""
+        """Sample ``index`` decoded to an RGB ``PIL.Image``, exactly as ImageFolder loads it
+        (DecodeError when it does not decode, or its header is one its payload denies:
+        ``Encoding.check``)."""
         rec = self.get(index)
         try:
-            return decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
+            enc = encoding_of(rec.encoding)
+            enc.check(rec.payload, rec.width, rec.height, rec.channels)
+            return enc.expect(enc.decode_rgb(rec.payload, rec.width, rec.height), rec.width, rec.height)
         except Exception as exc:  # Pillow raises many exception types for bad data
-            raise DecodeError(rec.index, self.path_of(rec.index), f"{type(exc).__name__}: {exc}") from exc
+            hint = decode_hint(exc)
+            raise DecodeError(rec.index, self.path_of(rec.index), f"{type(exc).__name__}: {exc}", hint) from exc
 
     def __iter__(self) -> Iterator[Record]:
         for i in range(len(self)):
@@ -188,10 +203,22 @@ class Reader(PackAPI):
             in the wrong place fails it too. It costs about 0.3 % of a JPEG
             decode (docs/design.md, "Integrity"); False skips it.
 
+        pack_id: open this version of the pack (format 2 and 3): the current
+            one, or the one before it while ``pack --update`` has changed the
+            pack once since (a sharded pack's index names its shards' ids);
+            PackChangedError when it is neither. ``manifest_sha256`` (hex)
+            prefers, of two versions with that id, the one with that manifest.
+
     The constructor reads and checks the manifest, the label table and (format
     2) the table checksums, then closes the file again; samples are read
     through a lazily opened, per-process map. A pack that is damaged where a
     record is stored raises CorruptRecordError for that record only.
+
+    A Reader reads the version of the pack it opened, in every process: after
+    one ``pack --update`` (which changes the pack in place, in one
+    transaction) it still reads the version before it; after a second one, or
+    when the pack was replaced (``--overwrite``, a copy), it raises
+    PackChangedError. To read the new version, open the pack again.
 
     Example:
         >>> from lmdbfolder import Reader
@@ -200,7 +227,15 @@ class Reader(PackAPI):
         ...     print(len(r), r.classes[rec.label], rec.encoding, rec.width, rec.height)
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readahead: bool = True,
+        verify_checksums: bool = True,
+        pack_id: str | None = None,
+        manifest_sha256: str | None = None,
+    ) -> None:
         found = packdir.require_pack(path)
         if found.kind is packdir.Kind.SHARDED:
             raise NotAPackError(
@@ -211,7 +246,10 @@ class Reader(PackAPI):
         self.path = found.path
         self.readahead = readahead
         self.verify_checksums = verify_checksums
-        pf = environments.open_data(self.path, readahead)
+        if pack_id is None:
+            pf = environments.open_data(self.path, readahead)
+        else:
+            pf = environments.open_version(self.path, pack_id, readahead, manifest_sha256=manifest_sha256)
         try:
             tables = environments.load_tables(pf, self.path)
         finally:
@@ -227,6 +265,7 @@ class Reader(PackAPI):
         self._pid: int | None = None
         self._pf: PageFile | None = None
         self._paths: memoryview | None = None
+        self._order: np.ndarray | None = None  # format 3: sample -> record key, from this process's map
         self._handle_lock = threading.Lock()
 
     # -- metadata ------------------------------------------------------------
@@ -240,7 +279,10 @@ class Reader(PackAPI):
         Read from the pack at first use (opening only checks the table in place).
         """
         if self._labels is None:
-            self._labels = environments.labels_table(self._file(), self._tables, self.path)
+            pf = self._file()
+            labels = environments.labels_table(pf, self._tables, self.path)
+            self._check_unchanged(pf)
+            self._labels = labels
         return self._labels
 
     def class_counts(self) -> np.ndarray:
@@ -266,16 +308,29 @@ class Reader(PackAPI):
     def path_of(self, index: int) -> str:
         """Original relative path of sample ``index``."""
         i = self._check_index(index)
-        return path_at(self._paths_blob(), self._count, i)
+        path = path_at(self._paths_blob(), self._count, i)
+        self._check_unchanged(self._file())
+        return path
 
     def paths(self) -> list[str]:
         """Original relative paths of all samples, in index order."""
-        return decode_paths(self._paths_blob(), self._count, where=self.path)
+        paths = decode_paths(self._paths_blob(), self._count, where=self.path)
+        self._check_unchanged(self._file())
+        return paths
 
     def skipped(self) -> list[dict[str, Any]] | str:
         """The source files the writer left out (``{path, reason}`` dicts), or
         ``"invalid"`` when a format-1 manifest holds something else there."""
         return environments.skipped_items(self._file(), self._tables, self.path)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The pack's history, oldest first: how it was packed, then each ``pack --update``
+        (``event``, ``at``, ``pack_id``, ``count``, ``added``, ``removed``, ``changed``,
+        ``classes_added``, ...); [] for a pack written before histories were kept."""
+        pf = self._file()
+        items = environments.history_items(pf, self._tables, self.path)
+        self._check_unchanged(pf)
+        return items
 
     def _paths_blob(self) -> memoryview:
         blob = self._paths
@@ -310,7 +365,10 @@ class Reader(PackAPI):
         ``read_bytes`` for an independent copy.
         """
         i = self._check_index(index)
-        return self._record(i, self._lookup(self._file(), i), i)
+        pf = self._file()
+        record = self._record(i, self._lookup(pf, i), i)
+        self._check_unchanged(pf)
+        return record
 
     def get_many(self, indices: Sequence[int], *, prefetch: bool = True) -> list[Record]:
         """The records of ``indices``, in that order (for batch samplers).
@@ -331,7 +389,9 @@ class Reader(PackAPI):
         values = [self._lookup(pf, i) for i in idx]
         if prefetch and len(values) > 1:
             self._prefetch(values)
-        return [self._record(i, v, i + offset) for i, v in zip(idx, values)]
+        records = [self._record(i, v, i + offset) for i, v in zip(idx, values)]
+        self._check_unchanged(pf)
+        return records
 
     def prefetch(self, indices: Sequence[int]) -> None:
         """Ask the kernel to start reading these records now, without waiting
@@ -341,7 +401,7 @@ class Reader(PackAPI):
         values = []
         for i in indices:
             try:
-                values.append(pf.get(KEY.pack(self._check_index(i))))
+                values.append(pf.get(KEY.pack(self._key(self._check_index(i)))))
             except PageDamage:
                 continue  # advice only: the read of that record will say what is wrong
         self._prefetch(values)
@@ -365,10 +425,26 @@ class Reader(PackAPI):
         if run_end > 0:
             _will_need(run_start, run_end)
 
+    def _key(self, i: int) -> int:
+        """The record key of sample ``i`` (format 3: its ``__order__`` entry; else ``i``)."""
+        order = self._order
+        return i if order is None else int(order[i])
+
+    def _check_unchanged(self, pf: PageFile) -> None:
+        """After a read: PackChangedError unless what was read is the version this process
+        opened (at most one transaction has committed to the file since it was mapped)."""
+        committed = pf.committed_txnid()
+        if committed > pf.txnid + 1:
+            raise PackChangedError(
+                self.path,
+                f"was updated in place more than once since this process opened it (transaction {pf.txnid}, "
+                f"now {committed}): the pages of the version it reads may have been reused",
+            )
+
     def _lookup(self, pf: PageFile, i: int) -> memoryview:
         """The stored value of record ``i``; CorruptRecordError (index, path, pack) when it cannot be found."""
         try:
-            value = pf.get(KEY.pack(i))
+            value = pf.get(KEY.pack(self._key(i)))
             if value is None:
                 raise CorruptRecordError(i, "the record is missing from the database")
         except PageDamage as exc:
@@ -382,10 +458,24 @@ class Reader(PackAPI):
     def _record(self, i: int, value: memoryview, reported: int) -> Record:
         # ``i`` is the index in this pack; ``reported`` the one the Record carries.
         try:
-            header, payload = decode_record(value, index=i, verify=self.verify_checksums, binding=self._binding)
+            header, payload = decode_record(
+                value, index=i, verify=self.verify_checksums, binding=self._binding, key=self._key(i)
+            )
         except CorruptRecordError as exc:
             raise exc.locate(self._safe_path(i), self.path) from None
-        return Record(reported, header.label, header.encoding, header.width, header.height, header.channels, payload)
+        label = header.label
+        mapping = self._tables.label_map
+        if mapping is not None and label != NO_LABEL:
+            # Format 3: the header names a class of record_classes.
+            if not 0 <= label < len(mapping) or mapping[label] < 0:
+                raise CorruptRecordError(
+                    i,
+                    f"its header label {label} names no class of the pack (record_classes)",
+                    self._safe_path(i),
+                    self.path,
+                )
+            label = int(mapping[label])
+        return Record(reported, label, header.encoding, header.width, header.height, header.channels, payload)
 
     def raw_items(self) -> Iterator[tuple[bytes, memoryview]]:
         """Every key and stored value in key order (records, then reserved keys).
@@ -411,20 +501,15 @@ class Reader(PackAPI):
             self._reset_handles()  # inherited from the parent: its lock and map are not ours to use
         with self._handle_lock:
             if self._pf is None:
-                pf = environments.open_data(self.path, self.readahead)
-                try:
-                    found = environments.identity_of(pf, self.path, self._tables)
-                except BaseException:
-                    pf.close()
-                    raise
-                if found != self._tables.identity:
-                    pf.close()
-                    raise NotAPackError(
-                        self.path,
-                        f"it was replaced since this dataset was opened (it was pack {self._tables.identity}, "
-                        f"it is now pack {found}); reading on would mix samples of two packs",
-                        "open the pack again (create the dataset and its DataLoader anew) after replacing it",
-                    )
+                # The version the tables were read from: the current one, or the
+                # one before it after one update (environments.open_version).
+                pf = environments.open_version(self.path, self._tables.identity, self.readahead, self._tables)
+                if self._tables.ordered:
+                    try:
+                        self._order = environments.order_table(pf, self._tables, self.path)
+                    except BaseException:
+                        pf.close()
+                        raise
                 self._pf = pf
                 self._pid = os.getpid()
             return self._pf
@@ -441,7 +526,7 @@ class Reader(PackAPI):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_pid", "_pf", "_paths", "_handle_lock", "_index_by_path"):
+        for name in ("_pid", "_pf", "_paths", "_order", "_handle_lock", "_index_by_path"):
             state.pop(name, None)
         return state
 

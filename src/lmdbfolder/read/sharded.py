@@ -20,11 +20,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from lmdbfolder import packdir
-from lmdbfolder.errors import NotAPackError
+from lmdbfolder.errors import NotAPackError, PackChangedError
 from lmdbfolder.format import SHARD_INDEX_FILE, shard_matches
 from lmdbfolder.read.reader import PackAPI, Reader, Record
+from lmdbfolder.read.staging import StagedPack
 
 __all__ = ["ShardedReader"]
+
+#: Shards of a staged pack one process keeps mapped at most (the least recently
+#: opened is closed): evicted shards free their disk space once no map holds them.
+_STAGED_OPEN = 4
 
 
 class ShardedReader(PackAPI):
@@ -44,7 +49,20 @@ class ShardedReader(PackAPI):
         (1281167, 8, (0, 1000))
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = True, verify_checksums: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readahead: bool = True,
+        verify_checksums: bool = True,
+        staging: StagedPack | None = None,
+    ) -> None:
+        #: For a pack in object storage (``open_pack(url, cache_dir=...)``): the
+        #: cache its shards are staged into, each when first needed (``path`` is
+        #: the cache folder). None: a local pack.
+        self.staging = staging
+        if staging is not None:
+            path = staging.root
         found = packdir.require_pack(path)
         if found.kind is not packdir.Kind.SHARDED:
             raise NotAPackError(found.path, f"it is a single pack, not a sharded one (it holds no {SHARD_INDEX_FILE})")
@@ -58,12 +76,12 @@ class ShardedReader(PackAPI):
             starts.append(starts[-1] + e["count"])
         self._starts: list[int] = starts
         self._count: int = self.meta["count"]
-        missing = [n for n in self._names if not os.path.isdir(os.path.join(self.path, n))]
+        missing = [] if staging else [n for n in self._names if not os.path.isdir(os.path.join(self.path, n))]
         if missing:
             raise NotAPackError(
                 self.path,
-                f"{len(missing)} of {len(self._names)} shards are missing: {', '.join(missing[:10])}"
-                + (" ..." if len(missing) > 10 else ""),
+                f"{len(missing)} of {len(self._names)} shards {'is' if len(missing) == 1 else 'are'} missing: "
+                f"{', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""),
                 "copy the missing shard directories next to index.json (or repack them with "
                 "`lmdbfolder pack ... --shard-index I`)",
             )
@@ -74,6 +92,7 @@ class ShardedReader(PackAPI):
         self._shard_lock = threading.Lock()
         self._owner_pid = os.getpid()
         self._labels_cache: array.array | None = None
+        self._open_order: list[int] = []  # staged packs: the shards this process has mapped, oldest first
 
     # -- shards ----------------------------------------------------------------------
     @property
@@ -104,6 +123,11 @@ class ShardedReader(PackAPI):
             # handles), but a lock held by another thread at fork time is not.
             self._shard_lock = threading.Lock()
             self._owner_pid = os.getpid()
+            if self.staging is not None:
+                # A staged shard is (re)opened only under its cache lock, never by
+                # path behind the cache's back (it may have been evicted since).
+                self._readers = [None] * len(self._names)
+                self._open_order = []
         reader = self._readers[k]
         if reader is None:
             with self._shard_lock:
@@ -114,10 +138,44 @@ class ShardedReader(PackAPI):
         return reader
 
     def _open_shard(self, k: int) -> Reader:
+        if self.staging is None:
+            return self._check_shard(k, os.path.join(self.path, self.meta["shards"][k]["name"]), keep_open=False)
+        # Staged: fetched into the cache if it is not there, then opened and mapped
+        # while the cache lock keeps it from being evicted; a mapped shard stays
+        # readable after an eviction. A process keeps a few shards mapped at most,
+        # so evicted shards free their disk space.
+        with self.staging.reading(k) as path:
+            reader = self._check_shard(k, path, keep_open=True)
+        self._open_order.append(k)
+        while len(self._open_order) > _STAGED_OPEN:
+            old = self._open_order.pop(0)
+            previous = self._readers[old]
+            self._readers[old] = None
+            if previous is not None:
+                previous.close()
+        return reader
+
+    def _check_shard(self, k: int, path: str, *, keep_open: bool) -> Reader:
         entry = self.meta["shards"][k]
-        path = os.path.join(self.path, entry["name"])
         where = f"shard {k} of {len(self._names)} listed in {os.path.join(self.path, SHARD_INDEX_FILE)}"
-        reader = Reader(path, readahead=self.readahead, verify_checksums=self.verify_checksums)
+        try:
+            # Format 2 and 3: the version of the shard the index names (its current
+            # one, or the one before it while an update has rewritten the shard
+            # but not yet the index); its own table checksums are checked on open.
+            reader = Reader(
+                path,
+                readahead=self.readahead,
+                verify_checksums=self.verify_checksums,
+                pack_id=entry.get("pack_id"),
+                manifest_sha256=entry.get("manifest_sha256"),
+            )
+        except PackChangedError:
+            raise PackChangedError(
+                path,
+                f"does not hold the shard the index names: its pack_id differs from the index's ({where}; "
+                "repacked, updated with `lmdbfolder pack --update`, or copied over)",
+                "open the pack again if it was updated; else restore the shard, or run `lmdbfolder index` again",
+            ) from None
         try:
             hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
             if len(reader) != entry["count"]:
@@ -127,18 +185,18 @@ class ShardedReader(PackAPI):
             for key in ("classes", "class_to_idx", "store"):
                 if reader.meta[key] != self.meta[key]:
                     raise NotAPackError(path, f"its {key} differ from the index's ({where})", hint)
-            if "pack_id" in entry:
-                # Format 2: the shard's own table checksums were checked when it
-                # opened; its pack id says it is the shard the index was made of.
-                if reader.pack_id != entry["pack_id"]:
-                    raise NotAPackError(path, f"its pack_id differs from the index's ({where})", hint)
-            elif not shard_matches(entry, *reader.tables()):
+            if "pack_id" not in entry and not shard_matches(entry, *reader.tables()):
                 # Version-1 shards: the stored manifest's hash and the tables' lengths
                 # (format.shard_matches): microseconds, where hashing the tables took
                 # milliseconds per shard per worker.
                 what = "manifest_sha256/tables_bytes" if "manifest_sha256" in entry else "tables_sha256"
                 raise NotAPackError(path, f"its manifest or tables do not match the index's {what} ({where})", hint)
-        finally:
+            if keep_open:
+                reader._file()  # mapped now, while the shard cannot be evicted
+        except BaseException:
+            reader.close()
+            raise
+        if not keep_open:
             reader.close()  # checked; its handle is reopened lazily when a sample is read
         return reader
 
@@ -157,9 +215,19 @@ class ShardedReader(PackAPI):
         return self._labels_cache
 
     def class_counts(self) -> np.ndarray:
-        """Samples per class index, summed over the shards (opens every shard once)."""
+        """Samples per class index, summed over the shards (opens every shard once,
+        unless the index lists each shard's classes, as an uploaded pack's does)."""
         # Every shard has the index's classes (checked when it opens).
         total = np.zeros(len(self.meta["classes"]), dtype=np.int64)
+        listed = [e.get("class_counts") for e in self.meta["shards"]]
+        if self.staging is not None and all(isinstance(c, list) for c in listed):
+            for counts in listed:
+                for c, n in counts:  # type: ignore[union-attr]  # checked above
+                    if 0 <= c < len(total):
+                        total[c] += n
+            if int(total.sum()) == self._count:
+                return total
+            total[:] = 0  # the index contradicts itself: count from the shards
         for k in range(len(self._names)):
             total += self.shard(k).class_counts()
         return total
@@ -216,7 +284,7 @@ class ShardedReader(PackAPI):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_readers", "_shard_lock", "_owner_pid", "_labels_cache", "_index_by_path"):
+        for name in ("_readers", "_shard_lock", "_owner_pid", "_labels_cache", "_index_by_path", "_open_order"):
             state.pop(name, None)
         return state
 

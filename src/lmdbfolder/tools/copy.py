@@ -10,19 +10,46 @@ as sequential as the database allows). It checks that the copy holds the
 same count and tables, and publishes it with one rename, so the destination
 never holds a half-copied pack. What may be replaced at
 the destination, and what the temporary directory is, is ``packdir``'s call.
+
+Either side may be a URL (``s3://bucket/train``; ``lmdbfolder.remote``):
+
+* **Upload** (local -> URL): the files are uploaded as they are (a remote
+  pack has the local layout), shards several at once, ``index.json`` last,
+  so a remote pack without its index is an unfinished upload. The uploaded
+  index adds, per shard, the SHA-256 of its ``data.mdb`` (``data_sha256``)
+  and the classes it holds (``class_counts``), for downloads and staging.
+* **Download** (URL -> local): shards several at once, each in ranged parts
+  (``remote.download``), built in ``<dst>.copying``, which a rerun resumes
+  (only the missing parts are fetched). Each shard is checked against the
+  index's ``data_sha256`` (or, for a pack uploaded without it, verified
+  record by record) and its manifest and tables digests before it is
+  published inside ``<dst>.copying``; the pack is published when every shard
+  has landed. The bytes are the remote ones (no compaction), so a pack
+  round-trips byte for byte.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from lmdbfolder import packdir
-from lmdbfolder.errors import NotAPackError, OutputExistsError, PackError
-from lmdbfolder.format import COPYING_SUFFIX, SHARD_INDEX_FILE, encode_shard_index
+from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, RemoteError
+from lmdbfolder.format import (
+    COPYING_SUFFIX,
+    DATA_FILE,
+    SHARD_INDEX_FILE,
+    SKIPPED_REPORT,
+    decode_shard_index,
+    encode_shard_index,
+)
+from lmdbfolder.progress import Progress
+from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Remote, download, file_sha256, is_url
 from lmdbfolder.text import plural
 
 __all__ = ["CopyResult", "copy_pack"]
@@ -39,6 +66,9 @@ class CopyResult:
     bytes_before: int
     bytes_after: int
     seconds: float
+    #: Bytes sent or received over the network by this run (0 for a local copy);
+    #: a resumed download counts only what it fetched.
+    transferred: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready summary (``lmdbfolder copy --json``)."""
@@ -48,9 +78,25 @@ class CopyResult:
 
 
 def copy_pack(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, overwrite: bool = False, verify: bool = False
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    verify: bool = False,
+    jobs: int = DEFAULT_JOBS,
+    part_size: int = DEFAULT_PART_SIZE,
+    progress: bool | None = False,
 ) -> CopyResult:
     """Copy the pack (or sharded pack) ``src`` to the new path ``dst``, compacted.
+
+    Either may be a URL of object storage (``s3://bucket/train``): then the
+    files travel as they are (see the module docs): an upload writes the
+    index last, with each shard's SHA-256; a download fetches shards in
+    parallel, in ranged parts of ``part_size`` bytes, ``jobs`` requests in
+    flight, resumes after an interruption (a rerun fetches only what is
+    missing) and checks each shard against the index before it is
+    published. ``progress``: a bar of bytes for transfers (None: on a
+    terminal).
 
     Every database is copied key by key through the checked reader
     (``packdir.copy_single``; a damaged source is a PackError); a sharded
@@ -66,6 +112,17 @@ def copy_pack(
         >>> copy_pack("/shared/train", "/local/ssd/train")  # doctest: +SKIP
     """
     start = time.perf_counter()
+    if jobs < 1 or part_size < 1:
+        raise OptionError(f"jobs and part_size must be at least 1, got {jobs} and {part_size}")
+    if is_url(src) and is_url(dst):
+        raise OptionError(
+            f"cannot copy from one URL to another ({src} -> {dst})",
+            "copy to local disk first, then upload the local copy",
+        )
+    if is_url(src):
+        return _download(str(src), dst, overwrite, verify, jobs, part_size, progress, start)
+    if is_url(dst):
+        return _upload(src, str(dst), overwrite, verify, jobs, progress, start)
     found = packdir.require_pack(src)
     src_path = found.path
     dst_path = os.path.abspath(os.path.expanduser(os.fspath(dst)))
@@ -122,3 +179,226 @@ def _copy_sharded(src: str, out: str) -> tuple[int, int, int, int]:
     with open(os.path.join(out, SHARD_INDEX_FILE), "wb") as f:
         f.write(encode_shard_index(index))
     return index["count"], len(index["shards"]), before, after
+
+
+# -- object storage ----------------------------------------------------------------
+def _verified_or_raise(path: str, what: str) -> None:
+    from lmdbfolder.tools.verify import verify as verify_pack
+
+    report = verify_pack(path, progress=False)
+    if not report.ok:
+        raise PackError(
+            f"{what} has {plural(len(report.problems), 'problem')}: {report.problems[0]}",
+            "run `lmdbfolder verify` on the source: it is probably damaged",
+        )
+
+
+def _prepare_local_dst(dst: str | os.PathLike[str], overwrite: bool) -> str:
+    dst_path = os.path.abspath(os.path.expanduser(os.fspath(dst)))
+    if os.path.lexists(dst_path):
+        if not overwrite:
+            raise OutputExistsError(dst_path)
+        packdir.check_replaceable(dst_path)
+    os.makedirs(os.path.dirname(dst_path), exist_ok=True)
+    return dst_path
+
+
+def _download(
+    src: str,
+    dst: str | os.PathLike[str],
+    overwrite: bool,
+    verify: bool,
+    jobs: int,
+    part_size: int,
+    progress: bool | None,
+    start: float,
+) -> CopyResult:
+    from lmdbfolder.read.staging import disk_error, fetch_index, fetch_shard
+
+    remote = Remote(src)
+    dst_path = _prepare_local_dst(dst, overwrite)
+    tmp = dst_path + COPYING_SUFFIX
+    try:
+        blob, index = fetch_index(remote)
+    except RemoteError as exc:
+        if "single pack" not in exc.message:
+            raise
+        blob, index = b"", None
+    # A <dst>.copying of this very source is resumed; anything else of ours is cleared.
+    resumable = os.path.isdir(tmp) and packdir.why_not_replaceable(tmp) is None
+    if resumable and index is not None:
+        try:
+            with open(os.path.join(tmp, SHARD_INDEX_FILE), "rb") as f:
+                resumable = f.read() == blob
+        except OSError:
+            resumable = False
+    if not resumable:
+        packdir.clear_temp_dir(tmp)
+        try:
+            packdir.make_temp_dir(tmp)
+            if index is not None:
+                # The source's index, first: it says which source a later run resumes.
+                packdir.write_atomically(tmp, SHARD_INDEX_FILE, blob, f".{SHARD_INDEX_FILE}.tmp")
+        except OSError as exc:
+            raise disk_error(exc, src, tmp) from None
+    fetched = [0]
+    lock = threading.Lock()
+    entries: list[dict[str, Any]] = [] if index is None else index["shards"]
+    total = sum(int(e.get("bytes") or 0) for e in entries) if index else remote.child(DATA_FILE).info().size
+    bar = Progress(total, f"copy {remote.name}", enabled=progress, unit="B")
+
+    def count(n: int) -> None:
+        with lock:
+            fetched[0] += n
+            bar.update(n, n)
+
+    try:
+        if index is None:
+            try:
+                n, _ = download(
+                    remote.child(DATA_FILE),
+                    os.path.join(tmp, DATA_FILE),
+                    jobs=jobs,
+                    part_size=part_size,
+                    on_bytes=count,
+                )
+            except OSError as exc:
+                raise disk_error(exc, remote.child(DATA_FILE).url, tmp) from None
+            _fetch_report(remote, tmp)
+            _verified_or_raise(tmp, f"the copy of {src}")  # no digest to check it by: every record
+            count_samples, shards = int(decode_meta_count(tmp)), 1
+        else:
+            todo = [e for e in entries if not os.path.isdir(os.path.join(tmp, e["name"]))]
+            parallel = max(1, min(len(todo), 4, jobs))
+            per_shard = max(1, jobs // parallel)
+
+            abort = threading.Event()  # the first failure stops the other shards' next parts
+
+            def one(entry: dict[str, Any]) -> None:
+                fetch_shard(remote, entry, tmp, part_size=part_size, jobs=per_shard, on_bytes=count, abort=abort)
+                if entry.get("skipped") != 0:  # the index says whether there is a report to fetch
+                    _fetch_report(remote.child(entry["name"]), os.path.join(tmp, entry["name"]))
+                if not isinstance(entry.get("data_sha256"), str):
+                    # Uploaded without a digest (by hand): check every record instead.
+                    _verified_or_raise(os.path.join(tmp, entry["name"]), f"shard {entry['name']} of {src}")
+
+            if todo:
+                _run_all(one, todo, parallel, abort)
+            count_samples, shards = int(index["count"]), len(entries)
+        if verify:
+            _verified_or_raise(tmp, f"the copy of {src}")
+        packdir.publish(tmp, dst_path)
+    finally:
+        bar.close()
+    size = packdir.pack_size(dst_path)
+    return CopyResult(src, dst_path, count_samples, shards, size, size, time.perf_counter() - start, fetched[0])
+
+
+def _run_all(fn: Any, items: list[Any], workers: int, abort: threading.Event) -> None:
+    """``fn(item)`` for every item, ``workers`` at a time; the first error (not a
+    consequence of another: ``_Aborted``) is raised once the running calls end,
+    and no call starts after it."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    futures = [pool.submit(fn, item) for item in items]
+    first: BaseException | None = None
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            if future.cancelled():
+                continue
+            exc = future.exception()
+            if exc is not None:
+                # A full disk stops no other shard that already has its room (a rerun keeps
+                # them); any other failure (the server gone, credentials) stops them all.
+                if not (isinstance(exc, RemoteError) and exc.kind == "disk"):
+                    abort.set()
+                for pending in futures:
+                    pending.cancel()
+                if first is None or type(first).__name__ == "_Aborted":
+                    first = exc
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if first is not None:
+        raise first
+
+
+def decode_meta_count(path: str) -> int:
+    """The sample count of the single pack at ``path`` (its manifest)."""
+    from lmdbfolder import environments
+    from lmdbfolder.format import decode_meta
+
+    return int(decode_meta(environments.read_tables(path)[0], where=path)["count"])
+
+
+def _fetch_report(remote: Remote, local_dir: str) -> None:
+    # skipped.txt travels with the pack (small; absent when nothing was skipped).
+    report = remote.child(SKIPPED_REPORT)
+    if os.path.isfile(os.path.join(local_dir, SKIPPED_REPORT)) or not report.exists():
+        return
+    packdir.write_atomically(local_dir, SKIPPED_REPORT, report.read(), f".{SKIPPED_REPORT}.tmp")
+
+
+def _upload(
+    src: str | os.PathLike[str],
+    dst: str,
+    overwrite: bool,
+    verify: bool,
+    jobs: int,
+    progress: bool | None,
+    start: float,
+) -> CopyResult:
+    from lmdbfolder.read.opening import open_pack
+
+    found = packdir.require_pack(src)
+    remote = Remote(dst)
+    for name in (SHARD_INDEX_FILE, DATA_FILE):
+        if remote.child(name).exists() and not overwrite:
+            raise OutputExistsError(
+                dst, f"already holds a pack ({name})", "choose another URL, or pass --overwrite to replace it"
+            )
+    if verify:
+        _verified_or_raise(found.path, f"the source {found.path}")
+    size = packdir.pack_size(found.path)
+    bar = Progress(size, f"copy {os.path.basename(found.path)}", enabled=progress, unit="B")
+    sent = [0]
+    lock = threading.Lock()
+
+    def put(local_dir: str, target: Remote) -> str:
+        data = os.path.join(local_dir, DATA_FILE)
+        digest = file_sha256(data)
+        target.child(DATA_FILE).upload(data)
+        report = os.path.join(local_dir, SKIPPED_REPORT)
+        if os.path.isfile(report):
+            target.child(SKIPPED_REPORT).upload(report)
+        with lock:
+            n = os.path.getsize(data)
+            sent[0] += n
+            bar.update(n, n)
+        return digest
+
+    try:
+        if found.kind is packdir.Kind.PACK:
+            with open_pack(found.path) as reader:
+                count, shards = len(reader), 1
+            put(found.path, remote)
+        else:
+            with open(os.path.join(found.path, SHARD_INDEX_FILE), "rb") as f:
+                index = decode_shard_index(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
+            reader = open_pack(found.path)
+            entries = index["shards"]
+
+            def one(k: int) -> None:
+                entry = entries[k]
+                shard = reader.shard(k)  # type: ignore[union-attr]  # checked against the index here
+                counts = shard.class_counts()
+                entry["class_counts"] = [[int(c), int(n)] for c, n in enumerate(counts.tolist()) if n]
+                entry["bytes"] = os.path.getsize(os.path.join(shard.path, DATA_FILE))
+                entry["data_sha256"] = put(shard.path, remote.child(entry["name"]))
+
+            _run_all(one, list(range(len(entries))), max(1, min(len(entries), 4, jobs)), threading.Event())
+            reader.close()
+            # Last: a remote pack without its index is an unfinished upload.
+            remote.child(SHARD_INDEX_FILE).write(encode_shard_index(index))
+            count, shards = int(index["count"]), len(entries)
+    finally:
+        bar.close()
+    return CopyResult(found.path, remote.url, count, shards, size, size, time.perf_counter() - start, sent[0])

@@ -23,9 +23,19 @@
 ``OUT`` must not exist (or be an empty directory): nothing is overwritten.
 The export is written to ``OUT.partial`` and renamed to ``OUT`` when
 complete; an interrupted export leaves ``OUT.partial``, which the next run
-refuses until it is removed. Paths that would lead outside ``OUT`` (``..``)
-are refused; absolute paths of a list file are written below ``OUT``
-without their leading ``/``.
+refuses until it is removed.
+
+Stored paths are names read from a pack, which anyone may have written, and
+nothing is ever written outside ``OUT``. ``files``: every path is checked
+before anything is written, and a pack holding one that cannot be written
+back as it is (a ``..`` step, a NUL, a name longer than the file system
+takes, a path stored twice, a path that is both a file and a folder) is
+refused, naming the records (``--format webdataset`` takes it); absolute
+paths of a list file are written below ``OUT`` without their leading ``/``,
+and the list file is renamed (``list-1.txt``, ...) when a sample holds its
+name. ``webdataset``: keys never hold a ``..`` step, an empty or ``.``
+component, a leading ``/`` or a NUL (``webdataset_key``), so no member of a
+shard leads outside the folder it is extracted into.
 """
 
 from __future__ import annotations
@@ -43,10 +53,11 @@ from PIL import Image
 
 from lmdbfolder import packdir
 from lmdbfolder.errors import OptionError, OutputExistsError, SourceError
-from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX
+from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, informational
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
+from lmdbfolder.text import plural, printable
 from lmdbfolder.write.shards import parse_size
 
 __all__ = ["ExportResult", "export", "FORMATS", "DEFAULT_SHARD_SIZE", "webdataset_key", "EXTENSIONS"]
@@ -152,11 +163,13 @@ def _check_new(out: str) -> None:
 
 
 def _params(reader: Any) -> dict[str, Any]:
-    """The writing options of a pack (of its first shard, for a sharded pack)."""
+    """The writing options of a pack (of its first shard, for a sharded pack); {} when invalid."""
     if isinstance(reader, Reader):
-        return dict(reader.meta.get("params") or {})
-    with Reader(reader.shards[0]) as first:
-        return dict(first.meta.get("params") or {})
+        params = informational(reader.meta, "params", {})
+    else:
+        with Reader(reader.shards[0]) as first:
+            params = informational(first.meta, "params", {})
+    return dict(params) if isinstance(params, dict) else {}
 
 
 def _refuse_changed_bytes(path: str, store: str, params: dict[str, Any]) -> None:
@@ -187,16 +200,94 @@ def _target(root: str, relpath: str, index: int) -> str:
     return target
 
 
+#: A file name longer than this many bytes is refused by the usual file systems (NAME_MAX).
+NAME_MAX = 255
+#: A path longer than this many bytes is refused by the system (PATH_MAX).
+PATH_MAX = 4096
+
+
+def _unwritable(paths: list[str], class_folders: list[str]) -> list[tuple[int, str, str]]:
+    """``(index, path, why)`` of every stored path (and class folder: index -1) that
+    cannot be written back below ``OUT`` as it is: checked before anything is
+    written (``files`` export)."""
+    problems: list[tuple[int, str, str]] = []
+    files: dict[str, int] = {}
+    folders: dict[str, int] = {}
+    for name in class_folders:
+        if "\0" in name or name in ("", ".", "..") or "/" in name or len(os.fsencode(name)) > NAME_MAX:
+            problems.append((-1, name, "a class name that is not a folder name"))
+        folders.setdefault(name, -1)
+    for i, path in enumerate(paths):
+        rel = path.lstrip("/\\") if os.path.isabs(path) else path
+        parts = rel.split("/")
+        why = None
+        if "\0" in path:
+            why = "it holds a NUL character"
+        elif not rel or any(p in ("", ".", "..") for p in parts):
+            why = "it has an empty, '.' or '..' component (it would not name the same file, or lead outside)"
+        elif len(os.fsencode(rel)) > PATH_MAX or any(len(os.fsencode(p)) > NAME_MAX for p in parts):
+            why = f"it is longer than the file system takes ({NAME_MAX} bytes a name, {PATH_MAX} a path)"
+        elif rel in files:
+            why = f"record {files[rel]} has the same path"
+        elif rel in folders:
+            why = f"it is also a folder of record {folders[rel]}'s path"
+        if why is None:
+            for k in range(1, len(parts)):
+                folder = "/".join(parts[:k])
+                if folder in files:
+                    why = f"its folder {folder!r} is record {files[folder]}'s file"
+                    break
+                folders.setdefault(folder, i)
+        if why is not None:
+            problems.append((i, path, why))
+        else:
+            files[rel] = i
+    return problems
+
+
+def _list_name(recorded: Any, taken: set[str]) -> str:
+    """The export's list file name: the recorded list's own name when it is a plain file
+    name, else ``list.txt``; renamed (``list-1.txt``, ...) when a sample holds that name."""
+    name = os.path.basename(recorded) if isinstance(recorded, str) else ""
+    if (
+        not name
+        or name in (".", "..")
+        or "\0" in name
+        or len(os.fsencode(name)) > NAME_MAX - 8
+        or any(c in name for c in "/\\")
+    ):
+        name = "list.txt"
+    stem, ext = os.path.splitext(name)
+    k = 0
+    while name in taken:
+        k += 1
+        name = f"{stem}-{k}{ext}"
+    return name
+
+
 def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tuple[int, int, str | None]:
     meta = reader.meta
-    source = meta.get("source") or {}
+    source = informational(meta, "source", {})
+    source = source if isinstance(source, dict) else {}
     layout = source.get("layout")
     classes = list(meta["classes"])
-    if layout == "imagefolder":
-        for name in classes:  # also the classes kept without images (--allow-empty)
-            os.makedirs(_target(tmp, name, -1), exist_ok=True)
     paths = reader.paths()
     labels = reader.labels
+    bad = _unwritable(paths, classes if layout == "imagefolder" else [])
+    if bad:
+        shown = "; ".join(
+            (f"record {i} ({printable(p, 120)!s})" if i >= 0 else f"class {printable(p, 120)!s}") + f": {why}"
+            for i, p, why in bad[:5]
+        )
+        raise SourceError(
+            printable(bad[0][1], 200),
+            f"{plural(len(bad), 'stored path')} cannot be written back as files below the export folder: {shown}"
+            + ("; ..." if len(bad) > 5 else ""),
+            "export as --format webdataset, whose member names are made from the paths and always safe",
+        )
+    if layout == "imagefolder":
+        for name in classes:  # also the classes kept without images (--allow-empty); checked above
+            os.makedirs(_target(tmp, name, -1), exist_ok=True)
     nbytes = 0
     made: set[str] = set()
     with Progress(len(paths), "export", enabled=progress) as bar:
@@ -213,9 +304,10 @@ def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tupl
             bar.update(1, len(payload))
     if layout != "list":
         return len(paths), nbytes, None
-    name = os.path.basename(source.get("list_file") or "") or "list.txt"
+    top_level = {(p.lstrip("/\\") if os.path.isabs(p) else p).split("/")[0] for p in paths}
+    name = _list_name(source.get("list_file"), top_level)
     by_name = classes != [str(i) for i in range(len(classes))]
-    with open(os.path.join(tmp, name), "w", encoding="utf-8", errors="surrogateescape") as f:
+    with open(os.path.join(tmp, name), "x", encoding="utf-8", errors="surrogateescape") as f:
         for relpath, label in zip(paths, labels):
             rel = relpath.lstrip("/\\") if os.path.isabs(relpath) else relpath
             f.write(f"{rel} {classes[label] if by_name else label}\n")
@@ -225,12 +317,18 @@ def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tupl
 def webdataset_key(relpath: str) -> str:
     """The WebDataset ``__key__`` of a sample: its path without the extension,
     dots left in the file name's stem replaced by ``_`` (WebDataset splits a
-    member name at the first dot of its last component)."""
-    rel = relpath.lstrip("/\\").replace("\\", "/")
-    folder, _, name = rel.rpartition("/")
+    member name at the first dot of its last component).
+
+    A key never leads outside the folder a shard is extracted into: empty and
+    ``.`` components are left out, a ``..`` component becomes ``__``, a NUL
+    becomes ``_``, and no key starts with ``/`` (the stored paths are a pack's,
+    and anyone may have written it)."""
+    rel = relpath.replace("\0", "_").replace("\\", "/")
+    parts = ["__" if p == ".." else p for p in rel.split("/") if p not in ("", ".")] or ["_"]
+    name = parts[-1]
     stem = os.path.splitext(name)[0] or name
-    stem = stem.replace(".", "_")
-    return f"{folder}/{stem}" if folder else stem
+    stem = stem.replace(".", "_") or "_"
+    return "/".join([*parts[:-1], stem])
 
 
 def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) -> tuple[int, int, list[str]]:
@@ -291,7 +389,9 @@ def _member(record: Any, relpath: str) -> tuple[bytes, str]:
         out = io.BytesIO()
         image.save(out, "PNG")
         return out.getvalue(), "png"
-    ext = EXTENSIONS.get(record.encoding) or (os.path.splitext(relpath)[1].lstrip(".").lower() or "bin")
+    ext = EXTENSIONS.get(record.encoding) or os.path.splitext(relpath)[1].lstrip(".").lower()
+    if not (ext.isascii() and ext.isalnum() and len(ext) <= 10):
+        ext = "bin"  # the stored path's own extension, when it is a plain one
     return bytes(record.payload), ext
 
 

@@ -27,6 +27,7 @@ a damaged or truncated recipe LMDB is a clear error, never a crash.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
@@ -34,12 +35,12 @@ import pickletools
 import re
 import reprlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from lmdbfolder.codecs import sniff
-from lmdbfolder.errors import NotAPackError, SourceError, UnsafePickleError
+from lmdbfolder.errors import NotAPackError, OptionError, SourceError, UnsafePickleError, os_hint
 from lmdbfolder.format import DATA_FILE, encode_record
-from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile
+from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, open_regular, read_regular
 from lmdbfolder.write.options import PackOptions
 from lmdbfolder.write.records import Loaded, Skipped
 from lmdbfolder.write.sources import SourceList
@@ -315,11 +316,18 @@ _META_LINE = re.compile(r"^(?P<name>.+?)\s+\((?P<shape>\s*\d+\s*(?:,\s*\d+\s*){1
 
 
 def _basicsr_layout(path: str) -> LegacyLayout:
+    try:
+        return _read_basicsr_layout(path)
+    except OSError as exc:  # a FIFO or a device named meta_info.*, permissions
+        raise SourceError(exc.filename or path, f"cannot read it ({exc.strerror or exc})", os_hint(exc)) from None
+
+
+def _read_basicsr_layout(path: str) -> LegacyLayout:
     txt = os.path.join(path, "meta_info.txt")
     names: list[str] = []
     shapes: list[tuple[int, int, int] | None] = []
     if os.path.exists(txt):
-        with open(txt, encoding="utf-8", errors="surrogateescape") as f:
+        with open(open_regular(txt), encoding="utf-8", errors="surrogateescape") as f:  # no FIFO, no device
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -334,10 +342,13 @@ def _basicsr_layout(path: str) -> LegacyLayout:
                 shapes.append((h, w, c))
     else:
         pkl = os.path.join(path, "meta_info.pkl")
-        if os.path.getsize(pkl) > MAX_PICKLE_BYTES:
-            raise UnsafePickleError(pkl, f"it is larger than the {MAX_PICKLE_BYTES:,} bytes allowed")
-        with open(pkl, "rb") as f:
-            meta = safe_loads(f.read(), where=pkl)
+        try:
+            blob = read_regular(pkl, MAX_PICKLE_BYTES)  # no FIFO, no device, bounded
+        except OSError as exc:
+            if exc.errno == errno.EFBIG:
+                raise UnsafePickleError(pkl, f"it is larger than the {MAX_PICKLE_BYTES:,} bytes allowed") from None
+            raise
+        meta = safe_loads(blob, where=pkl)
         if not isinstance(meta, dict) or not isinstance(meta.get("keys"), list):
             raise SourceError(f"{path}/meta_info.pkl", "expected a dict with a 'keys' list")
         resolutions = meta.get("resolution")
@@ -369,11 +380,36 @@ def _parse_chw(res: Any, path: str) -> tuple[int, int, int] | None:
     raise SourceError(f"{path}/meta_info.pkl", f"resolution {res!r} is not 'C_H_W'")
 
 
+def _class_names(given: Sequence[str] | None, n_classes: int, old: str) -> list[str]:
+    """The class names of an import: ``given`` (checked against the labels), or ``"0"``, ``"1"``, ..."""
+    if given is None:
+        return [str(i) for i in range(n_classes)]
+    if isinstance(given, str):
+        raise OptionError("classes must be a list of class names (label i is classes[i]), not one string")
+    names = [str(n) for n in given]
+    bad = [n for n in names if not n or n != n.strip() or "\n" in n or "\x00" in n]
+    if bad:
+        raise OptionError(f"class names must be non-empty, without surrounding blanks or newlines: {bad[0]!r}")
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise OptionError(f"the class name {n!r} is given twice")
+        seen.add(n)
+    if len(names) < n_classes:
+        raise OptionError(
+            f"{old} has labels 0..{n_classes - 1} ({n_classes:,} classes) but {len(names):,} class "
+            f"name{'s were' if len(names) != 1 else ' was'} given",
+            "give one name per label, in label order (line i of --classes FILE names label i)",
+        )
+    return names
+
+
 def import_legacy(
     old: str | os.PathLike[str],
     new: str | os.PathLike[str],
     *,
     channel_order: str = "bgr",
+    classes: Sequence[str] | None = None,
     overwrite: bool = False,
     restart: bool = False,
     progress: bool | None = None,
@@ -385,6 +421,10 @@ def import_legacy(
         new: the pack to create (same rules as ``pack``: resumable, atomic).
         channel_order: channel order of raw arrays in BasicSR-style LMDBs
             (``"bgr"``, OpenCV's, by default; ``"rgb"``). Packs are always RGB.
+        classes: the class names, in label order (label ``i`` is
+            ``classes[i]``; ``import --classes FILE``, one name a line). A
+            recipe LMDB stores only the labels, so without it the classes are
+            named ``"0"``, ``"1"``, ...; at least as many names as labels.
         overwrite, restart, progress: as for ``pack``.
 
     Pickled values are read with RestrictedUnpickler: a pickle that names
@@ -410,9 +450,14 @@ def import_legacy(
                     f"more than the {MAX_IMPORT_CLASSES:,} classes an import makes",
                     "the labels are probably damaged; check the recipe LMDB (or repack from the source images)",
                 )
-            classes = [str(i) for i in range(n_classes)]
+            classes = _class_names(classes, n_classes, old)
             store = "encoded"
         else:
+            if classes is not None:
+                raise OptionError(
+                    f"{old} holds images without labels (a BasicSR-style LMDB), so it has no classes to name",
+                    "leave out --classes",
+                )
             labels = [-1] * len(layout.keys)
             classes = []
             store = _basicsr_store(pf, layout, old)

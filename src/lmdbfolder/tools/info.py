@@ -21,7 +21,7 @@ from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, informational
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
-from lmdbfolder.text import megabytes, plural
+from lmdbfolder.text import describe_changes, megabytes, plural, printable
 
 __all__ = ["pack_info", "pack_statistics", "format_info", "DEFAULT_SIZE_SAMPLE", "SHOWN_CLASSES", "INVALID"]
 
@@ -52,7 +52,12 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     with Reader(found.path) as reader:
         meta = reader.meta
         info = _summary(reader.path, meta, packdir.dir_size(reader.path))
-        info.update(format_version=meta["format_version"], pack_id=reader.pack_id, skipped=reader.skipped())
+        info.update(
+            format_version=meta["format_version"],
+            pack_id=reader.pack_id,
+            skipped=reader.skipped(),
+            history=reader.history(),
+        )
     if meta["format_version"] < 2:
         info["note"] = "format version 1: records are not bound to their index and pack (repack to get format 2)"
     return info
@@ -148,6 +153,7 @@ def _summary(path: str, meta: dict[str, Any], size: int) -> dict[str, Any]:
         "source": informational(meta, "source"),
         "created_by": informational(meta, "created_by"),
         "created_at": informational(meta, "created_at"),
+        "updated_at": informational(meta, "updated_at"),
     }
 
 
@@ -166,12 +172,14 @@ def _sharded_info(path: str) -> dict[str, Any]:
         size += shard_size
         shards.append({"name": entry["name"], "count": entry["count"], "size_on_disk": shard_size})
     info = _summary(reader.path, meta, size)
+    history = meta.get("history")
     info.update(
         format_version=meta["index_version"],
         pack_format_version=meta["pack_format_version"],
         num_shards=len(shards),
         shards=shards,
         skipped=skipped,
+        history=[item for item in history if isinstance(item, dict)] if isinstance(history, list) else [],
     )
     return info
 
@@ -190,18 +198,21 @@ def format_info(info: dict[str, Any]) -> str:
         pack:         /data/train.lmdb
         ...
     """
+    # Every string here may come from a pack someone else wrote: printable() escapes
+    # terminal control sequences in it and bounds its length.
     classes = info["classes"]
-    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+    shown = ", ".join(printable(c, 60) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
     encodings = info["encodings"]
     encodings = (
-        ", ".join(f"{k} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items()) or "-"
+        ", ".join(f"{printable(k, 20)} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items())
+        or "-"
         if isinstance(encodings, dict)
         else encodings
     )
     payload = info["payload_bytes"]
     source = info.get("source") or {}
     source_text = (
-        f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}"
+        printable(f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}")
         if isinstance(source, dict)
         else str(source)
     )
@@ -210,7 +221,7 @@ def format_info(info: dict[str, Any]) -> str:
     if info.get("pack_id"):
         version += f" (pack {info['pack_id']})"
     rows = [
-        ("pack", info["path"]),
+        ("pack", printable(info["path"], None)),
         ("format", version + (f"; {info['note']}" if info.get("note") else "")),
         ("samples", f"{info['count']:,}"),
         ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
@@ -219,7 +230,7 @@ def format_info(info: dict[str, Any]) -> str:
         ("payload", megabytes(payload) if isinstance(payload, int) else str(payload)),
         ("size on disk", megabytes(info["size_on_disk"])),
         ("source", source_text),
-        ("created", f"{info.get('created_at')} by {info.get('created_by')}"),
+        ("created", f"{printable(info.get('created_at'), 40)} by {printable(info.get('created_by'), 80)}"),
         (
             "skipped",
             plural(len(skipped), "source file") + (" (listed below)" if skipped else "")
@@ -228,7 +239,7 @@ def format_info(info: dict[str, Any]) -> str:
         ),
     ]
     if "shards" in info:
-        names = [s["name"] for s in info["shards"]]
+        names = [printable(s["name"], 80) for s in info["shards"]]
         shown_shards = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
         rows.insert(3, ("shards", f"{info['num_shards']:,} ({shown_shards})"))
     after_classes = [k for k, _ in rows].index("classes") + 1
@@ -236,7 +247,8 @@ def format_info(info: dict[str, Any]) -> str:
     sizes_info = info.get("image_sizes")
     if sizes_info and sizes_info["width"]:
         w, h = sizes_info["width"], sizes_info["height"]
-        rows.append(
+        rows.insert(  # before "skipped", whose list follows the rows
+            [k for k, _ in rows].index("skipped"),
             (
                 "image sizes",
                 f"width {w['min']:,}..{w['max']:,} (median {w['median']:,g}), "
@@ -244,14 +256,38 @@ def format_info(info: dict[str, Any]) -> str:
                 f"from {sizes_info['sampled']:,} of {plural(sizes_info['of'], 'record header')}"
                 + (f" ({sizes_info['unknown']:,} without a size)" if sizes_info["unknown"] else "")
                 + (f" ({sizes_info['unreadable']:,} damaged)" if sizes_info.get("unreadable") else ""),
-            )
+            ),
         )
+    created = [k for k, _ in rows].index("created") + 1
+    rows[created:created] = _history_rows(info.get("history") or [])
     width = max(len(k) for k, _ in rows)
-    lines = [f"{key + ':':<{width + 2}}{value}" for key, value in rows]
+    lines = [f"{key + ':' if key else '':<{width + 2}}{value}" for key, value in rows]
     lines += [
-        f"  {item.get('path')}: {item.get('reason')}" if isinstance(item, dict) else f"  {INVALID}" for item in skipped
+        f"  {printable(item.get('path'), 1000)}: {printable(item.get('reason'))}"
+        if isinstance(item, dict)
+        else f"  {INVALID}"
+        for item in skipped
     ]
     return "\n".join(lines)
+
+
+def _history_rows(history: list[dict[str, Any]], shown: int = 10) -> list[tuple[str, str]]:
+    """The ``history`` lines of ``info``: the pack, then each update, oldest first
+    (the last ``shown``); every field is bounded, since it is read from the pack."""
+    if not history:
+        return []
+    rows = []
+    for item in history[-shown:]:
+        at = printable(item.get("at", "?"), 32)
+        count = item.get("count")
+        total = f"{count:,} samples" if type(count) is int else "?"
+        if item.get("event") == "update":
+            rows.append(("", f"{at}  updated: {describe_changes(item)} -> {total}"))
+        else:
+            rows.append(("", f"{at}  packed: {total}"))
+    earlier = len(history) - shown
+    first = f"{plural(len(history), 'event')}" + (f", the last {shown} (all: --json)" if earlier > 0 else "")
+    return [("history", first), *rows]
 
 
 def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, str]]:
@@ -261,12 +297,12 @@ def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, 
     if not counts:
         return []
     if len(counts) <= every_up_to:
-        return [("per class", ", ".join(f"{name} {n:,}" for name, n in counts.items()))]
+        return [("per class", ", ".join(f"{printable(name, 60)} {n:,}" for name, n in counts.items()))]
     values = sorted(counts.values())
     median = values[len(values) // 2]
 
     def named(pairs: list[list[Any]]) -> str:
-        return ", ".join(f"{name} {n:,}" for name, n in pairs)
+        return ", ".join(f"{printable(name, 60)} {n:,}" for name, n in pairs)
 
     return [
         ("per class", f"{values[0]:,}..{values[-1]:,} samples (median {median:,}); every count: --json"),

@@ -29,6 +29,7 @@ from PIL import Image, ImageDraw, ImageFont
 from lmdbfolder.errors import CorruptRecordError, DecodeError, OptionError
 from lmdbfolder.format import NO_LABEL
 from lmdbfolder.read.opening import open_pack
+from lmdbfolder.text import printable
 
 __all__ = ["SheetResult", "contact_sheet", "choose_samples", "MAX_TILES", "DEFAULT_PER_CLASS", "PAD", "CAPTION"]
 
@@ -140,12 +141,23 @@ def _font() -> Any:
 
 
 def _fit(text: str, draw: ImageDraw.ImageDraw, font: Any, width: int) -> str:
-    """``text`` shortened with an ellipsis until it fits ``width`` pixels."""
+    """``text`` shortened with an ellipsis until it fits ``width`` pixels.
+
+    The longest prefix that fits is found by bisection, from at most ``width``
+    characters: a class name read from a pack may be any length, and measuring
+    it one character shorter at a time took time quadratic in its length.
+    """
+    text = text[: max(1, width)]  # a caption of more characters than pixels never fits
     if draw.textlength(text, font=font) <= width:
         return text
-    while text and draw.textlength(text + "...", font=font) > width:
-        text = text[:-1]
-    return text + "..."
+    lo, hi = 0, len(text) - 1  # the longest prefix that fits with "..." is text[:lo]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if draw.textlength(text[:mid] + "...", font=font) <= width:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo] + "..."
 
 
 def contact_sheet(
@@ -201,7 +213,7 @@ def contact_sheet(
                 left, top = x + (size - image.width) // 2, y + (size - image.height) // 2
                 sheet.paste(image, (left, top))
                 box = (left, top, left + image.width, top + image.height)
-            caption = _fit(f"{index} {name}".strip(), draw, font, size)
+            caption = _fit(printable(f"{index} {name}".strip(), None), draw, font, size)
             draw.text((x, y + size + 1), caption, fill=_TEXT, font=font)
             boxes.append(box)
             shown.append(index)

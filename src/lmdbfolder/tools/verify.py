@@ -12,42 +12,53 @@ runs on the file, so no damage can take the command down), and it checks:
   checksums (``__check__``), the label and path tables, labels that are
   class indices, informational fields of the documented types;
 * every record ``0..count-1`` looked up through the tree as ``Reader.get``
-  does, with the CRC (bound to the index and the pack in format 2), the
-  header label against the label table, raw sizes against the payload, the
-  encoding against the pack's store; and that no other key is stored.
+  does (format 3: under its ``__order__`` key), with the CRC (bound to the
+  key and the pack in formats 2 and 3), the header label against the label
+  table (format 3: through ``record_classes``), raw sizes against the
+  payload, the encoding against the pack's store, the header's size and
+  components against the payload's own header and Pillow's
+  decompression-bomb limit (``Encoding.check``, what every decode path checks
+  first: a valid CRC proves nothing about who wrote a pack); and that no
+  other key is stored (format 3: no key twice in ``__order__``).
 
 So it cannot say OK for a pack on which some ``Reader.get(i)`` fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from PIL import Image
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.codecs import decode_rgb, raw_rgb, truncation
-from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError
+from lmdbfolder.codecs import PayloadMismatch, encoding_of, raw_rgb, truncation
+from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     CHECK_KEY,
     DAMAGED_HINT,
+    HISTORY_KEY,
     INVALID,
     KEY,
     LABELS_KEY,
     META_KEY,
     NO_LABEL,
+    ORDER_KEY,
     PATHS_KEY,
     RESERVED_PREFIX,
     SKIPPED_KEY,
+    STATS_KEY,
     RecordHeader,
     check_labels,
     check_paths,
     check_table,
     decode_check,
+    decode_history,
     decode_key,
     decode_labels,
     decode_meta,
@@ -56,23 +67,29 @@ from lmdbfolder.format import (
     decode_skipped,
     informational,
     invalid_fields,
+    label_map,
+    order_values,
     pack_binding,
     shard_matches,
+    stats_values,
     tables_digest,
 )
-from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile
+from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
 from lmdbfolder.progress import Progress
-from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
+from lmdbfolder.text import printable
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.sources import scan
 
 __all__ = ["Problem", "VerifyReport", "verify", "verify_sharded", "KNOWN_RESERVED_KEYS", "NO_BINDING_NOTE"]
 
+#: A recorded extension list longer than this is not a pack's (each is matched against every file).
+_MAX_EXTENSIONS = 256
 #: The reserved keys of a format-1 pack; format 2 adds ``__check__`` and ``__skipped__``.
 KNOWN_RESERVED_KEYS = frozenset({META_KEY, LABELS_KEY, PATHS_KEY})
-_RESERVED_V2 = KNOWN_RESERVED_KEYS | {CHECK_KEY, SKIPPED_KEY}
+_RESERVED_V2 = KNOWN_RESERVED_KEYS | {CHECK_KEY, SKIPPED_KEY, STATS_KEY, HISTORY_KEY}
+_RESERVED_V3 = _RESERVED_V2 | {ORDER_KEY}
 #: Said of every format-1 pack (a note, not a problem).
 NO_BINDING_NOTE = (
     "format version 1: records are not bound to their index and pack, so a record stored under another "
@@ -169,8 +186,22 @@ def verify(
                 _against_by_index(sharded, report, os.fspath(against), list_file, _dicts(skipped))
             report.seconds += time.perf_counter() - start
         return report
+    return _verify_single(found.path, decode, against, list_file, progress)
+
+
+def _verify_single(
+    path: str,
+    decode: bool,
+    against: str | os.PathLike[str] | None,
+    list_file: str | os.PathLike[str] | None,
+    progress: bool | None,
+    entry: Any = None,
+) -> VerifyReport:
+    """``verify`` of a single pack; with ``entry`` (a sharded pack's index entry), of the
+    version of it the index names (see ``environments.open_version``)."""
     start = time.perf_counter()
-    pf = environments.open_data(found.path, readahead=True)
+    pf = environments.open_data(path, True) if entry is None else _open_entry(path, entry)
+    found = packdir.Found(path, packdir.Kind.PACK)
     try:
         pack = _Checked(pf, found.path)
         report = VerifyReport(found.path, pack.count, decoded=decode)
@@ -186,6 +217,18 @@ def verify(
         pf.close()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _open_entry(path: str, entry: Any) -> PageFile:
+    """The version of the shard at ``path`` that its index ``entry`` names (formats 2 and 3:
+    by pack id and manifest), else the current one (format 1; or a shard replaced since the
+    index was written: the checks against the index then say what differs)."""
+    if entry.get("pack_id") is not None:
+        try:
+            return environments.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
+        except PackChangedError:
+            pass
+    return environments.open_data(path, True)
 
 
 def _dicts(items: Any) -> list[Any]:
@@ -224,6 +267,9 @@ class _Checked:
         self.count: int = self.meta["count"]
         self.version: int = self.meta["format_version"]
         self.binding = pack_binding(self.meta)
+        self.label_map = label_map(self.meta)
+        #: Format 3: the record key of every sample (None: key = index, or the table is unreadable).
+        self.order: Any = None
         self.labels: Any = None
         self.path_list: list[str] | None = None
         self.skipped: Any = []
@@ -248,6 +294,8 @@ class _Checked:
         if self.version < 2:
             report.notes.append(NO_BINDING_NOTE)
         blobs = {key: self._value(key, report) for key in (LABELS_KEY, PATHS_KEY)}
+        if self.version >= 3:
+            blobs[ORDER_KEY] = self._value(ORDER_KEY, report)
         if self.version >= 2:
             blobs[SKIPPED_KEY] = self._value(SKIPPED_KEY, report)
             try:
@@ -255,6 +303,11 @@ class _Checked:
             except (NotAPackError, PageDamage) as exc:
                 report.problems.append(Problem("table", _why(exc)))
                 check = None
+            for key in (STATS_KEY, HISTORY_KEY):  # optional: checked when the checksums name them
+                if check is not None and key in check:
+                    blobs[key] = self._value(key, report)
+            if self.version >= 3 and check is not None and ORDER_KEY not in check:
+                report.problems.append(Problem("checksum", f"the table checksums do not cover {ORDER_KEY.decode()}"))
             if check is not None:
                 for key, blob in ((META_KEY, self.meta_blob), *blobs.items()):
                     if blob is None:
@@ -277,6 +330,22 @@ class _Checked:
                 self.path_list = decode_paths(paths, self.count, where=self.path)
             except NotAPackError as exc:
                 report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+        order = blobs.get(ORDER_KEY)
+        if order is not None:
+            try:
+                self.order = order_values(order, self.count, where=self.path)
+            except NotAPackError as exc:
+                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+        for key, parse in (
+            (STATS_KEY, lambda b: stats_values(b, self.count, where=self.path)),
+            (HISTORY_KEY, lambda b: decode_history(b, where=self.path)),
+        ):
+            blob = blobs.get(key)
+            if blob is not None:
+                try:
+                    parse(blob)
+                except NotAPackError as exc:
+                    report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
         if self.version >= 2:
             skipped = blobs.get(SKIPPED_KEY)
             if skipped is not None:
@@ -302,11 +371,17 @@ class _Checked:
         n_classes = len(self.meta["classes"])
         store = self.meta["store"]
         resize = _pack_resize(self.meta)
-        with Progress(count, "verify", enabled=progress) as bar:
+        if self.version >= 3 and self.order is None:
+            return  # no record can be found without its key: the table problem is reported
+        order = self.order
+        with Progress(count, "verify", enabled=progress) as bar, warnings.catch_warnings():
+            # Images between Pillow's limit and twice it are readable (ImageFolder warns): not a problem.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             for index in range(count):
                 path = paths[index] if paths is not None else None
+                key = index if order is None else int(order[index])
                 try:
-                    value = self.pf.get(KEY.pack(index))
+                    value = self.pf.get(KEY.pack(key))
                 except PageDamage as exc:
                     report.problems.append(
                         Problem("page", f"the database is damaged where it is stored: {exc.why}", index, path)
@@ -319,7 +394,9 @@ class _Checked:
                 report.payload_bytes += len(value)
                 bar.update(1, len(value))
                 label = labels[index] if labels is not None else None
-                record = _check_one(report, index, value, path, label, n_classes, decode, self.binding, store)
+                record = _check_one(
+                    report, index, value, path, label, n_classes, decode, self.binding, store, key, self.label_map
+                )
                 if record is not None and sources is not None and path is not None and path in sources:
                     _compare_with_source(
                         report,
@@ -333,8 +410,18 @@ class _Checked:
         self._check_keys(report)
 
     def _check_keys(self, report: VerifyReport) -> None:
-        """Every key in the tree is a record ``0..count-1`` or a known reserved key."""
-        known = _RESERVED_V2 if self.version >= 2 else KNOWN_RESERVED_KEYS
+        """Every key in the tree is a record ``0..count-1`` (format 3: a key of
+        ``__order__``, none listed twice) or a known reserved key."""
+        known = _RESERVED_V3 if self.version >= 3 else _RESERVED_V2 if self.version >= 2 else KNOWN_RESERVED_KEYS
+        expected: Any = None
+        if self.order is not None:
+            import numpy as np
+
+            expected = np.unique(self.order)
+            if len(expected) != self.count:
+                report.problems.append(
+                    Problem("order", f"{ORDER_KEY.decode()} names {self.count - len(expected)} record key(s) twice")
+                )
         try:
             for _pgno, _depth, kind, nodes in self.pf.pages():
                 if kind != P_LEAF:
@@ -349,7 +436,15 @@ class _Checked:
                     except ValueError:
                         report.problems.append(Problem("extra", f"unexpected key {key[:64]!r}"))
                         continue
-                    if index >= self.count:
+                    if expected is not None:
+                        at = int(expected.searchsorted(index))
+                        if at == len(expected) or int(expected[at]) != index:
+                            report.problems.append(
+                                Problem("extra", f"record key {index} is not one of {ORDER_KEY.decode()}")
+                            )
+                    elif self.version >= 3:
+                        continue  # the order table is unreadable: reported above
+                    elif index >= self.count:
                         report.problems.append(
                             Problem("extra", f"record key {index} is beyond the count {self.count}", index)
                         )
@@ -396,28 +491,41 @@ def _source_files(
         return None
     extensions, match, recorded_list = recorded.get("extensions"), recorded.get("match"), recorded.get("list_file")
     if not (
-        (extensions is None or (isinstance(extensions, list) and all(isinstance(e, str) for e in extensions)))
+        (
+            extensions is None
+            or (
+                isinstance(extensions, list)
+                and len(extensions) <= _MAX_EXTENSIONS
+                and all(isinstance(e, str) and len(e) <= 64 for e in extensions)
+            )
+        )
         and isinstance(match, (str, type(None)))
         and isinstance(recorded_list, (str, type(None)))
     ):
         report.problems.append(Problem("source", "cannot compare with a source folder: the pack's source is invalid"))
         return None
     listing = os.fspath(list_file) if list_file is not None else recorded_list
-    # The same file filters as the pack. An is_valid_file callable cannot be run again:
-    # then every file is listed, and only the pack's own files are compared.
+    # The same file filters as the pack. An is_valid_file callable cannot be run again,
+    # and a regular expression read from a pack is never run (anyone may have written
+    # it: "(a+)+$" backtracks for ever): then every file is listed, and only the pack's
+    # own files are compared.
     filters: dict[str, Any] = {}
     chosen_by_callable = layout != "list" and bool(recorded.get("is_valid_file"))
+    chosen_by_match = layout != "list" and match is not None
     if chosen_by_callable:
         filters["is_valid_file"] = lambda _path: True
     elif layout != "list" and recorded.get("extensions"):
         filters["extensions"] = tuple(recorded["extensions"])
-    if layout != "list" and recorded.get("match") is not None:
-        filters["match"] = recorded["match"]
+    if chosen_by_match:
+        report.notes.append(
+            f"the pack was made with --match {printable(match, 80)!s}: a regular expression read from a pack is "
+            "not run, so only the pack's own files were compared with the source (files it left out are not listed)"
+        )
     sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True, **filters)
     skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
     packed = reader.paths()
     expected = [p for p in sources.relpaths if p not in skipped]
-    if chosen_by_callable:
+    if chosen_by_callable or chosen_by_match:
         in_pack_only = set(packed)
         expected = [p for p in expected if p in in_pack_only]
     if expected != packed:
@@ -455,13 +563,26 @@ def _check_one(
     decode: bool,
     binding: bytes | None = None,
     store: str | None = None,
+    key: int | None = None,
+    mapping: list[int] | None = None,
 ) -> tuple[RecordHeader, memoryview] | None:
-    """Check one record; returns its header and payload, or None if it cannot be parsed."""
+    """Check one record (stored under ``key``, default ``index``; format 3's header
+    labels go through ``mapping``, ``format.label_map``); returns its header (the
+    label a sample's) and payload, or None if it cannot be parsed."""
     try:
-        header, payload = decode_record(value, index=index, verify=True, binding=binding)
+        header, payload = decode_record(value, index=index, verify=True, binding=binding, key=key)
     except CorruptRecordError as exc:
         report.problems.append(Problem(exc.kind, exc.why, index, path))
         return None
+    if mapping is not None and header.label != NO_LABEL:
+        if not 0 <= header.label < len(mapping) or mapping[header.label] < 0:
+            report.problems.append(
+                Problem(
+                    "label", f"header label {header.label} names no class of the pack (record_classes)", index, path
+                )
+            )
+            return None
+        header = dataclasses.replace(header, label=mapping[header.label])
     if label is not None and header.label != label:
         report.problems.append(
             Problem("label", f"header label {header.label} differs from the label table's {label}", index, path)
@@ -477,9 +598,23 @@ def _check_one(
     cut = truncation(payload, header.encoding)
     if cut is not None:
         report.problems.append(Problem("truncated", f"{cut}: the file was cut short before it was packed", index, path))
+    # The header is a claim: what every reader checks before it draws a crop box from it.
+    enc = encoding_of(header.encoding)
+    try:
+        enc.check(payload, header.width, header.height, header.channels)
+    except PayloadMismatch as exc:
+        report.problems.append(Problem("header", str(exc), index, path))
+        return header, payload
+    except Exception as exc:  # Pillow raises many exception types for bad data (a bomb, a bad header)
+        report.problems.append(Problem("decode", f"{type(exc).__name__}: {exc}", index, path))
+        return header, payload
     if decode:
         try:
-            decode_rgb(payload, header.encoding, header.width, header.height).load()
+            img = enc.decode_rgb(payload, header.width, header.height)
+            img.load()
+            enc.expect(img, header.width, header.height)
+        except PayloadMismatch as exc:
+            report.problems.append(Problem("header", str(exc), index, path))
         except Exception as exc:  # Pillow raises many exception types for bad data
             report.problems.append(Problem("decode", f"{type(exc).__name__}: {exc}", index, path))
     return header, payload
@@ -501,8 +636,7 @@ def _compare_with_source(
             Problem("source", f"label {header.label} differs from the source's {label}", index, path)
         )
     try:
-        with open(source, "rb") as f:
-            data = f.read()
+        data = read_regular(source)  # a FIFO in the source tree must not block verify
     except OSError as exc:
         report.problems.append(Problem("source", f"cannot read the source file {source}: {exc.strerror}", index, path))
         return
@@ -560,7 +694,7 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
             report.problems.append(Problem("shard", f"shard {name} is missing"))
             continue
         try:
-            sub = verify(shard_path, decode=decode, progress=progress)
+            sub = _verify_single(shard_path, decode, None, None, progress, entry)
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
             continue
@@ -576,10 +710,17 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
                 Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry['count']}")
             )
         try:
-            with Reader(shard_path) as reader:
-                digest = tables_digest(*reader.tables())
-                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *reader.tables())
-                meta, pack_id = reader.meta, reader.pack_id
+            pf = _open_entry(shard_path, entry)
+            try:
+                blobs = [environments.read_value(pf, key, shard_path) for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
+                if any(blob is None for blob in blobs):
+                    raise NotAPackError(shard_path, "its manifest, label table or path table is missing")
+                digest = tables_digest(*blobs)  # type: ignore[arg-type]
+                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *blobs)  # type: ignore[arg-type]
+                meta = decode_meta(blobs[0], where=shard_path)
+                pack_id = meta.get("pack_id") if meta["format_version"] >= 2 else None
+            finally:
+                pf.close()
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be opened: {exc.message}"))
             continue

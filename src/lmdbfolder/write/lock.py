@@ -23,7 +23,7 @@ import os
 import socket
 from typing import Iterator
 
-from lmdbfolder.errors import OutputExistsError
+from lmdbfolder.errors import OutputExistsError, PackError, os_refusal
 from lmdbfolder.format import WRITER_LOCK_SUFFIX
 
 __all__ = ["writer_lock", "lock_path"]
@@ -60,9 +60,15 @@ def writer_lock(dst: str) -> Iterator[None]:
         yield
         return
     path = lock_path(dst)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as exc:
+        raise PackError(*os_refusal(exc, "cannot make the folder of", dst)) from None
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:  # a read-only folder, a full disk: before anything else is written
+            raise PackError(*os_refusal(exc, "cannot create the writer lock")) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -86,8 +92,11 @@ def writer_lock(dst: str) -> Iterator[None]:
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+        except OSError as exc:  # 0 bytes free: the first write of the whole pack fails here
+            raise PackError(*os_refusal(exc, "cannot write the writer lock", path)) from None
         yield
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -13,6 +13,7 @@ Names with a leading underscore are shared by the write modules only.
 
 from __future__ import annotations
 
+import array
 import datetime as _dt
 import errno
 import os
@@ -31,21 +32,26 @@ from lmdbfolder.format import (
     CHECK_KEY,
     FORMAT_NAME,
     FORMAT_VERSION,
+    HISTORY_KEY,
     LABELS_KEY,
     MAX_MANIFEST_BYTES,
     META_KEY,
     PATHS_KEY,
     PROGRESS_KEY,
     SKIPPED_KEY,
+    STATS_KEY,
     SYNC_PROBE,
+    UNKNOWN_MTIME,
     bind_record,
     encode_check,
+    encode_history,
     encode_key,
     encode_labels,
     encode_meta,
     encode_paths,
     encode_progress,
     encode_skipped,
+    encode_stats,
     new_pack_id,
 )
 from lmdbfolder.progress import Progress
@@ -123,6 +129,10 @@ class _Partial:
         self.next_source: int = progress.get("next_source", 0)
         self.next_index: int = progress.get("next_index", 0)
         self.skipped: list[tuple[int, str]] = [(int(s), str(r)) for s, r in progress.get("skipped", [])]
+        #: Size and modification time of the skipped files that could be opened (source index ->).
+        self.skipped_stats: dict[int, tuple[int, int]] = {
+            int(s): (int(size), int(mtime)) for s, size, mtime in progress.get("skipped_stats", [])
+        }
         self.encodings: dict[str, int] = dict(progress.get("encodings", {}))
         self.payload_bytes: int = progress.get("payload_bytes", 0)
         self.grew: bool = bool(progress.get("grew", False))
@@ -140,6 +150,7 @@ class _Partial:
                 "next_source": self.next_source,
                 "next_index": self.next_index,
                 "skipped": self.skipped,
+                "skipped_stats": [[s, *st] for s, st in self.skipped_stats.items()],
                 "encodings": self.encodings,
                 "payload_bytes": self.payload_bytes,
                 "grew": self.grew,
@@ -217,6 +228,11 @@ class _Run:
         self.interrupted = _Latch()
         self.batch_bytes = 0
         self.max_pixels = Image.MAX_IMAGE_PIXELS
+        # Size and modification time of every record written by this run, in
+        # order (records of an interrupted run before it: not known, see finish).
+        self.first_stat = state.next_index
+        self.sizes = array.array("Q")
+        self.mtimes = array.array("q")
 
     @property
     def count(self) -> int:
@@ -313,7 +329,10 @@ class _Run:
                             "or pack without --strict to skip such files",
                         )
                     state.skipped.append((s, result.reason))
+                    if result.mtime_ns != UNKNOWN_MTIME:
+                        state.skipped_stats[s] = (result.size, result.mtime_ns)
                     bar.write(f"skipped {self.sources.relpaths[s]}: {result.reason}")
+                    bar.update(1)  # the bar counts source files: a skipped one is done too
                 else:
                     value = bind_record(result.value, state.binding, state.next_index)
                     self.batch.append((encode_key(state.next_index), value))
@@ -322,6 +341,8 @@ class _Run:
                     state.encodings[result.encoding] = state.encodings.get(result.encoding, 0) + 1
                     state.payload_bytes += len(result.value)
                     self.input_bytes += result.source_bytes
+                    self.sizes.append(result.source_bytes)
+                    self.mtimes.append(result.mtime_ns)
                     bar.update(1, result.source_bytes)
                 state.next_source = s + 1
                 if len(self.batch) >= self.options.commit_every or self.batch_bytes >= self.batch_limit:
@@ -344,15 +365,41 @@ class _Run:
         if not kept:
             raise SourceError(self.sources.root, "every source file was skipped; nothing to pack")
         # Straight from the compact sample list: no Python object per sample.
+        manifest = self._manifest()
         tables = {
-            META_KEY: encode_meta(self._manifest()),
+            META_KEY: encode_meta(manifest),
             LABELS_KEY: _labels_table(self.sources.labels, skipped),
             PATHS_KEY: _paths_table(self.sources.relpaths, skipped),
-            SKIPPED_KEY: encode_skipped([{"path": self.sources.relpaths[s], "reason": r} for s, r in state.skipped]),
+            SKIPPED_KEY: encode_skipped(skipped_entries(self.sources.relpaths, state.skipped, state.skipped_stats)),
+            HISTORY_KEY: encode_history(
+                [
+                    history_entry(
+                        "pack", manifest["created_at"], state.pack_id, kept, added=kept, skipped=len(state.skipped)
+                    )
+                ]
+            ),
         }
+        if self.loader is None:  # files were read: what `pack --update` compares later
+            tables[STATS_KEY] = self._stats_table(kept)
         check_manifest_size(tables[META_KEY], self.sources.root)
         self._commit({**tables, CHECK_KEY: encode_check(tables), PROGRESS_KEY: None})
         state.env.sync(True)
+
+    def _stats_table(self, kept: int) -> bytes:
+        """``__stats__``: the size and mtime each record's file had when it was read.
+
+        Records written before a resume were read by a run that ended: their
+        files may have changed while it was stopped, and a ``stat`` now would
+        vouch for bytes that were read before. Their time is recorded as
+        unknown, so an update compares their bytes instead.
+        """
+        before = self.first_stat
+        sizes = array.array("Q", bytes(8 * before)) + self.sizes
+        mtimes = array.array("q", [UNKNOWN_MTIME]) * before + self.mtimes
+        if len(sizes) != kept:  # a finished partial published by a rerun: nothing read this time
+            sizes = array.array("Q", bytes(8 * kept))
+            mtimes = array.array("q", [UNKNOWN_MTIME]) * kept
+        return encode_stats(sizes, mtimes)
 
     def _manifest(self) -> dict[str, Any]:
         sources, state = self.sources, self.state
@@ -379,6 +426,27 @@ class _Run:
             raise ValueError(f"manifest_extra must not replace the manifest fields {clash}")
         manifest.update(self.manifest_extra)
         return manifest
+
+
+def skipped_entries(
+    relpaths: Sequence[str], skipped: Sequence[tuple[int, str]], stats: Mapping[int, tuple[int, int]]
+) -> list[dict[str, Any]]:
+    """The ``__skipped__`` entries: path and reason, and the file's size and mtime
+    when it could be opened (an update then skips it again without reading it)."""
+    out: list[dict[str, Any]] = []
+    for s, reason in skipped:
+        entry: dict[str, Any] = {"path": relpaths[s], "reason": reason}
+        if s in stats:
+            entry["size"], entry["mtime_ns"] = stats[s]
+        out.append(entry)
+    return out
+
+
+def history_entry(event: str, at: str, pack_id: str, count: int, **changes: Any) -> dict[str, Any]:
+    """One ``__history__`` entry: ``event`` (``"pack"`` or ``"update"``), when (``at``,
+    UTC ISO 8601), the pack id it made, its sample count, and what changed
+    (``added``, ``removed``, ``changed``, ``skipped``, ``classes_added``, ...)."""
+    return {"event": event, "at": at, "pack_id": pack_id, "count": count, **changes}
 
 
 def _labels_table(labels: Sequence[int], skipped: set[int]) -> bytes:

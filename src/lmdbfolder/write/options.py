@@ -26,14 +26,19 @@ __all__ = [
     "Resize",
     "STORES",
     "CHECKS",
+    "CONTENT_CHECK",
     "RESIZE_SIDES",
     "RESIZE_FORMATS",
     "DEFAULT_COMMIT_EVERY",
     "pack_options",
+    "RESIZE_KEYWORDS",
 ]
 
 STORES = ("encoded", "raw")
 CHECKS = ("none", "header", "decode")
+#: ``check`` of ``pack --update`` that compares every file's bytes with the pack
+#: (the files are still checked as the pack's own ``check`` says).
+CONTENT_CHECK = "content"
 RESIZE_SIDES = ("longer", "shorter")
 RESIZE_FORMATS = ("jpeg", "webp")
 DEFAULT_COMMIT_EVERY = 2000
@@ -112,7 +117,10 @@ class PackOptions:
     transaction), ``commit_bytes`` (bytes per transaction; None: automatic),
     ``workers`` (None: automatic), ``overwrite``, ``restart``,
     ``space_check``, ``progress`` (None: a bar on a terminal), ``resize``
-    (a ``Resize`` or None). Invalid values raise OptionError at once.
+    (a ``Resize`` or None), ``update`` (bring an existing pack up to date
+    with its source in place, reading only the files that changed; with it,
+    ``check="content"`` compares every file's bytes instead of its size and
+    modification time). Invalid values raise OptionError at once.
 
     Example:
         >>> from lmdbfolder import PackOptions, Resize, pack
@@ -131,12 +139,24 @@ class PackOptions:
     space_check: bool = True
     progress: bool | None = None
     resize: Resize | None = None
+    update: bool = False
 
     def __post_init__(self) -> None:
         if self.store not in STORES:
             raise OptionError(f"store must be one of {STORES}, got {self.store!r}")
-        if self.check not in CHECKS:
+        if self.check == CONTENT_CHECK:
+            if not self.update:
+                raise OptionError(
+                    "--check content compares the source files with an existing pack: it needs --update",
+                    "pass --update, or another --check (header, decode or none) to pack",
+                )
+        elif self.check not in CHECKS:
             raise OptionError(f"check must be one of {CHECKS}, got {self.check!r}")
+        if self.update and self.overwrite:
+            raise OptionError(
+                "--update changes the pack at DST in place and --overwrite replaces it: pass one of them",
+                "--update reads only the files that changed; --overwrite packs everything again",
+            )
         _whole_number("commit_every", self.commit_every)
         if self.commit_bytes is not None:
             _whole_number("commit_bytes", self.commit_bytes)
@@ -203,16 +223,57 @@ def _whole_number(name: str, value: Any) -> None:
         raise OptionError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 
+#: The command line's names of the resize fields (``pack --max-size N --quality Q
+#: --resize-side S --format F``), accepted as keywords too: they build ``resize``.
+RESIZE_KEYWORDS = {"max_size": "max_size", "quality": "quality", "resize_side": "side", "resize_format": "format"}
+
+
 def pack_options(options: PackOptions | None, fields: Mapping[str, Any]) -> PackOptions:
     """``options`` (default: ``PackOptions()``) with ``fields`` replaced.
 
     This is how every pack function takes its options: as one object, as
-    keywords, or both. An unknown keyword is a TypeError naming it.
+    keywords, or both. The command line's resize names work as keywords too
+    (``max_size=256, quality=85, resize_side="shorter", resize_format="webp"``
+    mean ``resize=Resize(256, 85, "shorter", "webp")``). An unknown keyword
+    is a TypeError naming it, the nearest field, and every field.
     """
     base = options if options is not None else PackOptions()
     if not isinstance(base, PackOptions):
         raise TypeError(f"options must be a PackOptions, got {type(base).__name__}")
-    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(PackOptions)})
+    fields = dict(fields)
+    resize_args = {RESIZE_KEYWORDS[k]: fields.pop(k) for k in list(fields) if k in RESIZE_KEYWORDS}
+    names = [f.name for f in dataclasses.fields(PackOptions)]
+    unknown = sorted(set(fields) - set(names))
     if unknown:
-        raise TypeError(f"unexpected pack option(s) {', '.join(unknown)}; PackOptions has no such field")
+        raise TypeError(_unknown_options(unknown, names))
+    if resize_args:
+        if fields.get("resize") is not None:
+            raise OptionError(
+                "pass either resize=Resize(...) or max_size=... (with quality, resize_side, resize_format), not both"
+            )
+        if "max_size" not in resize_args:
+            given = ", ".join(k for k, v in RESIZE_KEYWORDS.items() if v in resize_args)
+            raise OptionError(
+                f"{given} needs max_size (only resized images are re-encoded)",
+                "pass max_size=N too, e.g. max_size=256 (or resize=Resize(256, quality=...))",
+            )
+        fields["resize"] = Resize(**resize_args)
     return base.replace(**fields)
+
+
+def _unknown_options(unknown: list[str], names: list[str]) -> str:
+    import difflib
+
+    known = names + list(RESIZE_KEYWORDS)
+    parts = []
+    for name in unknown:
+        plain = name.replace("-", "_").lstrip("_")
+        if plain.startswith("no_") and plain[3:] in names:  # --no-space-check, --no-progress
+            parts.append(f"{name!r} (the command line's --{plain.replace('_', '-')} is {plain[3:]}=False)")
+            continue
+        near = difflib.get_close_matches(plain, known, n=1, cutoff=0.6)
+        parts.append(f"{name!r} (did you mean {near[0]}?)" if near else repr(name))
+    return (
+        f"unexpected pack option {', '.join(parts)}; the options are PackOptions' fields: {', '.join(names)} "
+        f"(resize=Resize(max_size, quality, side, format), or the command line's names {', '.join(RESIZE_KEYWORDS)})"
+    )

@@ -20,7 +20,7 @@ import lmdb
 
 from lmdbfolder import packdir
 from lmdbfolder.errors import OptionError, OutputExistsError, PackError
-from lmdbfolder.format import COMPACT_DIR, DATA_FILE, LOCK_FILE, PARTIAL_SUFFIX, SKIPPED_REPORT
+from lmdbfolder.format import COMPACT_DIR, DATA_FILE, LOCK_FILE, PARTIAL_SUFFIX, SKIPPED_REPORT, UPDATE_SUFFIX
 from lmdbfolder.text import escape_field, plural
 from lmdbfolder.write import sizing
 from lmdbfolder.write.sources import SourceList
@@ -43,7 +43,7 @@ def check_outside_source(src: str | os.PathLike[str], dst: str | os.PathLike[str
     out = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     if not os.path.isdir(root):
         return  # the scan reports a missing source
-    for path in (out, out + PARTIAL_SUFFIX):
+    for path in (out, out + PARTIAL_SUFFIX, out + UPDATE_SUFFIX):
         if packdir.overlap(path, root):
             inside = os.path.realpath(path) != os.path.realpath(root) and os.path.realpath(root).startswith(
                 os.path.realpath(path) + os.sep
@@ -108,12 +108,16 @@ def _free_fraction(env: lmdb.Environment) -> float:
     return max(0.0, (total - used) / total)
 
 
-def _compact_if_needed(partial: str, *, force: bool = False) -> bool:
+def _compact_if_needed(partial: str, *, force: bool = False, free_fraction: float | None = None) -> bool:
     """Rewrite data.mdb without free pages (LMDB's consistent copy with
-    compaction) when they are at least 1% of it, or when ``force``."""
+    compaction) when they are at least ``free_fraction`` of it (default 1%), or when
+    ``force``. The copy replaces the file by a rename: a process that has the
+    old file mapped keeps reading it (``pack --update`` compacts a published
+    pack this way)."""
     env = lmdb.open(partial, readonly=True, lock=False, subdir=True)
     try:
-        if not force and _free_fraction(env) < _COMPACT_FREE_FRACTION:
+        limit = _COMPACT_FREE_FRACTION if free_fraction is None else free_fraction
+        if not force and _free_fraction(env) < limit:
             return False
         tmp = os.path.join(partial, COMPACT_DIR)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,7 +16,8 @@ Protocol, for worker ``w`` of ``W``:
   worker ``k % W``. Fork gives the worker the item list, so no task is ever
   sent: the worker walks its chunks in order, as fast as its ring allows.
 * Worker -> writer, on the results pipe: ``("c", k, results)`` per chunk, in
-  order; ``("full", need)`` when it waits for the ring bytes before
+  order (each result a record's place in the ring, or a skip, with the
+  file's size and modification time); ``("full", need)`` when it waits for the ring bytes before
   (monotonic) offset ``need`` to be freed; ``("error", text)``.
 * Writer -> worker, on the control pipe: ``("f", end)``: the ring bytes before
   ``end`` are free again, sent after each commit (the records there are in
@@ -186,17 +187,17 @@ def _load_one(r: _Ring, load: Load, item: int) -> tuple[Any, ...]:
     result = load(item, r.alloc)
     if isinstance(result, Skipped):
         r.written = mark
-        return ("s", result.reason)
+        return ("s", result.reason, result.size, result.mtime_ns)
     value = result.value
     if isinstance(value, memoryview) and value.obj is r.view.obj:
         r.written = r.slot + len(value)  # the file may have shrunk while read
-        return ("r", r.slot, len(value), result.encoding, result.source_bytes)
+        return ("r", r.slot, len(value), result.encoding, result.source_bytes, result.mtime_ns)
     r.written = mark  # a record built anew (raw pixels, resized, a grown file)
     slot = r.alloc(len(value))
     if slot is None:
-        return ("i", bytes(value), result.encoding, result.source_bytes)
+        return ("i", bytes(value), result.encoding, result.source_bytes, result.mtime_ns)
     slot[:] = value
-    return ("r", r.slot, len(value), result.encoding, result.source_bytes)
+    return ("r", r.slot, len(value), result.encoding, result.source_bytes, result.mtime_ns)
 
 
 class ProcessReader:
@@ -296,14 +297,14 @@ class ProcessReader:
             for item in self._chunk(w, k):
                 tag = item[0]
                 if tag == "r":
-                    _, start, n, encoding, source_bytes = item
+                    _, start, n, encoding, source_bytes, mtime_ns = item
                     offset = w * size + start % size
                     self._consumed[w] = start + n
-                    yield Loaded(view[offset : offset + n], encoding, source_bytes)
+                    yield Loaded(view[offset : offset + n], encoding, source_bytes, mtime_ns)
                 elif tag == "s":
-                    yield Skipped(item[1])
+                    yield Skipped(item[1], item[2], item[3])
                 else:
-                    yield Loaded(item[1], item[2], item[3])
+                    yield Loaded(item[1], item[2], item[3], item[4])
 
     def _chunk(self, w: int, k: int) -> list[tuple[Any, ...]]:
         while True:

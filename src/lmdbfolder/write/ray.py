@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, PackError
+from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, OptionError, PackError
 from lmdbfolder.progress import Progress
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.output import check_outside_source
@@ -43,6 +43,7 @@ from lmdbfolder.write.shards import (
     write_index,
 )
 from lmdbfolder.write.sources import SourceList, SourceSpec
+from lmdbfolder.write.writer import warn_skipped
 
 __all__ = ["pack_ray"]
 
@@ -142,6 +143,11 @@ def pack_ray(
         >>> pack_ray("/shared/imagenet/train", "/shared/train", shard_size="4GB", address="auto")  # doctest: +SKIP
     """
     opts = pack_options(options, fields)
+    if opts.update:
+        raise OptionError(
+            "--update reads only the files that changed, in one process: drop --ray",
+            "run `lmdbfolder pack SRC DST --update` (Python: pack_sharded(src, dst, update=True))",
+        )
     ray = _import_ray()
     start_time = time.perf_counter()
     check_outside_source(src, dst)
@@ -171,7 +177,9 @@ def pack_ray(
         if started:
             ray.shutdown()
     index = write_index(dst, prefix=prefix)
-    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+    result = ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+    warn_skipped(result.skipped, "each shard's skipped.txt")
+    return result
 
 
 def _run_tasks(

@@ -29,14 +29,14 @@ from __future__ import annotations
 import errno
 import io
 import os
-import stat
 from dataclasses import dataclass
 from typing import Callable
 
 from PIL import Image, UnidentifiedImageError
 
 from lmdbfolder.codecs import clean_header, sniff, truncation, vouch_jpeg
-from lmdbfolder.format import RECORD_HEADER, encode_header_into, encode_record
+from lmdbfolder.format import RECORD_HEADER, UNKNOWN_MTIME, encode_header_into, encode_record
+from lmdbfolder.pagefile import NotRegularFileError, open_regular
 from lmdbfolder.write.options import Resize
 
 __all__ = ["Loaded", "Skipped", "load_sample", "read_into_record"]
@@ -50,18 +50,25 @@ _HEADER_PREFIX = 64 << 10
 
 @dataclass(frozen=True)
 class Loaded:
-    """A record ready to be stored."""
+    """A record ready to be stored. ``source_bytes`` and ``mtime_ns`` are the source
+    file's size and modification time when it was opened (``fstat`` of the
+    descriptor it was read from; ``UNKNOWN_MTIME`` when not read from a file):
+    what ``pack --update`` compares later."""
 
     value: bytearray | bytes | memoryview
     encoding: str
     source_bytes: int
+    mtime_ns: int = UNKNOWN_MTIME
 
 
 @dataclass(frozen=True)
 class Skipped:
-    """A source file that was not stored, and why."""
+    """A source file that was not stored, and why; its size and modification time
+    when it was opened (``UNKNOWN_MTIME`` and 0 when it could not be)."""
 
     reason: str
+    size: int = 0
+    mtime_ns: int = UNKNOWN_MTIME
 
 
 def _read_error(exc: OSError, path: str) -> str:
@@ -73,6 +80,8 @@ def _read_error(exc: OSError, path: str) -> str:
         return "permission denied"
     if exc.errno == errno.EISDIR:
         return "is a directory, not a file"
+    if isinstance(exc, NotRegularFileError):
+        return f"not read: {exc.strerror}"
     return f"cannot read it: {exc.strerror or exc}"
 
 
@@ -88,15 +97,19 @@ def read_into_record(path: str, alloc: Alloc | None = None) -> bytearray | memor
     The buffer comes from ``alloc`` when given (and it returns one), else it
     is a view of a new bytearray. A file that grows while it is read is
     returned whole, in a new bytearray; one that shrinks, as a shorter view. Raises OSError
-    like ``open``/``read`` (IsADirectoryError for a directory).
+    like ``open``/``read`` (IsADirectoryError for a directory, ``NotRegularFileError``
+    for a FIFO, socket or device: ``open_regular``).
     """
+    return _read_file(path, alloc)[0]
+
+
+def _read_file(path: str, alloc: Alloc | None = None) -> tuple[bytearray | memoryview, os.stat_result]:
+    """``read_into_record``, and the ``fstat`` of the file as it was opened."""
     # os-level calls: four system calls per file (open, fstat, readv, close)
     # where io.open made about ten, and each one is a GIL hand-off in threads.
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)  # a FIFO named *.jpg must not block the pack, nor a device fill it
     try:
         st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         size = st.st_size
         buf = alloc(_HEAD + size) if alloc is not None else None
         if buf is None:
@@ -108,15 +121,15 @@ def read_into_record(path: str, alloc: Alloc | None = None) -> bytearray | memor
         while got < size:  # a short read before the end (some network file systems)
             n = os.readv(fd, [buf[_HEAD + got :], probe])
             if not n:  # the file shrank while we read it
-                return buf[: _HEAD + got]
+                return buf[: _HEAD + got], st
             got += n
         if got > size:  # the file grew: keep what is there now
             grown = bytearray(buf)
             grown += probe
             while chunk := os.read(fd, 1 << 20):
                 grown += chunk
-            return grown
-        return buf
+            return grown, st
+        return buf, st
     finally:
         os.close(fd)
 
@@ -190,12 +203,23 @@ def load_sample(
 
     ``max_pixels`` is the decompression-bomb limit (None: no limit). The file
     is read into a buffer from ``alloc`` (see ``read_into_record``); records
-    that are built anew (``store="raw"``, resized images) are not.
+    that are built anew (``store="raw"``, resized images) are not. The
+    result carries the file's size and modification time as it was opened.
     """
     try:
-        buf = read_into_record(path, alloc)
+        buf, st = _read_file(path, alloc)
     except OSError as exc:
         return Skipped(_read_error(exc, path))
+    result = _load(buf, label, store, check, max_pixels, resize)
+    if isinstance(result, Skipped):
+        return Skipped(result.reason, st.st_size, st.st_mtime_ns)
+    return Loaded(result.value, result.encoding, result.source_bytes, st.st_mtime_ns)
+
+
+def _load(
+    buf: bytearray | memoryview, label: int, store: str, check: str, max_pixels: int | None, resize: Resize | None
+) -> Loaded | Skipped:
+    """``load_sample`` of a file already read into ``buf`` (behind room for the header)."""
     size = len(buf) - _HEAD
     if size == 0:
         return Skipped("empty file (0 bytes)")

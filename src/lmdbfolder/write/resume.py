@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import lmdb
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.errors import NotAPackError, OutputExistsError
+from lmdbfolder.errors import NotAPackError, OutputExistsError, PackError, os_refusal
 from lmdbfolder.format import (
     META_KEY,
     PROGRESS_KEY,
@@ -93,7 +93,8 @@ def _existing_pack(
         raise OutputExistsError(
             dst,
             f"already holds a pack of other sources or options: {what}",
-            "pass --overwrite to replace it, or choose another output path",
+            "pass --overwrite to pack it again, or --update to bring it up to date with the source "
+            "(only the files that changed are read), or choose another output path",
         )
     return meta, [(str(item.get("path")), str(item.get("reason", ""))) for item in skipped_items]
 
@@ -128,6 +129,10 @@ def describe_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 
 def _open_env(partial: str, map_size: int) -> lmdb.Environment:
     try:
+        packdir.reserve_lock_file(partial)
+    except OSError as exc:
+        raise PackError(*os_refusal(exc, "cannot write", partial)) from None
+    try:
         return lmdb.open(
             partial,
             map_size=map_size,  # sizing.plan's, which holds room on top of the estimate
@@ -145,9 +150,19 @@ def _open_env(partial: str, map_size: int) -> lmdb.Environment:
             writemap=False,
         )
     except lmdb.Error as exc:
+        if _refused_by_disk(exc):  # a new data.mdb's first pages did not fit
+            raise PackError(
+                f"cannot write {partial}: {exc}",
+                "free some space (or choose another disk), then run the same command again",
+            ) from None
         raise OutputExistsError(
             partial, f"holds something LMDB cannot open ({exc})", "remove it, or pass --restart to start over"
         ) from None
+
+
+def _refused_by_disk(exc: lmdb.Error) -> bool:
+    text = str(exc)
+    return any(w in text for w in ("No space left", "Disk quota", "File too large", "Read-only file system"))
 
 
 def _open_partial(partial: str, fingerprint: dict[str, Any], map_size: int, relpaths: Sequence[str]) -> _Partial:

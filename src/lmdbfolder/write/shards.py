@@ -34,17 +34,17 @@ import math
 import os
 import re
 import shutil
+import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from lmdbfolder import environments, packdir
 from lmdbfolder._version import __version__
-from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
+from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, SourceError
 from lmdbfolder.format import (
     COPYING_SUFFIX,
     DATA_FILE,
-    FORMAT_VERSION,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
     SHARD_INDEX_TMP,
@@ -52,17 +52,20 @@ from lmdbfolder.format import (
     ShardIndex,
     ShardSplit,
     decode_meta,
+    parse_shard_name,
     shard_identity,
     shard_name,
     tables_digest,
 )
 from lmdbfolder.progress import Progress
 from lmdbfolder.write import sizing
-from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.compact import PathList
+from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
 from lmdbfolder.write.output import check_outside_source
 from lmdbfolder.write.resume import describe_change, pack_fingerprint
 from lmdbfolder.write.sources import SourceList, SourceSpec
-from lmdbfolder.write.writer import pack_sources, per_second
+from lmdbfolder.write.update import Changes
+from lmdbfolder.write.writer import pack_sources, per_second, warn_skipped
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -80,6 +83,7 @@ __all__ = [
     "pack_shard",
     "pack_sharded",
     "write_index",
+    "update_sharded",
 ]
 
 #: Shard directories are named ``<prefix>-00003-of-00008.lmdb``.
@@ -216,6 +220,8 @@ class ShardedPackResult:
     #: True when ``path`` already held this sharded pack (same sources, split
     #: and options): nothing was read or written.
     already_packed: bool = False
+    #: After ``update=True`` changed the pack: what changed, over all shards.
+    changes: Changes | None = None
 
     @property
     def input_bytes(self) -> int:
@@ -251,6 +257,7 @@ class ShardedPackResult:
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "shards": [s.as_dict() for s in self.shards],
             "already_packed": self.already_packed,
+            "changes": None if self.changes is None else self.changes.as_dict(),
         }
 
 
@@ -594,6 +601,11 @@ def pack_sharded(
     sources = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match).scan(src)
     if shard_index is not None and shards is None:
         raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
+    if opts.update:
+        if packdir.inspect(dst).kind is packdir.Kind.SHARDED:
+            return update_sharded(sources, dst, opts, shards=shards, shard_index=shard_index, prefix=prefix)
+        # Nothing to update: pack it (or finish the shards packed so far).
+        opts = opts.replace(update=False, check="header" if opts.check == CONTENT_CHECK else opts.check)
     done = finished_sharded_pack(sources, dst, opts, shards, shard_size, shard_index, prefix, start_time)
     if done is not None:
         return done
@@ -623,9 +635,185 @@ def pack_sharded(
                 bar.write(f"skipped {path}: {reason}")
             results.append(result)
     if shard_index is not None:
-        return ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, opts.store)
-    index = write_index(dst, prefix=prefix)
-    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+        out = ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, opts.store)
+    else:
+        index = write_index(dst, prefix=prefix)
+        out = ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+    warn_skipped(out.skipped, "each shard's skipped.txt")
+    return out
+
+
+# -- updating ----------------------------------------------------------------------
+def update_sharded(
+    sources: SourceList,
+    dst: str | os.PathLike[str],
+    options: PackOptions,
+    *,
+    shards: int | None = None,
+    shard_index: int | None = None,
+    prefix: str = DEFAULT_PREFIX,
+) -> ShardedPackResult:
+    """Bring the finished sharded pack ``dst`` up to date with ``sources`` (``pack_sharded(...,
+    update=True)``): each shard is updated in place (``write.update``) with its part of the new
+    sample list, and the index is written again.
+
+    The split is kept: each source file of the pack stays in its shard, and a new
+    file goes to the shard of the pack's file before it (the first shard for files
+    before all of them). A shard whose samples did not change is not rewritten
+    (when its place in the split moved, its manifest says so: one small
+    transaction). Until the new index is in place, the index names each shard's
+    previous version, which an update leaves readable (``environments.open_version``):
+    readers see the old pack, then the new one.
+    """
+    start_time = time.perf_counter()
+    if shard_index is not None:
+        raise OptionError(
+            "--update updates every shard of a sharded pack in one run: drop --shard-index",
+            "run `lmdbfolder pack SRC DST --update` once (it reads only the files that changed)",
+        )
+    root, index = packdir.load_index(dst)
+    entries = index["shards"]
+    num = len(entries)
+    found_prefix = parse_shard_name(entries[0]["name"])
+    if shards is not None and shards != num:
+        raise OptionError(
+            f"{root} has {num} shards, not {shards}: an update keeps the split of the pack",
+            f"pass --shards {num} (or no shard count); to split it anew, repack with --overwrite",
+        )
+    if found_prefix is not None and prefix not in (DEFAULT_PREFIX, found_prefix[0]):
+        raise OptionError(f"{root} holds shards named {found_prefix[0]}-*, not {prefix}-*")
+    owner: dict[bytes, int] = {}
+    for k, entry in enumerate(entries):
+        path = os.path.join(root, entry["name"])
+        for name in _shard_paths(path):
+            owner[name] = k
+    bounds = _split_bounds(sources, owner, num, root)
+    digest = sources_digest(sources)
+    shard_opts = options.replace(progress=False)
+    results: list[ShardResult] = []
+    changes = Changes()
+    with Progress(len(sources), f"update {num} shards", enabled=options.progress) as bar:
+        for k, entry in enumerate(entries):
+            lo, hi = bounds[k], bounds[k + 1]
+            name = entry["name"]
+            target = os.path.join(root, name)
+            claim = {
+                "split": SPLIT_METHOD,
+                "prefix": found_prefix[0] if found_prefix else prefix,
+                "index": k,
+                "num_shards": num,
+                "first_source": lo,
+                "sources": hi - lo,
+                "total_sources": len(sources),
+                "sources_sha256": digest,
+            }
+            reported = [0]
+
+            def report(done: int, total: int, reported: list[int] = reported) -> None:
+                bar.update(done - reported[0])
+                reported[0] = done
+
+            result = pack_sources(
+                shard_sources(sources, lo, hi),
+                target,
+                shard_opts,
+                manifest_extra={SHARD_FIELD: claim},
+                on_progress=report,
+            )
+            bar.update(hi - lo - reported[0])
+            for path, reason in result.skipped:
+                if result.changes is not None:
+                    bar.write(f"skipped {path}: {reason}")
+            if result.changes is not None:
+                for key in ("added", "removed", "changed", "relabelled", "read", "unchanged"):
+                    setattr(changes, key, getattr(changes, key) + getattr(result.changes, key))
+            results.append(
+                ShardResult(
+                    name,
+                    k,
+                    target,
+                    result.count,
+                    hi - lo,
+                    result.seconds,
+                    result.input_bytes,
+                    result.payload_bytes,
+                    list(result.skipped),
+                    result.resumed_from,
+                    kept=result.changes is None,
+                )
+            )
+    old_classes = list(index["classes"])
+    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
+    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
+    if all(_indexed(root, entry) for entry in entries):
+        return ShardedPackResult(
+            root, int(index["count"]), results, time.perf_counter() - start_time, options.store, already_packed=True
+        )
+    history = index.get("history")
+    if not isinstance(history, list):
+        history = [{"event": "pack", "at": index.get("created_at"), "count": index["count"], "added": index["count"]}]
+    count = sum(r.count for r in results)
+    entry_changes = {k: v for k, v in changes.as_dict().items() if k not in ("read", "unchanged")}
+    event = {
+        "event": "update",
+        "at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "count": count,
+        **entry_changes,
+        "shards_updated": [r.name for r in results if not r.kept],
+    }
+    written = write_index(root, prefix=found_prefix[0] if found_prefix else prefix, history=[*history, event])
+    return ShardedPackResult(
+        root, written["count"], results, time.perf_counter() - start_time, options.store, changes=changes
+    )
+
+
+def _shard_paths(path: str) -> list[bytes]:
+    """The source files of the shard at ``path`` (its samples and skipped files), as bytes."""
+    meta_blob, _, paths_blob = environments.read_tables(path)
+    count = int(decode_meta(meta_blob, where=path)["count"])
+    offsets = struct.unpack_from(f"<{count + 1}Q", paths_blob)
+    names = paths_blob[(count + 1) * 8 :]
+    out = [names[a:b] for a, b in zip(offsets, offsets[1:])]
+    out += [os.fsencode(str(item.get("path"))) for item in environments.read_skipped(path)]
+    return out
+
+
+def _split_bounds(sources: SourceList, owner: Mapping[bytes, int], num: int, root: str) -> list[int]:
+    """Where each shard's part of the new sample list starts (and, last, its length):
+    every file of the pack stays in its shard; a new file joins the shard of the
+    pack's file before it (shard 0 before all of them)."""
+    bounds = [0] + [-1] * (num - 1) + [len(sources)]
+    current = 0
+    raw = sources.relpaths.iter_raw() if isinstance(sources.relpaths, PathList) else map(os.fsencode, sources.relpaths)
+    for s, path in enumerate(raw):
+        k = owner.get(path)
+        if k is None or k == current:
+            continue
+        if k < current:
+            raise OptionError(
+                f"{root}: the source lists {os.fsdecode(path)!r} after files of a later shard, so the "
+                "order of the source's files changed across shards; an update keeps each file in its shard",
+                "repack the sharded pack with --overwrite",
+            )
+        for skipped_shard in range(current + 1, k + 1):
+            bounds[skipped_shard] = s
+        current = k
+    for k in range(current + 1, num):
+        bounds[k] = len(sources)
+    empty = [k for k in range(num) if bounds[k] == bounds[k + 1]]
+    if empty:
+        raise OptionError(
+            f"{root}: every file of shard {empty[0]} is gone from the source; an update keeps the split, "
+            "and a shard cannot be empty",
+            "repack the sharded pack with --overwrite (choose the number of shards anew)",
+        )
+    return bounds
+
+
+def _indexed(root: str, entry: Mapping[str, Any]) -> bool:
+    """Whether the shard ``entry`` of the index is the shard on disk, manifest and all."""
+    meta = environments.read_manifest(os.path.join(root, entry["name"]))
+    return meta is not None and entry.get("manifest_sha256") == hashlib.sha256(meta).hexdigest()
 
 
 # -- the index ---------------------------------------------------------------------
@@ -659,6 +847,7 @@ def write_index(
     dst: str | os.PathLike[str],
     *,
     prefix: str | None = None,
+    history: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index
     (its JSON object, ``format.ShardIndex.to_dict``).
@@ -668,6 +857,8 @@ def write_index(
     without gaps. Missing or unfinished shards are named in the error.
     ``prefix`` selects the shards named ``<prefix>-*`` when several splits
     share ``dst``. The index is written atomically (a temporary file renamed).
+    ``history``: the sharded pack's history (``pack --update`` passes it);
+    None keeps the history of the index being replaced, if any.
 
     Example:
         >>> index = write_index("train-sharded")  # doctest: +SKIP
@@ -686,13 +877,17 @@ def write_index(
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         raise NotAPackError(
             dst,
-            f"{len(missing)} of {total} shards are missing: {', '.join(described)}{more}",
+            f"{len(missing)} of {total} shards {'is' if len(missing) == 1 else 'are'} missing: "
+            f"{', '.join(described)}{more}",
             f"pack them (`lmdbfolder pack SRC {dst} --shards {total} --shard-index I`), "
             "then run `lmdbfolder index` again",
         )
+    if history is None:
+        history = _index_history(dst)
     entries: list[ShardEntry] = []
     first: dict[str, Any] = {}
     encodings: dict[str, int] = {}
+    versions = set()
     next_source = 0
     first_index = 0
     for i in range(total):
@@ -725,6 +920,7 @@ def write_index(
                 raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
         for enc, n in (meta.get("encodings") or {}).items():
             encodings[enc] = encodings.get(enc, 0) + n
+        versions.add(int(meta["format_version"]))
         identity = shard_identity(meta_blob, labels_blob, paths_blob)
         entries.append(
             ShardEntry(
@@ -753,7 +949,9 @@ def write_index(
             "or --shard-index I per job), then run `lmdbfolder index` again",
         )
     index = ShardIndex(
-        pack_format_version=FORMAT_VERSION,
+        # Shards an update changed are format 3, the others keep theirs: the index
+        # names the newest, which a reader must understand.
+        pack_format_version=max(versions),
         count=first_index,
         classes=first["classes"],
         class_to_idx=first["class_to_idx"],
@@ -768,6 +966,17 @@ def write_index(
         source=first.get("source"),
         created_by=f"lmdbfolder {__version__}",
         created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        history=history or None,
     )
     packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
     return index.to_dict()
+
+
+def _index_history(dst: str) -> list[dict[str, Any]] | None:
+    """The history of the index at ``dst`` (None: no index, or none recorded)."""
+    try:
+        _, old = packdir.load_index(dst)
+    except NotAPackError:
+        return None
+    history = old.get("history")
+    return history if isinstance(history, list) else None

@@ -18,7 +18,8 @@ the file's full path, as torchvision does; the two exclude each other), and
 ``match``, a regular expression the path relative to the root must contain
 (``re.search``; the CLI's ``--match``), on top of either.
 
-Only the standard library is used; no file is opened except the list file.
+Only the standard library is used; no file is opened except the list file
+(only a regular one, ``pagefile.open_regular``: a FIFO or a device is refused).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from lmdbfolder.errors import ListFileError, OptionError, SourceError
+from lmdbfolder.errors import ListFileError, OptionError, SourceError, SourceNotFoundError, os_hint
 from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL
+from lmdbfolder.pagefile import open_regular
 from lmdbfolder.write.compact import LabelList, PathList
 
 __all__ = [
@@ -56,6 +58,8 @@ IMG_EXTENSIONS: tuple[str, ...] = (
     ".webp",
 )
 LAYOUTS = ("imagefolder", "flat", "list")
+#: The longest line a list file may have (a path and a label: paths are at most a few KB).
+MAX_LIST_LINE = 1 << 16
 
 
 @dataclass
@@ -160,10 +164,24 @@ class SourceList:
 def _check_root(root: str) -> str:
     root = os.path.abspath(os.path.expanduser(os.fspath(root)))
     if not os.path.exists(root):
-        raise SourceError(root, "does not exist", "check the source path")
+        raise SourceNotFoundError(root, "does not exist", "check the source path")
     if not os.path.isdir(root):
         raise SourceError(root, "is not a directory", "pass the folder that holds the images")
     return root
+
+
+def _unlisted(exc: OSError) -> None:
+    """``os.walk``'s ``onerror``: a folder of the source that cannot be listed (mode 000,
+    vanished) is an error, never a class or a folder of images silently left out."""
+    where = exc.filename if exc.filename is not None else "a folder of the source"
+    raise SourceError(
+        where, f"cannot list this folder ({exc.strerror or exc}): its images would be left out", os_hint(exc)
+    )
+
+
+def _walk(top: str) -> Any:
+    """``os.walk(top, followlinks=True)`` (torchvision's walk), failing on a folder it cannot list."""
+    return os.walk(top, onerror=_unlisted, followlinks=True)
 
 
 #: Decides whether a file (full path; root-relative path) is packed.
@@ -218,6 +236,18 @@ def _what_counts(exts: tuple[str, ...], fields: dict[str, str | None]) -> str:
     return what
 
 
+def _no_valid_file(empty: list[str], exts: tuple[str, ...], fields: dict[str, str | None]) -> str:
+    # ImageFolder's own words (torchvision.datasets.folder.make_dataset), then our filters.
+    why = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
+    if fields["is_valid_file"]:
+        why += f"(is_valid_file {fields['is_valid_file']} kept none of their files)"
+    else:
+        why += f"Supported extensions are: {', '.join(exts)}"
+    if fields["match"] is not None:
+        why += f"; paths must match {fields['match']!r}"
+    return why
+
+
 def scan_imagefolder(
     root: str,
     *,
@@ -231,12 +261,15 @@ def scan_imagefolder(
     for ``is_valid_file`` and ``match``)."""
     root = _check_root(root)
     keep, exts, fields = _file_filter(extensions, is_valid_file, match)
-    with os.scandir(root) as entries:
-        classes = sorted(e.name for e in entries if e.is_dir())
+    try:
+        with os.scandir(root) as entries:
+            classes = sorted(e.name for e in entries if e.is_dir())
+    except OSError as exc:
+        raise SourceError(root, f"cannot list this folder ({exc.strerror or exc})", os_hint(exc)) from None
     if not classes:
-        raise SourceError(
+        raise SourceNotFoundError(
             root,
-            "no class folders found (an ImageFolder tree is root/<class>/<image>)",
+            "Couldn't find any class folder (an ImageFolder tree is root/<class>/<image>)",
             "for a folder of images without classes use --flat; for a `path label` file use --list",
         )
     class_to_idx = {c: i for i, c in enumerate(classes)}
@@ -247,7 +280,7 @@ def scan_imagefolder(
         before = len(relpaths)
         target = os.path.join(root, cls)
         # sorted(os.walk(...)) and sorted(fnames): the order torchvision uses.
-        for dirpath, _, fnames in sorted(os.walk(target, followlinks=True)):
+        for dirpath, _, fnames in sorted(_walk(target)):
             rel_dir = os.path.relpath(dirpath, root)
             for fname in sorted(fnames):
                 rel = os.path.join(rel_dir, fname)
@@ -257,9 +290,9 @@ def scan_imagefolder(
         if len(relpaths) == before:
             empty.append(cls)
     if empty and not allow_empty:
-        raise SourceError(
+        raise SourceNotFoundError(
             root,
-            f"found no image for the classes {', '.join(empty)}; {_what_counts(exts, fields)}",
+            _no_valid_file(empty, exts, fields),
             "remove the empty class folders, or pass --allow-empty to keep them as classes",
         )
     return SourceList(root, "imagefolder", relpaths, labels, classes, class_to_idx, extensions=exts, **fields)
@@ -277,14 +310,14 @@ def scan_flat(
     root = _check_root(root)
     keep, exts, fields = _file_filter(extensions, is_valid_file, match)
     relpaths = []
-    for dirpath, _, fnames in os.walk(root, followlinks=True):
+    for dirpath, _, fnames in _walk(root):
         rel_dir = os.path.relpath(dirpath, root)
         for fname in fnames:
             rel = fname if rel_dir == "." else os.path.join(rel_dir, fname)
             if keep(os.path.join(dirpath, fname), rel):
                 relpaths.append(rel)
     if not relpaths:
-        raise SourceError(root, f"no images found; {_what_counts(exts, fields)}")
+        raise SourceNotFoundError(root, f"no images found; {_what_counts(exts, fields)}")
     relpaths.sort()
     return SourceList(root, "flat", relpaths, [NO_LABEL] * len(relpaths), [], {}, extensions=exts, **fields)
 
@@ -322,8 +355,14 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
     seen: dict[str, int] = {}
     try:
         # utf-8-sig drops a BOM; surrogateescape keeps undecodable bytes as in file names.
-        with open(list_file, encoding="utf-8-sig", errors="surrogateescape") as f:
-            for lineno, line in enumerate(f, start=1):
+        # Only a regular file (a FIFO would block, /dev/zero never end), lines of bounded length.
+        fd = open_regular(list_file)
+        with open(fd, encoding="utf-8-sig", errors="surrogateescape") as f:
+            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LIST_LINE + 1), ""), start=1):
+                if len(line) > MAX_LIST_LINE:
+                    raise ListFileError(
+                        list_file, lineno, line[:80] + "...", f"a line of more than {MAX_LIST_LINE:,} characters"
+                    )
                 text = line.strip()
                 if not text or text.startswith("#"):
                     continue
@@ -345,7 +384,7 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
                 tokens.append(label_text)
                 lines.append((lineno, text))
     except OSError as exc:
-        raise SourceError(list_file, f"cannot read the list file ({exc.strerror})") from None
+        raise SourceError(list_file, f"cannot read the list file ({exc.strerror})", os_hint(exc)) from None
     if not relpaths:
         raise SourceError(list_file, "the list file holds no `path label` lines")
     numbers = [_as_int(t) for t in tokens]

@@ -22,22 +22,27 @@ How a pack is written (see docs/design.md, "Writing"), and which module does it:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from lmdbfolder.format import encode_meta
-from lmdbfolder.write import output, resume, sizing
+from lmdbfolder import packdir
+from lmdbfolder.errors import OptionError, SkippedFilesWarning
+from lmdbfolder.format import SKIPPED_REPORT, encode_meta
+from lmdbfolder.write import output, resume, sizing, update
 from lmdbfolder.write.lock import writer_lock
 from lmdbfolder.write.loop import Job, _Run, check_manifest_size
-from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
 from lmdbfolder.write.records import Loaded, Skipped
 from lmdbfolder.write.runtime import _keep_freed_memory
 from lmdbfolder.write.sources import SourceList, SourceSpec
 from lmdbfolder.write.threads import default_workers
+from lmdbfolder.write.update import Changes
 
-__all__ = ["PackResult", "pack", "pack_sources", "per_second"]
+__all__ = ["PackResult", "pack", "pack_sources", "per_second", "warn_skipped"]
 
 
 def per_second(amount: float, seconds: float) -> float:
@@ -62,12 +67,18 @@ class PackResult:
     #: True when ``path`` already held this pack (same sources, same options):
     #: nothing was read or written, and the numbers are the existing pack's.
     already_packed: bool = False
+    #: After ``update=True`` changed the pack: what changed (added, removed,
+    #: changed samples, classes). None for a pack written anew, or when the
+    #: pack was already up to date (``already_packed``).
+    changes: Changes | None = None
 
     @property
     def images_per_second(self) -> float:
         """Samples written per second of wall time (this run; 0 when nothing was to do)."""
         if self.already_packed:
             return 0.0
+        if self.changes is not None:  # an update: the files it read
+            return per_second(self.changes.read - self.resumed_from, self.seconds)
         return per_second(self.count + len(self.skipped) - self.resumed_from, self.seconds)
 
     @property
@@ -91,6 +102,7 @@ class PackResult:
             "resumed_from": self.resumed_from,
             "compacted": self.compacted,
             "already_packed": self.already_packed,
+            "changes": None if self.changes is None else self.changes.as_dict(),
         }
 
 
@@ -148,6 +160,18 @@ def pack(
             else reader threads (default: 2x CPUs, at least 4); 1 reads in
             the calling thread.
         overwrite: replace an existing pack (or unfinished pack) at ``dst``.
+        update: bring the pack at ``dst`` up to date with ``src`` in place
+            (``pack --update``): new files and classes are added, files gone
+            are dropped, files whose size or modification time changed are
+            read again (``check="content"``: every file's bytes are compared);
+            the result is the dataset a fresh pack of ``src`` would be, and
+            only the changed files are read and written. The pack's own
+            store, check and resize are kept (other values are refused: they
+            would change every record; repack with ``overwrite``). A ``dst``
+            that does not exist is packed. Interrupted, the same call finishes
+            it; ``dst`` holds the old version until the update commits.
+            Datasets that opened it before keep reading the old version until
+            it is updated again; processes that open it anew see the new one.
         restart: discard an unfinished pack at ``dst`` instead of resuming it.
         space_check: refuse to start when the estimated output does not fit
             on the disk.
@@ -155,12 +179,19 @@ def pack(
         resize: shrink images larger than ``resize.max_size`` and re-encode
             them (a ``Resize``; ``pack --max-size N --quality Q``).
 
+    Skipped files are also announced with a ``SkippedFilesWarning`` naming
+    their count and ``DST/skipped.txt`` (the command line lists them itself).
+    The CLI's names ``max_size``, ``quality``, ``resize_side`` and
+    ``resize_format`` work as keywords too (they make ``resize``).
+
     Returns:
-        A PackResult with the count, bytes, time and the skipped files.
-        Rerunning a finished ``pack`` with the same source and options does
-        nothing and returns the existing pack's result with
-        ``already_packed=True``; the same ``dst`` with other sources or
-        options raises OutputExistsError saying what differs.
+        A PackResult with the count, bytes, time and the skipped files
+        (``result.skipped``: ``(relative path, reason)`` each; and, after an
+        update, ``changes``). Rerunning a finished ``pack`` with the same
+        source and options does nothing and returns the existing pack's result
+        with ``already_packed=True`` (so does an update that finds nothing
+        changed); the same ``dst`` with other sources or options raises
+        OutputExistsError saying what differs, unless ``update``.
 
     Example:
         >>> from lmdbfolder import pack
@@ -170,8 +201,32 @@ def pack(
     """
     opts = pack_options(options, fields)
     output.check_outside_source(src, dst)  # before the scan, which would see a DST inside SRC as a class
+    if opts.update and packdir.inspect(dst).kind is packdir.Kind.SHARDED:
+        raise OptionError(
+            f"{os.path.abspath(os.fspath(dst))} is a sharded pack",
+            "update it with the shard options it was packed with: `lmdbfolder pack SRC DST --update --shards N` "
+            "(Python: pack_sharded(..., update=True))",
+        )
     spec = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
-    return pack_sources(spec.scan(src), dst, opts)
+    result = pack_sources(spec.scan(src), dst, opts)
+    if not result.already_packed:
+        warn_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+    return result
+
+
+def warn_skipped(skipped: Sequence[tuple[str, str]], listed_in: str, *, stacklevel: int = 3) -> None:
+    """Warn (``SkippedFilesWarning``) that ``skipped`` files were left out, with the
+    first few and where the whole list is; nothing when none were."""
+    if not skipped:
+        return
+    n = len(skipped)
+    first = "; ".join(f"{path}: {reason}" for path, reason in skipped[:3]) + ("; ..." if n > 3 else "")
+    warnings.warn(
+        f"{n:,} source file{'s' if n != 1 else ''} could not be packed and {'were' if n != 1 else 'was'} skipped "
+        f"({first}); listed in {listed_in} and in the result's .skipped (strict=True stops at the first instead)",
+        SkippedFilesWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def pack_sources(
@@ -213,6 +268,28 @@ def pack_sources(
         return _write(job)
 
 
+def _update(job: Job, start_time: float) -> PackResult:
+    """``pack_sources`` of an update (``write.update``)."""
+    done = update.update(
+        job.sources, job.dst, job.options, manifest_extra=job.manifest_extra, on_progress=job.on_progress
+    )
+    meta = done.meta
+    return PackResult(
+        job.dst,
+        int(meta["count"]),
+        done.read_bytes,
+        int(meta.get("payload_bytes") or 0),
+        time.perf_counter() - start_time,
+        str(meta["store"]),
+        dict(meta.get("encodings") or {}),
+        done.skipped,
+        resumed_from=done.resumed_from,
+        compacted=done.compacted,
+        already_packed=done.changes is None,
+        changes=done.changes,
+    )
+
+
 def _write(job: Job) -> PackResult:
     """``pack_sources`` with the writer lock held."""
     sources, dst, opts = job.sources, job.dst, job.options
@@ -221,6 +298,12 @@ def _write(job: Job) -> PackResult:
     if job.loader is None:
         output.check_outside_source(sources.root, dst)
     check_manifest_size(encode_meta({"classes": sources.classes, "class_to_idx": sources.class_to_idx}), sources.root)
+    if opts.update:
+        if job.loader is None and packdir.inspect(dst).kind is packdir.Kind.PACK and not os.path.islink(dst):
+            return _update(job, start_time)
+        # Nothing to update: pack it (or finish the pack started there).
+        opts = opts.replace(update=False, check="header" if opts.check == CONTENT_CHECK else opts.check)
+        job = dataclasses.replace(job, options=opts)
     fingerprint = resume.pack_fingerprint(sources, opts, job.manifest_extra)
     existing = resume._existing_pack(dst, fingerprint, opts)
     if existing is not None:

@@ -1,0 +1,495 @@
+"""Staging a sharded pack from object storage onto local disk, shard by shard: ``StagedPack``.
+
+LMDB needs a local file to map, so a pack in object storage is read by
+staging: its ``index.json`` is fetched once, and each shard is copied whole
+into a local cache folder when it is first needed (or ahead of need, in the
+order the sampler will read them), verified, and only then published under
+its own name, where ``ShardedReader`` opens it as it would any local shard.
+
+The cache folder of a pack is ``<cache_dir>/<name>-<key>``, ``key`` a hash of
+the URL and the index's bytes (a pack uploaded again under the same URL gets
+a new folder; the old one is evicted like any unused shard). It holds
+``index.json``, the shards that have landed, and for each shard a lock file
+``<shard>.lock``:
+
+* **One download per shard per node.** Every process that needs a shard
+  (DataLoader workers, the prefetch thread of each rank, any rank on the
+  node) takes the shard's lock exclusively to fetch it; the others wait on
+  the lock and then find it published. ``flock`` locks go with the process,
+  so a killed download frees its lock, and its ``<shard>.copying`` folder is
+  resumed by the next process (``remote.download``: only the missing parts).
+* **Nothing half-copied is opened.** A shard is downloaded into
+  ``<shard>.copying`` (marked as ours), its SHA-256 compared with the
+  index's ``data_sha256`` (written by ``lmdbfolder copy PACK URL``), its
+  manifest and tables with the index's digests, then renamed into place. A
+  reader takes the lock shared while it opens and maps a shard, so a shard
+  is never evicted between "it is there" and "it is mapped"; once mapped, an
+  eviction only unlinks it (the map stays valid).
+* **A cache limit** (``cache_limit`` bytes of this pack's shards) is kept by
+  evicting shards, least recently used first, that no rank on the node still
+  needs this epoch; then, if that is not enough, the shards needed last
+  (Belady's rule), never those in use or next. Each rank following a sampler
+  lists what it still needs, in order, in ``.needs-<pid>`` (held with a
+  shared lock while the rank lives, so a killed rank's list is recognised
+  and ignored). Shards in use are never deleted, so the limit can be
+  exceeded by what is needed at once (a warning says so).
+* **Ahead of need.** ``follow(schedule)`` (called by
+  ``ExactDistributedSampler`` at the start of each epoch's iteration)
+  starts a thread in the rank's main process that fetches the shards in the
+  order this rank will read them, ``ahead`` shards beyond the one being read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import warnings
+from typing import Any, Iterator, Sequence
+
+from lmdbfolder import environments, packdir
+from lmdbfolder.errors import NotAPackError, RemoteError
+from lmdbfolder.format import (
+    COPYING_SUFFIX,
+    DATA_FILE,
+    NEEDS_PREFIX,
+    OLD_SUFFIX,
+    SHARD_INDEX_FILE,
+    WRITER_LOCK_SUFFIX,
+    decode_shard_index,
+    shard_matches,
+)
+from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Remote, download
+
+__all__ = ["StagedPack", "fetch_shard", "fetch_index"]
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def fetch_index(remote: Remote) -> tuple[bytes, dict[str, Any]]:
+    """(bytes, parsed) of the ``index.json`` of the sharded pack at ``remote``.
+
+    A URL holding a single pack (``data.mdb``), or nothing, is a RemoteError
+    saying so.
+    """
+    index = remote.child(SHARD_INDEX_FILE)
+    try:
+        blob = index.read()
+    except RemoteError as exc:
+        if exc.kind == "missing" and remote.child(DATA_FILE).exists():
+            raise RemoteError(
+                remote.url,
+                "it holds a single pack (data.mdb), not a sharded one; staging reads sharded packs",
+                f"copy it to local disk first (`lmdbfolder copy {remote.url} DST`), or pack with --shards N",
+                kind="other",
+            ) from None
+        if exc.kind == "missing":
+            raise RemoteError(
+                remote.url,
+                f"no pack there (no {SHARD_INDEX_FILE} or {DATA_FILE}): {exc.message}",
+                exc.hint,
+                kind="missing",
+            ) from None
+        raise
+    return blob, decode_shard_index(blob, where=index.url)
+
+
+def fetch_shard(
+    remote: Remote,
+    entry: dict[str, Any],
+    directory: str,
+    *,
+    part_size: int = DEFAULT_PART_SIZE,
+    jobs: int = DEFAULT_JOBS,
+    on_bytes: Any = None,
+    abort: threading.Event | None = None,
+) -> int:
+    """Download the shard ``entry`` of the pack at ``remote`` and publish it as
+    ``directory/<name>``; return the bytes fetched now.
+
+    The shard is built in ``<name>.copying`` (kept across runs: a rerun
+    fetches only the missing parts), checked against the entry's
+    ``data_sha256`` (when the index has it), ``bytes``, and its manifest and
+    tables digests, then renamed into place. A shard whose check fails is
+    removed and reported (RemoteError kind "digest"). The caller holds the
+    shard's lock.
+    """
+    name = entry["name"]
+    final = os.path.join(directory, name)
+    tmp = final + COPYING_SUFFIX
+    src = remote.child(name, DATA_FILE)
+    if not (os.path.isdir(tmp) and packdir.why_not_replaceable(tmp) is None):
+        packdir.clear_temp_dir(tmp)
+        packdir.make_temp_dir(tmp)
+    info = src.info()
+    expected = entry.get("bytes")
+    if isinstance(expected, int) and expected != info.size:
+        raise RemoteError(
+            src.url,
+            f"it holds {info.size:,} bytes, the index says {expected:,}; nothing was kept",
+            "the shard was replaced in storage without its index: upload the pack again",
+            kind="digest",
+        )
+    digest = entry.get("data_sha256") if isinstance(entry.get("data_sha256"), str) else None
+    try:
+        fetched, _ = download(
+            src,
+            os.path.join(tmp, DATA_FILE),
+            info=info,
+            sha256=digest,
+            part_size=part_size,
+            jobs=jobs,
+            on_bytes=on_bytes,
+            abort=abort,
+        )
+    except OSError as exc:
+        raise disk_error(exc, src.url, tmp) from None
+    try:
+        tables = environments.read_tables(tmp)
+        ok = shard_matches(entry, *tables)
+    except NotAPackError as exc:
+        ok, why = False, exc.message
+    else:
+        why = "its manifest or tables do not match the index's digests"
+    if not ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RemoteError(
+            src.url,
+            f"{why}; nothing was kept",
+            "the shard in storage is damaged or from another pack: upload the pack again",
+            kind="digest",
+        )
+    packdir.publish(tmp, final)
+    return fetched
+
+
+def disk_error(exc: OSError, url: str, where: str) -> RemoteError:
+    """A local OSError while staging (full disk, permission) as a RemoteError naming both."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return RemoteError(
+        url,
+        f"cannot store it in {where}: {exc.strerror or exc}" + (" (the disk is full)" if full else ""),
+        "free space there (or pass a smaller cache_limit / another cache_dir); run the same command again to resume"
+        if full
+        else "check the permissions of the destination folder",
+        kind="disk",
+    )
+
+
+@contextlib.contextmanager
+def _flock(path: str, mode: int) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+class StagedPack:
+    """A sharded pack in object storage, staged shard by shard into ``cache_dir``.
+
+    Args:
+        url: the pack's folder (``s3://bucket/train``; it holds ``index.json``).
+        cache_dir: a local folder on fast disk, the same for every process of
+            a node (DataLoader workers and ranks share it).
+        cache_limit: bytes of this pack's shards to keep at most (None: no
+            limit). Shards no rank needs any more are evicted first.
+        ahead: shards to fetch beyond the one being read, when following a
+            sampler (``follow``).
+        part_size, jobs: the ranged requests of each shard's download.
+
+    Pickles without its thread and client (workers stage through the same cache).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        cache_dir: str | os.PathLike[str],
+        *,
+        cache_limit: int | None = None,
+        ahead: int = 1,
+        part_size: int = DEFAULT_PART_SIZE,
+        jobs: int = DEFAULT_JOBS,
+    ) -> None:
+        if cache_limit is not None and cache_limit < 1:
+            raise ValueError(f"cache_limit must be a positive number of bytes, got {cache_limit}")
+        if ahead < 0:
+            raise ValueError(f"ahead must be 0 or more, got {ahead}")
+        self.remote = Remote(url)
+        self.url = self.remote.url
+        blob, self.index = fetch_index(self.remote)
+        key = hashlib.sha256(self.url.encode() + b"\n" + blob).hexdigest()[:16]
+        cache = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+        self.root = os.path.join(cache, f"{_SAFE.sub('_', self.remote.name)[:64]}-{key}")
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            index_file = os.path.join(self.root, SHARD_INDEX_FILE)
+            if not os.path.isfile(index_file):
+                tmp = f"{index_file}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, index_file)  # every rank writes the same bytes
+        except OSError as exc:
+            raise disk_error(exc, self.url, self.root) from None
+        self.cache_limit = cache_limit
+        self.ahead = ahead
+        self.part_size = part_size
+        self.jobs = jobs
+        self.names: list[str] = [e["name"] for e in self.index["shards"]]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._follower: _Follower | None = None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_follower", "_lock", "_pid"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def __repr__(self) -> str:
+        return f"StagedPack({self.url!r}, cache={self.root!r}, shards={len(self.names)})"
+
+    # -- shards ----------------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        """Number of shards."""
+        return len(self.names)
+
+    def path(self, k: int) -> str:
+        """Where shard ``k`` is (or will be) in the cache."""
+        return os.path.join(self.root, self.names[k])
+
+    def _lock_file(self, k: int) -> str:
+        return self.path(k) + WRITER_LOCK_SUFFIX
+
+    def staged(self) -> list[int]:
+        """The shards in the cache now."""
+        return [k for k in range(len(self.names)) if os.path.isdir(self.path(k))]
+
+    def ensure(self, k: int) -> str:
+        """Shard ``k``'s local path, downloading it first if it is not in the cache
+        (under its lock: one download per node, whoever asks)."""
+        path = self.path(k)
+        if os.path.isdir(path):
+            return path
+        with _flock(self._lock_file(k), fcntl.LOCK_EX):
+            if os.path.isdir(path):
+                return path
+            entry = self.index["shards"][k]
+            self._make_room(int(entry.get("bytes") or 0), keep=k)
+            fetch_shard(self.remote, entry, self.root, part_size=self.part_size, jobs=self.jobs)
+        return path
+
+    @contextlib.contextmanager
+    def reading(self, k: int) -> Iterator[str]:
+        """Shard ``k``'s local path, held so that it is not evicted until the block ends
+        (open and map it inside the block)."""
+        while True:
+            with _flock(self._lock_file(k), fcntl.LOCK_SH):
+                path = self.path(k)
+                if os.path.isdir(path):
+                    with contextlib.suppress(OSError):
+                        os.utime(path)  # least recently used goes first
+                    yield path
+                    return
+            self.ensure(k)
+
+    # -- the cache limit ---------------------------------------------------------------
+    def cached_bytes(self) -> int:
+        """Bytes of the shards in the cache now."""
+        return sum(_size(self.path(k)) for k in self.staged())
+
+    def needed(self) -> set[int]:
+        """Shards some live rank on this node still needs this epoch (``follow``)."""
+        return set(self.needed_soonest())
+
+    def needed_soonest(self) -> dict[int, int]:
+        """Shard -> how soon a live rank on this node needs it (0: in use now, 1: next, ...;
+        the smallest over the ranks' lists)."""
+        needed: dict[int, int] = {}
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return needed
+        for name in names:
+            if not name.startswith(NEEDS_PREFIX):
+                continue
+            path = os.path.join(self.root, name)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass  # its rank lives: read what it needs
+                else:
+                    os.remove(path)  # nobody holds it: its rank is gone
+                    continue
+                raw = os.pread(fd, 1 << 20, 0)
+            finally:
+                os.close(fd)
+            try:
+                for soon, k in enumerate(json.loads(raw)):
+                    needed[int(k)] = min(soon, needed.get(int(k), soon))
+            except (ValueError, TypeError):
+                return dict.fromkeys(range(len(self.names)), 0)  # being rewritten: keep everything
+        return needed
+
+    def _make_room(self, incoming: int, *, keep: int) -> None:
+        if self.cache_limit is None:
+            return
+        staged = [k for k in self.staged() if k != keep]
+        total = sum(_size(self.path(k)) for k in staged) + incoming
+        if total <= self.cache_limit:
+            return
+        # First what no rank needs any more (least recently used first); then, if that
+        # is not enough, what is needed last (never the shards in use or next).
+        soonest = self.needed_soonest()
+        unneeded = sorted((k for k in staged if k not in soonest), key=lambda k: _mtime(self.path(k)))
+        protected = 2 + self.ahead
+        later = sorted((k for k in staged if soonest.get(k, 0) > protected), key=lambda k: -soonest[k])
+        for k in unneeded + later:
+            if total <= self.cache_limit:
+                return
+            size = _size(self.path(k))
+            if self.evict(k):
+                total -= size
+        if total > self.cache_limit:
+            warnings.warn(
+                f"the staging cache of {self.url} holds {total:,} bytes, above cache_limit={self.cache_limit:,}: "
+                "every shard in it is in use (raise cache_limit to hold shards_at_once + ahead + 2 shards)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def evict(self, k: int) -> bool:
+        """Remove shard ``k`` from the cache unless a process holds it (False then).
+
+        A process that has it mapped keeps reading it (the file is only unlinked)."""
+        fd = os.open(self._lock_file(k), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            path = self.path(k)
+            if not os.path.isdir(path):
+                return False
+            old = f"{path}{OLD_SUFFIX}{os.getpid()}"
+            os.rename(path, old)
+            shutil.rmtree(old, ignore_errors=True)
+            return True
+        finally:
+            os.close(fd)
+
+    # -- ahead of need -----------------------------------------------------------------
+    def follow(self, schedule: Sequence[tuple[int, int]], linger: int = 0) -> _Follower:
+        """Fetch shards in the order of ``schedule`` from now on (this process's rank).
+
+        ``schedule``: ``(shard, position of its last use)`` for the shards this
+        rank will read, in the order of their first use; positions count the
+        samples the rank's sampler has handed out. The returned follower's
+        ``advance(position)`` moves on; a shard stays "needed" until the
+        sampler is ``linger`` samples past its last use (the DataLoader's
+        workers are still reading what the sampler already handed out).
+        Replaces the previous epoch's follower.
+        """
+        with self._lock:
+            if self._follower is not None:
+                self._follower.stop()
+            self._follower = _Follower(self, list(schedule), linger)
+            return self._follower
+
+
+class _Follower:
+    """The prefetch thread of one rank: fetches its shards in order, ``ahead`` at a time."""
+
+    def __init__(self, pack: StagedPack, schedule: list[tuple[int, int]], linger: int) -> None:
+        self.pack = pack
+        self.schedule = schedule
+        self.linger = linger
+        self.position = 0
+        self.error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._needs = os.path.join(pack.root, f"{NEEDS_PREFIX}{os.getpid()}")
+        self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
+        self._write_needs()
+        self._thread = threading.Thread(target=self._run, name="lmdbfolder-staging", daemon=True)
+        self._thread.start()
+
+    def _current(self) -> int:
+        """Index in ``schedule`` of the first shard whose last use is still ahead."""
+        for j, (_, last) in enumerate(self.schedule):
+            if last >= self.position:
+                return j
+        return len(self.schedule)
+
+    def _write_needs(self) -> None:
+        # In the order of need: the shards still being read (lingering) first.
+        needs = [k for k, last in self.schedule if last + self.linger >= self.position]
+        data = json.dumps(needs).encode()
+        os.ftruncate(self._needs_fd, 0)
+        os.pwrite(self._needs_fd, data, 0)
+
+    def advance(self, position: int) -> None:
+        """The rank's sampler has handed out ``position`` samples of the epoch."""
+        with self._cond:
+            self.position = position
+            if not self._stopped:
+                self._write_needs()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            for j, (k, _) in enumerate(self.schedule):
+                with self._cond:
+                    while not self._stopped and j > self._current() + self.pack.ahead:
+                        self._cond.wait()
+                    if self._stopped:
+                        return
+                self.pack.ensure(k)
+        except BaseException as exc:  # a worker that needs the shard reports it; keep it for the record
+            self.error = exc
+
+    def stop(self) -> None:
+        """Stop fetching and drop this rank's needs (the thread ends after its current shard)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        with contextlib.suppress(OSError):
+            os.remove(self._needs)
+        with contextlib.suppress(OSError):
+            os.close(self._needs_fd)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread (tests; the thread is a daemon)."""
+        self._thread.join(timeout)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(os.path.join(path, DATA_FILE))
+    except OSError:
+        return 0
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,465 @@
+"""Object storage: what a URL is, the client, and resumable ranged downloads.
+
+This module is the one owner of "this path is a URL" (``is_url``) and of
+every request lmdbfolder makes to object storage (``Remote``). A remote pack
+has exactly the layout of a local one (``s3://bucket/train/index.json``,
+``s3://bucket/train/train-00000-of-00004.lmdb/data.mdb``, ...), so a pack
+uploaded by hand (``aws s3 cp --recursive``) is a remote pack too.
+
+The client is fsspec (``s3fs`` for ``s3://``; ``gcsfs`` for ``gs://`` and
+``adlfs`` for ``az://`` through the same calls). Credentials, endpoint and
+region come from the client's own standard configuration and nothing of
+ours: for S3 botocore's chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+``AWS_PROFILE``, ``~/.aws/config`` and ``~/.aws/credentials``,
+``AWS_ENDPOINT_URL``, instance roles). The libraries are imported when a URL
+is first used; a missing one is a ``MissingDependencyError`` naming the extra.
+
+``download`` fetches one object into a local file in ranged parts, several
+at once, and is resumable after ``kill -9``: a journal beside the file
+(``<file>.parts``, ``format.PARTS_SUFFIX``) lists the parts whose bytes were
+written (a killed process loses nothing it wrote; after a power loss a listed
+part may be lost, which the digest check of the whole file catches), and a
+rerun fetches only the parts it does not list. The SHA-256 of the file is computed as the
+parts land, in order, and compared with the expected digest before the
+caller publishes anything.
+
+Every failure is a ``RemoteError`` naming the URL: wrong or missing
+credentials, a missing bucket or key, a server that stops answering, bytes
+that do not match their digest.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, RemoteError
+from lmdbfolder.format import PARTS_SUFFIX
+
+__all__ = [
+    "SCHEMES",
+    "DEFAULT_PART_SIZE",
+    "DEFAULT_JOBS",
+    "is_url",
+    "Remote",
+    "ObjectInfo",
+    "download",
+    "file_sha256",
+    "parts_done",
+]
+
+#: URL scheme -> (fsspec protocol, the lmdbfolder extra that installs its library, the library).
+SCHEMES: dict[str, tuple[str, str, str]] = {
+    "s3": ("s3", "s3", "s3fs"),
+    "gs": ("gcs", "gcs", "gcsfs"),
+    "gcs": ("gcs", "gcs", "gcsfs"),
+    "az": ("az", "azure", "adlfs"),
+    "abfs": ("abfs", "azure", "adlfs"),
+}
+#: Bytes per ranged request: large enough that a request's latency is small
+#: beside its transfer, small enough that a killed copy loses little.
+DEFAULT_PART_SIZE = 16 << 20
+#: Ranged requests in flight at once (per object being downloaded).
+DEFAULT_JOBS = 8
+
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://(.+)$")
+#: What a message quotes of a server's or a library's own words, at most.
+_QUOTE = 300
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is an object-storage URL (``s3://...``, ``gs://...``, ``az://...``).
+
+    Any ``scheme://`` string counts, so an unsupported scheme reaches
+    ``Remote`` and gets an error naming the supported ones instead of being
+    taken for a local path.
+    """
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def _quote(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= _QUOTE else text[: _QUOTE - 3] + "..."
+
+
+def _endpoint() -> str:
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return f" (endpoint {endpoint})" if endpoint else ""
+
+
+def translate(exc: BaseException, url: str, action: str) -> RemoteError:
+    """The ``RemoteError`` for a client exception ``exc`` raised while doing ``action`` on ``url``."""
+    if isinstance(exc, RemoteError):
+        return exc
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "NoSuchBucket" in names or "bucket does not exist" in str(exc).lower():
+        return RemoteError(
+            url,
+            f"{action}: the bucket does not exist ({_quote(exc)})",
+            "check the bucket's name in the URL (and AWS_ENDPOINT_URL / the region, for another store)",
+            kind="bucket",
+        )
+    if isinstance(exc, FileNotFoundError) or "NoSuchKey" in names:
+        return RemoteError(
+            url,
+            f"{action}: no such object ({_quote(exc)})",
+            "check the URL (bucket and prefix); a pack's URL names the folder that holds index.json or data.mdb",
+            kind="missing",
+        )
+    if "NoCredentialsError" in names or "PartialCredentialsError" in names:
+        return RemoteError(
+            url,
+            f"{action}: no credentials found ({_quote(exc)})",
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with ~/.aws/credentials "
+            "(the client's standard configuration; lmdbfolder has none of its own)",
+            kind="credentials",
+        )
+    if isinstance(exc, PermissionError) or "ClientError" in names and "403" in str(exc):
+        return RemoteError(
+            url,
+            f"{action}: access denied ({_quote(exc)})",
+            "check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and that they "
+            "may read (or write) this bucket",
+            kind="credentials",
+        )
+    connection = {"EndpointConnectionError", "ConnectionError", "ClientConnectorError", "ServerDisconnectedError"}
+    if names & connection or isinstance(exc, (ConnectionError, TimeoutError)):
+        return RemoteError(
+            url,
+            f"{action}: the storage server did not answer{_endpoint()} ({_quote(exc)})",
+            "check the network and AWS_ENDPOINT_URL; run the same command again to resume",
+            kind="connection",
+        )
+    return RemoteError(
+        url,
+        f"{action} failed{_endpoint()}: {_quote(exc)}",
+        "run the same command again to resume; if it persists, check the URL and the credentials",
+        kind="other",
+    )
+
+
+# -- the client ------------------------------------------------------------------
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+#: The environment a client is made from: a test (or a user) that changes it gets a new client.
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "FSSPEC_")
+
+
+def _client(scheme: str, url: str) -> Any:
+    if scheme not in SCHEMES:
+        raise RemoteError(
+            url,
+            f"the scheme {scheme}:// is not supported",
+            "use s3:// (S3 and compatible stores), gs:// or az://",
+            kind="other",
+        )
+    protocol, extra, library = SCHEMES[scheme]
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)))
+    key = (os.getpid(), protocol, env)
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is not None:
+            return client
+        try:
+            import fsspec
+
+            # The client library itself (s3fs, ...): fsspec imports it lazily
+            # too, and would name it in a message of its own.
+            __import__(library)
+        except ImportError as exc:
+            raise MissingDependencyError(f"reading {scheme}:// URLs", extra, f"fsspec and {library}") from exc
+        try:
+            # skip_instance_cache: fsspec's own cache ignores the environment
+            # (credentials changed in between would be ignored).
+            client = fsspec.filesystem(protocol, skip_instance_cache=True)
+        except Exception as exc:
+            raise translate(exc, url, "creating the storage client") from exc
+        if len(_CLIENTS) > 16:
+            _CLIENTS.clear()
+        _CLIENTS[key] = client
+        return client
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What storage says about one object: its size and version tag (ETag or generation)."""
+
+    size: int
+    tag: str
+
+
+class Remote:
+    """An object or folder in object storage, named by its URL.
+
+    ``Remote("s3://bucket/train").child(SHARD_INDEX_FILE).read()``. Every
+    method raises ``RemoteError`` naming the URL. Pickles as its URL (the
+    client is made again in each process).
+    """
+
+    def __init__(self, url: str) -> None:
+        match = _URL.match(url) if isinstance(url, str) else None
+        if match is None:
+            raise RemoteError(str(url), "not a URL", "pass scheme://bucket/path, e.g. s3://bucket/train", kind="other")
+        self.scheme = match.group(1).lower()
+        self.path = match.group(2).rstrip("/")
+        self.url = f"{self.scheme}://{self.path}"
+        if self.scheme not in SCHEMES:
+            _client(self.scheme, self.url)  # raises the error naming the supported schemes
+
+    def __repr__(self) -> str:
+        return f"Remote({self.url!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Remote, (self.url,))
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec file system of this URL's scheme (one per process and environment)."""
+        return _client(self.scheme, self.url)
+
+    @property
+    def name(self) -> str:
+        """The last part of the path (``train`` of ``s3://bucket/data/train``)."""
+        return self.path.rsplit("/", 1)[-1]
+
+    def child(self, *names: str) -> Remote:
+        """The URL of ``names`` inside this folder."""
+        return Remote("/".join([self.url, *names]))
+
+    def _call(self, action: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except LmdbFolderError:  # ours already (a missing client library, a short read)
+            raise
+        except Exception as exc:
+            raise translate(exc, self.url, action) from None
+
+    def info(self) -> ObjectInfo:
+        """Size and version tag of this object (RemoteError kind "missing" if there is none)."""
+        raw = self._call("looking up the object", lambda: self.fs.info(self.path))
+        if raw.get("type") == "directory":
+            raise RemoteError(self.url, "it is a folder, not an object", kind="missing")
+        tag = raw.get("ETag") or raw.get("etag") or raw.get("generation") or raw.get("mtime") or ""
+        return ObjectInfo(int(raw["size"]), str(tag))
+
+    def exists(self) -> bool:
+        """Whether this object exists (a missing bucket is an error, not False)."""
+        try:
+            self.info()
+        except RemoteError as exc:
+            if exc.kind == "missing":
+                return False
+            raise
+        return True
+
+    def read(self, start: int | None = None, end: int | None = None) -> bytes:
+        """The object's bytes ``[start, end)`` (all of them by default)."""
+        data = self._call("reading", lambda: self.fs.cat_file(self.path, start=start, end=end))
+        if start is not None and end is not None and len(data) != end - start:
+            raise RemoteError(
+                self.url,
+                f"asked for bytes {start}..{end - 1}, got {len(data)} bytes (the object changed or was cut short)",
+                "run the same command again",
+                kind="other",
+            )
+        return bytes(data)
+
+    def write(self, data: bytes) -> None:
+        """Store ``data`` as this object (replacing it)."""
+        self._call("writing", lambda: self.fs.pipe_file(self.path, data))
+
+    def upload(self, local: str) -> None:
+        """Store the local file ``local`` as this object (the client uploads large files in parts)."""
+        self._call("uploading", lambda: self.fs.put_file(local, self.path))
+
+
+# -- resumable ranged downloads ------------------------------------------------------
+def parts_done(journal: str, header: dict[str, Any]) -> set[int]:
+    """The parts ``journal`` lists as on disk, if it was written for ``header`` (same
+    object, size, tag and part size); else the empty set."""
+    try:
+        with open(journal, encoding="ascii") as f:
+            lines = f.read().split("\n")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    try:
+        if json.loads(lines[0]) != header:
+            return set()
+    except ValueError:
+        return set()
+    done = set()
+    # The last line may be torn (killed while writing it); only whole lines count.
+    for line in lines[1:-1]:
+        if line.isdigit():
+            done.add(int(line))
+    return done
+
+
+def file_sha256(path: str, *, chunk: int = 8 << 20) -> str:
+    """SHA-256 of a local file, hex."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                return h.hexdigest()
+            h.update(block)
+
+
+def download(
+    remote: Remote,
+    dest: str,
+    *,
+    info: ObjectInfo | None = None,
+    sha256: str | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+    jobs: int = DEFAULT_JOBS,
+    on_bytes: Callable[[int], None] | None = None,
+    abort: threading.Event | None = None,
+) -> tuple[int, str]:
+    """Fetch ``remote`` into the local file ``dest``; return (bytes fetched now, SHA-256 hex).
+
+    The object is fetched in ranged parts of ``part_size`` bytes, ``jobs`` at
+    a time, each written in place into ``dest`` (preallocated to the object's
+    size) before ``dest + PARTS_SUFFIX`` records it; the file is flushed to
+    disk once, at the end. A rerun
+    fetches only the parts not recorded (if the object changed, by size or
+    tag, it starts over). The SHA-256 is computed in order as parts land
+    (the parts a rerun kept are read back from ``dest``); if ``sha256`` is
+    given and differs, ``dest`` and its journal are removed and RemoteError
+    (kind "digest") is raised, so a rerun fetches it afresh. On success the
+    journal is removed: ``dest`` is complete. ``abort``, once set (by the
+    caller, when another download of the same copy failed), stops the parts
+    not started yet.
+    """
+    if part_size < 1 or jobs < 1:
+        raise ValueError("part_size and jobs must be positive")
+    info = info or remote.info()
+    journal = dest + PARTS_SUFFIX
+    header = {"url": remote.url, "size": info.size, "tag": info.tag, "part_size": part_size}
+    nparts = max(1, -(-info.size // part_size))
+    done = parts_done(journal, header) if os.path.exists(dest) else set()
+    fd = os.open(dest, os.O_RDWR | os.O_CREAT, 0o644)
+    fetched = 0
+    try:
+        if not done:
+            os.ftruncate(fd, 0)
+            with open(journal, "w", encoding="ascii") as f:
+                f.write(json.dumps(header, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        if os.fstat(fd).st_size != info.size:
+            _allocate(fd, info.size, dest)
+        hasher = _OrderedHash(fd, info.size, part_size)
+        todo = [k for k in range(nparts) if k not in done]
+        for k in sorted(done):
+            hasher.landed(k)
+        with open(journal, "a", encoding="ascii") as log:
+
+            def fetch(k: int) -> int:
+                if abort is not None and abort.is_set():
+                    raise _Aborted
+                start = k * part_size
+                end = min(info.size, start + part_size)
+                data = remote.read(start, end) if end > start else b""
+                _write_all(fd, data, start, dest)
+                return len(data)
+
+            if todo:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+                    futures = {pool.submit(fetch, k): k for k in todo}
+                    try:
+                        for future in concurrent.futures.as_completed(futures):
+                            n = future.result()
+                            k = futures[future]
+                            # The part is in the page cache: it survives a killed process. After a
+                            # power loss the journal may list a part the disk lost; the digest
+                            # (or the record checksums) of the finished file catch that.
+                            log.write(f"{k}\n")
+                            log.flush()
+                            fetched += n
+                            if on_bytes is not None:
+                                on_bytes(n)
+                            hasher.landed(k)
+                    except BaseException:
+                        if abort is not None:
+                            abort.set()
+                        for pending in futures:
+                            pending.cancel()
+                        raise
+        digest = hasher.hexdigest()
+        os.fdatasync(fd)  # durable before the caller publishes it
+    finally:
+        os.close(fd)
+    if sha256 is not None and digest != sha256:
+        for path in (dest, journal):
+            if os.path.exists(path):
+                os.remove(path)
+        raise RemoteError(
+            remote.url,
+            f"its bytes do not match the index's digest (SHA-256 {digest[:16]}..., the index says {sha256[:16]}...); "
+            "nothing was kept",
+            "the object was changed or damaged in storage: upload the pack again (`lmdbfolder copy PACK URL`)",
+            kind="digest",
+        )
+    os.remove(journal)
+    return fetched, digest
+
+
+class _Aborted(Exception):
+    """A part not fetched because another download of the same copy failed (that error is reported)."""
+
+
+class _OrderedHash:
+    """SHA-256 of a file whose parts land out of order: the contiguous prefix is
+    hashed as it grows, read back from the file (hashlib releases the GIL, so
+    this overlaps the downloads still running)."""
+
+    def __init__(self, fd: int, size: int, part_size: int) -> None:
+        self.fd, self.size, self.part_size = fd, size, part_size
+        self.h = hashlib.sha256()
+        self.landed_parts: set[int] = set()
+        self.next = 0
+
+    def landed(self, k: int) -> None:
+        self.landed_parts.add(k)
+        while self.next in self.landed_parts:
+            start = self.next * self.part_size
+            end = min(self.size, start + self.part_size)
+            pos = start
+            while pos < end:
+                block = os.pread(self.fd, min(8 << 20, end - pos), pos)
+                if not block:
+                    raise OSError(f"the file being downloaded shrank at byte {pos}")
+                self.h.update(block)
+                pos += len(block)
+            self.landed_parts.discard(self.next)
+            self.next += 1
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+def _allocate(fd: int, size: int, dest: str) -> None:
+    # Reserve the blocks now, so a full disk is an error before the download
+    # rather than a short write in the middle (posix_fallocate is not lazy).
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot make room for {size:,} bytes ({exc.strerror})", dest) from None
+    os.ftruncate(fd, size)
+
+
+def _write_all(fd: int, data: bytes, offset: int, dest: str) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n

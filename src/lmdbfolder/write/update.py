@@ -1,0 +1,954 @@
+"""Bring a finished pack up to date with its source, in place: ``pack --update``.
+
+The result is the dataset a fresh pack of the changed source would be, as
+ImageFolder sees it (classes, ``class_to_idx``, sample order, targets,
+pixels); the cost is a ``stat`` of every source file plus reading and
+writing the files that changed (docs/design.md, "Updating a pack"):
+
+1. ``_OldPack.load``: the pack's tables (paths, labels, the size and
+   modification time of every sample's file, ``__stats__``), never a record.
+2. ``_plan``: every source file is ``stat``-ed and sorted into kept (same
+   path, size and time: its record stays where it is), relabelled (the same
+   file under another class: its record is rewritten from the pack's bytes),
+   skipped again (a file the pack skipped, unchanged) and to read (new, or
+   changed; with ``check="content"``, or where the pack recorded no time,
+   every file, and those whose record comes out the same are kept).
+3. ``_stage``: the files to read go through the writer's reading pipeline
+   into ``<dst>.update``, a small LMDB with a checkpoint (``_StageRun``), so
+   an interrupted update resumes there. Nothing of ``<dst>`` changes yet.
+4. ``_apply``: one LMDB write transaction on ``<dst>/data.mdb`` adds the new
+   records under new keys, deletes the records no sample uses any more, and
+   replaces the tables (``__order__``: which record each sample is; the
+   labels, paths, stats, skipped files, history, manifest and checksums).
+   The pack becomes format 3 (FORMAT.md). Datasets opened before keep reading
+   the version they opened, in every process (the transaction writes only
+   pages that version does not use, and LMDB's other meta page still names
+   it: ``environments.open_version``); a second update ends that, with
+   PackChangedError. A dataset opened afterwards reads the new version.
+5. ``<dst>.update`` is removed; the file is compacted only when half of it
+   is free pages (then by LMDB's compacting copy and a rename).
+
+A kill at any point leaves ``<dst>`` as it was (steps 1-3 do not touch it,
+step 4 is one transaction) or as it will be; the same command finishes the
+update.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import lmdb
+import numpy as np
+
+from lmdbfolder import environments, packdir
+from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError
+from lmdbfolder.format import (
+    CHECK_KEY,
+    DATA_FILE,
+    HISTORY_KEY,
+    KEY,
+    LABELS_KEY,
+    LOCK_FILE,
+    META_KEY,
+    NO_LABEL,
+    ORDER_KEY,
+    PATHS_KEY,
+    PROGRESS_KEY,
+    SKIPPED_KEY,
+    SKIPPED_REPORT,
+    STATS_KEY,
+    UNKNOWN_MTIME,
+    UPDATE_SUFFIX,
+    UPDATED_FORMAT_VERSION,
+    bind_record,
+    decode_record,
+    encode_check,
+    encode_history,
+    encode_key,
+    encode_meta,
+    encode_order,
+    encode_record,
+    encode_skipped,
+    encode_stats,
+    new_pack_id,
+)
+from lmdbfolder.pagefile import PageFile
+from lmdbfolder.progress import Progress
+from lmdbfolder.text import describe_changes, escape_field, plural
+from lmdbfolder.write import resume
+from lmdbfolder.write.compact import LabelList, PathList
+from lmdbfolder.write.loop import (
+    Job,
+    _labels_table,
+    _Partial,
+    _paths_table,
+    _Run,
+    _write_error,
+    check_manifest_size,
+    history_entry,
+    skipped_entries,
+)
+from lmdbfolder.write.options import CHECKS, CONTENT_CHECK, PackOptions
+from lmdbfolder.write.records import Loaded, Skipped
+from lmdbfolder.write.runtime import _keep_freed_memory
+from lmdbfolder.write.sources import SourceList
+from lmdbfolder.write.threads import default_workers
+
+__all__ = ["Changes", "Updated", "update", "staging_path", "recorded_options"]
+
+#: Free pages (a fraction of the file) from which an updated pack is compacted. LMDB
+#: reuses the pages an update frees from the update after next on, so the file
+#: stays about two updates' changes above what it holds; this much free space
+#: comes only from removing many samples at once. A compacted file holds only the
+#: new version: processes that open the pack afterwards cannot read the one before.
+COMPACT_FREE_FRACTION = 0.5
+
+# What ``_plan`` decides for each source file.
+_KEEP, _RELABEL, _READ, _SKIP_AGAIN = 0, 1, 2, 3
+# What a staged value holds: kind (u8), the file's size (u64) and mtime (i64), then
+# a record (unbound), nothing (the same record as the pack's), or a skip reason.
+_STAGED = struct.Struct("<BQq")
+_RECORD, _SAME, _SKIPPED = 0, 1, 2
+
+
+def staging_path(dst: str) -> str:
+    """Where ``pack --update`` stages the files it reads for ``dst``: ``<dst>.update``."""
+    return dst + UPDATE_SUFFIX
+
+
+@dataclass
+class Changes:
+    """What an update changed: samples ``added`` (new paths), ``removed`` (paths gone,
+    or now skipped), ``changed`` (same path, another record: new bytes or another
+    class; ``relabelled`` of them only the class), the files ``read``, the files
+    compared by content that were ``unchanged``, classes added and removed."""
+
+    added: int = 0
+    removed: int = 0
+    changed: int = 0
+    relabelled: int = 0
+    read: int = 0
+    unchanged: int = 0
+    classes_added: list[str] = field(default_factory=list)
+    classes_removed: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (``pack --update --json``)."""
+        return {
+            "added": self.added,
+            "removed": self.removed,
+            "changed": self.changed,
+            "relabelled": self.relabelled,
+            "read": self.read,
+            "unchanged": self.unchanged,
+            "classes_added": list(self.classes_added),
+            "classes_removed": list(self.classes_removed),
+        }
+
+    def summary(self) -> str:
+        """``+N / -M / ~K`` and the classes, for messages and ``info``."""
+        return describe_changes(self.as_dict())
+
+
+# -- the pack as it is --------------------------------------------------------------
+@dataclass
+class _OldPack:
+    """The finished pack at ``path``: its tables, and its file for the records an update needs."""
+
+    path: str
+    pf: PageFile
+    meta: dict[str, Any]
+    labels: np.ndarray  # int32, per sample
+    path_index: dict[bytes, int]  # path (file system bytes) -> sample index
+    stats: np.ndarray | None  # per sample: size, mtime_ns (None: not recorded)
+    order: np.ndarray | None  # per sample: record key (None: the index)
+    skipped: dict[bytes, dict[str, Any]]  # path -> {path, reason, size?, mtime_ns?}
+    history: list[dict[str, Any]]
+    binding: bytes
+    record_classes: list[str]  # the class each record header's label names
+    next_record: int
+    check: dict[bytes, tuple[int, int]]  # __check__: the tables the pack has
+
+    @classmethod
+    def load(cls, path: str) -> _OldPack:
+        pf = environments.open_data(path, readahead=False)
+        try:
+            tables = environments.load_tables(pf, path)
+            meta = tables.meta
+            if tables.version < 2 or tables.binding is None:
+                raise OptionError(
+                    f"{path} is a format-{tables.version} pack (an older lmdbfolder made it); "
+                    "it cannot be updated in place",
+                    "repack it with --overwrite (once); later changes can then use --update",
+                )
+            count = int(meta["count"])
+            labels = np.frombuffer(bytes(environments.labels_table(pf, tables, path)), dtype=np.int32)
+            blob = environments.paths_table(pf, tables, path)
+            offsets = np.frombuffer(blob, dtype="<u8", count=count + 1)
+            names = bytes(blob[(count + 1) * 8 :])
+            bounds = offsets.tolist()
+            path_index = {names[bounds[i] : bounds[i + 1]]: i for i in range(count)}
+            stats = environments.stats_table(pf, tables, path)
+            order = environments.order_table(pf, tables, path) if tables.ordered else None
+            items = environments.skipped_items(pf, tables, path)
+            skipped = {os.fsencode(str(item.get("path"))): item for item in items} if isinstance(items, list) else {}
+            history = environments.history_items(pf, tables, path)
+        except BaseException:
+            pf.close()
+            raise
+        if not history:  # a pack made before histories were kept
+            history = [history_entry("pack", str(meta.get("created_at", "")), str(meta["pack_id"]), count, added=count)]
+        names_in_records = meta.get("record_classes") if tables.version >= 3 else None
+        return cls(
+            path=path,
+            pf=pf,
+            meta=meta,
+            labels=labels,
+            path_index=path_index,
+            stats=None if stats is None else np.array(stats),
+            order=None if order is None else np.array(order),
+            skipped=skipped,
+            history=history,
+            binding=tables.binding,
+            record_classes=list(names_in_records if names_in_records is not None else meta["classes"]),
+            next_record=int(meta.get("next_record", count)) if tables.version >= 3 else count,
+            check=dict(tables.check or {}),
+        )
+
+    @property
+    def count(self) -> int:
+        return len(self.labels)
+
+    @property
+    def keys(self) -> np.ndarray:
+        """The record key of every sample (u64)."""
+        return np.arange(self.count, dtype=np.uint64) if self.order is None else self.order
+
+    def key(self, i: int) -> int:
+        """The record key of sample ``i``."""
+        return i if self.order is None else int(self.order[i])
+
+    def value(self, key: int) -> memoryview:
+        """The stored record under ``key`` (a view of the pack's map); PackError if it cannot be read."""
+        try:
+            value = self.pf.get(KEY.pack(key))
+        except Exception as exc:  # PageDamage: the pack is damaged where the update must read
+            raise PackError(
+                f"{self.path} is damaged where record key {key} is stored ({exc})",
+                "run `lmdbfolder verify` on it; repack it with --overwrite",
+            ) from None
+        if value is None:
+            raise PackError(f"{self.path} has no record under key {key}", "repack it with --overwrite")
+        return value
+
+    def value_of(self, key: bytes) -> memoryview:
+        """The stored value of the reserved key (a table) ``key``."""
+        value = environments.read_value(self.pf, key, self.path)
+        if value is None:
+            raise PackError(f"{self.path} has no {key.decode()} table", "run `lmdbfolder verify` on it")
+        return value
+
+    def close(self) -> None:
+        self.pf.close()
+
+
+def check_options(old: _OldPack, options: PackOptions) -> PackOptions:
+    """The options of the update: those the pack was made with (store, check, resize).
+
+    Options that change every record cannot be changed by an update: that is a
+    repack (OptionError saying so). ``check="content"`` keeps the pack's own
+    check for the files it reads.
+    """
+    effective = options
+    if options.check == CONTENT_CHECK:
+        params = old.meta.get("params")
+        recorded = params.get("check") if isinstance(params, dict) else None
+        effective = options.replace(check=recorded if recorded in CHECKS else "header")
+    why = effective.differences(old.meta)
+    if why is not None:
+        raise OptionError(
+            f"{old.path}: {why}; an update keeps the options of the pack (they apply to every record, "
+            "not only to the files that changed)",
+            "pass the options the pack was made with (see `lmdbfolder info`), or repack with --overwrite",
+        )
+    return effective
+
+
+# -- what to do with each source file ------------------------------------------------
+@dataclass
+class _Plan:
+    """Per source file of the new sample list (numpy arrays): its ``stat`` (size,
+    mtime; -1 when it cannot be stat-ed), its sample index in the pack (-1: none),
+    the action, and the label its record header carries (in ``record_classes``);
+    the files to read (``todo``), in order."""
+
+    sizes: np.ndarray
+    mtimes: np.ndarray
+    old_index: np.ndarray
+    action: np.ndarray
+    todo: list[int]
+    record_classes: list[str]
+    header_labels: np.ndarray
+
+    def same_samples(self, old: _OldPack, sources: SourceList) -> bool:
+        """Whether the source holds exactly the pack's samples (same files, classes and
+        order) and skipped files: no file to read, nothing to relabel, nothing gone."""
+        keep = self.action == _KEEP
+        again = int(np.count_nonzero(self.action == _SKIP_AGAIN))
+        if self.todo or again != len(old.skipped) or sources.classes != old.meta["classes"]:
+            return False
+        kept = self.old_index[keep]
+        return len(kept) == old.count and bool(np.array_equal(kept, np.arange(old.count)))
+
+    def todo_digest(self, sources: SourceList) -> str:
+        h = hashlib.sha256()
+        for s in self.todo:
+            h.update(os.fsencode(sources.relpaths[s]))
+            h.update(b"\0%d\0%d\n" % (self.header_labels[s], self.old_index[s]))
+        return h.hexdigest()
+
+
+def _raw_paths(sources: SourceList) -> list[bytes]:
+    paths = sources.relpaths
+    return list(paths.iter_raw()) if isinstance(paths, PathList) else [os.fsencode(p) for p in paths]
+
+
+def _plan(old: _OldPack, sources: SourceList, compare_content: bool) -> _Plan:
+    """``stat`` every source file and decide what to do with it (see ``_Plan``).
+
+    One Python loop does what must be done per file (a ``stat``, a dictionary
+    lookup of its path); the decisions are numpy expressions over the arrays.
+    """
+    n = len(sources)
+    raw = _raw_paths(sources)
+    root = os.fsencode(sources.root) + b"/"
+    stat, find = os.stat, old.path_index.get
+    found, sizes, mtimes = [-1] * n, [-1] * n, [UNKNOWN_MTIME] * n
+    for s, path in enumerate(raw):
+        found[s] = find(path, -1)
+        try:
+            st = stat(path if path.startswith(b"/") else root + path)
+        except OSError:
+            continue  # read it: the reader says why it is skipped
+        sizes[s], mtimes[s] = st.st_size, st.st_mtime_ns
+    old_index = np.array(found, dtype=np.int64)
+    size_of, mtime_of = np.array(sizes, dtype=np.int64), np.array(mtimes, dtype=np.int64)
+    labels = (
+        np.frombuffer(sources.labels.array, dtype=np.int32)
+        if isinstance(sources.labels, LabelList)
+        else (np.array(list(sources.labels), dtype=np.int32))
+    )
+    # Record classes only grow: a class new to the pack is appended (header labels stay).
+    record_classes = list(old.record_classes)
+    for name in sources.classes:
+        if name not in record_classes:
+            record_classes.append(name)
+    rc_index = {name: k for k, name in enumerate(record_classes)}
+    # Label -1 indexes the last entry of each map: "no label".
+    header_labels = np.array([rc_index[c] for c in sources.classes] + [NO_LABEL], dtype=np.int32)[labels]
+    new_label_of_old = np.array(
+        [sources.class_to_idx.get(c, -2) for c in old.meta["classes"]] + [NO_LABEL], dtype=np.int64
+    )
+    present = old_index >= 0
+    oi = old_index[present]
+    action = np.full(n, _READ, dtype=np.uint8)
+    if old.stats is not None and not compare_content:
+        old_size = old.stats["size"].astype(np.int64)
+        old_mtime = old.stats["mtime_ns"]
+        unchanged = np.zeros(n, dtype=bool)
+        unchanged[present] = (
+            (old_mtime[oi] != UNKNOWN_MTIME) & (old_mtime[oi] == mtime_of[present]) & (old_size[oi] == size_of[present])
+        )
+        relabel = np.zeros(n, dtype=bool)
+        relabel[present] = new_label_of_old[old.labels[oi]] != labels[present]
+        action[unchanged] = _KEEP
+        action[unchanged & relabel] = _RELABEL
+    # A file the pack skipped, unchanged: skipped again for the same reason, not read.
+    if old.skipped and not compare_content:
+        for s in np.flatnonzero(~present).tolist():
+            item = old.skipped.get(raw[s])
+            if item is not None and item.get("mtime_ns") == mtimes[s] != UNKNOWN_MTIME and item.get("size") == sizes[s]:
+                action[s] = _SKIP_AGAIN
+    todo = np.flatnonzero(action == _READ).tolist()
+    return _Plan(size_of, mtime_of, old_index, action, todo, record_classes, header_labels)
+
+
+# -- staging the files to read ------------------------------------------------------
+class _StageRun(_Run):
+    """The write loop over the files to read, into ``<dst>.update`` (keys: position in
+    the list of files to read; values: ``_STAGED`` and the record or skip reason)."""
+
+    def __init__(self, job: Job, state: _Partial, old: _OldPack, old_keys: Sequence[int]) -> None:
+        super().__init__(job, state)
+        self.old = old
+        self.old_keys = old_keys  # per file to read: the record key of its sample in the pack, or -1
+
+    def _write(self, todo: range, results: Iterable[Loaded | Skipped], progress: bool | None) -> None:
+        state = self.state
+        with Progress(len(self.sources), "update", enabled=progress, initial=state.next_source) as bar:
+            for j, result in zip(todo, results):
+                if self.interrupted:
+                    raise KeyboardInterrupt
+                if isinstance(result, Skipped):
+                    if self.options.strict:
+                        self._commit()
+                        raise SourceError(
+                            self.sources.abspath(j),
+                            result.reason,
+                            "fix or remove the file and run the same command again to resume, "
+                            "or update without --strict to skip such files",
+                        )
+                    value = _STAGED.pack(_SKIPPED, result.size, result.mtime_ns) + result.reason.encode(
+                        "utf-8", "surrogateescape"
+                    )
+                    bar.write(f"skipped {self.sources.relpaths[j]}: {result.reason}")
+                else:
+                    self.input_bytes += result.source_bytes
+                    bar.update(1, result.source_bytes)
+                    key = self.old_keys[j]
+                    if key >= 0 and _same_record(self.old.value(key), result.value):
+                        value = _STAGED.pack(_SAME, result.source_bytes, result.mtime_ns)
+                    else:
+                        value = b"".join((_STAGED.pack(_RECORD, result.source_bytes, result.mtime_ns), result.value))
+                self.batch.append((encode_key(j), value))
+                self.batch_bytes += len(value)
+                state.next_source = j + 1
+                if len(self.batch) >= self.options.commit_every or self.batch_bytes >= self.batch_limit:
+                    self._commit()
+                if self.on_progress is not None:
+                    self.on_progress(j + 1, len(self.sources))
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+    def finish(self) -> None:
+        self._commit({PROGRESS_KEY: self.state.checkpoint()})
+        self.state.env.sync(True)
+
+
+def _same_record(old: memoryview, new: bytes | bytearray | memoryview) -> bool:
+    """Whether a file read again gives the pack's record: the same header, label
+    included (both in ``record_classes``' numbering, which only grows), and the same
+    payload; not the CRC, which the binding makes differ."""
+    new_view = memoryview(new)
+    return len(old) == len(new_view) and old[:28] == new_view[:28] and old[32:] == new_view[32:]
+
+
+def _stage(
+    old: _OldPack, sources: SourceList, plan: _Plan, options: PackOptions, staging: str, progress: Any
+) -> tuple[int, int]:
+    """Read the files of ``plan.todo`` into ``staging`` (resuming what is there).
+    Returns (bytes read by this run, files done before it)."""
+    fingerprint = {
+        "update_of": str(old.meta["pack_id"]),
+        "todo": len(plan.todo),
+        "todo_sha256": plan.todo_digest(sources),
+        "root": sources.root,
+        **options.fingerprint(),
+    }
+    if os.path.lexists(staging):
+        packdir.check_replaceable(staging, hint=f"it is in the way of the update's staging folder: remove {staging}")
+    os.makedirs(staging, exist_ok=True)
+    todo_sizes = np.maximum(plan.sizes[plan.todo], 0)
+    mean = float(todo_sizes.mean()) if plan.todo else 0.0
+    map_size = int(todo_sizes.sum() * 1.6 + len(plan.todo) * 8192 + (64 << 20))
+    try:
+        state = resume._open_partial(staging, fingerprint, map_size, [])
+    except (OutputExistsError, NotAPackError):
+        # Staged for another update (the source or the pack changed since): it holds only
+        # copies of source files, so start it again.
+        packdir.remove(staging)
+        os.makedirs(staging)
+        state = resume._open_partial(staging, fingerprint, map_size, [])
+    done_before = state.next_source
+    todo_sources = SourceList(
+        sources.root,
+        sources.layout,
+        [sources.relpaths[s] for s in plan.todo],
+        plan.header_labels[plan.todo].tolist(),
+        plan.record_classes,
+        {name: k for k, name in enumerate(plan.record_classes)},
+        list_file=sources.list_file,
+    )
+    old_keys = [old.key(i) if i >= 0 else -1 for i in plan.old_index[plan.todo].tolist()]
+    job = Job(sources=todo_sources, dst=staging, options=options, on_progress=progress.on_progress)
+    run = _StageRun(job, state, old, old_keys)
+    try:
+        if state.next_source < len(plan.todo):
+            if options.space_check:
+                need = 2 * int(todo_sizes[state.next_source :].sum()) + (64 << 20)
+                free = shutil.disk_usage(staging).free
+                if need > free:
+                    raise PackError(
+                        f"the update needs about {need / 1e9:,.2f} GB but only {free / 1e9:,.2f} GB are free "
+                        f"on the disk holding {staging}",
+                        "free some space (pass --no-space-check to try anyway)",
+                    )
+            workers = options.workers
+            if workers is None:
+                # Reader processes pay off from a few hundred files; forking them costs
+                # ~10 ms each, more than reading a few small files here.
+                workers = min(default_workers(), max(1, (len(plan.todo) - state.next_source) // 256))
+            with _keep_freed_memory():
+                run.write_all(workers, mean + 64, progress.bar)
+    finally:
+        state.close()
+    return run.input_bytes, done_before
+
+
+# -- the transaction ----------------------------------------------------------------
+@dataclass
+class _Result:
+    meta: dict[str, Any]
+    changes: Changes
+    skipped: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class _Put:
+    """A record the transaction writes under ``key``: staged file ``staged`` (its
+    position in the files read), or the pack's record ``old_key`` with the header
+    label ``label`` (a relabelled file). ``size``: its bytes."""
+
+    key: int
+    size: int
+    staged: int = -1
+    old_key: int = -1
+    label: int = NO_LABEL
+
+
+@dataclass
+class _Assembly:
+    """The new version, sample by sample, before anything is written."""
+
+    keys: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))  # per sample: its record key
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    mtimes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    skipped_stats: dict[int, tuple[int, int]] = field(default_factory=dict)
+    puts: list[_Put] = field(default_factory=list)
+    deletes: list[int] = field(default_factory=list)
+    encodings: dict[str, int] = field(default_factory=dict)
+    payload_bytes: int = 0
+    next_key: int = 0
+    changes: Changes = field(default_factory=Changes)
+
+
+def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile | None) -> _Assembly:
+    """Each sample's record key (kept, or new), the records to put and to delete, the
+    tables' contents and the manifest's totals. Reads the staged files' headers and the
+    headers of the pack's records that go; no payload. Kept files are numpy
+    expressions; only the files that changed take a Python loop."""
+    out = _Assembly(
+        encodings=dict(old.meta.get("encodings") or {}),
+        payload_bytes=int(old.meta.get("payload_bytes") or 0),
+        next_key=old.next_record,
+    )
+    changes = out.changes
+    n = len(sources)
+    action, old_index = plan.action, plan.old_index
+    keys = np.zeros(n, dtype=np.uint64)
+    sizes, mtimes = plan.sizes.copy(), plan.mtimes.copy()
+    is_sample = action != _SKIP_AGAIN
+    keep = action == _KEEP
+    keys[keep] = old.keys[old_index[keep]]
+    used_old = np.zeros(old.count, dtype=bool)
+    used_old[old_index[keep]] = True
+    skipped: list[tuple[int, str]] = []
+    for s in np.flatnonzero(~is_sample).tolist():
+        item = old.skipped[os.fsencode(sources.relpaths[s])]
+        skipped.append((s, str(item.get("reason", ""))))
+        out.skipped_stats[s] = (int(sizes[s]), int(mtimes[s]))
+    todo_at = {s: j for j, s in enumerate(plan.todo)}
+
+    def count_in(encoding: str, size: int) -> None:
+        out.encodings[encoding] = out.encodings.get(encoding, 0) + 1
+        out.payload_bytes += size
+
+    for s in np.flatnonzero((action == _RELABEL) | (action == _READ)).tolist():
+        i = int(old_index[s])
+        if action[s] == _RELABEL:
+            old_key = old.key(i)
+            value = old.value(old_key)
+            key, out.next_key = out.next_key, out.next_key + 1
+            out.puts.append(_Put(key, len(value), old_key=old_key, label=int(plan.header_labels[s])))
+            count_in(decode_record(value)[0].encoding, len(value))
+            changes.changed += 1
+            changes.relabelled += 1
+            keys[s] = key
+            continue
+        found = staged.get(encode_key(todo_at[s])) if staged is not None else None
+        if found is None:
+            raise PackError(f"the staged update has no entry for {sources.relpaths[s]}", "run the update again")
+        kind, size, mtime = _STAGED.unpack_from(found)
+        body = found[_STAGED.size :]
+        changes.read += 1
+        sizes[s], mtimes[s] = size, mtime
+        if kind == _SKIPPED:
+            is_sample[s] = False
+            skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
+            if mtime != UNKNOWN_MTIME:
+                out.skipped_stats[s] = (size, mtime)
+        elif kind == _SAME:
+            keys[s] = old.key(i)
+            used_old[i] = True
+            changes.unchanged += 1
+        else:
+            key, out.next_key = out.next_key, out.next_key + 1
+            out.puts.append(_Put(key, len(body), staged=todo_at[s]))
+            count_in(decode_record(body)[0].encoding, len(body))
+            keys[s] = key
+            if i >= 0:
+                changes.changed += 1
+            else:
+                changes.added += 1
+    samples = np.flatnonzero(is_sample)
+    if not len(samples):
+        raise SourceError(sources.root, "every source file was skipped; nothing to pack")
+    out.keys, out.sizes, out.mtimes = keys[samples], sizes[samples], mtimes[samples]
+    out.skipped = sorted(skipped)
+    # Records no sample uses any more: files removed, replaced or relabelled.
+    for i in np.flatnonzero(~used_old).tolist():
+        key = old.key(i)
+        value = old.value(key)
+        encoding = _encoding_of(value)
+        if encoding in out.encodings:
+            out.encodings[encoding] -= 1
+            if not out.encodings[encoding]:
+                del out.encodings[encoding]
+        out.payload_bytes -= len(value)
+        out.deletes.append(key)
+    in_source = np.zeros(old.count, dtype=bool)
+    in_source[old_index[old_index >= 0]] = True
+    now_skipped = sum(1 for s, _ in out.skipped if old_index[s] >= 0)  # were samples, are skipped now
+    changes.removed = int(np.count_nonzero(~in_source)) + now_skipped
+    old_classes = list(old.meta["classes"])
+    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
+    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
+    return out
+
+
+def _new_tables(
+    old: _OldPack,
+    sources: SourceList,
+    plan: _Plan,
+    new: _Assembly,
+    options: PackOptions,
+    fingerprint: dict[str, Any],
+    manifest_extra: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[bytes, Any]]:
+    """The manifest (format 3, a new ``pack_id``) and every table of the new version."""
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pack_id = new_pack_id()
+    changes = new.changes
+    meta = {k: v for k, v in old.meta.items() if k not in ("skipped", "record_classes")}  # skipped: format 1
+    meta.update(
+        {
+            "format_version": UPDATED_FORMAT_VERSION,
+            "count": len(new.keys),
+            "classes": sources.classes,
+            "class_to_idx": sources.class_to_idx,
+            "pack_id": pack_id,
+            "binding_id": old.binding.hex(),
+            "next_record": new.next_key,
+            "encodings": dict(sorted(new.encodings.items())),
+            "payload_bytes": new.payload_bytes,
+            "skipped_count": len(new.skipped),
+            "source": sources.describe(),
+            "fingerprint": fingerprint,
+            "params": options.params(),
+            "updated_at": now,
+            **manifest_extra,
+        }
+    )
+    if plan.record_classes != list(sources.classes):
+        meta["record_classes"] = plan.record_classes
+    event = history_entry(
+        "update",
+        now,
+        pack_id,
+        len(new.keys),
+        **{k: v for k, v in changes.as_dict().items() if k != "unchanged"},
+        skipped=len(new.skipped),
+    )
+    skipped_set = {s for s, _ in new.skipped}
+    tables: dict[bytes, Any] = {
+        META_KEY: encode_meta(meta),
+        LABELS_KEY: _labels_table(sources.labels, skipped_set),
+        PATHS_KEY: _paths_table(sources.relpaths, skipped_set),
+        SKIPPED_KEY: encode_skipped(skipped_entries(sources.relpaths, new.skipped, new.skipped_stats)),
+        ORDER_KEY: encode_order(new.keys),
+        STATS_KEY: encode_stats(new.sizes, new.mtimes),
+        HISTORY_KEY: encode_history([*old.history, event]),
+    }
+    check_manifest_size(tables[META_KEY], sources.root)
+    tables[CHECK_KEY] = encode_check(tables)
+    return meta, tables
+
+
+def _apply(
+    old: _OldPack,
+    sources: SourceList,
+    plan: _Plan,
+    options: PackOptions,
+    staging: str | None,
+    fingerprint: dict[str, Any],
+    manifest_extra: Mapping[str, Any],
+) -> _Result:
+    """Change ``<dst>/data.mdb`` in one transaction: the new records, the tables."""
+    staged = environments.open_data(staging, readahead=True) if staging is not None else None
+    try:
+        new = _assemble(old, sources, plan, staged)
+        meta, tables = _new_tables(old, sources, plan, new, options, fingerprint, manifest_extra)
+        _commit(old, new.puts, new.deletes, tables, staged)
+    finally:
+        if staged is not None:
+            staged.close()
+    return _Result(meta, new.changes, [(sources.relpaths[s], r) for s, r in new.skipped])
+
+
+def _encoding_of(value: memoryview) -> str:
+    try:
+        return decode_record(value)[0].encoding
+    except Exception:  # a damaged record: its encoding is not counted
+        return ""
+
+
+def _record(put: _Put, old: _OldPack, staged: PageFile | None) -> bytes | bytearray:
+    """The bytes of ``put``, bound to the pack and its key (one record in memory at a time)."""
+    if put.old_key >= 0:
+        header, payload = decode_record(old.value(put.old_key))
+        return encode_record(
+            payload,
+            label=put.label,
+            encoding=header.encoding,
+            width=header.width,
+            height=header.height,
+            channels=header.channels,
+            binding=old.binding,
+            index=put.key,
+        )
+    found = staged.get(encode_key(put.staged)) if staged is not None else None
+    if found is None:
+        raise PackError(f"the staged update lost its file {put.staged}", "run the update again")
+    return bind_record(bytearray(found[_STAGED.size :]), old.binding, put.key)  # type: ignore[return-value]
+
+
+def _commit(
+    old: _OldPack,
+    puts: list[_Put],
+    deletes: list[int],
+    tables: dict[bytes, Any],
+    staged: PageFile | None = None,
+) -> None:
+    """One write transaction on the pack's ``data.mdb``: ``puts`` (their bytes made one at
+    a time: LMDB keeps the transaction's pages, spilling them to free pages past its
+    limit), ``deletes``, ``tables``. A map too small is grown and the transaction run again."""
+    size = os.path.getsize(os.path.join(old.path, DATA_FILE))
+    need = sum(p.size for p in puts) + sum(len(v) for v in tables.values())
+    map_size = size + 2 * need + (64 << 20)
+    try:
+        env = lmdb.open(
+            old.path,
+            map_size=map_size,
+            subdir=True,
+            readahead=False,
+            meminit=False,
+            max_dbs=0,
+            sync=True,
+            metasync=True,
+            writemap=False,  # a full disk must fail the commit, never SIGBUS
+        )
+    except lmdb.Error as exc:
+        raise PackError(f"cannot open {old.path} to update it: {exc}", "run `lmdbfolder verify` on it") from None
+    try:
+        while True:
+            txn = env.begin(write=True)
+            try:
+                for put in puts:
+                    txn.put(encode_key(put.key), _record(put, old, staged))
+                for key in deletes:
+                    txn.delete(encode_key(key))
+                for name, value in tables.items():
+                    txn.put(name, value)
+                txn.commit()
+                break
+            except lmdb.MapFullError:
+                txn.abort()
+                env.set_mapsize(env.info()["map_size"] * 2)
+            except lmdb.Error as exc:
+                txn.abort()
+                raise _write_error(old.path, exc) from exc
+            except BaseException:
+                txn.abort()
+                raise
+        env.sync(True)
+    finally:
+        env.close()
+    lock = os.path.join(old.path, LOCK_FILE)
+    if os.path.exists(lock):
+        os.remove(lock)  # readers never use it
+
+
+def recorded_options(dst: str | os.PathLike[str]) -> PackOptions | None:
+    """The content options (store, check, resize) the pack at ``dst`` was made with
+    (a sharded pack: its first shard's), or None when ``dst`` holds no readable pack.
+    What ``lmdbfolder pack --update`` uses for the options it is not given."""
+    from lmdbfolder.format import decode_meta
+    from lmdbfolder.write.options import Resize
+
+    found = packdir.inspect(dst)
+    try:
+        if found.kind is packdir.Kind.SHARDED:
+            root, index = packdir.load_index(found.path)
+            path = os.path.join(root, index["shards"][0]["name"])
+        elif found.kind is packdir.Kind.PACK:
+            path = found.path
+        else:
+            return None
+        meta = decode_meta(environments.read_manifest(path), where=path)
+        params: dict[str, Any] = meta["params"] if isinstance(meta.get("params"), dict) else {}
+        check = params.get("check")
+        return PackOptions(
+            store=str(meta["store"]),
+            check=check if check in ("none", "header", "decode") else "header",
+            resize=Resize.from_params(params),
+        )
+    except (NotAPackError, OptionError, TypeError, ValueError, KeyError):
+        return None
+
+
+# -- the entry point ------------------------------------------------------------------
+class _Progress:
+    """The progress hooks of an update (a bar, and ``on_progress`` of the caller)."""
+
+    def __init__(self, bar: bool | None, on_progress: Any) -> None:
+        self.bar = bar
+        self.on_progress = on_progress
+
+
+@dataclass
+class Updated:
+    """What ``update`` did: the pack's manifest now, what changed (None: no sample
+    changed, nothing was read), the bytes read, the files staged before this run
+    (an interrupted update resumed), and the skipped source files."""
+
+    meta: dict[str, Any]
+    changes: Changes | None
+    read_bytes: int
+    resumed_from: int
+    skipped: list[tuple[str, str]]
+    compacted: bool = False
+
+
+def update(
+    sources: SourceList,
+    dst: str,
+    options: PackOptions,
+    *,
+    manifest_extra: Mapping[str, Any] | None = None,
+    on_progress: Any = None,
+) -> Updated:
+    """Bring the finished pack ``dst`` up to date with ``sources`` (the caller holds the
+    writer lock): the steps of the module docstring."""
+    staging = staging_path(dst)
+    old = _OldPack.load(dst)
+    try:
+        effective = check_options(old, options)
+        fingerprint = resume.pack_fingerprint(sources, effective, manifest_extra)
+        plan = _plan(old, sources, options.check == CONTENT_CHECK or old.stats is None)
+        if plan.same_samples(old, sources):
+            if old.meta.get("fingerprint") != fingerprint or _extra_changed(old.meta, manifest_extra):
+                # The same samples from a source described otherwise (moved, or a
+                # shard whose place in its split moved): the manifest only.
+                meta = _rewrite_manifest(old, sources, effective, fingerprint, dict(manifest_extra or {}))
+            else:
+                meta = old.meta
+            _finish_up(dst, staging, old)
+            skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in old.skipped.values()]
+            return Updated(meta, None, 0, 0, skipped)
+        read_bytes, before = 0, 0
+        if plan.todo:
+            progress = _Progress(options.progress, on_progress)
+            read_bytes, before = _stage(old, sources, plan, effective, staging, progress)
+        staged = staging if plan.todo else None
+        result = _apply(old, sources, plan, effective, staged, fingerprint, dict(manifest_extra or {}))
+    finally:
+        old.close()
+    _write_report(dst, staging, sources.root, result.skipped)
+    if os.path.lexists(staging):
+        packdir.remove(staging)
+    compacted = _compact_if_sparse(dst)
+    return Updated(result.meta, result.changes, read_bytes, before, result.skipped, compacted)
+
+
+def _rewrite_manifest(
+    old: _OldPack,
+    sources: SourceList,
+    options: PackOptions,
+    fingerprint: dict[str, Any],
+    manifest_extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Put a manifest with this source's description into the pack, in one transaction;
+    the samples, their tables and the pack id stay as they are."""
+    meta = dict(old.meta)
+    meta.update({"source": sources.describe(), "fingerprint": fingerprint, "params": options.params()})
+    meta.update(manifest_extra)
+    tables: dict[bytes, Any] = {META_KEY: encode_meta(meta)}
+    check_manifest_size(tables[META_KEY], sources.root)
+    covered = {key: old.value_of(key) for key in old.check if key != META_KEY}
+    tables[CHECK_KEY] = encode_check({**covered, META_KEY: tables[META_KEY]})
+    _commit(old, [], [], tables)
+    return meta
+
+
+def _extra_changed(meta: Mapping[str, Any], extra: Mapping[str, Any] | None) -> bool:
+    return any(meta.get(k) != v for k, v in (extra or {}).items())
+
+
+def _finish_up(dst: str, staging: str, old: _OldPack) -> None:
+    """An update that finds nothing to do: remove a staging folder an interrupted one
+    left (its transaction had committed), and write ``skipped.txt`` again."""
+    items = [(str(item.get("path")), str(item.get("reason", ""))) for item in old.skipped.values()]
+    source = old.meta.get("source")
+    root = str(source.get("root")) if isinstance(source, dict) else ""
+    _write_report(dst, staging, root, items)
+    if os.path.lexists(staging):
+        packdir.remove(staging)
+
+
+def _write_report(dst: str, staging: str, root: str, skipped: Sequence[tuple[str, str]]) -> None:
+    """``<dst>/skipped.txt`` for the new version: written in the staging folder (ours, so
+    a kill leaves nothing foreign in ``dst``), then renamed into place."""
+    path = os.path.join(dst, SKIPPED_REPORT)
+    if not skipped:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    os.makedirs(staging, exist_ok=True)
+    tmp = os.path.join(staging, SKIPPED_REPORT)
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(
+            f"# {plural(len(skipped), 'source file')} not packed (path<TAB>reason), relative to {root}\n"
+            "# a backslash, tab, newline or carriage return in a path or reason is written as \\\\, \\t, \\n, \\r\n"
+        )
+        for p, reason in skipped:
+            f.write(f"{escape_field(p)}\t{escape_field(reason)}\n")
+    os.replace(tmp, path)
+
+
+def _compact_if_sparse(dst: str) -> bool:
+    """Compact the updated pack when half of it is free pages (``COMPACT_FREE_FRACTION``):
+    LMDB's compacting copy, renamed over ``data.mdb`` (a process that has the old file
+    mapped keeps reading it)."""
+    from lmdbfolder.write.output import _compact_if_needed
+
+    if not _compact_if_needed(dst, free_fraction=COMPACT_FREE_FRACTION):
+        return False
+    packdir.fsync_path(dst)
+    return True

@@ -1,0 +1,243 @@
+"""Staged reading: LMDBFolder("s3://...", cache_dir=...) on a real S3 API (moto's server on 127.0.0.1).
+
+Shards are fetched into the cache as the sampler will read them, so the first
+batch comes when the first shards have landed, not all of them; the epoch is
+the local pack's, sample for sample; DataLoader workers (fork and spawn) and
+the prefetch thread share one cache with one download per shard; a cache
+limit evicts what no rank needs any more; a tampered shard is never opened;
+several "nodes" (gloo ranks with their own cache folders) each stage only
+their share. Downloads are counted by a proxy in front of the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import S3, Proxy, free_port
+from lmdbfolder import copy_pack
+from lmdbfolder.errors import RemoteError
+from lmdbfolder.format import DATA_FILE, SHARD_INDEX_FILE
+from lmdbfolder.write.shards import pack_sharded
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+from torchvision.transforms import PILToTensor  # noqa: E402
+
+from lmdbfolder.read.staging import StagedPack  # noqa: E402
+from lmdbfolder.sampler import ExactDistributedSampler  # noqa: E402
+from lmdbfolder.torch import LMDBFolder  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def noise_tree(root: Path, classes: int, per_class: int, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        for k in range(per_class):
+            path = root / f"class{c}" / f"img{k:02d}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)).save(path, quality=90)
+    return root
+
+
+@pytest.fixture
+def uploaded(s3: S3, tmp_path: Path) -> tuple[Path, str]:
+    """An 8-shard pack of 128 images (16 per shard), here and in the bucket."""
+    local = tmp_path / "train"
+    pack_sharded(noise_tree(tmp_path / "tree", classes=8, per_class=16), local, shards=8, progress=False)
+    url = s3.url("train")
+    copy_pack(local, url)
+    return local, url
+
+
+def shard_sizes(local: Path) -> dict[str, int]:
+    index = json.loads((local / SHARD_INDEX_FILE).read_text())
+    return {e["name"]: (local / e["name"] / DATA_FILE).stat().st_size for e in index["shards"]}
+
+
+def fetched_shards(proxy: Proxy) -> set[str]:
+    with proxy.lock:
+        return {path.split("/")[-2] for path in proxy.sent if path.split("?")[0].endswith("/" + DATA_FILE)}
+
+
+def assert_one_download_per_shard(proxy: Proxy, sizes: dict[str, int]) -> None:
+    with proxy.lock:
+        per_shard: dict[str, int] = {}
+        requests: dict[str, int] = {}
+        for path, n in proxy.sent.items():
+            if path.split("?")[0].endswith("/" + DATA_FILE):
+                name = path.split("/")[-2]
+                per_shard[name] = per_shard.get(name, 0) + n
+        for _, path in proxy.requests:
+            if path.split("?")[0].endswith("/" + DATA_FILE):
+                name = path.split("/")[-2]
+                requests[name] = requests.get(name, 0) + 1
+    for name, n in per_shard.items():
+        assert n <= sizes[name] + 1024 * requests[name], (name, n, sizes[name])  # once, plus headers
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_first_batch_before_every_shard_landed_and_the_epoch_is_the_local_packs(
+    s3: S3, proxy: Proxy, uploaded: tuple[Path, str], tmp_path: Path, context: str
+) -> None:
+    local, url = uploaded
+    proxy.reset()
+    staged = LMDBFolder(url, cache_dir=tmp_path / "cache", transform=PILToTensor())
+    reference = LMDBFolder(local, transform=PILToTensor())
+    assert len(staged) == len(reference) and staged.classes == reference.classes
+    assert fetched_shards(proxy) == set()  # opening fetched the index only
+
+    def sampler(ds: Any) -> ExactDistributedSampler:
+        return ExactDistributedSampler(ds, 1, 0, seed=7, order="nodes", nodes=1, shards_at_once=1)
+
+    loader = DataLoader(staged, batch_size=4, sampler=sampler(staged), num_workers=2, multiprocessing_context=context)
+    batches = iter(loader)
+    first = next(batches)
+    at_first_batch = fetched_shards(proxy)
+    got = [first, *batches]
+    # the first batch needed one shard; the prefetch reads one ahead, and the loader
+    # has asked for a few batches more: far from all 8
+    assert 1 <= len(at_first_batch) <= 3, at_first_batch
+    assert len(fetched_shards(proxy)) == 8
+    expected = list(DataLoader(reference, batch_size=4, sampler=sampler(reference), num_workers=0))
+    assert len(got) == len(expected) == 32
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    assert_one_download_per_shard(proxy, shard_sizes(local))
+
+
+def test_a_cache_limit_evicts_what_no_rank_needs_any_more(
+    s3: S3, proxy: Proxy, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    local, url = uploaded
+    sizes = shard_sizes(local)
+    limit = 3 * max(sizes.values())
+    ds = LMDBFolder(url, cache_dir=tmp_path / "cache", cache_limit=limit)
+    staging = ds.reader.staging  # type: ignore[union-attr]
+    sampler = ExactDistributedSampler(ds, 1, 0, seed=1, order="nodes", nodes=1, shards_at_once=1)
+    proxy.reset()
+    most = 0
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for i in sampler:
+            ds[i]
+            most = max(most, staging.cached_bytes())
+            assert most <= limit
+    assert len(staging.staged()) <= 3
+    # the second epoch had to fetch again what was evicted, but never one shard twice in a row
+    assert len(fetched_shards(proxy)) == 8
+
+
+def test_a_tampered_shard_is_never_opened(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
+    local, url = uploaded
+    name = sorted(shard_sizes(local))[3]
+    blob = bytearray((local / name / DATA_FILE).read_bytes())
+    blob[len(blob) // 2] ^= 1
+    s3.client().pipe_file(f"{s3.bucket}/train/{name}/{DATA_FILE}", bytes(blob))
+    ds = LMDBFolder(url, cache_dir=tmp_path / "cache")
+    ds[0]  # shard 0 is fine
+    first_of_3 = ds.reader.shard_offsets[3]  # type: ignore[union-attr]
+    with pytest.raises(RemoteError) as caught:
+        ds[first_of_3]
+    assert caught.value.kind == "digest" and name in caught.value.url
+    staging = ds.reader.staging  # type: ignore[union-attr]
+    assert 3 not in staging.staged() and not os.path.exists(staging.path(3))
+
+
+HOLD_NEEDS = """
+import sys
+from lmdbfolder.read.staging import StagedPack
+pack = StagedPack(sys.argv[1], sys.argv[2], ahead=0)
+pack.follow([(2, 10), (5, 20)], linger=0)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_eviction_spares_shards_in_use_and_shards_a_live_rank_needs(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    _, url = uploaded
+    cache = str(tmp_path / "cache")
+    pack = StagedPack(url, cache, ahead=0)
+    for k in (0, 2):
+        pack.ensure(k)
+    with pack.reading(0):
+        assert not pack.evict(0)  # a process is opening it
+    assert pack.evict(0) and pack.staged() == [2]
+
+    # another rank of the node (its own process) follows a sampler: its list counts while it lives
+    rank = subprocess.Popen(
+        [sys.executable, "-c", HOLD_NEEDS, url, cache], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        assert pack.needed_soonest() == {2: 0, 5: 1}
+        rank.kill()  # kill -9: its list must no longer count
+        rank.wait()
+        assert pack.needed() == set()
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
+
+
+def test_several_nodes_each_stage_only_their_share(s3: S3, tmp_path: Path) -> None:
+    """2 "nodes" x 2 gloo ranks, each node its own cache folder and its own proxy (to count
+    its downloads); 4 equal shards, node-local order, 3 epochs."""
+    local = tmp_path / "train"
+    pack_sharded(noise_tree(tmp_path / "tree", classes=4, per_class=10), local, shards=4, progress=False)
+    url = s3.url("nodes")
+    copy_pack(local, url)
+    sizes = shard_sizes(local)
+    proxies = [Proxy(s3.endpoint) for _ in range(2)]
+    result = tmp_path / "result.json"
+    spec = {"url": url, "epochs": 3, "nodes": 2, "caches": [str(tmp_path / f"node{k}") for k in range(2)]}
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({**spec, "result": str(result)}))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "_node_worker.py"), str(spec_file)],
+            env={**env, **s3.env(proxies[rank // 2].endpoint), "RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(4)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            outputs.append((p.returncode, out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for proxy in proxies:
+            proxy.close()
+    failed = [(rank, code, out[-3000:]) for rank, (code, out) in enumerate(outputs) if code != 0]
+    assert not failed, failed
+    rows = json.loads(result.read_text())
+    assert len(rows) == 3
+    for row in rows:
+        assert row["missing"] == 0 and row["duplicated"] == 0 and row["seen"] == 40, row
+        for node in range(2):
+            assert row["downloaded"][node] <= 0.6 * 4, row  # <= 60 % of the shards per epoch
+            assert row["read"][node] == 2, row  # each node reads exactly its 2 shards
+    for proxy in proxies:
+        assert_one_download_per_shard(proxy, sizes)  # one download per shard per node

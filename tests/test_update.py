@@ -1,0 +1,680 @@
+"""``pack --update``: a pack brought up to date with its changed source, in place.
+
+Every check compares with real oracles: torchvision's ImageFolder on the
+changed tree (classes, class_to_idx, samples, targets, pixels of every
+sample) and a fresh pack of it. Interruptions are real ``SIGKILL``s of a
+child process at counted points (after the K-th file read, before and after
+the transaction), never sleeps; readers are real DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import image_bytes, make_small_tree, write
+from lmdbfolder import (
+    NotAPackError,
+    OptionError,
+    PackChangedError,
+    Reader,
+    Resize,
+    SourceError,
+    copy_pack,
+    open_pack,
+    pack,
+    pack_sharded,
+    verify,
+)
+from lmdbfolder.cli import main
+from lmdbfolder.cli.common import EXIT_CODES
+from lmdbfolder.format import CHECK_KEY, ORDER_KEY, STATS_KEY, TABLE_KEYS, UNKNOWN_MTIME, encode_check, encode_order
+from lmdbfolder.write import records
+from lmdbfolder.write.update import staging_path
+
+SRC_DIR = Path(__file__).resolve().parents[1] / "src"
+
+
+# -- helpers -------------------------------------------------------------------------
+def tree(
+    root: Path, classes: tuple[str, ...] = ("cat", "dog", "emu"), per_class: int = 6, seed: int = 0, scale: int = 1
+) -> Path:
+    """An ImageFolder tree of small RGB JPEGs (distinct sizes, so every file differs);
+    ``scale`` makes them larger (a few pages each, as photos are)."""
+    rng = np.random.default_rng(seed)
+    for c, name in enumerate(classes):
+        for k in range(per_class):
+            data, _ = image_bytes("rgb_jpeg", rng, w=(16 + k) * scale, h=(12 + c) * scale)
+            write(root / name / f"img{k:02d}.jpg", data)
+    return root
+
+
+def small_change(src: Path) -> None:
+    """A class before every other (every label shifts), a file added and one rewritten."""
+    new_image(src / "aardvark" / "a0.jpg", 200, w=60, h=40)
+    new_image(src / "dog" / "img00b.jpg", 201, w=60, h=40)
+    new_image(src / "cat" / "img01.jpg", 202, w=64, h=40)
+
+
+def new_image(path: Path, seed: int, w: int = 21, h: int = 14, kind: str = "rgb_jpeg") -> None:
+    """Write a new image at ``path`` (a new file, or a file rewritten in place)."""
+    data, _ = image_bytes(kind, np.random.default_rng(seed), w=w, h=h)
+    write(path, data)
+
+
+def change_tree(src: Path) -> dict[str, Any]:
+    """Add files and a class sorting before the others, remove files and a class, rewrite files."""
+    new_image(src / "aardvark" / "a0.jpg", 100)  # a new class before every other: every label shifts
+    new_image(src / "aardvark" / "a1.png", 101, kind="rgba_png")
+    new_image(src / "dog" / "img99.jpg", 102)  # added at the end of a class
+    new_image(src / "dog" / "img00b.jpg", 103)  # added in the middle
+    os.remove(src / "cat" / "img03.jpg")
+    for name in os.listdir(src / "emu"):  # a class removed
+        os.remove(src / "emu" / name)
+    os.rmdir(src / "emu")
+    new_image(src / "cat" / "img01.jpg", 104, w=30)  # rewritten in place, another size
+    before = (src / "dog" / "img02.jpg").stat()
+    new_image(src / "dog" / "img02.jpg", 105, w=18, h=13)  # rewritten, maybe the same size
+    os.utime(src / "dog" / "img02.jpg", ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    return {"added": 4, "removed": 7, "changed": 2, "classes_added": ["aardvark"], "classes_removed": ["emu"]}
+
+
+def contents(path: Path) -> dict[str, Any]:
+    """What a pack shows a reader (no ids, times, format version or record keys)."""
+    with open_pack(path) as r:
+        return {
+            "classes": r.classes,
+            "class_to_idx": r.class_to_idx,
+            "labels": list(r.labels),
+            "paths": r.paths(),
+            "records": [(rec.label, rec.encoding, rec.width, rec.height, bytes(rec.payload)) for rec in r],
+            "store": r.store,
+        }
+
+
+def assert_imagefolder(src: Path, pack_path: Path) -> None:
+    """The pack is ImageFolder of ``src``: classes, class_to_idx, samples, targets, every sample's pixels."""
+    from torchvision.datasets import ImageFolder
+
+    from lmdbfolder.torch import LMDBFolder
+
+    theirs = ImageFolder(str(src))
+    ours = LMDBFolder(str(pack_path))
+    assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
+    assert [(os.path.relpath(p, src), t) for p, t in theirs.samples] == [
+        (os.path.relpath(p, src), t) for p, t in ours.samples
+    ]
+    assert ours.targets == theirs.targets
+    for i in range(len(theirs)):
+        (a, ta), (b, tb) = theirs[i], ours[i]
+        assert ta == tb and np.array_equal(np.asarray(a), np.asarray(b)), i
+
+
+def fresh(src: Path, tmp_path: Path, **options: Any) -> Path:
+    out = tmp_path / f"fresh-{len(list(tmp_path.iterdir()))}"
+    pack(src, out, progress=False, **options)
+    return out
+
+
+class CountReads:
+    """Counts the source files read in this process (``workers=1`` reads here)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.paths: list[str] = []
+        original = records._read_file
+
+        def counting(path: str, alloc: Any = None) -> Any:
+            self.paths.append(os.path.basename(path))
+            return original(path, alloc)
+
+        monkeypatch.setattr(records, "_read_file", counting)
+
+
+# -- the result is a fresh pack of the changed tree ---------------------------------------
+def test_update_equals_a_fresh_pack_of_the_changed_tree(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    first = pack(src, dst, progress=False)
+    old_id = Reader(dst).pack_id
+    expected = change_tree(src)
+    result = pack(src, dst, update=True, progress=False)
+    assert not result.already_packed and result.changes is not None
+    got = result.changes.as_dict()
+    assert {k: got[k] for k in expected} == expected
+    assert result.count == first.count + 4 - 7
+    assert_imagefolder(src, dst)
+    assert contents(dst) == contents(fresh(src, tmp_path))
+    report = verify(dst, decode=True, progress=False)
+    assert report.ok, report.problems
+    with Reader(dst) as r:
+        assert r.format_version == 3 and r.pack_id != old_id
+        assert r.meta["record_classes"] == ["cat", "dog", "emu", "aardvark"]  # the headers' class names
+        history = r.history()
+    assert [h["event"] for h in history] == ["pack", "update"]
+    assert {k: history[1][k] for k in expected} == expected
+    # A second update: nothing changed.
+    again = pack(src, dst, update=True, progress=False)
+    assert again.already_packed and again.changes is None
+
+
+def test_update_of_an_unchanged_tree_reads_and_writes_nothing(
+    small_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dst = tmp_path / "p"
+    pack(small_tree, dst, progress=False)
+    data = dst / "data.mdb"
+    before = (data.stat().st_mtime_ns, data.stat().st_size, data.read_bytes())
+    reads = CountReads(monkeypatch)
+    result = pack(small_tree, dst, update=True, workers=1, progress=False)
+    assert result.already_packed and result.input_bytes == 0 and reads.paths == []
+    assert (data.stat().st_mtime_ns, data.stat().st_size, data.read_bytes()) == before
+    assert not os.path.exists(staging_path(str(dst)))
+
+
+def test_update_reads_only_the_changed_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tree(tmp_path / "src", per_class=8)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    new_image(src / "cat" / "img03.jpg", 7, w=40)
+    new_image(src / "dog" / "new.jpg", 8)
+    os.remove(src / "emu" / "img05.jpg")
+    reads = CountReads(monkeypatch)
+    looked_up: list[int] = []
+    from lmdbfolder.write import update as update_module
+
+    original = update_module._OldPack.value
+
+    def value(self: Any, key: int) -> Any:
+        looked_up.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(update_module._OldPack, "value", value)
+    result = pack(src, dst, update=True, workers=1, progress=False)
+    assert sorted(reads.paths) == ["img03.jpg", "new.jpg"]
+    assert result.changes is not None and result.changes.read == 2
+    # Of the pack, only the records of the files that changed or went (compared with
+    # the file read again; their size and encoding leave the totals).
+    assert sorted(set(looked_up)) == [3, 8 * 2 + 5]
+    assert_imagefolder(src, dst)
+
+
+def test_content_check_finds_a_file_rewritten_with_its_old_size_and_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    target = src / "dog" / "img01.jpg"
+    st = target.stat()
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x55  # same size; the JPEG still decodes
+    target.write_bytes(bytes(data))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert pack(src, dst, update=True, progress=False).already_packed  # size and time: nothing to see
+    reads = CountReads(monkeypatch)
+    result = pack(src, dst, update=True, check="content", workers=1, progress=False)
+    assert result.changes is not None
+    assert (result.changes.changed, result.changes.unchanged, result.changes.read) == (1, 17, 18)
+    assert len(reads.paths) == 18
+    assert_imagefolder(src, dst)
+    with Reader(dst) as r:
+        assert r.meta["params"]["check"] == "header"  # the pack's own check, kept
+
+
+def test_a_pack_without_recorded_file_times_is_compared_by_content(tmp_path: Path) -> None:
+    """Packs made before file times were recorded: the first update reads every file
+    and keeps the records whose bytes did not change."""
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    env = lmdb.open(str(dst), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        txn.delete(STATS_KEY)
+        tables = {key: txn.get(key) for key in TABLE_KEYS if txn.get(key) is not None}
+        txn.put(CHECK_KEY, encode_check(tables))
+    env.close()
+    assert verify(dst, progress=False).ok
+    new_image(src / "cat" / "new.jpg", 9)
+    result = pack(src, dst, update=True, progress=False)
+    assert result.changes is not None
+    assert (result.changes.added, result.changes.unchanged, result.changes.read) == (1, 18, 19)
+    assert_imagefolder(src, dst)
+    assert pack(src, dst, update=True, progress=False).already_packed  # times recorded now
+
+
+def test_list_file_relabel_rewrites_the_record_without_reading_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = make_small_tree(tmp_path / "src")
+    listing = tmp_path / "list.txt"
+    names = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg"))
+    listing.write_text("".join(f"{n} {k % 3}\n" for k, n in enumerate(names)))
+    dst = tmp_path / "p"
+    pack(src, dst, list_file=listing, progress=False)
+    lines = listing.read_text().splitlines()
+    lines[4] = lines[4].rsplit(" ", 1)[0] + " 7"  # a label fixed: class "7" is new
+    del lines[0]
+    listing.write_text("\n".join(lines) + "\n")
+    reads = CountReads(monkeypatch)
+    result = pack(src, dst, list_file=listing, update=True, workers=1, progress=False)
+    assert reads.paths == []
+    assert result.changes is not None
+    assert (result.changes.relabelled, result.changes.removed) == (1, 1)
+    assert contents(dst) == contents(fresh(src, tmp_path, list_file=listing))
+    assert verify(dst, progress=False).ok
+
+
+def test_a_file_touched_and_relabelled_gets_its_new_label(tmp_path: Path) -> None:
+    """Read again (its time changed) with the same bytes but another class: a new record."""
+    src = make_small_tree(tmp_path / "src")
+    listing = tmp_path / "list.txt"
+    names = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg"))
+    listing.write_text("".join(f"{n} {k % 3}\n" for k, n in enumerate(names)))
+    dst = tmp_path / "p"
+    pack(src, dst, list_file=listing, progress=False)
+    lines = listing.read_text().splitlines()
+    lines[4] = lines[4].rsplit(" ", 1)[0] + " 0"
+    listing.write_text("\n".join(lines) + "\n")
+    touched = src / names[4]
+    st = touched.stat()
+    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    result = pack(src, dst, list_file=listing, update=True, progress=False)
+    assert result.changes is not None and (result.changes.read, result.changes.changed) == (1, 1)
+    assert contents(dst) == contents(fresh(src, tmp_path, list_file=listing))
+    assert verify(dst, progress=False).ok
+
+
+def test_flat_folder_update(tmp_path: Path) -> None:
+    src = tmp_path / "flat"
+    for k in range(6):
+        new_image(src / f"{k}.jpg", k)
+    dst = tmp_path / "p"
+    pack(src, dst, layout="flat", progress=False)
+    new_image(src / "2b.jpg", 50)
+    os.remove(src / "4.jpg")
+    pack(src, dst, layout="flat", update=True, progress=False)
+    assert contents(dst) == contents(fresh(src, tmp_path, layout="flat"))
+
+
+def test_skipped_files_follow_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tree(tmp_path / "src")
+    write(src / "cat" / "zero.jpg", b"")
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    reads = CountReads(monkeypatch)
+    write(src / "dog" / "bad.jpg", b"not a jpeg")
+    result = pack(src, dst, update=True, workers=1, progress=False)
+    assert reads.paths == ["bad.jpg"]  # the old bad file is skipped again without reading it
+    assert sorted(p for p, _ in result.skipped) == ["cat/zero.jpg", "dog/bad.jpg"]
+    new_image(src / "cat" / "zero.jpg", 3)  # fixed
+    result = pack(src, dst, update=True, progress=False)
+    assert result.changes is not None and result.changes.added == 1
+    assert [p for p, _ in result.skipped] == ["dog/bad.jpg"]
+    expect = fresh(src, tmp_path)
+    assert contents(dst) == contents(expect)
+    assert (dst / "skipped.txt").read_text().splitlines()[2:] == (expect / "skipped.txt").read_text().splitlines()[2:]
+
+
+def test_options_that_change_every_record_need_overwrite(small_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "p"
+    pack(small_tree, dst, progress=False)
+    with pytest.raises(OptionError, match='packed with store="encoded"') as info:
+        pack(small_tree, dst, update=True, store="raw", progress=False)
+    assert "overwrite=True" in str(info.value)
+    with pytest.raises(OptionError, match=r"not resize=Resize\(8, 90"):
+        pack(small_tree, dst, update=True, resize=Resize(8), progress=False)
+    with pytest.raises(OptionError, match="pass one of them"):
+        pack(small_tree, dst, update=True, overwrite=True, progress=False)
+    with pytest.raises(OptionError, match="it needs update=True"):
+        pack(small_tree, dst, check="content", progress=False)
+    # The CLI takes the pack's own options for those it is not given.
+    raw = tmp_path / "raw"
+    assert main(["pack", str(small_tree), str(raw), "--store", "raw", "--no-progress"]) == 0
+    new_image(small_tree / "class0" / "extra.jpg", 1)
+    assert main(["pack", str(small_tree), str(raw), "--update", "--no-progress"]) == 0
+    assert contents(raw) == contents(fresh(small_tree, tmp_path, store="raw"))
+    assert main(["pack", str(small_tree), str(raw), "--update", "--store", "encoded"]) == EXIT_CODES["usage"]
+
+
+def test_update_of_a_missing_pack_packs_it(small_tree: Path, tmp_path: Path) -> None:
+    result = pack(small_tree, tmp_path / "p", update=True, progress=False)
+    assert result.changes is None and not result.already_packed and result.count == 12
+
+
+# -- interrupted updates --------------------------------------------------------------------
+_CHILD = """
+import os, signal, sys
+sys.path.insert(0, {src!r})
+import lmdbfolder.write.update as update
+from lmdbfolder import pack_sources, scan
+
+point, k = sys.argv[1], int(sys.argv[2])
+
+def die(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def on_progress(done, total):
+    if point == "read" and done == k:
+        die()
+
+if point == "before_commit":
+    update._commit = die
+elif point == "after_commit":
+    commit = update._commit
+    def after(*args, **kwargs):
+        commit(*args, **kwargs)
+        die()
+    update._commit = after
+elif point == "after_report":
+    update._compact_if_sparse = die
+pack_sources(scan({tree!r}), {dst!r}, update=True, workers=int(sys.argv[3]), commit_every=2,
+             on_progress=on_progress, progress=False)
+print("finished")
+"""
+
+
+def _run_child(src: Path, dst: Path, point: str, k: int, workers: int = 1) -> subprocess.CompletedProcess[str]:
+    code = _CHILD.format(src=str(SRC_DIR), tree=str(src), dst=str(dst))
+    return subprocess.run(
+        [sys.executable, "-c", code, point, str(k), str(workers)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_kill_at_any_point_leaves_the_old_or_the_new_version(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src", per_class=5)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    old = contents(dst)
+    old_id = Reader(dst).pack_id
+    saved = tmp_path / "saved"
+    os.makedirs(saved)
+    (saved / "data.mdb").write_bytes((dst / "data.mdb").read_bytes())
+    change_tree(src)
+    expected = contents(fresh(src, tmp_path))
+    to_read = 4  # the changed and new files
+    points = [("read", k) for k in range(1, to_read + 1)] + [("before_commit", 0), ("after_commit", 0)]
+    points += [("after_report", 0), ("read", 2)]
+    for n, (point, k) in enumerate(points):
+        (dst / "data.mdb").write_bytes((saved / "data.mdb").read_bytes())  # the old version again
+        for leftover in (dst / "skipped.txt", dst / "lock.mdb"):
+            leftover.unlink(missing_ok=True)
+        done = _run_child(src, dst, point, k, workers=2 if n % 2 else 1)
+        assert done.returncode == -signal.SIGKILL, (point, k, done.stderr[-2000:])
+        report = verify(dst, progress=False)
+        assert report.ok, (point, k, report.problems)
+        committed = point in ("after_commit", "after_report")
+        assert (Reader(dst).pack_id == old_id) is not committed, (point, k)
+        assert contents(dst) == (expected if committed else old), (point, k)
+        if point == "read" and k == 2 and n == len(points) - 1:
+            new_image(src / "dog" / "late.jpg", 77)  # the source changes before the rerun
+            expected = contents(fresh(src, tmp_path))
+        again = pack(src, dst, update=True, progress=False)
+        assert again.already_packed is committed, (point, k)
+        assert contents(dst) == expected, (point, k)
+        assert verify(dst, progress=False).ok
+        assert not os.path.exists(staging_path(str(dst)))
+
+
+def test_an_interrupted_update_resumes_its_staged_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tree(tmp_path / "src", per_class=5)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    for k in range(6):
+        new_image(src / "dog" / f"new{k}.jpg", 30 + k)
+    done = _run_child(src, dst, "read", 4)
+    assert done.returncode == -signal.SIGKILL
+    reads = CountReads(monkeypatch)
+    result = pack(src, dst, update=True, workers=1, commit_every=2, progress=False)
+    assert result.resumed_from == 4 and reads.paths == ["new4.jpg", "new5.jpg"]
+    assert_imagefolder(src, dst)
+
+
+# -- readers during and after an update -------------------------------------------------
+def _pixels_digest(img: Image.Image) -> str:
+    return hashlib.sha256(img.tobytes()).hexdigest()
+
+
+def _digests(path: Path) -> list[tuple[str, int]]:
+    with Reader(path) as r:
+        return [(_pixels_digest(r.image(i)), r.labels[i]) for i in range(len(r))]
+
+
+def test_dataloader_workers_never_mix_versions(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from lmdbfolder.torch import LMDBFolder
+
+    src = tree(tmp_path / "src", per_class=8, scale=4)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    old = _digests(dst)
+    ds = LMDBFolder(str(dst), transform=_pixels_digest)
+    loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=list)
+    seen: list[tuple[str, int]] = []
+    for b, batch in enumerate(loader):
+        seen += batch
+        if b == 1:  # both workers are reading: change the pack under them
+            small_change(src)
+            result = pack(src, dst, update=True, progress=False)
+            assert result.changes is not None and not result.compacted
+    assert seen == old  # the epoch read the version it started with, every sample
+    new = _digests(dst)
+    assert new != old
+    # The next epoch's new workers still read the version this dataset opened.
+    assert [s for batch in loader for s in batch] == old
+    # A new dataset reads the new version.
+    renewed = DataLoader(LMDBFolder(str(dst), transform=_pixels_digest), num_workers=2, collate_fn=list)
+    assert [s for batch in renewed for s in batch] == new
+    # Updated a second time: the old dataset is told, at a batch, never served a mix.
+    new_image(src / "cat" / "another.jpg", 61)
+    pack(src, dst, update=True, progress=False)
+    with pytest.raises(Exception, match="replaced since this dataset was opened"):
+        list(loader)
+    # Workers that keep their map (persistent) read the version they opened through
+    # one update; after a second one they say so at the next batch.
+    current = _digests(dst)
+    persistent = DataLoader(
+        LMDBFolder(str(dst), transform=_pixels_digest),
+        batch_size=4,
+        num_workers=2,
+        collate_fn=list,
+        persistent_workers=True,
+    )
+    assert [s for batch in persistent for s in batch] == current
+    new_image(src / "cat" / "one-more.jpg", 62)
+    pack(src, dst, update=True, progress=False)
+    assert [s for batch in persistent for s in batch] == current
+    new_image(src / "cat" / "and-another.jpg", 63)
+    pack(src, dst, update=True, progress=False)
+    with pytest.raises(Exception, match="updated in place more than once"):
+        list(persistent)
+
+
+def _read_all(reader: Reader) -> list[str]:
+    return [hashlib.sha256(bytes(rec.payload)).hexdigest() for rec in reader]
+
+
+def test_a_process_started_after_one_update_reads_the_version_its_parent_opened(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src", scale=4)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    reader = Reader(dst)  # opened: tables read, no map kept
+    old = _read_all(Reader(dst))
+    small_change(src)
+    assert not pack(src, dst, update=True, progress=False).compacted
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_read_all, (reader,)) == old
+    assert _read_all(reader) == old and len(reader) == len(old)
+    new_image(src / "cat" / "x.jpg", 5)
+    pack(src, dst, update=True, progress=False)
+    with pytest.raises(PackChangedError, match="updated in place more than once"):
+        reader.get(0)  # mapped here: two transactions since the version it reads
+    with (
+        multiprocessing.get_context("spawn").Pool(1) as pool,
+        pytest.raises(PackChangedError, match="replaced since this dataset was opened"),
+    ):
+        pool.apply(_read_all, (reader,))
+
+
+# -- format 3 on the inside ------------------------------------------------------------
+def test_verify_finds_what_is_wrong_in_an_updated_pack(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    change_tree(src)
+    pack(src, dst, update=True, progress=False)
+    env = lmdb.open(str(dst), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        order = np.frombuffer(txn.get(ORDER_KEY), dtype="<u8").copy()
+        order[1] = order[0]  # two samples, one record (checksums made to match: a forged pack)
+        txn.put(ORDER_KEY, encode_order(order))
+        tables = {key: txn.get(key) for key in TABLE_KEYS if txn.get(key) is not None}
+        txn.put(CHECK_KEY, encode_check(tables))
+    env.close()
+    problems = verify(dst, progress=False).problems
+    assert [p.kind for p in problems] == ["order", "extra"], problems  # a key twice; a record no sample names
+
+
+def test_updated_packs_copy_verify_against_their_source_and_refuse_damage(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    change_tree(src)
+    pack(src, dst, update=True, progress=False)
+    copied = tmp_path / "copy"
+    copy_pack(dst, copied)
+    assert contents(copied) == contents(dst) and verify(copied, progress=False).ok
+    report = verify(dst, against=src, decode=True, progress=False)
+    assert report.ok, report.problems
+    # A flipped bit in the record order: refused on open, named by verify.
+    data = dst / "data.mdb"
+    blob = bytearray(data.read_bytes())
+    with Reader(dst) as r:
+        order = r._file().get(ORDER_KEY)
+        assert order is not None
+        at = blob.find(bytes(order))
+    blob[at + 8] ^= 0x01
+    data.write_bytes(bytes(blob))
+    with pytest.raises(NotAPackError, match="__order__ table is damaged"):
+        Reader(dst).get(0)
+    assert any("__order__" in p.message for p in verify(dst, progress=False).problems)
+
+
+def test_fresh_packs_record_file_times_and_history(small_tree: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "p"
+    pack(small_tree, dst, progress=False)
+    with Reader(dst) as r:
+        assert r.format_version == 2  # a fresh pack is still format 2: older readers open it
+        assert r.history()[0]["event"] == "pack" and r.history()[0]["count"] == 12
+    from lmdbfolder import environments
+
+    pf = environments.open_data(str(dst))
+    stats = environments.stats_table(pf, environments.load_tables(pf, str(dst)), str(dst))
+    assert stats is not None and int(stats["mtime_ns"][0]) == (small_tree / "class0" / "img0.jpg").stat().st_mtime_ns
+    assert int(stats["size"][5]) == (small_tree / "class1" / "img1.jpg").stat().st_size
+    assert UNKNOWN_MTIME not in stats["mtime_ns"]
+    pf.close()
+
+
+def test_records_of_a_resumed_pack_are_compared_by_content_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files read before an interruption may have changed while the pack was stopped:
+    their time is not recorded, and the first update compares their bytes."""
+    src = tree(tmp_path / "src")
+    write(src / "dog" / "img02.jpg", b"broken")
+    dst = tmp_path / "p"
+    with pytest.raises(SourceError):
+        pack(src, dst, strict=True, workers=1, commit_every=2, progress=False)
+    new_image(src / "dog" / "img02.jpg", 11)  # fixed: the rerun resumes after the first files
+    assert pack(src, dst, strict=True, workers=1, commit_every=2, progress=False).resumed_from > 0
+    from lmdbfolder import environments
+
+    pf = environments.open_data(str(dst))
+    mtimes = environments.stats_table(pf, environments.load_tables(pf, str(dst)), str(dst))["mtime_ns"].tolist()
+    pf.close()
+    unknown = mtimes.count(UNKNOWN_MTIME)
+    assert 0 < unknown < len(mtimes) and mtimes[:unknown] == [UNKNOWN_MTIME] * unknown
+    reads = CountReads(monkeypatch)
+    result = pack(src, dst, update=True, workers=1, progress=False)
+    assert result.changes is not None and result.changes.unchanged == unknown == len(reads.paths)
+    assert pack(src, dst, update=True, progress=False).already_packed  # known now
+    assert_imagefolder(src, dst)
+
+
+def test_info_shows_the_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    assert main(["pack", str(src), str(dst), "--no-progress"]) == 0
+    change_tree(src)
+    assert main(["pack", str(src), str(dst), "--update", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "+4 / -7 / ~2; +1 class (aardvark); -1 class (emu)" in out
+    assert main(["info", str(dst), "--sizes", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "packed: 18 samples" in out and "updated: +4 / -7 / ~2" in out
+    assert main(["info", str(dst), "--json", "--sizes", "0"]) == 0
+    history = json.loads(capsys.readouterr().out)["history"]
+    assert [h["event"] for h in history] == ["pack", "update"]
+    assert main(["pack", str(src), str(dst), "--update", "--no-progress"]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+# -- sharded packs ---------------------------------------------------------------------
+def test_sharded_update_rewrites_only_the_changed_shards(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src", classes=("a", "b", "c", "d"), per_class=4)
+    dst = tmp_path / "sh"
+    pack_sharded(src, dst, shards=4, progress=False)
+    before = {e["name"]: e["pack_id"] for e in json.loads((dst / "index.json").read_text())["shards"]}
+    new_image(src / "b" / "img01b.jpg", 70)  # shard 1
+    os.remove(src / "c" / "img02.jpg")  # shard 2
+    result = pack_sharded(src, dst, update=True, progress=False)
+    assert result.changes is not None and (result.changes.added, result.changes.removed) == (1, 1)
+    assert [s.kept for s in result.shards] == [True, False, False, True]
+    index = json.loads((dst / "index.json").read_text())
+    after = {e["name"]: e["pack_id"] for e in index["shards"]}
+    assert [before[n] == after[n] for n in sorted(before)] == [True, False, False, True]
+    assert [h["event"] for h in index["history"]] == ["pack", "update"]
+    assert_imagefolder(src, dst)
+    assert verify(dst, progress=False).ok
+    new_image(src / "0first" / "x.jpg", 71)  # a class before every other: every shard's labels shift
+    assert main(["pack", str(src), str(dst), "--update", "--no-progress"]) == 0
+    assert_imagefolder(src, dst)
+    assert verify(dst, progress=False).ok
+    assert pack_sharded(src, dst, update=True, progress=False).already_packed
+
+
+def test_sharded_update_killed_before_the_index_reads_as_the_old_version(tmp_path: Path) -> None:
+    src = tree(tmp_path / "src", classes=("a", "b", "c"), per_class=4)
+    dst = tmp_path / "sh"
+    pack_sharded(src, dst, shards=3, progress=False)
+    old = contents(dst)
+    new_image(src / "a" / "new.jpg", 80)
+    new_image(src / "c" / "new.jpg", 81)
+    code = f"""
+import os, signal, sys
+sys.path.insert(0, {str(SRC_DIR)!r})
+import lmdbfolder.write.shards as shards
+shards.write_index = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+shards.pack_sharded({str(src)!r}, {str(dst)!r}, update=True, progress=False)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    # Every shard is updated, the index is the old one: the old version, whole and checked.
+    assert contents(dst) == old
+    report = verify(dst, progress=False)
+    assert report.ok, report.problems
+    pack_sharded(src, dst, update=True, progress=False)
+    assert_imagefolder(src, dst)

@@ -3,6 +3,7 @@
 Usage:
     python benchmarks/profile_batches.py PACK [--mode default|fast] [--regions 0|1] [--batches 45]
         [--header-check on|off|both] [--rounds 5]
+    python benchmarks/profile_batches.py PACK --mode fast --loader threads|workers|workers-dc [--n 2]
 
 ``default`` is ``LMDBFolder(PACK, transform=T.Compose([T.RandomResizedCrop(224),
 T.RandomHorizontalFlip(), T.PILToTensor()]))`` (torchvision's own transform, fused
@@ -22,6 +23,17 @@ payload costs (issue 22: ``ReadPlan.claim`` before the box is drawn,
 times with the check and as often with it switched off (patched out in this
 process), alternating, and it prints the CPU time per image of each (the
 median round) and the difference; ``off`` profiles without the check.
+
+``--loader`` measures a mode through a real DataLoader instead (batches of 64,
+shuffled, after 8 warm-up batches; no profiler): ``threads`` is
+``num_workers=0`` with ``threads=N`` and ``collate_fn=collate``; ``workers`` is
+``num_workers=N`` (persistent) with ``collate_fn=collate``; ``workers-dc`` the same
+with torch's default collate. It prints the CPU time per image of the whole process
+tree (main process and workers apart), minor page faults per image, and for
+``threads`` the CPU of each thread: the main thread's excess over the others is the
+work no other thread can share (the boxes' random numbers, reading the records),
+the limit on how far threads scale. The CPU time of a mode less the one-process
+``__getitems__`` time (the first form) is what moving the batches costs.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import sys
 import time
 
 
@@ -42,21 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--header-check", choices=["on", "off", "both"], default="on")
     parser.add_argument("--rounds", type=int, default=5, help="with --header-check both: rounds of each")
+    parser.add_argument("--loader", choices=["threads", "workers", "workers-dc"], help="measure through a DataLoader")
+    parser.add_argument("--n", type=int, default=2, help="threads or workers for --loader (default 2)")
     args = parser.parse_args(argv)
     os.environ["LMDBFOLDER_REGIONS"] = args.regions  # before the first decode in this process
+    if args.loader:
+        return through_loader(args)
 
     import torch
-    from torchvision import transforms as T
 
-    from lmdbfolder import fused
     from lmdbfolder.torch import LMDBFolder
 
-    if args.mode == "default":
-        tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
-        ds = LMDBFolder(args.pack, transform=tf)
-    else:
-        tf = T.Compose([fused.RandomResizedCrop(224, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
-        ds = LMDBFolder(args.pack, transform=tf, threads=1)
+    ds = LMDBFolder(args.pack, transform=_transform(args.mode), threads=1)
     torch.manual_seed(0)
     order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).tolist()
     batches = [order[i : i + 64] for i in range(0, 64 * (args.batches + 5), 64)]
@@ -137,6 +147,128 @@ def _header_check_cost(ds: object, timed: list[list[int]], n: int, args: argpars
     print("  rounds, us per image: on " + ", ".join(f"{1e6 * t / n:,.0f}" for t in times[True]))
     print("                        off " + ", ".join(f"{1e6 * t / n:,.0f}" for t in times[False]))
     return 0
+
+
+def _transform(mode: str) -> object:
+    from torchvision import transforms as T
+
+    from lmdbfolder import fused
+
+    if mode == "default":
+        return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
+    return T.Compose([fused.RandomResizedCrop(224, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
+
+
+def _stat(path: str) -> tuple[float, int]:
+    """(CPU seconds, minor faults) of a /proc/.../stat file."""
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+def _threads() -> dict[str, float]:
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out[tid] = _stat(f"/proc/self/task/{tid}/stat")[0]
+        except OSError:
+            continue
+    return out
+
+
+def through_loader(args: argparse.Namespace) -> int:
+    """``--loader``: CPU per image of a mode through a DataLoader, by process and thread."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from lmdbfolder.torch import LMDBFolder, collate
+
+    kw: dict[str, object] = {"batch_size": 64, "shuffle": True, "drop_last": True}
+    spent = {"getitems": 0.0, "run": 0.0}
+    if args.loader == "threads":
+        # The main thread's CPU inside __getitems__ and inside the parallel decode
+        # (ReadPlan.run): the difference is the work only the main thread does.
+        from lmdbfolder.read.plan import ReadPlan
+
+        def timed(cls: type, name: str, key: str) -> None:
+            real = getattr(cls, name)
+
+            def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+                t0 = time.thread_time()
+                try:
+                    return real(*a, **k)
+                finally:
+                    spent[key] += time.thread_time() - t0
+
+            setattr(cls, name, wrapper)
+
+        timed(LMDBFolder, "__getitems__", "getitems")
+        timed(ReadPlan, "run", "run")
+        ds = LMDBFolder(args.pack, transform=_transform(args.mode), threads=args.n)
+        loader = DataLoader(ds, num_workers=0, collate_fn=collate, **kw)  # type: ignore[arg-type]
+    else:
+        ds = LMDBFolder(args.pack, transform=_transform(args.mode))
+        if args.loader == "workers":
+            kw["collate_fn"] = collate
+        loader = DataLoader(ds, num_workers=args.n, persistent_workers=True, **kw)  # type: ignore[arg-type]
+    torch.manual_seed(0)
+
+    def batches():  # type: ignore[no-untyped-def]
+        while True:
+            yield from loader
+
+    it = batches()
+    for _ in range(8):
+        next(it)
+    me = os.getpid()
+    kids = _children(me)
+    spent.update(getitems=0.0, run=0.0)
+    main_thread0 = time.thread_time()
+    main0, kids0, threads0 = _stat(f"/proc/{me}/stat"), [_stat(f"/proc/{k}/stat") for k in kids], _threads()
+    n = 0
+    for _ in range(args.batches):
+        x, _y = next(it)
+        n += len(x)
+        del x, _y
+    main1, kids1, threads1 = _stat(f"/proc/{me}/stat"), [_stat(f"/proc/{k}/stat") for k in kids], _threads()
+    main_thread = time.thread_time() - main_thread0
+    main_cpu, main_faults = main1[0] - main0[0], main1[1] - main0[1]
+    kid_cpu = sum(b[0] - a[0] for a, b in zip(kids0, kids1))
+    kid_faults = sum(b[1] - a[1] for a, b in zip(kids0, kids1))
+    print(
+        f"{args.pack}, {args.mode}, {args.loader} x{args.n}: {1e6 * (main_cpu + kid_cpu) / n:,.0f} us of CPU per image "
+        f"(main process {1e6 * main_cpu / n:,.0f}, workers {1e6 * kid_cpu / n:,.0f}); minor faults per image: "
+        f"main {main_faults / n:.1f}, workers {kid_faults / n:.1f} ({n} images)"
+    )
+    if args.loader == "threads":
+        used = sorted(((threads1[t] - threads0.get(t, 0.0), t) for t in threads1), reverse=True)
+        main_tid = str(me)
+        per = {t: 1e6 * c / n for c, t in used if c > 0}
+        print(
+            "  CPU per image by thread: "
+            + ", ".join(f"{'main' if t == main_tid else 'thread'} {v:,.0f} us" for t, v in per.items())
+        )
+        serial = 1e6 * (spent["getitems"] - spent["run"]) / n
+        outside = 1e6 * (main_thread - spent["getitems"]) / n
+        print(
+            f"  work only the main thread does, per image: {serial:,.0f} us in __getitems__ outside the threads' "
+            f"part (records, boxes), {outside:,.0f} us in the DataLoader and collate"
+        )
+    sys.stdout.flush()
+    os._exit(0)  # persistent workers: leave at once
 
 
 #: What the compiled and library calls on the read path are, by a piece of their profile name;

@@ -173,6 +173,36 @@ def test_a_corrupt_record_in_a_batch_names_the_record(mixed: Path, tmp_path: Pat
         ds.__getitems__([0, 1, 3, 4])
 
 
+def test_with_threads_the_first_failing_image_is_named(mixed: Path, tmp_path: Path) -> None:
+    # Threads take the images one at a time in any order; the error is still the
+    # first failing image's, as with one thread.
+    import shutil
+
+    import lmdb
+
+    shutil.copytree(mixed / "p", tmp_path / "p")
+    paths = LMDBFolder(tmp_path / "p").reader.paths()
+    photos = [i for i, p in enumerate(paths) if int(p.split("/")[-1][:2]) % 3 == 0]  # the photo_jpeg files
+    a, b = photos[1], photos[-1]
+    env = lmdb.open(str(tmp_path / "p"), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        for index in (a, b):
+            # The headers stay (the record's claim holds), the image data after them is gone.
+            header, payload = decode_record(bytes(txn.get(KEY.pack(index))))
+            keep = bytes(payload).index(b"\xff\xda") + 40  # up to just past the start of scan
+            broken = bytes(payload[:keep]) + b"\x00" * (len(payload) - keep)
+            fields = {"width": header.width, "height": header.height, "channels": header.channels}
+            txn.put(KEY.pack(index), encode_record(broken, label=header.label, encoding="jpeg", **fields))
+    env.close()
+    crop = fused.RandomResizedCrop(40, output="tensor")
+    others = [i for i in range(18) if i not in (a, b)]
+    for threads in (1, 2, 3):
+        ds = LMDBFolder(tmp_path / "p", transform=crop, verify_checksums=False, threads=threads)
+        for order, first in (([b, *others, a], b), ([*others[:5], a, *others[5:], b], a)):
+            with pytest.raises(DecodeError, match=rf"record {first} "):
+                ds.__getitems__(order)
+
+
 def test_default_decoder_is_the_fastest_that_matches_pillow(mixed: Path) -> None:
     ds = LMDBFolder(mixed / "p")
     assert ds.decoder == resolve_decoder_name("auto")

@@ -10,7 +10,7 @@ the bottom (docs/design.md, "Module boundaries"):
 1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
    which share only the core;
 2. the tools (``lmdbfolder.tools``);
-3. the PyTorch layer (``torch``, ``fused``, ``sampler``, ``gpu``);
+3. the PyTorch layer (``torch``, ``fused``, ``sampler``, ``gpu``, ``transport``);
 4. the benchmarks and the demo (``lmdbfolder.bench``);
 5. the command line (``lmdbfolder.cli``) and the package's public surface.
 
@@ -30,7 +30,7 @@ import lmdbfolder
 
 PACKAGE = Path(lmdbfolder.__file__).parent
 CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text", "remote"}
-TORCH = {"torch", "fused", "sampler", "gpu"}
+TORCH = {"torch", "fused", "sampler", "gpu", "transport"}
 TOP = {"", "__main__", "cli"}
 TESTS = Path(__file__).parent
 

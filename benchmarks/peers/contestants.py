@@ -57,11 +57,16 @@ class Contestant:
     env: str  # "lmdbfolder": lmdbfolder's interpreter; "peers": the peers venv; "baseline": either
     fmt: str  # the prepared data it reads (several rows share one); "tree": the JPEG tree itself
     parallelism: str  # what "W workers" means for it
+    versus: str | None = None  # the FFCV row of the same resolution, for the "x FFCV" column
 
 
 #: lmdbfolder's fast settings: FFCV's model, one process whose decode threads
 #: make each batch (the decoders and OpenCV release the GIL), no transfer.
 LMDBFOLDER_THREADS = "lmdbfolder threads (DataLoader num_workers=0, threads=max(W,1))"
+#: The fast settings through DataLoader worker processes, with lmdbfolder's collate_fn ...
+LMDBFOLDER_WORKERS = "DataLoader workers (threads=1, collate_fn=lmdbfolder.torch.collate)"
+#: ... and with torch's default collate (the drop-in case: nothing to know).
+LMDBFOLDER_WORKERS_DC = "DataLoader workers (threads=1, torch's default collate_fn)"
 
 CONTESTANTS: tuple[Contestant, ...] = (
     Contestant("imagefolder", "torchvision ImageFolder", "baseline", "tree", "DataLoader workers"),
@@ -82,49 +87,81 @@ CONTESTANTS: tuple[Contestant, ...] = (
     ),
     Contestant(
         "lmdbfolder-fast",
-        "lmdbfolder fast settings, full-res (fused crop, batch path)",
+        "lmdbfolder fast, full-res, threads=W, num_workers=0",
         "lmdbfolder",
         "lmdbfolder-full",
         LMDBFOLDER_THREADS,
+        "ffcv-full",
     ),
     Contestant(
         "lmdbfolder-fast-workers",
-        "lmdbfolder fast settings, full-res, in DataLoader workers",
+        "lmdbfolder fast, full-res, W workers, collate_fn=collate",
         "lmdbfolder",
         "lmdbfolder-full",
-        "DataLoader workers (threads=1, collate_fn=lmdbfolder.torch.collate)",
+        LMDBFOLDER_WORKERS,
+        "ffcv-full",
+    ),
+    Contestant(
+        "lmdbfolder-fast-workers-dc",
+        "lmdbfolder fast, full-res, W workers, default collate",
+        "lmdbfolder",
+        "lmdbfolder-full",
+        LMDBFOLDER_WORKERS_DC,
+        "ffcv-full",
     ),
     Contestant(
         "lmdbfolder-256",
-        "lmdbfolder --max-size 256 + fast settings",
+        "lmdbfolder --max-size 256 fast, threads=W, num_workers=0",
         "lmdbfolder",
         "lmdbfolder-256",
         LMDBFOLDER_THREADS,
+        "ffcv-256",
     ),
     Contestant(
         "lmdbfolder-256-workers",
-        "lmdbfolder --max-size 256 + fast settings, in DataLoader workers",
+        "lmdbfolder --max-size 256 fast, W workers, collate_fn=collate",
         "lmdbfolder",
         "lmdbfolder-256",
-        "DataLoader workers (threads=1, collate_fn=lmdbfolder.torch.collate)",
+        LMDBFOLDER_WORKERS,
+        "ffcv-256",
+    ),
+    Contestant(
+        "lmdbfolder-256-workers-dc",
+        "lmdbfolder --max-size 256 fast, W workers, default collate",
+        "lmdbfolder",
+        "lmdbfolder-256",
+        LMDBFOLDER_WORKERS_DC,
+        "ffcv-256",
     ),
     Contestant(
         "lmdbfolder-256-raw",
-        "lmdbfolder --max-size 256 --store raw + fast settings",
+        "lmdbfolder --max-size 256 --store raw fast, threads=W",
         "lmdbfolder",
         "lmdbfolder-256-raw",
         LMDBFOLDER_THREADS,
+        "ffcv-256",
     ),
     Contestant(
         "lmdbfolder-256-webp",
-        "lmdbfolder --max-size 256 --format webp + fast settings",
+        "lmdbfolder --max-size 256 --format webp fast, threads=W",
         "lmdbfolder",
         "lmdbfolder-256-webp",
         LMDBFOLDER_THREADS,
+        "ffcv-256",
     ),
-    Contestant("ffcv-full", "FFCV full-res (JPEG q90)", "peers", "ffcv-full", "FFCV threads (num_workers=max(W,1))"),
     Contestant(
-        "ffcv-256", "FFCV max_resolution=256 (JPEG q90)", "peers", "ffcv-256", "FFCV threads (num_workers=max(W,1))"
+        "ffcv-full",
+        "FFCV full-res (JPEG q90), its ImageNet pipeline",
+        "peers",
+        "ffcv-full",
+        "FFCV threads (num_workers=max(W,1))",
+    ),
+    Contestant(
+        "ffcv-256",
+        "FFCV max_resolution=256 (JPEG q90), its ImageNet pipeline",
+        "peers",
+        "ffcv-256",
+        "FFCV threads (num_workers=max(W,1))",
     ),
     Contestant("dali", "NVIDIA DALI (CPU pipeline)", "peers", "tree", "DALI threads (num_threads=max(W,1))"),
     Contestant("spdl", "Meta SPDL", "peers", "tree", "SPDL threads (concurrency=max(W,1))"),
@@ -141,6 +178,8 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "lmdbfolder-default-whole": ("torch", "torchvision", "PIL", "lmdbfolder"),
     "lmdbfolder-fast": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-fast-workers": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
+    "lmdbfolder-fast-workers-dc": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
+    "lmdbfolder-256-workers-dc": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256-workers": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256-raw": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
@@ -330,6 +369,8 @@ def loader_lmdbfolder(name: str, work: str, workers: int, batch: int) -> Any:
     tf = T.Compose([fused.RandomResizedCrop(SIZE, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
     if name.endswith("-workers"):
         return dataloader(LMDBFolder(path, transform=tf), workers, batch, collate_fn=collate)
+    if name.endswith("-workers-dc"):  # the drop-in case: torch's default collate_fn
+        return dataloader(LMDBFolder(path, transform=tf), workers, batch)
     # Fast settings: the batch path on max(W, 1) threads of this process (as FFCV's threads).
     return dataloader(LMDBFolder(path, transform=tf, threads=max(workers, 1)), 0, batch, collate_fn=collate)
 
@@ -433,8 +474,16 @@ def prepare_ffcv(fmt: str, tree: str, out: str) -> dict[str, Any]:
 
 
 def loader_ffcv(name: str, work: str, workers: int, batch: int, seed: int) -> Any:
-    """FFCV's Loader: its fused RandomResizedCrop decoder, flip, to a contiguous
-    uint8 CHW torch tensor (``ToTorchImage(channels_last=False)``)."""
+    """FFCV's Loader as its ImageNet example builds it (ffcv-imagenet's
+    train_imagenet.py, ``create_train_loader``; see benchmarks/README.md): its fused
+    RandomResizedCrop decoder, flip, ``ToTensor``, ``ToTorchImage()`` (the default,
+    ``channels_last=True``: an N x 3 x H x W view of FFCV's N x H x W x 3 batch, for
+    a channels_last model), ``os_cache`` on (the example's configs set
+    ``in_memory: 1``). Not the example's GPU steps (``ToDevice``, ``NormalizeImage``):
+    every contestant delivers uint8 on the CPU. The order is RANDOM, as the example
+    uses it with ``distributed``; without, it uses QUASI_RANDOM, which FFCV's own
+    docstring calls "mostly useful when os_cache=False" (a page-local order for
+    reads from disk; here every format is in the page cache)."""
     from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
@@ -452,7 +501,7 @@ def loader_ffcv(name: str, work: str, workers: int, batch: int, seed: int) -> An
                 RandomResizedCropRGBImageDecoder((SIZE, SIZE)),
                 RandomHorizontalFlip(),
                 ToTensor(),
-                ToTorchImage(channels_last=False),
+                ToTorchImage(),
             ],
             "label": [IntDecoder(), ToTensor(), Squeeze()],
         },
@@ -719,6 +768,17 @@ def _tree_cpu_seconds() -> float:
     return sum(times.get(pid, 0.0) for pid in mine)
 
 
+def machine_busy_seconds() -> tuple[float, float]:
+    """CPU seconds every process on the machine has used since boot (user, nice,
+    system, irq, softirq, and steal: time this VM's CPUs were taken by the host), and
+    the steal part alone, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / tick, steal / tick
+
+
 def run(
     name: str, tree: str, work: str, workers: int, images: int, warmup: int, batch: int, seed: int
 ) -> dict[str, Any]:
@@ -752,6 +812,7 @@ def run(
         seen += len(x)
     first = time.perf_counter() - start
     cpu0 = _tree_cpu_seconds()
+    busy0, steal0 = machine_busy_seconds()
     t0 = time.perf_counter()
     n = 0
     while n < images:
@@ -765,15 +826,22 @@ def run(
             raise RuntimeError(f"{name}: {len(x)} images but {len(y)} labels")
         n += len(x)
     seconds = time.perf_counter() - t0
+    busy1, steal1 = machine_busy_seconds()
     cpu = _tree_cpu_seconds() - cpu0
     return {
         "images": n,
         "seconds": seconds,
         "img_s": n / seconds,
         "cpu_ms_per_img": 1000 * cpu / n,
+        # What the rest of the machine used meanwhile, in cores: all the CPU time
+        # /proc/stat counts, less this run's own process tree (the driver waits idle).
+        "other_cores": max(0.0, (busy1 - busy0) - cpu) / seconds,
+        "steal_cores": (steal1 - steal0) / seconds,
+        "own_cores": cpu / seconds,
         "startup_s": first,
         "torch_threads": torch.get_num_threads(),
         "contiguous": bool(x.is_contiguous()),
+        "channels_last": bool(x.is_contiguous(memory_format=torch.channels_last)),
     }
 
 

@@ -47,6 +47,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import RESIZE_BACKENDS, Box
 from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import BatchItemError, CropSpec, ReadPlan
+from lmdbfolder.transport import pool
 
 __all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe", "TransformPlan"]
 
@@ -117,14 +118,31 @@ class RandomResizedCrop(T.RandomResizedCrop):
         if not caps.answer("torchvision.fast_boxes", _fast_boxes_ok):
             return self._torchvision_box
         scale, ratio = tuple(self.scale), tuple(self.ratio)
-        # float32 logarithms, as get_params computes them (torch.log of a float tensor).
-        logs = torch.log(torch.tensor(ratio))
-        log_ratio = (float(logs[0]), float(logs[1]))
+        log_ratio = _log_ratio(ratio)
 
         def draw(width: int, height: int) -> Box:
             return _draw_box(width, height, scale, ratio, log_ratio)
 
         return draw
+
+    def batch_drawer(self, caps: Capabilities | None = None) -> BatchDrawer | None:
+        """The boxes of a whole batch and the flips after them, drawn in bulk: a
+        function ``(sizes, flip) -> (boxes, flips)`` giving what ``drawer()`` then
+        ``torch.rand(1) < flip`` give sample by sample, in that order (the same
+        numbers, the same count of random numbers consumed), or None when that was
+        not confirmed here (checked once per process; see ``_draw_boxes``)."""
+        caps = current() if caps is None else caps
+        if not caps.answer("torchvision.fast_boxes", _fast_boxes_ok) or not caps.answer(
+            "torchvision.batch_boxes", _batch_boxes_ok
+        ):
+            return None
+        scale, ratio = tuple(self.scale), tuple(self.ratio)
+        log_ratio = _log_ratio(ratio)
+
+        def draw_many(sizes: Sequence[tuple[int, int]], flip: float | None) -> tuple[list[Box], list[bool]]:
+            return _draw_boxes(sizes, flip, scale, ratio, log_ratio)
+
+        return draw_many
 
     def _torchvision_box(self, width: int, height: int) -> Box:
         shape_only = torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
@@ -202,6 +220,163 @@ def _draw_box(
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _log_ratio(ratio: Sequence[float]) -> tuple[float, float]:
+    # float32 logarithms, as get_params computes them (torch.log of a float tensor).
+    logs = torch.log(torch.tensor(tuple(ratio)))
+    return float(logs[0]), float(logs[1])
+
+
+#: ``(sizes, flip probability or None) -> (boxes, flips)``: ``RandomResizedCrop.batch_drawer``.
+BatchDrawer = Callable[[Sequence[tuple[int, int]], "float | None"], tuple[list[Box], list[bool]]]
+
+
+def _draw_boxes(
+    sizes: Sequence[tuple[int, int]],
+    flip: float | None,
+    scale: Sequence[float],
+    ratio: Sequence[float],
+    log_ratio: tuple[float, float],
+) -> tuple[list[Box], list[bool]]:
+    """For each ``(width, height)`` in order, ``_draw_box`` then (unless ``flip`` is
+    None) ``bool(torch.rand(1) < flip)``: the same values and the same count of
+    random numbers consumed, with a few torch calls per batch instead of ~9 per sample.
+
+    Every one of those per-sample draws takes one 32-bit number from the CPU
+    generator (float32 ``uniform_``, and ``random_`` below 2**28). So the next ``k``
+    numbers are drawn once for each way they can be used — as the area's uniform,
+    the aspect ratio's ``exp(uniform)``, the flip's ``rand``, and as the raw number
+    (its low 31 bits, and the number modulo 3, give it whole) for the ``randint``
+    of top and left — with the generator's state put back before each pass, and the
+    samples then read their values in the order they draw them. Finally the state is
+    put back and advanced by exactly the count used. ``_batch_boxes_ok`` confirms
+    all this against the per-sample draws once per process.
+    """
+    n = len(sizes)
+    k = 7 * n + 16  # ~5.7 numbers per sample on 4:3 photos with torchvision's scale and ratio
+    while True:
+        state = torch.get_rng_state()
+        try:
+            low = torch.empty(k, dtype=torch.int32).random_().tolist()  # the low 31 bits
+            torch.set_rng_state(state)
+            mod3 = torch.empty(k, dtype=torch.int64).random_(0, 3).tolist()
+            torch.set_rng_state(state)
+            areas = torch.empty(k).uniform_(scale[0], scale[1]).tolist()
+            torch.set_rng_state(state)
+            aspects = torch.empty(k).uniform_(log_ratio[0], log_ratio[1]).exp_().tolist()
+            flips: list[bool] = []
+            if flip is not None:
+                torch.set_rng_state(state)
+                flips = (torch.rand(k) < flip).tolist()
+        finally:
+            torch.set_rng_state(state)
+        scanned = _scan_boxes(sizes, flip is not None, scale, ratio, k, low, mod3, areas, aspects, flips)
+        if scanned is not None:
+            boxes, flipped, used = scanned
+            if used:
+                torch.empty(used, dtype=torch.int32).random_()  # consume what the samples drew
+            return boxes, flipped
+        k *= 2  # more rejected draws than drawn for: draw again, more
+
+
+def _scan_boxes(
+    sizes: Sequence[tuple[int, int]],
+    flips_drawn: bool,
+    scale: Sequence[float],
+    ratio: Sequence[float],
+    k: int,
+    low: list[int],
+    mod3: list[int],
+    areas: list[float],
+    aspects: list[float],
+    flips: list[bool],
+) -> tuple[list[Box], list[bool], int] | None:
+    """The samples' boxes and flips from the pre-drawn numbers, and the count used
+    (None: ``k`` numbers were not enough)."""
+    sqrt = math.sqrt
+    boxes: list[Box] = []
+    flipped: list[bool] = []
+    j = 0
+    for width, height in sizes:
+        area = height * width
+        box = None
+        for _ in range(10):
+            if j + 2 > k:
+                return None
+            target_area = area * areas[j]
+            aspect_ratio = aspects[j + 1]
+            j += 2
+            w = int(round(sqrt(target_area * aspect_ratio)))
+            h = int(round(sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                if j + 2 > k:
+                    return None
+                top = _raw(low[j], mod3[j]) % (height - h + 1)
+                left = _raw(low[j + 1], mod3[j + 1]) % (width - w + 1)
+                j += 2
+                box = (top, left, h, w)
+                break
+        if box is None:  # the central crop, as _draw_box
+            in_ratio = float(width) / float(height)
+            if in_ratio < min(ratio):
+                w, h = width, int(round(width / min(ratio)))
+            elif in_ratio > max(ratio):
+                w, h = int(round(height * max(ratio))), height
+            else:
+                w, h = width, height
+            box = ((height - h) // 2, (width - w) // 2, h, w)
+        boxes.append(box)
+        if flips_drawn:
+            if j + 1 > k:
+                return None
+            flipped.append(flips[j])
+            j += 1
+        else:
+            flipped.append(False)
+    return boxes, flipped, j
+
+
+def _raw(low31: int, mod3: int) -> int:
+    """The 32-bit number whose low 31 bits and remainder modulo 3 these are."""
+    high = ((mod3 - low31) * 2) % 3  # 2**31 = 2 (mod 3), and 2 is its own inverse mod 3
+    if high > 1:
+        raise ArithmeticError("the generator's numbers are not what the bulk draw expects")
+    return low31 | high << 31
+
+
+def _batch_boxes_ok() -> bool:
+    """Whether ``_draw_boxes`` gives what the per-sample draws give here: several
+    seeds, sizes that take every branch (and the central fallback), flip
+    probabilities, and the generator's state afterwards. (Asked once per process,
+    through the capabilities; the global RNG state is restored.)"""
+    if torch.get_default_dtype() != torch.float32:
+        return False
+    state = torch.random.get_rng_state()
+    try:
+        crop = T.RandomResizedCrop(8)
+        scale, ratio = tuple(crop.scale), tuple(crop.ratio)
+        log_ratio = _log_ratio(ratio)
+        shapes = [(500, 375), (375, 500), (256, 341), (64, 64), (3, 1000), (1000, 3), (1, 1), (257, 2), (2, 2)]
+        for seed in range(4):
+            sizes = [shapes[(seed * 7 + i * 5) % len(shapes)] for i in range(40)]
+            for flip in (None, 0.5) if seed else (None, 0.5, 0.0, 1.0):
+                for sc in (scale, (0.9, 1.0)):
+                    torch.manual_seed(seed)
+                    want = []
+                    for w, h in sizes:
+                        box = _draw_box(w, h, sc, ratio, log_ratio)
+                        want.append((box, flip is not None and bool(torch.rand(1) < flip)))
+                    after = torch.rand(2)
+                    torch.manual_seed(seed)
+                    boxes, flips = _draw_boxes(sizes, flip, sc, ratio, log_ratio)
+                    if list(zip(boxes, flips)) != want or not torch.equal(torch.rand(2), after):
+                        return False
+        return True
+    except ArithmeticError:
+        return False
+    finally:
+        torch.random.set_rng_state(state)
 
 
 _DRAW = threading.local()
@@ -370,6 +545,7 @@ class TransformPlan:
             decoder, crop=None if crop is None else crop.spec(), size_hint=size_hint, threads=threads, caps=caps
         )
         self._draw = None if crop is None else crop.drawer(caps)
+        self._draw_many = crop.batch_drawer(caps) if crop is not None and self.batches else None
         self._planar = crop is not None and crop.output == "tensor"
         #: Whether this plan serves a DataLoader worker (its batches go to shared memory).
         self.in_worker = torch.utils.data.get_worker_info() is not None
@@ -394,23 +570,36 @@ class TransformPlan:
     def batch(self, records: Sequence[Any]) -> torch.Tensor:
         """Every record's box and flip, drawn in the per-sample order (a sample's box,
         then its flip), then the whole batch made into one uint8 ``N x 3 x H x W``
-        tensor (in shared memory in a DataLoader worker, so sending it copies
-        nothing). Raises BatchItemError for the first record that failed; a record
-        whose header its payload denies (``ReadPlan.claim``) fails before its box is drawn."""
-        draw, claim, job, flip = self._draw, self.read.claim, self.read.job, self.flip
-        rand = torch.rand
-        jobs = []
-        for k, rec in enumerate(records):
-            try:
-                enc = claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
-            except Exception as exc:  # Pillow raises many exception types for bad data
-                raise BatchItemError(k, exc) from exc
-            box = draw(rec.width, rec.height)  # type: ignore[misc]
-            flipped = flip is not None and bool(rand(1) < flip)
-            jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
+        tensor in a reused buffer (``lmdbfolder.transport``: shared memory in a
+        DataLoader worker, which ``collate`` sends by reference). Raises
+        BatchItemError for the first record that failed; a record whose header its
+        payload denies (``ReadPlan.claim``) fails before its box is drawn."""
+        claim, job, flip = self.read.claim, self.read.job, self.flip
+        draw_many = self._draw_many
+        if draw_many is not None and torch.get_default_dtype() == torch.float32:
+            encodings = []
+            for k, rec in enumerate(records):  # every claim before any box is drawn
+                try:
+                    encodings.append(claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
+                except Exception as exc:  # Pillow raises many exception types for bad data
+                    raise BatchItemError(k, exc) from exc
+            boxes, flips = draw_many([(rec.width, rec.height) for rec in records], flip)
+            jobs = [
+                job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped)
+                for rec, enc, box, flipped in zip(records, encodings, boxes, flips)
+            ]
+        else:
+            draw, rand = self._draw, torch.rand
+            jobs = []
+            for k, rec in enumerate(records):
+                try:
+                    enc = claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+                except Exception as exc:  # Pillow raises many exception types for bad data
+                    raise BatchItemError(k, exc) from exc
+                box = draw(rec.width, rec.height)  # type: ignore[misc]
+                flipped = flip is not None and bool(rand(1) < flip)
+                jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
         out_h, out_w = self.crop.size  # type: ignore[union-attr]
-        nbytes = len(jobs) * out_h * out_w * 3
-        storage = torch.UntypedStorage._new_shared(nbytes) if self.in_worker else torch.UntypedStorage(nbytes)
-        images = torch.empty(0, dtype=torch.uint8).set_(storage).view(len(jobs), 3, out_h, out_w)
+        images = pool().take((len(jobs), 3, out_h, out_w))
         self.read.run(jobs, images.numpy(), planar=True)
         return images

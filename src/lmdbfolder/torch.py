@@ -29,13 +29,14 @@ from lmdbfolder.errors import DecodeError, MissingDependencyError, NoSamplesErro
 try:
     import torch
     import torch.utils.data
+    from torch.utils.data._utils.collate import default_collate_fn_map
     from torchvision import get_image_backend
     from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset
     from torchvision.datasets.folder import IMG_EXTENSIONS, accimage_loader, default_loader, pil_loader
 except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
-from lmdbfolder import fused
+from lmdbfolder import fused, transport
 from lmdbfolder.codecs import decode_hint, decode_rgb, encoding_of
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.opening import AnyReader, open_pack
@@ -738,18 +739,35 @@ def _warn_if_slow() -> None:
         )
 
 
+class Sample(tuple):  # type: ignore[type-arg]
+    """One ``(image, target)`` of a ``BatchSamples``: a tuple, whose type tells torch's
+    ``default_collate`` (through ``default_collate_fn_map``) that its batch can be
+    taken whole, as ``collate`` takes it."""
+
+    __slots__ = ()
+
+
 class BatchSamples(list):  # type: ignore[type-arg]
     """A batch made by the fast path: a list of ``(image, target)`` like any other
-    (each image a view of one batch tensor), which ``collate`` turns into
-    ``[images, targets]`` without copying ``images``."""
+    (each image a view of one batch tensor, each pair a ``Sample``), which
+    ``collate``, and torch's ``default_collate`` too, turn into ``[images, targets]``
+    without copying ``images``."""
 
     images: Any
     targets: list[Any]
 
     def __init__(self, images: Any, targets: list[Any]) -> None:
-        super().__init__(zip(images, targets))
+        made = [Sample(pair) for pair in zip(images, targets)]
+        super().__init__(made)
         self.images = images
         self.targets = targets
+        self._made = made
+
+    def intact(self) -> bool:
+        """Whether the list still holds exactly the samples it was made with (then
+        ``images`` is the batch)."""
+        made = self._made
+        return len(self) == len(made) and all(a is b for a, b in zip(self, made))
 
     @classmethod
     def of(cls, samples: list[tuple[Any, Any]]) -> BatchSamples:
@@ -759,18 +777,47 @@ class BatchSamples(list):  # type: ignore[type-arg]
 
 def collate(batch: Any) -> Any:
     """``collate_fn`` for a DataLoader over an ``LMDBFolder``: a batch from the fast
-    path becomes ``[images, targets]`` as is (no copy); anything else goes
-    through torch's ``default_collate``.
+    path becomes ``[images, targets]`` as is (no copy; in a DataLoader worker the
+    images are sent to the main process by reference, see ``lmdbfolder.transport``);
+    anything else goes through torch's ``default_collate``.
+
+    Since the fast path's samples are ``Sample`` s, which torch's ``default_collate``
+    hands to this function, leaving ``collate_fn`` unset does the same.
 
     Example:
         >>> loader = DataLoader(ds, batch_size=256, shuffle=True, collate_fn=collate)  # doctest: +SKIP
     """
-    if isinstance(batch, BatchSamples):
+    if isinstance(batch, BatchSamples) and batch.intact():
         targets = batch.targets
         if all(type(t) is int for t in targets):
-            return [batch.images, torch.tensor(targets, dtype=torch.int64)]
-        return [batch.images, torch.utils.data.default_collate(targets)]
+            collated = torch.tensor(targets, dtype=torch.int64)
+        else:
+            collated = torch.utils.data.default_collate(targets)
+        images = batch.images
+        pool = transport.pool()
+        buffer = pool.buffer_of(images)
+        if buffer is not None:
+            return transport.PooledBatch(images, collated, buffer, pool)
+        return [images, collated]
     return torch.utils.data.default_collate(batch)
+
+
+def _collate_samples(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    """torch's ``default_collate`` for a batch whose first element is a ``Sample``:
+    the fast path's batch whole (``collate``), else what it does with tuples."""
+    if isinstance(batch, BatchSamples) and batch.intact():
+        return collate(batch)
+    from torch.utils.data._utils.collate import collate as torch_collate
+
+    size = len(batch[0])
+    if any(len(elem) != size for elem in batch):
+        raise RuntimeError("each element in list of batch should be of equal size")
+    return [torch_collate(list(samples), collate_fn_map=collate_fn_map) for samples in zip(*batch)]
+
+
+# torch's documented way to extend default_collate (see its docstring): so that a
+# DataLoader left with its default collate_fn gets the batch without a copy too.
+default_collate_fn_map[Sample] = _collate_samples
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ the compiled helper and OpenCV release the GIL.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -207,15 +208,18 @@ class ReadPlan:
         if workers <= 1:
             self._chunk(jobs, out, 0, n, planar)
             return
-        bounds = [n * k // workers for k in range(workers + 1)]
+        # Images taken one at a time by whichever thread is free, not one fixed share per
+        # thread: a crop's cost varies several-fold with its size, and fixed halves left
+        # one thread waiting for the other at the end of every batch (a claim costs ~1 us).
+        claims = itertools.count()
         pool = self._get_pool()
-        futures = [pool.submit(self._chunk, jobs, out, bounds[k], bounds[k + 1], planar) for k in range(1, workers)]
+        futures = [pool.submit(self._claim, jobs, out, claims, planar) for _ in range(1, workers)]
         error: BaseException | None = None
         try:
-            self._chunk(jobs, out, bounds[0], bounds[1], planar)
+            self._claim(jobs, out, claims, planar)
         except BatchItemError as exc:
             error = exc
-        for future in futures:  # wait for every chunk: ``out`` must not be written after we return
+        for future in futures:  # wait for every thread: ``out`` must not be written after we return
             failed = future.exception()
             if failed is not None and (error is None or getattr(failed, "position", n) < getattr(error, "position", n)):
                 error = failed
@@ -229,6 +233,24 @@ class ReadPlan:
             self._local = threading.local()
             self._pool = ThreadPoolExecutor(max_workers=self.threads - 1, thread_name_prefix="lmdbfolder-batch")
         return self._pool
+
+    def _claim(self, jobs: Sequence[CropJob], out: np.ndarray, claims: Any, planar: bool) -> None:
+        # The next image until none is left (``next`` on a count is atomic). Every image
+        # is made even after an error elsewhere, so the error raised is the first
+        # image's that fails, as with one thread.
+        n, local, one = len(jobs), self._local, self._one
+        error: BatchItemError | None = None
+        for k in claims:
+            if k >= n:
+                break
+            try:
+                one(jobs[k], out[k], local, planar)
+            except Exception as exc:  # decoders raise many exception types for bad data
+                if error is None:
+                    error = BatchItemError(k, exc)
+                    error.__cause__ = exc
+        if error is not None:
+            raise error
 
     def _chunk(self, jobs: Sequence[CropJob], out: np.ndarray, lo: int, hi: int, planar: bool) -> None:
         local = self._local

@@ -407,3 +407,29 @@ def test_bad_urls_and_options(tmp_path: Path, small_pack: Path) -> None:
     with pytest.raises(OptionError, match="object storage"):
         open_pack(small_pack, cache_dir=tmp_path)
     assert isinstance(MissingDependencyError("x", "s3"), ImportError)
+
+
+@pytest.mark.parametrize("hold", [0, 3, 1 << 20])
+def test_the_digest_of_parts_landing_out_of_order_is_the_files(tmp_path: Path, hold: int) -> None:
+    # Parts fetched now are hashed from the bytes in hand, held until their turn
+    # (within `hold` bytes) or read back from the file; kept parts are read back.
+    import hashlib
+
+    from lmdbfolder.remote import _OrderedHash
+
+    payload = np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8).tobytes()
+    part = 7
+    path = tmp_path / "f"
+    path.write_bytes(payload)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        hasher = _OrderedHash(fd, len(payload), part, hold=hold)
+        parts = list(range(-(-len(payload) // part)))
+        order = parts[::-1][: len(parts) // 2] + parts[: len(parts) - len(parts) // 2]
+        for i, k in enumerate(order):
+            fetched = i % 3 != 0  # every third one "kept from an earlier run": no bytes in hand
+            hasher.landed(k, payload[k * part : (k + 1) * part] if fetched else None)
+        assert hasher.next == len(parts) and not hasher.held and hasher.held_bytes == 0
+        assert hasher.hexdigest() == hashlib.sha256(payload).hexdigest()
+    finally:
+        os.close(fd)

@@ -357,28 +357,28 @@ def download(
                 os.fsync(f.fileno())
         if os.fstat(fd).st_size != info.size:
             _allocate(fd, info.size, dest)
-        hasher = _OrderedHash(fd, info.size, part_size)
+        hasher = _OrderedHash(fd, info.size, part_size, hold=jobs * part_size)
         todo = [k for k in range(nparts) if k not in done]
         for k in sorted(done):
             hasher.landed(k)
         with open(journal, "a", encoding="ascii") as log:
 
-            def fetch(k: int) -> int:
+            def fetch(k: int) -> bytes:
                 if abort is not None and abort.is_set():
                     raise _Aborted
                 start = k * part_size
                 end = min(info.size, start + part_size)
                 data = remote.read(start, end) if end > start else b""
                 _write_all(fd, data, start, dest)
-                return len(data)
+                return data
 
             if todo:
                 with concurrent.futures.ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
                     futures = {pool.submit(fetch, k): k for k in todo}
                     try:
                         for future in concurrent.futures.as_completed(futures):
-                            n = future.result()
-                            k = futures[future]
+                            data = future.result()
+                            n, k = len(data), futures[future]
                             # The part is in the page cache: it survives a killed process. After a
                             # power loss the journal may list a part the disk lost; the digest
                             # (or the record checksums) of the finished file catch that.
@@ -387,7 +387,8 @@ def download(
                             fetched += n
                             if on_bytes is not None:
                                 on_bytes(n)
-                            hasher.landed(k)
+                            hasher.landed(k, data)
+                            del data
                     except BaseException:
                         if abort is not None:
                             abort.set()
@@ -419,29 +420,55 @@ class _Aborted(Exception):
 
 class _OrderedHash:
     """SHA-256 of a file whose parts land out of order: the contiguous prefix is
-    hashed as it grows, read back from the file (hashlib releases the GIL, so
-    this overlaps the downloads still running)."""
+    hashed as it grows. A part fetched now is hashed from the bytes in hand (in
+    order, or held until the parts before it land, up to ``hold`` bytes); a part
+    kept from an earlier run, or one not held, is read back from the file into
+    one reused buffer. Reading back costs a copy and, into fresh buffers, page
+    faults: together about as much CPU as the hash itself."""
 
-    def __init__(self, fd: int, size: int, part_size: int) -> None:
-        self.fd, self.size, self.part_size = fd, size, part_size
+    def __init__(self, fd: int, size: int, part_size: int, hold: int = 0) -> None:
+        self.fd, self.size, self.part_size, self.hold = fd, size, part_size, hold
         self.h = hashlib.sha256()
         self.landed_parts: set[int] = set()
+        self.held: dict[int, bytes] = {}
+        self.held_bytes = 0
         self.next = 0
+        self.buffer: bytearray | None = None
 
-    def landed(self, k: int) -> None:
+    def landed(self, k: int, data: bytes | None = None) -> None:
         self.landed_parts.add(k)
+        if data is not None and k != self.next and self.held_bytes + len(data) <= self.hold:
+            self.held[k] = data
+            self.held_bytes += len(data)
+        if data is not None and k == self.next:
+            self.h.update(data)
+            self._advance()
         while self.next in self.landed_parts:
-            start = self.next * self.part_size
-            end = min(self.size, start + self.part_size)
-            pos = start
-            while pos < end:
-                block = os.pread(self.fd, min(8 << 20, end - pos), pos)
-                if not block:
-                    raise OSError(f"the file being downloaded shrank at byte {pos}")
+            block = self.held.pop(self.next, None)
+            if block is not None:
+                self.held_bytes -= len(block)
                 self.h.update(block)
-                pos += len(block)
-            self.landed_parts.discard(self.next)
-            self.next += 1
+            else:
+                self._read_back(self.next)
+            self._advance()
+
+    def _advance(self) -> None:
+        self.landed_parts.discard(self.next)
+        self.next += 1
+
+    def _read_back(self, k: int) -> None:
+        start = k * self.part_size
+        end = min(self.size, start + self.part_size)
+        if self.buffer is None:
+            self.buffer = bytearray(min(8 << 20, max(1, self.part_size)))
+        view = memoryview(self.buffer)
+        pos = start
+        while pos < end:
+            n = os.preadv(self.fd, [view[: min(len(view), end - pos)]], pos)
+            if n <= 0:
+                raise OSError(f"the file being downloaded shrank at byte {pos}")
+            self.h.update(view[:n])
+            pos += n
 
     def hexdigest(self) -> str:
         return self.h.hexdigest()

@@ -52,6 +52,9 @@ from lmdbfolder.progress import Progress
 from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Remote, download, file_sha256, is_url
 from lmdbfolder.text import plural
 
+# Shards copied at once (each with jobs // SHARDS_AT_ONCE ranged requests of its own).
+SHARDS_AT_ONCE = 4
+
 __all__ = ["CopyResult", "copy_pack"]
 
 
@@ -269,7 +272,7 @@ def _download(
             count_samples, shards = int(decode_meta_count(tmp)), 1
         else:
             todo = [e for e in entries if not os.path.isdir(os.path.join(tmp, e["name"]))]
-            parallel = max(1, min(len(todo), 4, jobs))
+            parallel = max(1, min(len(todo), SHARDS_AT_ONCE, jobs))
             per_shard = max(1, jobs // parallel)
 
             abort = threading.Event()  # the first failure stops the other shards' next parts
@@ -394,7 +397,7 @@ def _upload(
                 entry["bytes"] = os.path.getsize(os.path.join(shard.path, DATA_FILE))
                 entry["data_sha256"] = put(shard.path, remote.child(entry["name"]))
 
-            _run_all(one, list(range(len(entries))), max(1, min(len(entries), 4, jobs)), threading.Event())
+            _run_all(one, list(range(len(entries))), max(1, min(len(entries), SHARDS_AT_ONCE, jobs)), threading.Event())
             reader.close()
             # Last: a remote pack without its index is an unfinished upload.
             remote.child(SHARD_INDEX_FILE).write(encode_shard_index(index))

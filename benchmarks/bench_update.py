@@ -17,7 +17,9 @@ What it does, in one run:
 3. ``--rounds`` rounds, the order alternating: a full pack of the changed
    tree (``lmdbfolder pack WORK/src WORK/fresh --overwrite``) and an update of
    a fresh copy of the old version (``lmdbfolder pack WORK/src WORK/upd
-   --update``), each a subprocess, the tree's pages cached (read once before).
+   --update``), each a subprocess, started once the disk is idle (``os.sync``:
+   the copy of the old version is written back first) and the tree read again
+   into the cache; the same for both.
    Reported: wall time (median), CPU time of the command (ms per changed file
    and per image), the CPU other processes used meanwhile, and the ratio
    update / full pack.
@@ -147,6 +149,16 @@ def warm(path: str) -> None:
             with open(os.path.join(dirpath, name), "rb") as f:
                 while f.read(1 << 20):
                     pass
+
+
+def settle(src: str) -> None:
+    """Before each timed command: the disk idle and the tree cached, the same for both.
+
+    ``restore`` copies the whole old version (as large as the tree): without this,
+    its writeback would still be running during the update that follows (charged to
+    the update's fsync), and the copy would have pushed the tree out of the cache."""
+    os.sync()
+    warm(src)
 
 
 def restore(saved: str, dst: str) -> None:
@@ -341,10 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for which in [0, 1] if r % 2 == 0 else [1, 0]:
             if which == 0:
+                settle(src)
                 full_runs.append(timed(lmdbfolder("pack", src, fresh, "--overwrite", "--no-progress")))
                 print(f"  round {r + 1}: full pack {full_runs[-1]['wall_s']:.2f} s", flush=True)
             else:
                 restore(saved, upd)
+                settle(src)
                 update_runs.append(timed(lmdbfolder("pack", src, upd, "--update", "--no-progress")))
                 print(f"  round {r + 1}: update {update_runs[-1]['wall_s']:.2f} s", flush=True)
     sys.path.insert(0, os.path.join(ROOT, "src"))

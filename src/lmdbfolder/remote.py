@@ -271,6 +271,14 @@ class Remote:
             )
         return bytes(data)
 
+    def streams(self) -> bool:
+        """Whether ranged reads of this object can be streamed into a file
+        (``s3://``: the client's own event loop and ``get_object`` calls)."""
+        if self.scheme != "s3":
+            return False
+        fs = self.fs
+        return hasattr(fs, "_call_s3") and hasattr(fs, "split_path") and getattr(fs, "loop", None) is not None
+
     def write(self, data: bytes) -> None:
         """Store ``data`` as this object (replacing it)."""
         self._call("writing", lambda: self.fs.pipe_file(self.path, data))
@@ -372,7 +380,11 @@ def download(
                 _write_all(fd, data, start, dest)
                 return data
 
-            if todo:
+            if todo and remote.streams():
+                fetched = _stream_parts(
+                    remote, fd, todo, info.size, part_size, jobs, dest, log, hasher, on_bytes, abort
+                )
+            elif todo:
                 with concurrent.futures.ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
                     futures = {pool.submit(fetch, k): k for k in todo}
                     try:
@@ -418,13 +430,22 @@ class _Aborted(Exception):
     """A part not fetched because another download of the same copy failed (that error is reported)."""
 
 
+class _Local(Exception):
+    """An OSError of the local file, carried through the event loop (not the server's)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _OrderedHash:
     """SHA-256 of a file whose parts land out of order: the contiguous prefix is
-    hashed as it grows. A part fetched now is hashed from the bytes in hand (in
-    order, or held until the parts before it land, up to ``hold`` bytes); a part
-    kept from an earlier run, or one not held, is read back from the file into
-    one reused buffer. Reading back costs a copy and, into fresh buffers, page
-    faults: together about as much CPU as the hash itself."""
+    hashed as it grows. Bytes are hashed from memory when they are the prefix's
+    next ones as they arrive: a streamed chunk of the part being hashed, a whole
+    part fetched now (or held until its turn, up to ``hold`` bytes). Everything
+    else (parts kept from an earlier run, chunks of parts not yet at the front)
+    is read back from the file, into one reused buffer. Reading every part back
+    into fresh buffers cost about as much CPU as the hash itself."""
 
     def __init__(self, fd: int, size: int, part_size: int, hold: int = 0) -> None:
         self.fd, self.size, self.part_size, self.hold = fd, size, part_size, hold
@@ -433,14 +454,31 @@ class _OrderedHash:
         self.held: dict[int, bytes] = {}
         self.held_bytes = 0
         self.next = 0
+        self.fed = 0  # bytes of part ``next`` hashed so far
+        self.written: dict[int, int] = {}  # streamed parts: bytes on file, from the part's start
         self.buffer: bytearray | None = None
 
+    def chunk(self, k: int, offset: int, data: bytes | None, n: int) -> None:
+        """Bytes ``[offset, offset + n)`` of part ``k`` are on file (``data``: those bytes,
+        or None); the chunks of one part are reported in order."""
+        self.written[k] = offset + n
+        if k != self.next:
+            return
+        if offset > self.fed:
+            self._read_back(k, self.fed, offset)
+        if data is not None and offset == self.fed:
+            self.h.update(data)
+        else:
+            self._read_back(k, max(offset, self.fed), offset + n)
+        self.fed = offset + n
+
     def landed(self, k: int, data: bytes | None = None) -> None:
+        """Part ``k`` is on file whole (``data``: its bytes, fetched now, or None)."""
         self.landed_parts.add(k)
         if data is not None and k != self.next and self.held_bytes + len(data) <= self.hold:
             self.held[k] = data
             self.held_bytes += len(data)
-        if data is not None and k == self.next:
+        if data is not None and k == self.next and self.fed == 0:
             self.h.update(data)
             self._advance()
         while self.next in self.landed_parts:
@@ -449,22 +487,34 @@ class _OrderedHash:
                 self.held_bytes -= len(block)
                 self.h.update(block)
             else:
-                self._read_back(self.next)
+                start, end = self._bounds(self.next)
+                self._read_back(self.next, self.fed, end - start)
             self._advance()
+
+    def _bounds(self, k: int) -> tuple[int, int]:
+        start = k * self.part_size
+        return start, min(self.size, start + self.part_size)
 
     def _advance(self) -> None:
         self.landed_parts.discard(self.next)
+        self.written.pop(self.next, None)
         self.next += 1
+        self.fed = 0
+        ahead = self.written.get(self.next, 0)  # a streamed part already under way
+        if ahead:
+            self._read_back(self.next, 0, ahead)
+            self.fed = ahead
 
-    def _read_back(self, k: int) -> None:
-        start = k * self.part_size
-        end = min(self.size, start + self.part_size)
+    def _read_back(self, k: int, begin: int, end: int) -> None:
+        """Hash bytes ``[begin, end)`` of part ``k`` from the file."""
+        if end <= begin:
+            return
         if self.buffer is None:
             self.buffer = bytearray(min(8 << 20, max(1, self.part_size)))
         view = memoryview(self.buffer)
-        pos = start
-        while pos < end:
-            n = os.preadv(self.fd, [view[: min(len(view), end - pos)]], pos)
+        pos, stop = k * self.part_size + begin, k * self.part_size + end
+        while pos < stop:
+            n = os.preadv(self.fd, [view[: min(len(view), stop - pos)]], pos)
             if n <= 0:
                 raise OSError(f"the file being downloaded shrank at byte {pos}")
             self.h.update(view[:n])
@@ -472,6 +522,148 @@ class _OrderedHash:
 
     def hexdigest(self) -> str:
         return self.h.hexdigest()
+
+
+# Bytes of streamed chunks waiting for the hash thread, at most: past it, chunks are
+# reported without their bytes and read back from the file when their turn comes.
+_HASH_BACKLOG = 4 << 20
+_CHUNK = 1 << 20
+
+
+def _stream_parts(
+    remote: Remote,
+    fd: int,
+    todo: list[int],
+    size: int,
+    part_size: int,
+    jobs: int,
+    dest: str,
+    log: Any,
+    hasher: _OrderedHash,
+    on_bytes: Callable[[int], None] | None,
+    abort: threading.Event | None,
+) -> int:
+    """Fetch the parts ``todo`` with ``jobs`` ranged GETs at a time on the client's own
+    event loop, each response written into ``fd`` chunk by chunk as it arrives (no
+    part-sized buffer), listed in the journal ``log`` when whole; the chunks are
+    hashed in a thread of their own (in order, see ``_OrderedHash``). Returns the
+    bytes fetched. The first failure cancels the other requests and is raised as a
+    RemoteError naming the URL."""
+    import asyncio
+    import queue
+
+    from fsspec.asyn import sync
+
+    fs = remote.fs
+    bucket, key, _ = fs.split_path(remote.path)
+    events: queue.Queue[tuple[int, int, bytes | None, int] | None] = queue.Queue()
+    backlog = [0]
+    backlog_lock = threading.Lock()
+    hash_error: list[BaseException] = []
+
+    def hash_events() -> None:
+        while True:
+            event = events.get()
+            if event is None:
+                return
+            if hash_error:
+                continue  # drain: the download is failing anyway
+            k, offset, data, n = event
+            try:
+                if offset < 0:
+                    hasher.landed(k)
+                else:
+                    hasher.chunk(k, offset, data, n)
+            except BaseException as exc:  # reported by the downloading thread
+                hash_error.append(exc)
+            if data is not None:
+                with backlog_lock:
+                    backlog[0] -= n
+
+    def report(k: int, offset: int, chunk: bytes) -> None:
+        with backlog_lock:
+            keep = backlog[0] + len(chunk) <= _HASH_BACKLOG
+            if keep:
+                backlog[0] += len(chunk)
+        events.put((k, offset, chunk if keep else None, len(chunk)))
+
+    fetched = [0]
+
+    async def part(k: int, gate: asyncio.Semaphore) -> None:
+        async with gate:
+            if abort is not None and abort.is_set():
+                raise _Aborted
+            start = k * part_size
+            end = min(size, start + part_size)
+            pos = start
+            if end > start:
+                resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+                body = resp["Body"]
+                try:
+                    while pos < end:
+                        chunk = await body.read(min(_CHUNK, end - pos))
+                        if not chunk:
+                            break
+                        try:
+                            _write_all(fd, chunk, pos, dest)
+                        except OSError as exc:
+                            raise _Local(exc) from None
+                        report(k, pos - start, chunk)
+                        pos += len(chunk)
+                finally:
+                    body.close()
+            if pos != end:
+                raise RemoteError(
+                    remote.url,
+                    f"asked for bytes {start}..{end - 1}, got {pos - start} bytes "
+                    "(the object changed or was cut short)",
+                    "run the same command again",
+                    kind="other",
+                )
+            # The part is in the page cache: it survives a killed process (see download).
+            try:
+                log.write(f"{k}\n")
+                log.flush()
+            except OSError as exc:
+                raise _Local(exc) from None
+            events.put((k, -1, None, 0))
+            fetched[0] += end - start
+            if on_bytes is not None:
+                on_bytes(end - start)
+
+    async def run_all() -> None:
+        gate = asyncio.Semaphore(max(1, jobs))
+        tasks = [asyncio.ensure_future(part(k, gate)) for k in todo]
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        failures = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+        first = next((e for e in failures if not isinstance(e, _Aborted)), failures[0] if failures else None)
+        if first is not None:
+            raise first
+
+    hashing = threading.Thread(target=hash_events, name="lmdbfolder-hash", daemon=True)
+    hashing.start()
+    try:
+        try:
+            sync(fs.loop, run_all)
+        except _Local as exc:
+            raise exc.error from None  # the local file (a full disk): the caller names it
+        except (LmdbFolderError, _Aborted):
+            raise
+        except Exception as exc:  # the client's or the server's (s3fs's OSErrors too)
+            raise translate(exc, remote.url, "reading") from None
+    except BaseException:
+        if abort is not None:
+            abort.set()  # the other objects of the same copy stop their next parts
+        raise
+    finally:
+        events.put(None)
+        hashing.join()
+    if hash_error:
+        raise hash_error[0]
+    return fetched[0]
 
 
 def _allocate(fd: int, size: int, dest: str) -> None:

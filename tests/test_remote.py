@@ -188,6 +188,22 @@ def test_kill_9_mid_download_resumes_fetching_only_the_missing_parts(
     assert not copying.exists()
 
 
+def test_a_copy_lists_the_shards_once_instead_of_a_head_request_each(
+    s3: S3, proxy: Proxy, sharded: Path, tmp_path: Path
+) -> None:
+    url = s3.url("train")
+    copy_pack(sharded, url)
+    proxy.reset()
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3.env(proxy.endpoint).items():
+            mp.setenv(key, value)
+        copy_pack(url, tmp_path / "dst", part_size=PART, jobs=2)
+    heads = [path for method, path in proxy.requests if method == "HEAD" and DATA_FILE in path]
+    gets = [path for method, path in proxy.requests if method == "GET" and DATA_FILE in path]
+    assert heads == [] and len(gets) >= len(shard_names(sharded))  # counted requests, not seconds
+    same_shards(sharded, tmp_path / "dst")
+
+
 def test_server_stopping_mid_copy_is_a_clear_error_and_the_rerun_resumes(
     s3: S3, proxy: Proxy, sharded: Path, tmp_path: Path
 ) -> None:
@@ -492,3 +508,21 @@ def test_an_s3_download_is_streamed_and_its_digest_is_the_objects(s3: S3, tmp_pa
     assert fetched == len(payload) and digest == hashlib.sha256(payload).hexdigest()
     assert dest.read_bytes() == payload
     assert not (tmp_path / ("data.mdb" + PARTS_SUFFIX)).exists()
+
+
+def test_writeback_is_started_early_where_the_kernel_offers_it(tmp_path: Path) -> None:
+    # Each streamed part asks the kernel to start writing it out (Linux sync_file_range), so the
+    # fdatasync before publishing waits for the tail only; elsewhere it does nothing.
+    from lmdbfolder import remote
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100_000)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        remote._start_writeback(fd, 0, 100_000)
+        remote._start_writeback(fd, 0, 0)
+    finally:
+        os.close(fd)
+    if sys.platform.startswith("linux"):
+        assert remote._WRITEBACK and remote._WRITEBACK[0] is not None
+    assert path.read_bytes() == b"x" * 100_000

@@ -65,7 +65,7 @@ from lmdbfolder.format import (
     decode_shard_index,
     shard_matches,
 )
-from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Remote, download
+from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, ObjectInfo, Remote, download
 
 __all__ = ["StagedPack", "fetch_shard", "fetch_index"]
 
@@ -109,9 +109,11 @@ def fetch_shard(
     jobs: int = DEFAULT_JOBS,
     on_bytes: Any = None,
     abort: threading.Event | None = None,
+    info: ObjectInfo | None = None,
 ) -> int:
     """Download the shard ``entry`` of the pack at ``remote`` and publish it as
-    ``directory/<name>``; return the bytes fetched now.
+    ``directory/<name>``; return the bytes fetched now. ``info``: the shard's
+    ``data.mdb`` as a listing of the pack described it (else it is looked up).
 
     The shard is built in ``<name>.copying`` (kept across runs: a rerun
     fetches only the missing parts), checked against the entry's
@@ -127,7 +129,7 @@ def fetch_shard(
     if not (os.path.isdir(tmp) and packdir.why_not_replaceable(tmp) is None):
         packdir.clear_temp_dir(tmp)
         packdir.make_temp_dir(tmp)
-    info = src.info()
+    info = info or src.info()
     expected = entry.get("bytes")
     if isinstance(expected, int) and expected != info.size:
         raise RemoteError(

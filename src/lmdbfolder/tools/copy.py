@@ -53,7 +53,7 @@ from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Remote, download,
 from lmdbfolder.text import plural
 
 # Shards copied at once (each with jobs // SHARDS_AT_ONCE ranged requests of its own).
-SHARDS_AT_ONCE = 4
+SHARDS_AT_ONCE = 8
 
 __all__ = ["CopyResult", "copy_pack"]
 
@@ -277,8 +277,14 @@ def _download(
 
             abort = threading.Event()  # the first failure stops the other shards' next parts
 
+            # One listing for every shard's size and tag, instead of a HEAD request each.
+            listed = remote.infos() if todo else {}
+
             def one(entry: dict[str, Any]) -> None:
-                fetch_shard(remote, entry, tmp, part_size=part_size, jobs=per_shard, on_bytes=count, abort=abort)
+                info = listed.get(f"{entry['name']}/{DATA_FILE}")
+                fetch_shard(
+                    remote, entry, tmp, part_size=part_size, jobs=per_shard, on_bytes=count, abort=abort, info=info
+                )
                 if entry.get("skipped") != 0:  # the index says whether there is a report to fetch
                     _fetch_report(remote.child(entry["name"]), os.path.join(tmp, entry["name"]))
                 if not isinstance(entry.get("data_sha256"), str):

@@ -31,6 +31,7 @@ that do not match their digest.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import json
 import os
@@ -194,6 +195,12 @@ class ObjectInfo:
     size: int
     tag: str
 
+    @classmethod
+    def from_entry(cls, raw: dict[str, Any]) -> ObjectInfo:
+        """From an fsspec ``info``/``find(detail=True)`` entry (each store names the tag its own way)."""
+        tag = raw.get("ETag") or raw.get("etag") or raw.get("generation") or raw.get("mtime") or ""
+        return cls(int(raw["size"]), str(tag))
+
 
 class Remote:
     """An object or folder in object storage, named by its URL.
@@ -246,8 +253,7 @@ class Remote:
         raw = self._call("looking up the object", lambda: self.fs.info(self.path))
         if raw.get("type") == "directory":
             raise RemoteError(self.url, "it is a folder, not an object", kind="missing")
-        tag = raw.get("ETag") or raw.get("etag") or raw.get("generation") or raw.get("mtime") or ""
-        return ObjectInfo(int(raw["size"]), str(tag))
+        return ObjectInfo.from_entry(raw)
 
     def infos(self) -> dict[str, ObjectInfo]:
         """Size and version tag of every object under this folder, by path relative to
@@ -257,8 +263,7 @@ class Remote:
         for path, entry in raw.items():
             if entry.get("type") == "directory" or not str(path).startswith(self.path + "/"):
                 continue
-            tag = entry.get("ETag") or entry.get("etag") or entry.get("generation") or entry.get("mtime") or ""
-            found[str(path)[len(self.path) + 1 :]] = ObjectInfo(int(entry["size"]), str(tag))
+            found[str(path)[len(self.path) + 1 :]] = ObjectInfo.from_entry(entry)
         return found
 
     def exists(self) -> bool:
@@ -275,12 +280,7 @@ class Remote:
         """The object's bytes ``[start, end)`` (all of them by default)."""
         data = self._call("reading", lambda: self.fs.cat_file(self.path, start=start, end=end))
         if start is not None and end is not None and len(data) != end - start:
-            raise RemoteError(
-                self.url,
-                f"asked for bytes {start}..{end - 1}, got {len(data)} bytes (the object changed or was cut short)",
-                "run the same command again",
-                kind="other",
-            )
+            raise _short_read(self.url, start, end, len(data))
         return bytes(data)
 
     def streams(self) -> bool:
@@ -436,6 +436,15 @@ def download(
         )
     os.remove(journal)
     return fetched, digest
+
+
+def _short_read(url: str, start: int, end: int, got: int) -> RemoteError:
+    return RemoteError(
+        url,
+        f"asked for bytes {start}..{end - 1}, got {got} bytes (the object changed or was cut short)",
+        "run the same command again",
+        kind="other",
+    )
 
 
 class _Aborted(Exception):
@@ -625,13 +634,7 @@ def _stream_parts(
                 finally:
                     body.close()
             if pos != end:
-                raise RemoteError(
-                    remote.url,
-                    f"asked for bytes {start}..{end - 1}, got {pos - start} bytes "
-                    "(the object changed or was cut short)",
-                    "run the same command again",
-                    kind="other",
-                )
+                raise _short_read(remote.url, start, end, pos - start)
             _start_writeback(fd, start, end - start)
             # The part is in the page cache: it survives a killed process (see download).
             try:
@@ -647,7 +650,7 @@ def _stream_parts(
     async def run_all() -> None:
         gate = asyncio.Semaphore(max(1, jobs))
         tasks = [asyncio.ensure_future(part(k, gate)) for k in todo]
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -679,28 +682,29 @@ def _stream_parts(
     return fetched[0]
 
 
-_WRITEBACK: list[Any] = []  # [sync_file_range or None], resolved on first use
+@functools.cache
+def _sync_file_range() -> Any:
+    """libc's ``sync_file_range`` (Linux), or None: looked up once per process."""
+    if not hasattr(os, "sched_getaffinity"):  # not Linux
+        return None
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start writing ``length`` bytes at ``offset`` to disk, without
     waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``), so the fdatasync
     before publishing finds the early parts on disk already. Elsewhere: nothing."""
-    if not _WRITEBACK:
-        found = None
-        if hasattr(os, "sched_getaffinity"):  # Linux
-            try:
-                import ctypes
-                import ctypes.util
-
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-                found = libc.sync_file_range
-                found.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-                found.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                found = None
-        _WRITEBACK.append(found)
-    call = _WRITEBACK[0]
+    call = _sync_file_range()
     if call is not None and length > 0:
         call(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE; a failure only means no head start
 

@@ -52,7 +52,7 @@ from lmdbfolder.progress import Progress
 from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Remote, download, file_sha256, is_url
 from lmdbfolder.text import plural
 
-# Shards copied at once (each with jobs // SHARDS_AT_ONCE ranged requests of its own).
+# Shards copied (or uploaded) at once, at most; a copy's `jobs` ranged requests are shared among them.
 SHARDS_AT_ONCE = 8
 
 __all__ = ["CopyResult", "copy_pack"]

@@ -42,6 +42,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "peers"))
+sys.path.insert(0, HERE)
+from bench_peers import wait_for_quiet  # noqa: E402
 from contestants import SIZE, dataloader, machine_busy_seconds  # noqa: E402
 
 KINDS = ("one", "threads", "procs")
@@ -133,15 +135,6 @@ def measure(args: argparse.Namespace, kind: str, seed: int) -> dict[str, Any]:
     }
 
 
-def _quiet(limit: float, patience: float) -> None:
-    start = time.perf_counter()
-    while time.perf_counter() - start < patience:
-        b0, t0 = machine_busy_seconds()[0], time.perf_counter()
-        time.sleep(1.0)
-        if (machine_busy_seconds()[0] - b0) / (time.perf_counter() - t0) <= limit:
-            return
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the three kinds, alternated; print the table; write JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for kind in KINDS[r % 3 :] + KINDS[: r % 3]:
             for _attempt in range(1 + args.retries):
-                _quiet(args.max_other, args.wait_quiet)
+                wait_for_quiet(args.max_other, args.wait_quiet)
                 res = measure(args, kind, seed=100 * r)
                 contended = res["other_cores"] > args.max_other
                 print(

@@ -21,8 +21,9 @@ main thread: the most threads mode could reach here (the CPUs' shared caches
 and memory bandwidth, and the VM, are in it). ``threads / one`` is what threads
 mode gets; ``threads / procs`` the part of that ceiling it keeps. A run during
 which other processes used more than ``--max-other`` cores (from /proc/stat,
-less the runs' own CPU) is retried, then dropped; each cell is the median of
-the kept runs. CPU ms per image is the runs' own CPU (all threads) per image.
+less the runs' own CPU) is retried, then dropped, and so is a ``procs`` run
+one of whose processes finished its warm-up after the common start (raise
+``--settle``); each cell is the median of the kept runs. CPU ms per image is the runs' own CPU (all threads) per image.
 
 Prints a table; writes JSON to benchmarks/results/ (and --json PATH).
 """
@@ -74,6 +75,7 @@ def child(
     seen = 0
     while seen < warmup:
         seen += len(next(it)[0])
+    late = max(0.0, time.time() - start_at) if start_at else 0.0
     time.sleep(max(0.0, start_at - time.time()))
     cpu0, (busy0, _) = time.process_time(), machine_busy_seconds()
     t0 = time.perf_counter()
@@ -85,7 +87,8 @@ def child(
         n += len(x)
     seconds = time.perf_counter() - t0
     busy1, _ = machine_busy_seconds()
-    return {"images": n, "seconds": seconds, "cpu": time.process_time() - cpu0, "busy": busy1 - busy0}
+    cpu = time.process_time() - cpu0
+    return {"images": n, "seconds": seconds, "cpu": cpu, "busy": busy1 - busy0, "late": late}
 
 
 def _launch(
@@ -126,12 +129,13 @@ def measure(args: argparse.Namespace, kind: str, seed: int) -> dict[str, Any]:
     # Each child's window saw all the children's CPU: what is left of its busy time
     # after theirs is the rest of the machine (the windows coincide).
     other = max(max(0.0, r["busy"] - cpu * r["seconds"] / seconds) / r["seconds"] for r in runs)
-    late = max(r["seconds"] for r in runs) - min(r["seconds"] for r in runs)
     return {
         "img_s": images / seconds,
         "cpu_ms_per_img": 1000 * cpu / images,
         "other_cores": other,
-        "window_spread_s": late,
+        # procs: how long after the common start the last warm-up ended (0: the windows
+        # coincide); a late process measured partly alone, so such a run is retried.
+        "late_s": max(r["late"] for r in runs),
     }
 
 
@@ -178,15 +182,17 @@ def main(argv: list[str] | None = None) -> int:
                 wait_for_quiet(args.max_other, args.wait_quiet)
                 res = measure(args, kind, seed=100 * r)
                 contended = res["other_cores"] > args.max_other
+                late = res["late_s"] > 0.1
                 print(
                     f"round {r + 1}/{args.rounds}  {kind:8s} {res['img_s']:7,.0f} img/s  "
                     f"{res['cpu_ms_per_img']:.3f} CPU ms/img  others {res['other_cores']:.2f} cores"
-                    + ("  (contended: retried)" if contended else ""),
+                    + ("  (contended: retried)" if contended else "")
+                    + (f"  (a process started {res['late_s']:.1f} s late: raise --settle; retried)" if late else ""),
                     file=sys.stderr,
                     flush=True,
                 )
-                (dropped if contended else kept)[kind].append(res)
-                if not contended:
+                (dropped if contended or late else kept)[kind].append(res)
+                if not (contended or late):
                     break
 
     cells = {k: statistics.median(x["img_s"] for x in v) if v else None for k, v in kept.items()}

@@ -45,7 +45,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "peers"))
 sys.path.insert(0, HERE)
 from bench_peers import wait_for_quiet  # noqa: E402
-from contestants import SIZE, dataloader, machine_busy_seconds  # noqa: E402
+from contestants import SIZE, dataloader, epochs, machine_busy_seconds  # noqa: E402
 
 KINDS = ("one", "threads", "procs")
 
@@ -67,11 +67,7 @@ def child(
     tf = T.Compose([fused.RandomResizedCrop(SIZE, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
     loader = dataloader(LMDBFolder(pack, transform=tf, threads=threads), 0, batch, collate_fn=collate)
 
-    def batches() -> Any:
-        while True:
-            yield from loader
-
-    it = batches()
+    it = epochs(loader, pack)
     seen = 0
     while seen < warmup:
         seen += len(next(it)[0])

@@ -779,6 +779,19 @@ def machine_busy_seconds() -> tuple[float, float]:
     return (user + nice + system + irq + softirq + steal) / tick, steal / tick
 
 
+def epochs(loader: Any, name: str) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch, so that a small tree still serves any
+    number of images; RuntimeError for an epoch without a batch (fewer samples than
+    one batch with ``drop_last``), which would otherwise loop for ever."""
+    while True:
+        produced = False
+        for b in loader:
+            produced = True
+            yield b
+        if not produced:
+            raise RuntimeError(f"{name}: an epoch produced no batch")
+
+
 def run(
     name: str, tree: str, work: str, workers: int, images: int, warmup: int, batch: int, seed: int
 ) -> dict[str, Any]:
@@ -796,16 +809,7 @@ def run(
     start = time.perf_counter()
     loader = make_loader(name, tree, work, workers, batch, seed)
 
-    def batches() -> Iterator[Any]:
-        while True:  # epochs, so that a small tree still serves `images`
-            produced = False
-            for b in loader:
-                produced = True
-                yield b
-            if not produced:
-                raise RuntimeError(f"{name}: an epoch produced no batch")
-
-    it = batches()
+    it = epochs(loader, name)
     seen = 0
     while seen < warmup:
         x, _ = next(it)

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from PIL import Image
 from conftest import S3, Proxy, free_port
 from lmdbfolder import copy_pack
 from lmdbfolder.errors import RemoteError
-from lmdbfolder.format import DATA_FILE, SHARD_INDEX_FILE
+from lmdbfolder.format import DATA_FILE, ROOM_LOCK, SHARD_INDEX_FILE
 from lmdbfolder.write.shards import pack_sharded
 
 pytest.importorskip("s3fs")
@@ -34,6 +35,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 from torchvision.transforms import PILToTensor  # noqa: E402
 
+from lmdbfolder.read import staging  # noqa: E402
 from lmdbfolder.read.staging import StagedPack  # noqa: E402
 from lmdbfolder.sampler import ExactDistributedSampler  # noqa: E402
 from lmdbfolder.torch import LMDBFolder  # noqa: E402
@@ -137,6 +139,117 @@ def test_a_cache_limit_evicts_what_no_rank_needs_any_more(
     assert len(staging.staged()) <= 3
     # the second epoch had to fetch again what was evicted, but never one shard twice in a row
     assert len(fetched_shards(proxy)) == 8
+
+
+HOLD_DOWNLOAD = """
+import sys
+from lmdbfolder.read import staging
+real = staging.fetch_shard
+def held(*args, **kwargs):
+    print("downloading", flush=True)
+    sys.stdin.readline()  # until the test has made its own room
+    return real(*args, **kwargs)
+staging.fetch_shard = held
+pack = staging.StagedPack(sys.argv[1], sys.argv[2], cache_limit=int(sys.argv[3]), ahead=0)
+pack.ensure(1)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("other", ["thread", "process"])
+def test_two_downloads_that_start_together_count_each_other(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    """The prefetch thread and a DataLoader worker (or two ranks) each start a download:
+    the second to make room must count the first's shard, or both fit "one more"."""
+    local, url = uploaded
+    limit = 2 * max(shard_sizes(local).values())
+    cache = str(tmp_path / "cache")
+    pack = StagedPack(url, cache, cache_limit=limit, ahead=0)
+    pack.ensure(0)
+    if other == "thread":
+        downloading, go_on = threading.Event(), threading.Event()
+        real = staging.fetch_shard
+
+        def held(remote: Any, entry: dict[str, Any], *args: Any, **kwargs: Any) -> int:
+            if entry["name"] == pack.names[1]:
+                downloading.set()
+                go_on.wait()
+            return real(remote, entry, *args, **kwargs)
+
+        monkeypatch.setattr(staging, "fetch_shard", held)
+        first = threading.Thread(target=pack.ensure, args=(1,))
+        first.start()
+        downloading.wait()
+        pack.ensure(2)
+        go_on.set()
+        first.join()
+    else:
+        rank = subprocess.Popen(
+            [sys.executable, "-c", HOLD_DOWNLOAD, url, cache, str(limit)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert rank.stdout is not None and rank.stdin is not None
+            assert rank.stdout.readline().strip() == "downloading"
+            pack.ensure(2)
+            rank.stdin.write("go on\n")
+            rank.stdin.flush()
+            assert rank.stdout.readline().strip() == "done"
+            assert rank.wait() == 0
+        finally:
+            if rank.poll() is None:
+                rank.kill()
+                rank.wait()
+    # shard 0 (needed by nobody) made room for both downloads
+    assert pack.staged() == [1, 2]
+    assert pack.cached_bytes() <= limit
+
+
+def test_a_decision_never_reads_a_list_of_needs_half_written(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank rewrites its list of needs as its sampler moves on; an eviction decided in
+    that moment once read an empty list as "keep everything" and let the cache outgrow its
+    limit. The writer is stopped between emptying the file and writing the new list."""
+    _, url = uploaded
+    pack = StagedPack(url, str(tmp_path / "cache"), ahead=0)
+    follower = pack.follow([(0, 9), (1, 19), (2, 29)])
+    answers: list[dict[int, int]] = []
+    emptied, asked_or_done, go_on = threading.Event(), threading.Event(), threading.Event()
+
+    def read() -> None:
+        answers.append(pack.needed_soonest())
+        asked_or_done.set()
+
+    writer = threading.Thread(target=follower.advance, args=(10,))
+    reader = threading.Thread(target=read)
+    real_pwrite, real_flock = os.pwrite, staging._flock
+
+    def held_pwrite(fd: int, data: bytes, offset: int) -> int:
+        if threading.current_thread() is writer:
+            emptied.set()
+            go_on.wait()
+        return real_pwrite(fd, data, offset)
+
+    def watched_flock(path: str, mode: int) -> Any:
+        if threading.current_thread() is reader and path.endswith(ROOM_LOCK):
+            asked_or_done.set()  # from here on it waits for the writer
+        return real_flock(path, mode)
+
+    monkeypatch.setattr(os, "pwrite", held_pwrite)
+    monkeypatch.setattr(staging, "_flock", watched_flock)
+    writer.start()
+    emptied.wait()
+    reader.start()
+    asked_or_done.wait()
+    go_on.set()
+    reader.join()
+    writer.join()
+    assert answers == [{1: 0, 2: 1}]
+    follower.stop()
 
 
 def test_a_tampered_shard_is_never_opened(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:

@@ -66,6 +66,7 @@ __all__ = [
     "UPDATE_SUFFIX",
     "PARTS_SUFFIX",
     "NEEDS_PREFIX",
+    "ROOM_LOCK",
     "LEGACY_KEYS",
     "LEGACY_META_FILES",
     "RecordHeader",
@@ -246,6 +247,10 @@ PARTS_SUFFIX = ".parts"
 #: ``.needs-<pid>``: in a staging cache, the shards one rank still needs this epoch
 #: (held with a shared flock by that rank while it lives).
 NEEDS_PREFIX = ".needs-"
+#: ``.room.lock``: in a staging cache, held (flock, exclusive) while one process
+#: decides what to evict to make room for a download, so two downloads that start
+#: at once count each other.
+ROOM_LOCK = ".room.lock"
 #: ``<dst>.lock``: held (flock) by the ``pack`` writing ``<dst>`` for its whole
 #: run, holding that process's id; removed when it ends.
 WRITER_LOCK_SUFFIX = ".lock"

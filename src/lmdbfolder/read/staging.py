@@ -60,6 +60,7 @@ from lmdbfolder.format import (
     DATA_FILE,
     NEEDS_PREFIX,
     OLD_SUFFIX,
+    ROOM_LOCK,
     SHARD_INDEX_FILE,
     WRITER_LOCK_SUFFIX,
     decode_shard_index,
@@ -322,6 +323,18 @@ class StagedPack:
     def needed_soonest(self) -> dict[int, int]:
         """Shard -> how soon a live rank on this node needs it (0: in use now, 1: next, ...;
         the smallest over the ranks' lists)."""
+        with self._deciding():
+            return self._needed_soonest()
+
+    @contextlib.contextmanager
+    def _deciding(self) -> Iterator[None]:
+        """Held while a process decides what to evict and while a rank rewrites its list
+        of needs, so that a decision never reads a list half written (an empty list once
+        read as "keep everything" and let the cache grow past its limit)."""
+        with _flock(os.path.join(self.root, ROOM_LOCK), fcntl.LOCK_EX):
+            yield
+
+    def _needed_soonest(self) -> dict[int, int]:
         needed: dict[int, int] = {}
         try:
             names = os.listdir(self.root)
@@ -331,7 +344,10 @@ class StagedPack:
             if not name.startswith(NEEDS_PREFIX):
                 continue
             path = os.path.join(self.root, name)
-            fd = os.open(path, os.O_RDONLY)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # its rank has just stopped following
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -347,28 +363,37 @@ class StagedPack:
                 for soon, k in enumerate(json.loads(raw)):
                     needed[int(k)] = min(soon, needed.get(int(k), soon))
             except (ValueError, TypeError):
-                return dict.fromkeys(range(len(self.names)), 0)  # being rewritten: keep everything
+                return dict.fromkeys(range(len(self.names)), 0)  # not a list we wrote: keep everything
         return needed
 
     def _make_room(self, incoming: int, *, keep: int) -> None:
+        """Evict shards so that the cache, with shard ``keep`` (``incoming`` bytes, about to
+        be downloaded; the caller holds its lock) and every other download in flight, fits
+        ``cache_limit``.
+
+        One process decides at a time (``ROOM_LOCK``), and a download in flight counts
+        at its full size: two downloads that start together (the prefetch thread's and a
+        worker's) would otherwise each see room for one more shard, and take it twice.
+        """
         if self.cache_limit is None:
             return
-        staged = [k for k in self.staged() if k != keep]
-        total = sum(_size(self.path(k)) for k in staged) + incoming
-        if total <= self.cache_limit:
-            return
-        # First what no rank needs any more (least recently used first); then, if that
-        # is not enough, what is needed last (never the shards in use or next).
-        soonest = self.needed_soonest()
-        unneeded = sorted((k for k in staged if k not in soonest), key=lambda k: _mtime(self.path(k)))
-        protected = 2 + self.ahead
-        later = sorted((k for k in staged if soonest.get(k, 0) > protected), key=lambda k: -soonest[k])
-        for k in unneeded + later:
+        with self._deciding():
+            staged = [k for k in self.staged() if k != keep]
+            total = sum(_size(self.path(k)) for k in staged) + incoming + self._in_flight(keep)
             if total <= self.cache_limit:
                 return
-            size = _size(self.path(k))
-            if self.evict(k):
-                total -= size
+            # First what no rank needs any more (least recently used first); then, if that
+            # is not enough, what is needed last (never the shards in use or next).
+            soonest = self._needed_soonest()
+            unneeded = sorted((k for k in staged if k not in soonest), key=lambda k: _mtime(self.path(k)))
+            protected = 2 + self.ahead
+            later = sorted((k for k in staged if soonest.get(k, 0) > protected), key=lambda k: -soonest[k])
+            for k in unneeded + later:
+                if total <= self.cache_limit:
+                    return
+                size = _size(self.path(k))
+                if self.evict(k):
+                    total -= size
         if total > self.cache_limit:
             warnings.warn(
                 f"the staging cache of {self.url} holds {total:,} bytes, above cache_limit={self.cache_limit:,}: "
@@ -376,6 +401,26 @@ class StagedPack:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+    def _in_flight(self, keep: int) -> int:
+        """Bytes of the shards other than ``keep`` being downloaded now: not yet published,
+        their lock held exclusively (``ensure`` holds it from before making room until the
+        shard is published)."""
+        total = 0
+        for k in range(len(self.names)):
+            if k == keep or os.path.isdir(self.path(k)):
+                continue
+            try:
+                fd = os.open(self._lock_file(k), os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # nobody ever asked for it
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                total += int(self.index["shards"][k].get("bytes") or 0)
+            finally:
+                os.close(fd)  # drops the probe's lock, if it got one
+        return total
 
     def evict(self, k: int) -> bool:
         """Remove shard ``k`` from the cache unless a process holds it (False then).
@@ -428,9 +473,10 @@ class _Follower:
         self._cond = threading.Condition()
         self._stopped = False
         self._needs = os.path.join(pack.root, f"{NEEDS_PREFIX}{os.getpid()}")
-        self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
-        self._write_needs()
+        with pack._deciding():  # created, held and written before any decision sees it
+            self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
+            self._put_needs()
         self._thread = threading.Thread(target=self._run, name="lmdbfolder-staging", daemon=True)
         self._thread.start()
 
@@ -442,11 +488,14 @@ class _Follower:
         return len(self.schedule)
 
     def _write_needs(self) -> None:
+        with self.pack._deciding():
+            self._put_needs()
+
+    def _put_needs(self) -> None:
         # In the order of need: the shards still being read (lingering) first.
         needs = [k for k, last in self.schedule if last + self.linger >= self.position]
-        data = json.dumps(needs).encode()
         os.ftruncate(self._needs_fd, 0)
-        os.pwrite(self._needs_fd, data, 0)
+        os.pwrite(self._needs_fd, json.dumps(needs).encode(), 0)
 
     def advance(self, position: int) -> None:
         """The rank's sampler has handed out ``position`` samples of the epoch."""
@@ -473,7 +522,7 @@ class _Follower:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), self.pack._deciding():
             os.remove(self._needs)
         with contextlib.suppress(OSError):
             os.close(self._needs_fd)

@@ -252,6 +252,40 @@ def test_a_decision_never_reads_a_list_of_needs_half_written(
     follower.stop()
 
 
+def test_two_samplers_of_one_process_keep_their_own_needs(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
+    """Two datasets over one pack in one process (a train view and a held-out view, each with
+    its sampler): each follower's list counts, and one stopping leaves the other's."""
+    _, url = uploaded
+    cache = str(tmp_path / "cache")
+    first, second = StagedPack(url, cache, ahead=0), StagedPack(url, cache, ahead=0)
+    a = first.follow([(0, 9), (1, 19)])
+    b = second.follow([(5, 9), (6, 19)])
+    try:
+        assert first.needed_soonest() == {0: 0, 1: 1, 5: 0, 6: 1}
+        a.stop()
+        assert second.needed() == {5, 6}
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_stopping_a_follower_twice_closes_nothing_else(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
+    _, url = uploaded
+    pack = StagedPack(url, str(tmp_path / "cache"))
+    follower = pack.follow([])  # nothing to fetch: no thread opens files meanwhile
+    follower.join()
+    follower.stop()
+    # another file opened meanwhile under the number the follower's list had
+    other = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(other, follower._needs_fd)
+    os.close(other)
+    try:
+        follower.stop()
+        os.fstat(follower._needs_fd)  # still open
+    finally:
+        os.close(follower._needs_fd)
+
+
 def test_a_tampered_shard_is_never_opened(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
     local, url = uploaded
     name = sorted(shard_sizes(local))[3]

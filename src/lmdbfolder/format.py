@@ -244,7 +244,7 @@ COMPACT_DIR = "compact.tmp"
 #: ``<file>.parts``: the journal of a resumable download (``lmdbfolder.remote.download``):
 #: the parts of ``<file>`` already on disk, one number a line after a JSON header.
 PARTS_SUFFIX = ".parts"
-#: ``.needs-<pid>``: in a staging cache, the shards one rank still needs this epoch
+#: ``.needs-<pid>-<n>``: in a staging cache, the shards one sampler of a rank still needs this epoch
 #: (held with a shared flock by that rank while it lives).
 NEEDS_PREFIX = ".needs-"
 #: ``.room.lock``: in a staging cache, held (flock, exclusive) while one process

@@ -29,7 +29,7 @@ a new folder; the old one is evicted like any unused shard). It holds
   evicting shards, least recently used first, that no rank on the node still
   needs this epoch; then, if that is not enough, the shards needed last
   (Belady's rule), never those in use or next. Each rank following a sampler
-  lists what it still needs, in order, in ``.needs-<pid>`` (held with a
+  lists what it still needs, in order, in ``.needs-<pid>-<n>`` (held with a
   shared lock while the rank lives, so a killed rank's list is recognised
   and ignored). Shards in use are never deleted, so the limit can be
   exceeded by what is needed at once (a warning says so).
@@ -45,6 +45,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -461,6 +462,9 @@ class StagedPack:
             return self._follower
 
 
+_FOLLOWERS = itertools.count()
+
+
 class _Follower:
     """The prefetch thread of one rank: fetches its shards in order, ``ahead`` at a time."""
 
@@ -472,7 +476,8 @@ class _Follower:
         self.error: BaseException | None = None
         self._cond = threading.Condition()
         self._stopped = False
-        self._needs = os.path.join(pack.root, f"{NEEDS_PREFIX}{os.getpid()}")
+        # Its own name: two datasets over one pack in one process each have a follower.
+        self._needs = os.path.join(pack.root, f"{NEEDS_PREFIX}{os.getpid()}-{next(_FOLLOWERS)}")
         with pack._deciding():  # created, held and written before any decision sees it
             self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
@@ -520,6 +525,8 @@ class _Follower:
     def stop(self) -> None:
         """Stop fetching and drop this rank's needs (the thread ends after its current shard)."""
         with self._cond:
+            if self._stopped:
+                return  # its descriptor's number may belong to another file by now: never close it twice
             self._stopped = True
             self._cond.notify_all()
         with contextlib.suppress(OSError), self.pack._deciding():

@@ -286,6 +286,43 @@ def test_stopping_a_follower_twice_closes_nothing_else(s3: S3, uploaded: tuple[P
         os.close(follower._needs_fd)
 
 
+def test_a_process_forked_during_a_download_does_not_keep_its_lock(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DataLoader workers are forked while the prefetch thread may hold a shard's lock (a
+    validation loader's persistent workers, mid-epoch). A forked copy of the lock's descriptor
+    would hold the lock as long as the child lives: every reader of the shard would wait."""
+    _, url = uploaded
+    pack = StagedPack(url, str(tmp_path / "cache"), ahead=0)
+    downloading, go_on = threading.Event(), threading.Event()
+    real = staging.fetch_shard
+
+    def held(*args: Any, **kwargs: Any) -> int:
+        downloading.set()
+        go_on.wait()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(staging, "fetch_shard", held)
+    prefetch = threading.Thread(target=pack.ensure, args=(1,))
+    prefetch.start()
+    downloading.wait()
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # a worker that lives on
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    try:
+        go_on.set()
+        prefetch.join()
+        assert pack.staged() == [1]
+        assert pack.evict(1), "the shard's lock is still held by the forked child"
+    finally:
+        os.close(w)
+        os.waitpid(child, 0)
+
+
 def test_a_tampered_shard_is_never_opened(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
     local, url = uploaded
     name = sorted(shard_sizes(local))[3]

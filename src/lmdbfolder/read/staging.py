@@ -186,14 +186,34 @@ def disk_error(exc: OSError, url: str, where: str) -> RemoteError:
     )
 
 
+#: The descriptors of the cache locks this process holds now, and who opened them.
+_HELD: dict[int, int] = {}
+
+
 @contextlib.contextmanager
 def _flock(path: str, mode: int) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    _HELD[fd] = os.getpid()
     try:
         fcntl.flock(fd, mode)
         yield
     finally:
-        os.close(fd)  # closing drops the lock
+        if _HELD.pop(fd, None) == os.getpid():
+            os.close(fd)  # closing drops the lock
+
+
+def _drop_inherited_locks() -> None:
+    # A flock belongs to the open file, which a forked child shares: a DataLoader worker
+    # forked while the prefetch thread downloads a shard would hold that shard's lock for
+    # as long as it lives, and every reader of the shard would wait for it. The thread
+    # that held it does not exist in the child, so nothing else would ever close it.
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 class StagedPack:

@@ -11,6 +11,7 @@ their share. Downloads are counted by a proxy in front of the server.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -234,10 +235,10 @@ def test_a_decision_never_reads_a_list_of_needs_half_written(
             go_on.wait()
         return real_pwrite(fd, data, offset)
 
-    def watched_flock(path: str, mode: int) -> Any:
+    def watched_flock(path: str, mode: int, **kwargs: Any) -> Any:
         if threading.current_thread() is reader and path.endswith(ROOM_LOCK):
             asked_or_done.set()  # from here on it waits for the writer
-        return real_flock(path, mode)
+        return real_flock(path, mode, **kwargs)
 
     monkeypatch.setattr(os, "pwrite", held_pwrite)
     monkeypatch.setattr(staging, "_flock", watched_flock)
@@ -286,38 +287,97 @@ def test_stopping_a_follower_twice_closes_nothing_else(s3: S3, uploaded: tuple[P
         os.close(follower._needs_fd)
 
 
-def test_a_process_forked_during_a_download_does_not_keep_its_lock(
-    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def lock_is_free(pack: StagedPack, k: int) -> bool:
+    fd = os.open(pack.path(k) + ".lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.filterwarnings("ignore:the staging cache of")  # cache_limit=1: above it, on purpose
+@pytest.mark.parametrize("during", ["download", "opening", "eviction", "probe"])
+def test_a_process_forked_while_a_lock_is_held_does_not_keep_it(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, during: str
 ) -> None:
     """DataLoader workers are forked while the prefetch thread may hold a shard's lock (a
     validation loader's persistent workers, mid-epoch). A forked copy of the lock's descriptor
-    would hold the lock as long as the child lives: every reader of the shard would wait."""
+    would hold the lock as long as the child lives: every reader of the shard would wait.
+    The prefetch thread is stopped inside the lock: downloading shard 1, between opening shard
+    1's lock file and locking it, evicting shard 0, or probing shard 1's lock while it counts
+    downloads in flight."""
     _, url = uploaded
-    pack = StagedPack(url, str(tmp_path / "cache"), ahead=0)
-    downloading, go_on = threading.Event(), threading.Event()
-    real = staging.fetch_shard
+    pack = StagedPack(url, str(tmp_path / "cache"), cache_limit=1, ahead=0)
+    inside, go_on = threading.Event(), threading.Event()
 
-    def held(*args: Any, **kwargs: Any) -> int:
-        downloading.set()
-        go_on.wait()
-        return real(*args, **kwargs)
+    def pause() -> None:
+        if threading.current_thread() is prefetch:
+            inside.set()
+            go_on.wait()
 
-    monkeypatch.setattr(staging, "fetch_shard", held)
-    prefetch = threading.Thread(target=pack.ensure, args=(1,))
+    if during == "download":
+        real_fetch = staging.fetch_shard
+
+        def fetch(*args: Any, **kwargs: Any) -> int:
+            pause()
+            return real_fetch(*args, **kwargs)
+
+        monkeypatch.setattr(staging, "fetch_shard", fetch)
+        k, prefetch = 1, threading.Thread(target=pack.ensure, args=(1,))
+    elif during == "eviction":
+        pack.ensure(0)
+        real_rmtree = staging.shutil.rmtree
+
+        def rmtree(path: str, *args: Any, **kwargs: Any) -> None:
+            pause()
+            real_rmtree(path, *args, **kwargs)
+
+        monkeypatch.setattr(staging.shutil, "rmtree", rmtree)
+        k, prefetch = 0, threading.Thread(target=pack.evict, args=(0,))
+    elif during == "opening":
+        real_open = os.open
+
+        def open_(path: str, *args: Any, **kwargs: Any) -> int:
+            fd = real_open(path, *args, **kwargs)
+            if str(path).endswith(".lock") and os.path.basename(path).startswith(pack.names[1]):
+                pause()  # opened, not yet locked
+            return fd
+
+        monkeypatch.setattr(os, "open", open_)
+        k, prefetch = 1, threading.Thread(target=pack.ensure, args=(1,))
+    else:
+        with open(pack.path(1) + ".lock", "w"):
+            pass  # shard 1 was asked for once
+        real_flock = fcntl.flock
+
+        def flock(fd: int, mode: int) -> None:
+            real_flock(fd, mode)
+            pause()
+
+        monkeypatch.setattr(staging.fcntl, "flock", flock)
+        k, prefetch = 1, threading.Thread(target=pack._in_flight, args=(0,))
     prefetch.start()
-    downloading.wait()
+    inside.wait()
     r, w = os.pipe()
+    started_r, started_w = os.pipe()
     child = os.fork()
     if child == 0:  # a worker that lives on
         os.close(w)
+        os.write(started_w, b"!")  # Python runs here once the at-fork hooks have run
         os.read(r, 1)
         os._exit(0)
     os.close(r)
+    os.close(started_w)
     try:
+        assert os.read(started_r, 1) == b"!"
+        os.close(started_r)
         go_on.set()
         prefetch.join()
-        assert pack.staged() == [1]
-        assert pack.evict(1), "the shard's lock is still held by the forked child"
+        monkeypatch.undo()
+        assert lock_is_free(pack, k), "the shard's lock is still held by the forked child"
     finally:
         os.close(w)
         os.waitpid(child, 0)

@@ -186,17 +186,24 @@ def disk_error(exc: OSError, url: str, where: str) -> RemoteError:
     )
 
 
-#: The descriptors of the cache locks this process holds now, and who opened them.
+#: The descriptors of the cache locks this process holds now, and who opened them; and
+#: the cache folders of this process's staged packs.
 _HELD: dict[int, int] = {}
+_ROOTS: set[str] = set()
 
 
 @contextlib.contextmanager
-def _flock(path: str, mode: int) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def _flock(path: str, mode: int, *, create: bool = True) -> Iterator[int]:
+    """Hold a flock on ``path`` (``mode``: ``fcntl.LOCK_SH`` or ``LOCK_EX``, with ``LOCK_NB``
+    to raise BlockingIOError instead of waiting; ``create=False``: FileNotFoundError if it
+    is not there); yields the descriptor. A forked child does not keep it
+    (``_drop_inherited_locks``)."""
+    flags = os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
     _HELD[fd] = os.getpid()
     try:
         fcntl.flock(fd, mode)
-        yield
+        yield fd
     finally:
         if _HELD.pop(fd, None) == os.getpid():
             os.close(fd)  # closing drops the lock
@@ -207,10 +214,26 @@ def _drop_inherited_locks() -> None:
     # forked while the prefetch thread downloads a shard would hold that shard's lock for
     # as long as it lives, and every reader of the shard would wait for it. The thread
     # that held it does not exist in the child, so nothing else would ever close it.
-    for fd in _HELD:
+    # Every descriptor of a lock file in a cache folder goes, registered or not: a thread
+    # between opening one and registering it, or locking it after the fork, would leave
+    # an unregistered copy holding the lock.
+    fds = set(_HELD)
+    _HELD.clear()
+    if _ROOTS:
+        try:
+            names = os.listdir("/proc/self/fd")
+        except OSError:
+            names = []  # no /proc: the registered ones
+        for name in names:
+            try:
+                target = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                continue
+            if target.endswith(WRITER_LOCK_SUFFIX) and os.path.dirname(target) in _ROOTS:
+                fds.add(int(name))
+    for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-    _HELD.clear()
 
 
 os.register_at_fork(after_in_child=_drop_inherited_locks)
@@ -270,6 +293,7 @@ class StagedPack:
         self._reset()
 
     def _reset(self) -> None:
+        _ROOTS.add(self.root)
         self._follower: _Follower | None = None
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -366,20 +390,15 @@ class StagedPack:
                 continue
             path = os.path.join(self.root, name)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                with _flock(path, fcntl.LOCK_EX | fcntl.LOCK_NB, create=False):
+                    os.remove(path)  # nobody holds it: its rank is gone
+                continue
             except FileNotFoundError:
                 continue  # its rank has just stopped following
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    pass  # its rank lives: read what it needs
-                else:
-                    os.remove(path)  # nobody holds it: its rank is gone
-                    continue
-                raw = os.pread(fd, 1 << 20, 0)
-            finally:
-                os.close(fd)
+            except BlockingIOError:
+                pass  # its rank lives (it writes and removes its list only under ROOM_LOCK, held here)
+            with open(path, "rb") as f:
+                raw = f.read(1 << 20)
             try:
                 for soon, k in enumerate(json.loads(raw)):
                     needed[int(k)] = min(soon, needed.get(int(k), soon))
@@ -432,36 +451,29 @@ class StagedPack:
             if k == keep or os.path.isdir(self.path(k)):
                 continue
             try:
-                fd = os.open(self._lock_file(k), os.O_RDONLY)
+                with _flock(self._lock_file(k), fcntl.LOCK_SH | fcntl.LOCK_NB, create=False):
+                    pass
             except FileNotFoundError:
                 continue  # nobody ever asked for it
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 total += int(self.index["shards"][k].get("bytes") or 0)
-            finally:
-                os.close(fd)  # drops the probe's lock, if it got one
         return total
 
     def evict(self, k: int) -> bool:
         """Remove shard ``k`` from the cache unless a process holds it (False then).
 
         A process that has it mapped keeps reading it (the file is only unlinked)."""
-        fd = os.open(self._lock_file(k), os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            path = self.path(k)
-            if not os.path.isdir(path):
-                return False
-            old = f"{path}{OLD_SUFFIX}{os.getpid()}"
-            os.rename(path, old)
-            shutil.rmtree(old, ignore_errors=True)
-            return True
-        finally:
-            os.close(fd)
+            with _flock(self._lock_file(k), fcntl.LOCK_EX | fcntl.LOCK_NB):
+                path = self.path(k)
+                if not os.path.isdir(path):
+                    return False
+                old = f"{path}{OLD_SUFFIX}{os.getpid()}"
+                os.rename(path, old)
+                shutil.rmtree(old, ignore_errors=True)
+                return True
+        except BlockingIOError:
+            return False
 
     # -- ahead of need -----------------------------------------------------------------
     def follow(self, schedule: Sequence[tuple[int, int]], linger: int = 0) -> _Follower:
@@ -499,7 +511,7 @@ class _Follower:
         # Its own name: two datasets over one pack in one process each have a follower.
         self._needs = os.path.join(pack.root, f"{NEEDS_PREFIX}{os.getpid()}-{next(_FOLLOWERS)}")
         with pack._deciding():  # created, held and written before any decision sees it
-            self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT, 0o644)
+            self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
             self._put_needs()
         self._thread = threading.Thread(target=self._run, name="lmdbfolder-staging", daemon=True)

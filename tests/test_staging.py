@@ -288,7 +288,7 @@ def test_stopping_a_follower_twice_closes_nothing_else(s3: S3, uploaded: tuple[P
 
 
 def lock_is_free(pack: StagedPack, k: int) -> bool:
-    fd = os.open(pack.path(k) + ".lock", os.O_RDONLY)
+    fd = os.open(pack._lock_file(k), os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -342,14 +342,14 @@ def test_a_process_forked_while_a_lock_is_held_does_not_keep_it(
 
         def open_(path: str, *args: Any, **kwargs: Any) -> int:
             fd = real_open(path, *args, **kwargs)
-            if str(path).endswith(".lock") and os.path.basename(path).startswith(pack.names[1]):
+            if path == pack._lock_file(1):
                 pause()  # opened, not yet locked
             return fd
 
         monkeypatch.setattr(os, "open", open_)
         k, prefetch = 1, threading.Thread(target=pack.ensure, args=(1,))
     else:
-        with open(pack.path(1) + ".lock", "w"):
+        with open(pack._lock_file(1), "w"):
             pass  # shard 1 was asked for once
         real_flock = fcntl.flock
 
@@ -358,7 +358,7 @@ def test_a_process_forked_while_a_lock_is_held_does_not_keep_it(
             pause()
 
         monkeypatch.setattr(staging.fcntl, "flock", flock)
-        k, prefetch = 1, threading.Thread(target=pack._in_flight, args=(0,))
+        k, prefetch = 1, threading.Thread(target=pack._in_flight, args=({0},))
     prefetch.start()
     inside.wait()
     r, w = os.pipe()

@@ -419,7 +419,7 @@ class StagedPack:
             return
         with self._deciding():
             staged = [k for k in self.staged() if k != keep]
-            total = sum(_size(self.path(k)) for k in staged) + incoming + self._in_flight(keep)
+            total = sum(_size(self.path(k)) for k in staged) + incoming + self._in_flight({keep, *staged})
             if total <= self.cache_limit:
                 return
             # First what no rank needs any more (least recently used first); then, if that
@@ -442,13 +442,13 @@ class StagedPack:
                 stacklevel=3,
             )
 
-    def _in_flight(self, keep: int) -> int:
-        """Bytes of the shards other than ``keep`` being downloaded now: not yet published,
-        their lock held exclusively (``ensure`` holds it from before making room until the
-        shard is published)."""
+    def _in_flight(self, skip: set[int]) -> int:
+        """Bytes of the shards not in ``skip`` (the one about to be fetched, the staged ones)
+        being downloaded now: their lock held exclusively (``ensure`` holds it from before
+        making room until the shard is published)."""
         total = 0
         for k in range(len(self.names)):
-            if k == keep or os.path.isdir(self.path(k)):
+            if k in skip:
                 continue
             try:
                 with _flock(self._lock_file(k), fcntl.LOCK_SH | fcntl.LOCK_NB, create=False):

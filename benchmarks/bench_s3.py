@@ -18,6 +18,10 @@ this process and the server), as a share of all cores.
 
     python benchmarks/bench_s3.py                       # 8 shards of ~64 MB, 3 repeats
     python benchmarks/bench_s3.py --shards 4 --shard-mb 4 --repeat 1   # a smoke run
+
+Its scratch (the pack, its copies, the cache) is a new folder made inside
+``--workdir`` (default: the system's temporary folder), removed at the end
+unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workdir import scratch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -129,12 +135,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=8, help="lmdbfolder copy --jobs")
     ap.add_argument("--part-size", type=int, default=16 << 20, help="lmdbfolder copy --part-size, bytes")
-    ap.add_argument("--workdir", default=None, help="where to put the pack and the copies (default: a temp dir)")
+    ap.add_argument(
+        "--workdir", default=None, help="where the scratch folder (pack, copies) is made; default: the system's temp"
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the scratch folder (its path is printed)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
+    with scratch(args.workdir, "bench-s3-", keep=args.keep) as work:
+        return run(args, Path(work))
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-s3-"))
-    work.mkdir(parents=True, exist_ok=True)
+
+def run(args: argparse.Namespace, work: Path) -> int:
+    """The whole benchmark in ``work``, a new folder of its own."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -256,8 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait()
-        if args.workdir is None:
-            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

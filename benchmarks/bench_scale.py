@@ -2,11 +2,12 @@
 
 Usage:
     python benchmarks/bench_scale.py [--sizes 10k,100k,1.28M] [--src DIR ...] [--repeat 2]
-        [--data /work/scale-data] [--shards 8] [--skip STEP ...] [--json PATH]
+        [--data DIR] [--keep] [--shards 8] [--skip STEP ...] [--json PATH]
 
 For each size N it makes (once; resumable) a tree of N photo-like JPEGs of
 2-6 KB in 1,000 classes (``photolike.py make --profile small``) under
-``DATA/small-N``, then, for every checkout given with ``--src`` (default:
+``DATA/small-N`` (``--data``, default ``$TMPDIR/lmdbfolder-scale-data``;
+kept for the next run), then, for every checkout given with ``--src`` (default:
 this one), measures:
 
 * pack: ``lmdbfolder pack TREE DST`` (a subprocess) after dropping the
@@ -35,7 +36,8 @@ Every lmdbfolder step runs as a subprocess with ``PYTHONPATH=SRC/src``, so a
 are measured side by side in one run: ``--src /tmp/scale-before --src .``.
 Cold means: ``sync``, then ``posix_fadvise(DONTNEED)`` on every file of the
 tree (or of the pack), as ``lmdbfolder.tools.cache.evict`` does; no root
-needed. Output: a table per N on stdout and JSON in ``benchmarks/results/``.
+needed. The packs go to a new folder inside DATA, removed at the end unless
+``--keep``. Output: a table per N on stdout and JSON in ``benchmarks/results/``.
 Run it on a quiet machine; the numbers of a busy one are only directional.
 """
 
@@ -49,12 +51,17 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from workdir import scratch  # noqa: E402
+
 PYTHON = sys.executable
+DEFAULT_DATA = os.path.join(tempfile.gettempdir(), "lmdbfolder-scale-data")
 SIZES = {"10k": 10_000, "100k": 100_000, "1.28M": 1_281_167}
 
 
@@ -405,11 +412,11 @@ def label_of(src: str) -> str:
     return f"{os.path.basename(os.path.abspath(src))}@{rev}{'+' if dirty.strip() else ''}"
 
 
-def run_size(args: argparse.Namespace, n: int, srcs: list[str]) -> dict[str, Any]:
+def run_size(args: argparse.Namespace, n: int, srcs: list[str], work: str) -> dict[str, Any]:
+    """Every step at ``n`` images: the tree is kept under ``--data`` for the next run, the packs
+    go to ``work`` (this run's own folder)."""
     tree = os.path.join(args.data, f"small-{n}")
     make_tree(tree, n)
-    work = os.path.join(args.data, "packs")
-    os.makedirs(work, exist_ok=True)
     tree_files = files_under(tree)
     labels = {src: label_of(src) for src in srcs}
     res: dict[str, Any] = {"n": n, "tree": tree, "tree_bytes": sum(os.path.getsize(p) for p in tree_files)}
@@ -620,7 +627,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--src", action="append", help="an lmdbfolder checkout to measure (repeatable; default: this one)"
     )
-    parser.add_argument("--data", default="/work/scale-data", help="trees and packs go here (outside every repo)")
+    parser.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help=f"trees go here, kept for the next run (default {DEFAULT_DATA}); "
+        "packs go to a new folder inside it, removed at the end",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the folder of packs (its path is printed)")
     parser.add_argument("--repeat", type=int, default=2, help="rounds of cold+warm pack and tar")
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
@@ -637,13 +650,14 @@ def main(argv: list[str] | None = None) -> int:
     results = {"started": _dt.datetime.now().isoformat(timespec="seconds"), "srcs": srcs, "sizes": []}
     path = args.json or os.path.join(HERE, "results", f"scale-{_dt.datetime.now():%Y%m%d-%H%M%S}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    for n in sizes:
-        res = run_size(args, n, srcs)
-        results["sizes"].append(res)
-        print(table(res), flush=True)
-        print(flush=True)
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
+    with scratch(args.data, "packs-", keep=args.keep) as work:
+        for n in sizes:
+            res = run_size(args, n, srcs, work)
+            results["sizes"].append(res)
+            print(table(res), flush=True)
+            print(flush=True)
+            with open(path, "w") as f:
+                json.dump(results, f, indent=1)
     print(f"JSON: {path}")
     return 0
 

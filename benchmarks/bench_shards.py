@@ -11,7 +11,9 @@ cluster it is already running), then these two are run alternately:
     ray:    lmdbfolder.write.ray.pack_ray(TREE, OUT/ray, shards=N)   # lmdbfolder pack TREE OUT/ray --shards N --ray
 
 and the medians and their ratio are printed. Finally the two packs are
-compared sample for sample (payload bytes, label, encoding, original path).
+compared sample for sample (payload bytes, label, encoding, original path). OUT is a new folder made
+inside ``--out`` (default: the system's temporary folder), removed at the end
+unless ``--keep``.
 Ratios measured in one run are what to compare across machines.
 """
 
@@ -23,8 +25,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workdir import scratch  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,16 +37,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1, help="CPUs of the local Ray cluster")
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--out", help="work folder (default: a temporary folder, removed afterwards)")
+    parser.add_argument(
+        "--out", default=None, help="where the scratch folder (the two packs) is made; default: the system's temp"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (its path is printed)")
     args = parser.parse_args(argv)
+    with scratch(args.out, "bench-shards-", keep=args.keep) as out:
+        return run(args, out)
 
+
+def run(args: argparse.Namespace, out: str) -> int:
+    """The whole benchmark in ``out``, a new folder of its own."""
     import ray
 
     from lmdbfolder import open_pack, pack
     from lmdbfolder.write.ray import pack_ray
 
-    out = args.out or tempfile.mkdtemp(prefix="bench-shards-")
-    os.makedirs(out, exist_ok=True)
     try:
         subprocess.run(f"find {args.tree!r} -type f -print0 | xargs -0 cat > /dev/null", shell=True, check=True)
         start = time.perf_counter()
@@ -80,10 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"({len(a):,} vs {len(b):,} samples, {differing} differing records, "
                 f"shards {b.shard_offsets[1:]})"  # type: ignore[attr-defined]
             )
-        ray.shutdown()
     finally:
-        if args.out is None:
-            shutil.rmtree(out, ignore_errors=True)
+        ray.shutdown()
     return 0
 
 

@@ -2,8 +2,12 @@
 
 Usage:
     python benchmarks/photolike.py make TREE --images 100000 --profile small
-    python benchmarks/bench_update.py --tree TREE [--work DIR] [--rounds 3] [--kills 50]
+    python benchmarks/bench_update.py --tree TREE [--work DIR] [--keep] [--rounds 3] [--kills 50]
         [--oracle all|N] [--seed 0] [--json PATH]
+
+Its scratch, ``WORK`` below, is a new folder made inside ``--work`` (default: the
+system's temporary folder), about 4x the size of the tree's pack, and removed at
+the end unless ``--keep``; nothing else under ``--work`` is touched.
 
 What it does, in one run:
 
@@ -61,6 +65,9 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from workdir import scratch  # noqa: E402
+
 PYTHON = sys.executable
 ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
 
@@ -96,9 +103,7 @@ def lmdbfolder(*args: str) -> list[str]:
 
 # -- the tree ---------------------------------------------------------------------------
 def link_copy(tree: str, dst: str) -> None:
-    """``cp -al``: a copy of ``tree`` made of hard links."""
-    if os.path.exists(dst):
-        shutil.rmtree(dst)
+    """``cp -al``: a copy of ``tree`` made of hard links (``dst`` must not exist)."""
     subprocess.run(["cp", "-al", tree, dst], check=True)
 
 
@@ -326,23 +331,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", required=True, help="an ImageFolder tree (photolike.py make ...); never changed")
     parser.add_argument(
-        "--work", default="/tmp/bench-update", help="scratch folder (about 4x the size of the tree's pack)"
+        "--work",
+        default=None,
+        help="where the scratch folder (about 4x the size of the tree's pack) is made; default: the system's temp",
     )
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (its path is printed)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--oracle", default="all", help="'all', or how many evenly spaced samples to compare")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="default: benchmarks/results/bench_update-DATE.json")
     args = parser.parse_args(argv)
+    with scratch(args.work, "bench-update-", keep=args.keep) as work:
+        return run(args, work)
 
-    work = os.path.abspath(args.work)
-    os.makedirs(work, exist_ok=True)
+
+def run(args: argparse.Namespace, work: str) -> int:
+    """The whole benchmark in ``work``, a new folder of its own."""
     src, saved = os.path.join(work, "src"), os.path.join(work, "old")
     fresh, upd = os.path.join(work, "fresh"), os.path.join(work, "upd")
     print(f"copying {args.tree} (hard links) to {src}", flush=True)
     link_copy(os.path.abspath(args.tree), src)
-    if os.path.exists(saved):
-        shutil.rmtree(saved)
     warm(src)
     first = timed(lmdbfolder("pack", src, saved, "--no-progress"))  # the old version, copied for each update
     print(f"packed the old version in {first['wall_s']:.1f} s", flush=True)

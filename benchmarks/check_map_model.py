@@ -11,6 +11,8 @@ KB; packed with ``--check none``), it packs, then prints the estimate (and
 its margin) next to what LMDB used: ``(last_pgno + 1) * psize``, and
 ``env.stat()``'s leaf, branch and overflow pages, whether the map grew, and
 the old mean-based map (``1.5 x mean x N + 64 MB``, raw: 8x) for comparison.
+The synthetic trees and the packs go to a new folder made inside ``--work``
+(default: the system's temporary folder), removed at the end unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import tempfile
+import sys
 from typing import Any
 
 import lmdb
@@ -30,6 +32,9 @@ from lmdbfolder.write import sizing
 from lmdbfolder.write import writer as writer_mod
 from lmdbfolder.write.options import PackOptions, Resize
 from lmdbfolder.write.sources import scan
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workdir import scratch  # noqa: E402
 
 PSIZE = sizing.page_size()
 OVERFLOW_AT = sizing.node_max(PSIZE) - 16 + 1 - RECORD_HEADER.size
@@ -107,10 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", action="append", default=[])
     parser.add_argument("--store", default="encoded", choices=["encoded", "raw"])
     parser.add_argument("--max-size", type=int, default=None, help="pack-time resize (longer side)")
-    parser.add_argument("--work", default=None, help="where synthetic trees and packs go (default: a temp dir)")
+    parser.add_argument(
+        "--work", default=None, help="where the scratch folder (synthetic trees, packs) is made; default: system temp"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (its path is printed)")
     args = parser.parse_args(argv)
-    work = args.work or tempfile.mkdtemp(prefix="map-model-")
-    os.makedirs(work, exist_ok=True)
+    with scratch(args.work, "map-model-", keep=args.keep) as work:
+        return run(args, work)
+
+
+def run(args: argparse.Namespace, work: str) -> int:
+    """Every tree asked for, packed in ``work``, a new folder of its own."""
     resize = Resize(args.max_size) if args.max_size else None
     jobs = [(name, tree, PackOptions(check="none")) for name, tree in synthetic(work, args.synthetic).items()]
     if not args.synthetic:

@@ -105,7 +105,8 @@ def test_bench_update_leaves_the_work_folder_as_it_found_it(tmp_path: Path) -> N
     work = users_folder(tmp_path / "work", ["src", "old", "fresh", "upd", "killed"])
     before = snapshot(work)
     proc = run_bench(
-        "bench_update.py", "--tree", tree, "--work", work, "--rounds", "1", "--kills", "1", "--json", tmp_path / "r.json"
+        "bench_update.py",
+        *("--tree", tree, "--work", work, "--rounds", "1", "--kills", "1", "--json", tmp_path / "r.json"),
     )
     assert "equals the fresh pack: True" in proc.stdout
     assert snapshot(work) == before

@@ -151,3 +151,31 @@ def test_the_scan_itself_refuses_a_folder_it_cannot_list(tmp_path: Path, monkeyp
     for layout in ("imagefolder", "flat"):
         with pytest.raises(SourceError, match="class2: cannot list this folder"):
             scan(str(src), layout=layout, allow_empty=True)
+
+
+@needs_mounts
+@pytest.mark.parametrize("free_kb", [4, 0])
+def test_an_update_on_a_disk_without_room_for_the_lock_file_is_a_clear_error(tmp_path: Path, free_kb: int) -> None:
+    # `pack --update` opened the published pack with LMDB, which writes lock.mdb through a
+    # shared map: on a full disk the update died with SIGBUS (rc 135).
+    src = make_small_tree(tmp_path / "src")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (
+        'mount -t tmpfs -o size=256k tmpfs "$1" && '
+        f'"{sys.executable}" -m lmdbfolder pack "$2" "$1/out" --no-progress --no-space-check && '
+        f'free=$(df -k --output=avail "$1" | tail -1) && '
+        f'dd if=/dev/zero of="$1/fill" bs=1k count=$((free - {free_kb})) 2>/dev/null; '
+        'rm "$2/class1/img0.jpg" && '  # the update only drops a record: nothing to stage
+        f'"{sys.executable}" -m lmdbfolder pack "$2" "$1/out" --update --no-progress --no-space-check; rc=$?; '
+        f'"{sys.executable}" -m lmdbfolder verify "$1/out" --no-progress >&2 && exit $rc'
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", str(disk), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
+    _clear(proc, "pack failed", "No space left on device", "/out", "free some space")
+    assert "12 of 12 records checked" in proc.stderr and ": OK" in proc.stderr  # the old version, intact

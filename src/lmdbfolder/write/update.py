@@ -47,7 +47,7 @@ import lmdb
 import numpy as np
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError
+from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError, os_refusal
 from lmdbfolder.format import (
     CHECK_KEY,
     DATA_FILE,
@@ -752,6 +752,14 @@ def _commit(
     size = os.path.getsize(os.path.join(old.path, DATA_FILE))
     need = sum(p.size for p in puts) + sum(len(v) for v in tables.values())
     map_size = size + 2 * need + (64 << 20)
+    lock = os.path.join(old.path, LOCK_FILE)
+    try:
+        # LMDB writes lock.mdb through a shared map: on a full disk, SIGBUS inside lmdb.open.
+        packdir.reserve_lock_file(old.path)
+    except OSError as exc:
+        if os.path.exists(lock):
+            os.remove(lock)  # the published pack keeps only its own files
+        raise PackError(*os_refusal(exc, "cannot update", old.path)) from None
     try:
         env = lmdb.open(
             old.path,
@@ -790,7 +798,6 @@ def _commit(
         env.sync(True)
     finally:
         env.close()
-    lock = os.path.join(old.path, LOCK_FILE)
     if os.path.exists(lock):
         os.remove(lock)  # readers never use it
 

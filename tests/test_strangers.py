@@ -315,3 +315,46 @@ def test_import_never_opens_a_fifo_named_meta_info(tmp_path: Path) -> None:
     proc = _cli_child("import", str(old), str(tmp_path / "new"), "--no-progress")
     assert proc.returncode == EXIT_CODES["source error"], proc.stderr
     assert "meta_info.txt: cannot read it (it is a FIFO, not a regular file)" in proc.stderr
+
+
+# -- names in the source -------------------------------------------------------------------------
+def _hostile_tree(root: Path) -> Path:
+    """A small tree whose file and class names carry terminal escape sequences, some of
+    them files that pack skips (their names are echoed in the skipped-files list)."""
+    make_small_tree(root)
+    (root / "class1").rename(root / "\x1b]0;pwned\x07cls")
+    write(root / "class0" / "\x1b[2J\x1b[31mred\u202e.jpg", b"not an image")
+    write(root / "class0" / "cut\rhere.jpg", b"")
+    return root
+
+
+@pytest.mark.parametrize("flags", [[], ["--dry-run"]])
+def test_pack_prints_no_terminal_escape_sequences_from_file_names(
+    tmp_path: Path, capsys: Any, flags: list[str]
+) -> None:
+    # The skipped-files list of `pack` and `pack --dry-run` (and the dry run's classes)
+    # printed the names as they are: the ESC sequences cleared the screen and set the title.
+    src = _hostile_tree(tmp_path / "src")
+    assert main(["pack", str(src), str(tmp_path / "out"), "--no-progress", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out and "\u202e" not in out, out
+    assert "class0/\\x1b[2J\\x1b[31mred\\u202e.jpg" in out and "class0/cut\\x0dhere.jpg" in out
+
+
+def test_import_prints_no_terminal_escape_sequences_from_keys(tmp_path: Path, capsys: Any) -> None:
+    # The keys of a recipe LMDB (anyone's) became the skipped samples' names, printed as they are.
+    import pickle
+
+    import lmdb
+
+    old = tmp_path / "old"
+    env = lmdb.open(str(old), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        txn.put(b"0", pickle.dumps(((make_small_tree(tmp_path / "t") / "class0" / "img0.jpg").read_bytes(), 0)))
+        txn.put(b"\x1b]0;pwned\x07\x1b[2Jk", pickle.dumps((b"", 0)))  # empty image bytes: skipped
+        txn.put(b"__len__", pickle.dumps(2))
+        txn.put(b"__keys__", pickle.dumps([b"0", b"\x1b]0;pwned\x07\x1b[2Jk"]))
+    env.close()
+    assert main(["import", str(old), str(tmp_path / "new"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped \\x1b]0;pwned\\x07\\x1b[2Jk: empty image bytes" in out and "\x1b" not in out, out

@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from lmdbfolder.cli.common import add_output_flags, nothing_to_do, print_json, show_progress
-from lmdbfolder.text import plural
+from lmdbfolder.text import plural, printable
 
 __all__ = ["add_parser", "run"]
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             f"imported {plural(result.count, 'sample')} ({result.store}) into {result.path} in {result.seconds:.1f} s"
         )
         for path, reason in result.skipped[:20]:
-            print(f"  skipped {path}: {reason}")
+            print(f"  skipped {printable(path, 1000)}: {printable(reason)}")  # keys of anyone's LMDB: escaped
     return 0
 
 

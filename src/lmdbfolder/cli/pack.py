@@ -21,7 +21,7 @@ from lmdbfolder.cli.common import (
 )
 from lmdbfolder.errors import OptionError, SkippedFilesWarning
 from lmdbfolder.format import SKIPPED_REPORT
-from lmdbfolder.text import megabytes, plural
+from lmdbfolder.text import megabytes, plural, printable
 
 __all__ = ["add_parser", "run"]
 
@@ -314,7 +314,7 @@ def _run_dry(args: argparse.Namespace, options: Any) -> int:
     classes = ""
     if found.classes:
         counts = found.class_counts
-        shown = ", ".join(f"{name} {n:,}" for name, n in list(counts.items())[:20])
+        shown = ", ".join(f"{printable(name, 60)} {n:,}" for name, n in list(counts.items())[:20])
         more = f", ... ({len(counts) - 20:,} more)" if len(counts) > 20 else ""
         classes = f" in {plural(len(found.classes), 'class', 'classes')} ({shown}{more})"
     print(f"dry run, nothing written: {found.src} ({found.layout}) holds {plural(found.files, 'file')}{classes}")
@@ -323,7 +323,7 @@ def _run_dry(args: argparse.Namespace, options: Any) -> int:
     elif found.would_skip:
         print(f"the check (--check {found.check}) would skip {plural(len(found.would_skip), 'file')}:")
         for path, reason in found.would_skip[:20]:
-            print(f"  {path}: {reason}")
+            print(_skipped_line(path, reason))
         if len(found.would_skip) > 20:
             print(f"  ... and {len(found.would_skip) - 20:,} more")
     else:
@@ -441,6 +441,11 @@ def _print_skipped(skipped: Sequence[tuple[str, str]], listed_in: str, shown: in
         return
     print(f"skipped {plural(len(skipped), 'file')} (listed in {listed_in}):")
     for path, reason in skipped[:shown]:
-        print(f"  {path}: {reason}")
+        print(_skipped_line(path, reason))
     if len(skipped) > shown:
         print(f"  ... and {len(skipped) - shown:,} more")
+
+
+def _skipped_line(path: str, reason: str) -> str:
+    """One skipped file and why: file names are anyone's (escape sequences, newlines), so escaped."""
+    return f"  {printable(path, 1000)}: {printable(reason)}"

@@ -358,3 +358,26 @@ def test_import_prints_no_terminal_escape_sequences_from_keys(tmp_path: Path, ca
     assert main(["import", str(old), str(tmp_path / "new"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "skipped \\x1b]0;pwned\\x07\\x1b[2Jk: empty image bytes" in out and "\x1b" not in out, out
+
+
+def test_json_output_of_names_that_are_not_utf8_is_utf8(tmp_path: Path) -> None:
+    # A file name that is not UTF-8 (a latin-1 archive) is a str with lone surrogates: --json
+    # wrote them raw, a traceback (UnicodeEncodeError) under a UTF-8 locale and bytes that
+    # are not UTF-8 (not JSON) under the C locale.
+    src = make_small_tree(tmp_path / "src")
+    os.rename(src / "class0", os.path.join(os.fsencode(src), b"caf\xe9"))
+    write(Path(os.fsdecode(os.path.join(os.fsencode(src), b"class1", b"bad\xff.jpg"))), b"not an image")
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")  # strict, as with LANG=en_US.UTF-8
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))
+    out = tmp_path / "out"
+    for argv in (["pack", src, out, "--json", "--dry-run"], ["pack", src, out, "--json"], ["info", out, "--json"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "lmdbfolder", *map(str, argv)], capture_output=True, timeout=120, env=env
+        )
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+        doc = json.loads(proc.stdout.decode("utf-8"))  # strict UTF-8, valid JSON
+        if "classes" in doc:  # (the pack's own summary names no classes)
+            assert os.fsencode(doc["classes"][0]) == b"caf\xe9"  # the exact name comes back
+        skipped = doc["skipped"] if argv[0] == "info" else doc.get("would_skip", doc.get("skipped"))
+        paths = [item["path"] if isinstance(item, dict) else item[0] for item in skipped]
+        assert [os.fsencode(p) for p in paths] == [b"class1/bad\xff.jpg"], paths

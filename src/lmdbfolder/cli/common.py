@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from typing import Any, Callable
@@ -140,9 +141,17 @@ def usage(command: str, message: str) -> int:
 
 
 def print_json(obj: Any) -> None:
-    """``--json`` output: ``obj`` on stdout, indented, non-ASCII kept."""
-    json.dump(obj, sys.stdout, indent=2, ensure_ascii=False, default=str)
-    sys.stdout.write("\n")
+    """``--json`` output: ``obj`` on stdout, indented, non-ASCII kept.
+
+    A file name that is not UTF-8 is a str with lone surrogates (``os.fsdecode``):
+    those are written as JSON ``\\udcXX`` escapes, so the output is UTF-8 whatever the
+    locale, and ``os.fsencode(json.loads(...))`` gives the name's bytes back.
+    """
+    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str)
+    sys.stdout.write(_SURROGATE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n")
+
+
+_SURROGATE = re.compile("[\\ud800-\\udfff]")
 
 
 def add_output_flags(p: argparse.ArgumentParser, json_help: str) -> None:

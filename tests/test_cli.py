@@ -159,3 +159,41 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "(temporary, deleted at the end" in err and "deleted the work folder " in err
     assert result["verified"] and result["same_as_imagefolder"] and result["images"] == 6
     assert result["bench"]["measurements"] and result["bench"]["recommendation"]
+
+
+@pytest.mark.parametrize("command", ["info", "pack"])
+def test_output_into_a_closed_pipe_is_not_an_error(small_tree: Path, tmp_path: Path, command: str) -> None:
+    # `lmdbfolder info P | head -1`: the reader went away. BrokenPipeError is an OSError, so
+    # it reached the "system refused" branch first: "error: the system refused: : Broken
+    # pipe", exit 7 (6, "pack failed", for a pack that had succeeded).
+    argv = ["info", str(tmp_path / "p")] if command == "info" else ["pack", str(small_tree), str(tmp_path / "q")]
+    if command == "info":
+        assert main(["pack", str(small_tree), str(tmp_path / "p"), "--no-progress"]) == 0
+    read, write = os.pipe()
+    os.close(read)  # every write to stdout fails with EPIPE
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # each print writes (no buffer to fill first)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "lmdbfolder", *argv, *(["--no-progress"] if command == "pack" else [])],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 0 and proc.stderr == "", (proc.returncode, proc.stderr)
+
+
+def test_a_broken_pipe_of_our_own_is_still_an_error() -> None:
+    # Only a closed stdout is "not an error of ours": a BrokenPipeError from anything else
+    # (a reader process, a connection) while stdout is fine must not end in silence with 0.
+    code = (
+        "import argparse, sys\n"
+        "from lmdbfolder.cli.common import run_command\n"
+        "def run(args): raise BrokenPipeError(32, 'Broken pipe')\n"
+        "sys.exit(run_command(argparse.Namespace(run=run, command='pack')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == EXIT_CODES["pack failed"] and "Broken pipe" in proc.stderr, proc.stderr

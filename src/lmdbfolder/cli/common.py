@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import re
+import select
 import signal
 import sys
 from typing import Any, Callable
@@ -84,6 +85,11 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"lmdbfolder {args.command}: error: {text}", file=sys.stderr)
         return _exit_code(exc)
     except OSError as exc:
+        if isinstance(exc, BrokenPipeError) and _reader_gone(sys.stdout):
+            # Output piped into `head` and the like: not an error of ours.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
         # The system said no (a full disk, a read-only folder, ...) where no lmdbfolder
         # error says more: one message naming the path, never a traceback.
         message, hint = os_refusal(exc, "the system refused:")
@@ -94,14 +100,20 @@ def run_command(args: argparse.Namespace) -> int:
         hint = "; run the same command again to resume" if args.command == "pack" else ""
         print(f"lmdbfolder {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_CODES["interrupted"]
-    except BrokenPipeError:
-        # Output piped into `head` and the like: not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _reader_gone(stream: Any) -> bool:
+    """Whether ``stream`` is a pipe whose reading end was closed (poll says POLLERR), so that a
+    broken pipe of our own (a reader process, a connection) is never taken for ``| head``."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no file descriptor
+        return True
 
 
 def _exit_code(exc: LmdbFolderError) -> int:

@@ -195,10 +195,23 @@ def test_strict_stops_at_the_first_bad_file_and_resumes(tmp_path: Path) -> None:
 def test_refuses_when_the_disk_is_too_small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = make_small_tree(tmp_path / "src")
     monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 100, 100))
-    with pytest.raises(PackError, match=r"needs about .* GB but only 0.00 GB are free") as info:
+    with pytest.raises(PackError, match=r"needs about [\d.]+ MB but only 0.0 MB are free") as info:
         pack(src, tmp_path / "out", progress=False)
     assert "--no-space-check" in info.value.hint
     assert pack(src, tmp_path / "out", space_check=False, progress=False).count == 12
+
+
+def test_an_update_refused_for_room_says_how_much_in_megabytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lmdbfolder.write.update as update_mod
+
+    src = make_small_tree(tmp_path / "src")
+    pack(src, tmp_path / "out", progress=False)
+    write(src / "class0" / "added.jpg", image_bytes("rgb_jpeg", __import__("numpy").random.default_rng(2))[0])
+    # 300 kB free: a small disk's room in GB read "0.00 GB" whatever it held
+    monkeypatch.setattr(update_mod.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 300_000))
+    with pytest.raises(PackError, match=r"the update needs about [\d.]+ MB but only 0\.3 MB are free") as info:
+        pack(src, tmp_path / "out", update=True, progress=False)
+    assert "--no-space-check" in info.value.hint
 
 
 def _pack_with_file_size_limit(src: Path, out: Path, limit: int) -> subprocess.CompletedProcess:
@@ -251,6 +264,7 @@ def test_real_full_disk(tmp_path: Path) -> None:
     )
     assert proc.returncode == EXIT_CODES["pack failed"], proc.stderr
     assert "the disk is full" in proc.stderr or "a write failed" in proc.stderr, proc.stderr
+    assert " MB free)" in proc.stderr, proc.stderr  # the room of a 1 MB disk, not "0.00 GB"
     # the partial pack (copied off the full disk) resumes and completes
     result = pack(src, tmp_path / "out", commit_every=4, space_check=False, progress=False)
     assert result.resumed_from > 0 and result.count == 22

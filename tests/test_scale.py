@@ -222,7 +222,7 @@ def test_free_space_check_uses_the_page_estimate(tmp_path: Path, monkeypatch: py
             self.free = free
 
     monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda path: Usage(int(by_mean * 1.2)))
-    with pytest.raises(PackError, match="needs about .* GB but only .* GB are free"):
+    with pytest.raises(PackError, match="needs about .* [MG]B but only .* [MG]B are free"):
         pack(src, tmp_path / "p", check="none", progress=False)
     monkeypatch.setattr(output_mod.shutil, "disk_usage", lambda path: Usage(est.upper + (2 << 20)))
     assert pack(src, tmp_path / "p", check="none", progress=False).count == 200

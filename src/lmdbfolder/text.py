@@ -21,6 +21,12 @@ def megabytes(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+def disk_size(n: float) -> str:
+    """A size on a disk for a message: ``"12.34 GB"`` from 1 GB up, else ``"123.4 MB"``
+    (a small disk's room in GB read "0.00 GB free" whatever it held)."""
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else megabytes(n)
+
+
 _ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 

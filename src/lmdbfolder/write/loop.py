@@ -55,6 +55,7 @@ from lmdbfolder.format import (
     new_pack_id,
 )
 from lmdbfolder.progress import Progress
+from lmdbfolder.text import disk_size
 from lmdbfolder.write.compact import LabelList, PathList
 from lmdbfolder.write.options import PackOptions
 from lmdbfolder.write.processes import ProcessReader, processes_available
@@ -524,7 +525,7 @@ def _write_error(path: str, exc: lmdb.Error) -> PackError:
         # LMDB reports a short write (what a filling disk produces) as EIO.
         what = "the disk is full" if full else "a write failed (a full or failing disk)"
         return PackError(
-            f"cannot write {path}: {what} ({text}; {max(free, 0) / 1e9:,.2f} GB free); "
+            f"cannot write {path}: {what} ({text}; {disk_size(max(free, 0))} free); "
             "everything committed so far is kept",
             "free some space and run the same command again: it resumes where it stopped",
         )

@@ -21,7 +21,7 @@ import lmdb
 from lmdbfolder import packdir
 from lmdbfolder.errors import OptionError, OutputExistsError, PackError
 from lmdbfolder.format import COMPACT_DIR, DATA_FILE, LOCK_FILE, PARTIAL_SUFFIX, SKIPPED_REPORT, UPDATE_SUFFIX
-from lmdbfolder.text import escape_field, plural
+from lmdbfolder.text import disk_size, escape_field, plural
 from lmdbfolder.write import sizing
 from lmdbfolder.write.sources import SourceList
 
@@ -95,8 +95,7 @@ def _check_free_space(partial: str, plan: sizing.Plan, done: int) -> None:
     need = plan.remaining(done).upper + (1 << 20)  # and skipped.txt, the sync probe, lock.mdb
     if need > free:
         raise PackError(
-            f"the pack needs about {need / 1e9:,.2f} GB but only {free / 1e9:,.2f} GB are free "
-            f"on the disk holding {partial}",
+            f"the pack needs about {disk_size(need)} but only {disk_size(free)} are free on the disk holding {partial}",
             "free some space or pack to another disk (pass --no-space-check to try anyway)",
         )
 

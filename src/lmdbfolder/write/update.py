@@ -80,7 +80,7 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.pagefile import PageFile
 from lmdbfolder.progress import Progress
-from lmdbfolder.text import describe_changes, escape_field, plural
+from lmdbfolder.text import describe_changes, disk_size, escape_field, plural
 from lmdbfolder.write import resume
 from lmdbfolder.write.compact import LabelList, PathList
 from lmdbfolder.write.loop import (
@@ -485,7 +485,7 @@ def _stage(
                 free = shutil.disk_usage(staging).free
                 if need > free:
                     raise PackError(
-                        f"the update needs about {need / 1e9:,.2f} GB but only {free / 1e9:,.2f} GB are free "
+                        f"the update needs about {disk_size(need)} but only {disk_size(free)} are free "
                         f"on the disk holding {staging}",
                         "free some space (pass --no-space-check to try anyway)",
                     )

@@ -171,6 +171,38 @@ def test_fused_crop_is_recognised_in_both_composes(packed: Path, tree: Path) -> 
             assert torch.equal(a, b)
 
 
+def test_a_transform_changed_in_place_is_applied_as_it_is_now(packed: Path, tree: Path) -> None:
+    # Training scripts change the transform between epochs in place (progressive
+    # resizing: ``tf.transforms[0].size = (s, s)``); ImageFolder applies it as it is now.
+    for first in (T.RandomResizedCrop(3), fused.RandomResizedCrop(3, reduce=False, resize="pil")):
+        tf = T.Compose([first, T.RandomHorizontalFlip(0.0), T.PILToTensor()])
+        ours, theirs = LMDBFolder(packed, transform=tf), ImageFolder(str(tree), transform=tf)
+        assert_same_draws(ours, theirs)
+        first.size = (4, 5)
+        assert_same_draws(ours, theirs)
+        first.scale, first.ratio = (0.5, 0.6), (0.5, 0.5)
+        assert_same_draws(ours, theirs)
+        tf.transforms[1].p = 1.0
+        assert_same_draws(ours, theirs)
+        tf.transforms[1] = T.RandomVerticalFlip(1.0)
+        assert_same_draws(ours, theirs)
+        tf.transforms.append(T.ConvertImageDtype(torch.float32))
+        assert_same_draws(ours, theirs)
+
+
+def assert_same_draws(ours: LMDBFolder, theirs: ImageFolder) -> None:
+    """Every sample the same, one by one and as one batch, from the same random numbers."""
+    torch.manual_seed(5)
+    want = [theirs[i][0] for i in range(len(theirs))]
+    torch.manual_seed(5)
+    one_by_one = [ours[i][0] for i in range(len(ours))]
+    torch.manual_seed(5)
+    batched = [image for image, _ in ours.__getitems__(list(range(len(ours))))]
+    for a, b, c in zip(one_by_one, batched, want):
+        assert_same_item(a, c)
+        assert_same_item(b, c)
+
+
 # -- the v2 wrapper -----------------------------------------------------------------------------------
 def test_transforms_v2_wrapper(packed: Path, tree: Path) -> None:
     tf = v2.Compose([v2.ToImage(), v2.Resize((7, 9))])

@@ -20,7 +20,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 from torchvision import transforms as T
 from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset, wrap_dataset_for_transforms_v2
@@ -31,7 +31,14 @@ from torchvision.transforms import v2
 from conftest import image_bytes, write
 from lmdbfolder import fused
 from lmdbfolder.cli import main
-from lmdbfolder.errors import NoSamplesError, NotAPackError, OptionError, OutputExistsError, PackNotFoundError
+from lmdbfolder.errors import (
+    DecodeError,
+    NoSamplesError,
+    NotAPackError,
+    OptionError,
+    OutputExistsError,
+    PackNotFoundError,
+)
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.torch import LMDBDatasetFolder, LMDBFolder
 from lmdbfolder.write.shards import pack_sharded
@@ -408,6 +415,27 @@ def test_a_loader_needs_stored_files(tree: Path, tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="stores decoded pixels"):
         LMDBFolder(tmp_path / "raw", loader=gray_loader)
     assert_same_dataset(LMDBFolder(tmp_path / "raw", loader=pil_loader), ImageFolder(str(tree)))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_an_error_in_a_dataloader_worker_keeps_its_type(mixed_pack: Path, mixed: Path, context: str) -> None:
+    # torch re-raises a worker's error in the main process as a new one of its type,
+    # made from the text alone (a RuntimeError when that fails): ImageFolder's
+    # UnidentifiedImageError stays one; so must ours (``except DecodeError`` in the loop).
+    theirs = ImageFolder(str(mixed), is_valid_file=lambda p: True)
+    ours = LMDBFolder(mixed_pack)
+    bad = ours.filenames().index(os.path.join("a", "notes.txt"))
+    assert theirs.samples[bad] == ours.samples[bad]
+    for ds, error in ((theirs, UnidentifiedImageError), (ours, DecodeError)):
+        for batch_size in (None, 2):  # ds[i], and a batch (__getitems__)
+            loader = DataLoader(
+                ds, batch_size=batch_size, sampler=[0, bad], num_workers=1, multiprocessing_context=context
+            )
+            with pytest.raises(error) as info:
+                list(loader)
+            assert "notes.txt" in str(info.value) and "worker process 0" in str(info.value)
+    clone = pickle.loads(pickle.dumps(info.value))
+    assert type(clone) is DecodeError and str(clone) == str(info.value)
 
 
 def test_a_failing_loader_says_which_record(packed: Path) -> None:

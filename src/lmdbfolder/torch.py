@@ -794,7 +794,9 @@ def collate(batch: Any) -> Any:
         if all(type(t) is int for t in targets):
             collated = torch.tensor(targets, dtype=torch.int64)
         else:
-            collated = torch.utils.data.default_collate(targets)
+            # A tuple, as torch's collate hands each field of a batch of tuples on
+            # (a batch of strings stays that tuple, as ImageFolder's does).
+            collated = torch.utils.data.default_collate(tuple(targets))
         images = batch.images
         pool = transport.pool()
         buffer = pool.buffer_of(images)

@@ -796,7 +796,7 @@ def collate(batch: Any) -> Any:
         else:
             # A tuple, as torch's collate hands each field of a batch of tuples on
             # (a batch of strings stays that tuple, as ImageFolder's does).
-            collated = torch.utils.data.default_collate(tuple(targets))
+            collated = torch.utils.data.default_collate(tuple(targets))  # type: ignore[arg-type]
         images = batch.images
         pool = transport.pool()
         buffer = pool.buffer_of(images)

@@ -140,6 +140,24 @@ def test_collate_of_ordinary_batches_is_default_collate() -> None:
     assert torch.equal(images, torch.tensor([[0.0, 0.0], [1.0, 1.0]])) and targets.tolist() == [1, 2]
 
 
+def test_targets_of_any_kind_collate_as_in_imagefolder(mixed: Path) -> None:
+    """A target_transform's targets come out of the DataLoader as ImageFolder's do, whether
+    the batch took the fast path or not (torch's collate keeps a batch of strings as a tuple)."""
+    from torchvision.datasets import ImageFolder
+
+    classes = ImageFolder(str(mixed / "src")).classes
+    fast = T.Compose([T.RandomResizedCrop(8), T.PILToTensor()])
+    slow = T.Compose([T.Resize((8, 8)), T.PILToTensor()])
+    for target_transform in (classes.__getitem__, float, lambda t: {"y": t, "name": classes[t]}):
+        for tf in (fast, slow):
+            theirs = ImageFolder(str(mixed / "src"), transform=tf, target_transform=target_transform)
+            ours = LMDBFolder(mixed / "p", transform=tf, target_transform=target_transform)
+            for collate_fn in (None, collate):
+                _, want = next(iter(DataLoader(theirs, batch_size=4, collate_fn=collate_fn)))
+                _, got = next(iter(DataLoader(ours, batch_size=4, collate_fn=collate_fn)))
+                assert type(got) is type(want) and repr(got) == repr(want)
+
+
 def test_a_corrupt_record_in_a_batch_names_the_record(mixed: Path, tmp_path: Path) -> None:
     import shutil
 

@@ -20,7 +20,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 from torchvision import transforms as T
 from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset, wrap_dataset_for_transforms_v2
@@ -31,7 +31,14 @@ from torchvision.transforms import v2
 from conftest import image_bytes, write
 from lmdbfolder import fused
 from lmdbfolder.cli import main
-from lmdbfolder.errors import NoSamplesError, NotAPackError, OptionError, OutputExistsError, PackNotFoundError
+from lmdbfolder.errors import (
+    DecodeError,
+    NoSamplesError,
+    NotAPackError,
+    OptionError,
+    OutputExistsError,
+    PackNotFoundError,
+)
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.torch import LMDBDatasetFolder, LMDBFolder
 from lmdbfolder.write.shards import pack_sharded
@@ -169,6 +176,38 @@ def test_fused_crop_is_recognised_in_both_composes(packed: Path, tree: Path) -> 
         oracle = [ImageFolder(str(tree), transform=tf)[i][0] for i in range(len(ours))]
         for a, b in zip(fused_out, oracle):
             assert torch.equal(a, b)
+
+
+def test_a_transform_changed_in_place_is_applied_as_it_is_now(packed: Path, tree: Path) -> None:
+    # Training scripts change the transform between epochs in place (progressive
+    # resizing: ``tf.transforms[0].size = (s, s)``); ImageFolder applies it as it is now.
+    for first in (T.RandomResizedCrop(3), fused.RandomResizedCrop(3, reduce=False, resize="pil")):
+        tf = T.Compose([first, T.RandomHorizontalFlip(0.0), T.PILToTensor()])
+        ours, theirs = LMDBFolder(packed, transform=tf), ImageFolder(str(tree), transform=tf)
+        assert_same_draws(ours, theirs)
+        first.size = (4, 5)
+        assert_same_draws(ours, theirs)
+        first.scale, first.ratio = (0.5, 0.6), (0.5, 0.5)
+        assert_same_draws(ours, theirs)
+        tf.transforms[1].p = 1.0
+        assert_same_draws(ours, theirs)
+        tf.transforms[1] = T.RandomVerticalFlip(1.0)
+        assert_same_draws(ours, theirs)
+        tf.transforms.append(T.ConvertImageDtype(torch.float32))
+        assert_same_draws(ours, theirs)
+
+
+def assert_same_draws(ours: LMDBFolder, theirs: ImageFolder) -> None:
+    """Every sample the same, one by one and as one batch, from the same random numbers."""
+    torch.manual_seed(5)
+    want = [theirs[i][0] for i in range(len(theirs))]
+    torch.manual_seed(5)
+    one_by_one = [ours[i][0] for i in range(len(ours))]
+    torch.manual_seed(5)
+    batched = [image for image, _ in ours.__getitems__(list(range(len(ours))))]
+    for a, b, c in zip(one_by_one, batched, want):
+        assert_same_item(a, c)
+        assert_same_item(b, c)
 
 
 # -- the v2 wrapper -----------------------------------------------------------------------------------
@@ -376,6 +415,27 @@ def test_a_loader_needs_stored_files(tree: Path, tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="stores decoded pixels"):
         LMDBFolder(tmp_path / "raw", loader=gray_loader)
     assert_same_dataset(LMDBFolder(tmp_path / "raw", loader=pil_loader), ImageFolder(str(tree)))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_an_error_in_a_dataloader_worker_keeps_its_type(mixed_pack: Path, mixed: Path, context: str) -> None:
+    # torch re-raises a worker's error in the main process as a new one of its type,
+    # made from the text alone (a RuntimeError when that fails): ImageFolder's
+    # UnidentifiedImageError stays one; so must ours (``except DecodeError`` in the loop).
+    theirs = ImageFolder(str(mixed), is_valid_file=lambda p: True)
+    ours = LMDBFolder(mixed_pack)
+    bad = ours.filenames().index(os.path.join("a", "notes.txt"))
+    assert theirs.samples[bad] == ours.samples[bad]
+    for ds, error in ((theirs, UnidentifiedImageError), (ours, DecodeError)):
+        for batch_size in (None, 2):  # ds[i], and a batch (__getitems__)
+            loader = DataLoader(
+                ds, batch_size=batch_size, sampler=[0, bad], num_workers=1, multiprocessing_context=context
+            )
+            with pytest.raises(error) as info:
+                list(loader)
+            assert "notes.txt" in str(info.value) and "worker process 0" in str(info.value)
+    clone = pickle.loads(pickle.dumps(info.value))
+    assert type(clone) is DecodeError and str(clone) == str(info.value)
 
 
 def test_a_failing_loader_says_which_record(packed: Path) -> None:

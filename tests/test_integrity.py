@@ -35,6 +35,7 @@ from lmdbfolder.errors import (
     CorruptRecordError,
     NotAPackError,
     OutputExistsError,
+    PackChangedError,
     PackError,
     SourceError,
     UnsafePickleError,
@@ -382,8 +383,8 @@ def test_a_replaced_pack_is_not_mixed_in(tmp_path: Path, context: str) -> None:
     ds = LMDBFolder(tmp_path / "p", transform=image_size)
     assert main(["pack", str(tmp_path / "b"), str(tmp_path / "p"), "--overwrite", "--no-progress"]) == 0
     loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context)
-    with pytest.raises(Exception, match="replaced since this dataset was opened"):
-        list(loader)
+    with pytest.raises(PackChangedError, match="replaced since this dataset was opened"):
+        list(loader)  # a worker's error, re-raised here with its type
     with pytest.raises(NotAPackError, match="replaced since this dataset was opened"):
         ds[0]  # this process opens its map now, too
 

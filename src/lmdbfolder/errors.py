@@ -129,10 +129,40 @@ def install_hint(extra: str, what: str | None = None) -> str:
     )
 
 
-class LmdbFolderError(Exception):
-    """Base class of every lmdbfolder error. ``hint`` says what to try."""
+class _FromText(type):
+    """The metaclass of lmdbfolder's errors: ``SomeError(message=text)`` makes one from its
+    whole text alone, whatever arguments the class takes otherwise.
+
+    torch's DataLoader re-raises an error from a worker process in the main process as
+    a new one of its type, ``type(error)(message=text)`` when the class has a
+    ``message`` attribute (else ``type(error)(text)``), and as a RuntimeError when that
+    fails. The errors here take structured arguments (a record's index and path, ...),
+    so without this every one of them arrived as a RuntimeError, and ``except
+    DecodeError`` around a loop with ``num_workers > 0`` caught nothing, where
+    ImageFolder's errors keep their type. Made so, an error holds torch's text (which
+    names the worker, the record and the hint) and none of the structured attributes.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if not args and len(kwargs) == 1 and isinstance(kwargs.get("message"), str):
+            error = cls.__new__(cls)  # type: ignore[call-overload]
+            Exception.__init__(error, kwargs["message"])
+            error.message = kwargs["message"]
+            error.hint = ""  # the text already ends with it
+            return error
+        return super().__call__(*args, **kwargs)
+
+
+class LmdbFolderError(Exception, metaclass=_FromText):
+    """Base class of every lmdbfolder error. ``hint`` says what to try.
+
+    ``SomeError(message=text)`` makes any of them from a whole text (see ``_FromText``).
+    """
 
     hint: str = ""
+    #: The message (set on each error). The class has one too: that is how torch's
+    #: DataLoader knows to re-raise a worker's error as ``type(error)(message=text)``.
+    message: str = "(the message of an lmdbfolder error)"
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         if hint is not None:

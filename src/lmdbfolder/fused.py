@@ -49,7 +49,15 @@ from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import BatchItemError, CropSpec, ReadPlan
 from lmdbfolder.transport import pool
 
-__all__ = ["RandomResizedCrop", "split_fused", "split_exact", "batch_recipe", "BatchRecipe", "TransformPlan"]
+__all__ = [
+    "RandomResizedCrop",
+    "split_fused",
+    "split_exact",
+    "batch_recipe",
+    "BatchRecipe",
+    "TransformPlan",
+    "plan_key",
+]
 
 
 class RandomResizedCrop(T.RandomResizedCrop):
@@ -460,6 +468,36 @@ def split_exact(transform: Any) -> tuple[RandomResizedCrop | None, Any]:
     )
     rest = T.Compose(steps[1:]) if len(steps) > 1 else None
     return twin, rest
+
+
+def plan_key(transform: Any) -> tuple[Any, ...]:
+    """What a ``TransformPlan`` of ``transform`` takes from it when it is made: the steps
+    of a ``Compose`` (the objects its list holds now), and the settings of each
+    ``RandomResizedCrop`` and horizontal flip among them, which the plan copies (size,
+    scale, ratio, interpolation, antialias, the fused crop's own; the flip's ``p``).
+
+    A plan whose key differs is stale. Training scripts change a transform in place
+    between epochs (progressive resizing: ``tf.transforms[0].size = (160, 160)``,
+    ``tf.transforms.append(...)``), and ImageFolder applies the transform as it is now.
+    """
+    found = getattr(transform, "transforms", None)
+    steps = tuple(found) if isinstance(found, list) else (transform,)
+    key: list[Any] = [transform, steps]
+    for step in steps:
+        if isinstance(step, T.RandomResizedCrop):
+            key.append(
+                (_frozen(step.size), _frozen(step.scale), _frozen(step.ratio), step.interpolation, step.antialias)
+            )
+            if isinstance(step, RandomResizedCrop):
+                key.append((step.reduce, step.resize, step.output))
+        elif _flip_probability(step) is not None:
+            key.append(step.p)
+    return tuple(key)
+
+
+def _frozen(value: Any) -> Any:
+    # A copy of a list or tuple setting, so that a change to the list itself shows too.
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 class BatchRecipe(NamedTuple):

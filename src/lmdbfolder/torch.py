@@ -342,11 +342,13 @@ class LMDBDatasetFolder(DatasetFolder):
     def _plan(self) -> fused.TransformPlan:
         """How samples are made in this process (``fused.TransformPlan``), resolved once
         per transform, loader, decoder, size hint and thread count, and per process."""
-        key = (self.transform, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
+        # The transform's steps and settings too (fused.plan_key): a change in place takes effect.
+        transform_key = fused.plan_key(self.transform)
+        key = (transform_key, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
         plan = self._plan_cache
         if plan is None or key != self._plan_key:
             decoder = current().decoder(self.decoder)  # resolves "auto": part of the key from now on
-            key = (self.transform, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
+            key = (transform_key, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
             transform = self.transform if _decodes_itself(self._loader) else None
             plan = fused.TransformPlan(transform, decoder=decoder, size_hint=self.size_hint, threads=self.threads)
             if not _decodes_itself(self._loader):
@@ -792,7 +794,9 @@ def collate(batch: Any) -> Any:
         if all(type(t) is int for t in targets):
             collated = torch.tensor(targets, dtype=torch.int64)
         else:
-            collated = torch.utils.data.default_collate(targets)
+            # A tuple, as torch's collate hands each field of a batch of tuples on
+            # (a batch of strings stays that tuple, as ImageFolder's does).
+            collated = torch.utils.data.default_collate(tuple(targets))  # type: ignore[arg-type]
         images = batch.images
         pool = transport.pool()
         buffer = pool.buffer_of(images)

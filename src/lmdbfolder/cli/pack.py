@@ -228,7 +228,8 @@ def _pack_options(args: argparse.Namespace) -> Any:
 def _source_args(args: argparse.Namespace) -> dict[str, Any]:
     """Where ``pack`` reads from: layout, list file, empty classes, file filters."""
     return dict(
-        layout="flat" if args.flat else "imagefolder",
+        # Neither --flat nor --list: an ImageFolder tree, or for --update the pack's layout.
+        layout="flat" if args.flat else None,
         list_file=args.list_file,
         allow_empty=args.allow_empty,
         extensions=args.extensions,

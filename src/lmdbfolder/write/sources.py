@@ -476,7 +476,6 @@ class SourceSpec:
             match=self.match,
         )
 
-
     def for_update(self, recorded: Any, where: str) -> SourceSpec:
         """The spec of an update of the pack at ``where`` whose manifest records the
         source ``recorded`` (its ``source``, ``SourceList.describe``).
@@ -517,7 +516,11 @@ class SourceSpec:
 #: The longest ``match`` an update takes from a pack's manifest (a claim, read within bounds).
 MAX_RECORDED_MATCH = 4096
 _MAX_RECORDED_EXTENSIONS = 1000
-_LAYOUT_WORDS = {"imagefolder": "the ImageFolder layout (neither --flat nor --list)", "flat": "--flat", "list": "--list"}
+_LAYOUT_WORDS = {
+    "imagefolder": "the ImageFolder layout (neither --flat nor --list)",
+    "flat": "--flat",
+    "list": "--list",
+}
 
 
 @dataclass(frozen=True)
@@ -593,6 +596,7 @@ def _filter_words(flag: str, value: str | None) -> str:
 
 def _refuse_other(recorded: _Filters, given: _Filters, where: str) -> None:
     """OptionError when ``given`` (an update's filters) are not the pack's ``recorded`` ones."""
+    pair: tuple[str, ...]
     if recorded.layout != given.layout:
         pair = (_LAYOUT_WORDS[recorded.layout], _LAYOUT_WORDS.get(given.layout, repr(given.layout)))
         flag = "--list" if "list" in (recorded.layout, given.layout) else "--flat"

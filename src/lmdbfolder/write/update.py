@@ -803,8 +803,9 @@ def _commit(
 
 
 def _recorded_manifest(dst: str | os.PathLike[str]) -> tuple[str, dict[str, Any]] | None:
-    """(path, manifest) of the pack at ``dst`` (a sharded pack: its first shard, whose
-    options and source record are every shard's), or None when ``dst`` holds no readable pack."""
+    """(path of the pack, manifest) of the pack at ``dst`` (a sharded pack: its first
+    shard's manifest, whose options and source record are every shard's), or None when
+    ``dst`` holds no readable pack."""
     from lmdbfolder.format import decode_meta
 
     found = packdir.inspect(dst)
@@ -816,7 +817,7 @@ def _recorded_manifest(dst: str | os.PathLike[str]) -> tuple[str, dict[str, Any]
             path = found.path
         else:
             return None
-        return path, decode_meta(environments.read_manifest(path), where=path)
+        return found.path, decode_meta(environments.read_manifest(path), where=path)
     except (NotAPackError, OptionError, TypeError, ValueError, KeyError, IndexError):
         return None
 

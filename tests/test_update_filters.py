@@ -122,13 +122,20 @@ def fresh(src: Path, tmp_path: Path, **filters: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("sharded", [False, True], ids=["pack", "sharded"])
 @pytest.mark.parametrize("how", ["api", "cli"])
 @pytest.mark.parametrize("case", list(FILTERS))
-def test_update_without_filters_keeps_the_packs(tmp_path: Path, case: str, how: str, sharded: bool) -> None:
+def test_update_without_filters_keeps_the_packs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, how: str, sharded: bool
+) -> None:
     filters = FILTERS[case]
     src = mixed_tree(tmp_path / "src")
     dst = tmp_path / "p"
     do_pack(src, dst, how, sharded=sharded, **filters)
     change(src)
+    capsys.readouterr()
     do_pack(src, dst, how, sharded=sharded, update=True)  # no filter given
+    if how == "cli":  # it says which filters it kept
+        assert (
+            f"; kept the pack's {' '.join(cli_flags(filters))}".replace("/keep/", "'/keep/'") in capsys.readouterr().out
+        )
     assert contents(dst) == fresh(src, tmp_path, **filters)
     assert_imagefolder(src, dst, valid_file(src, **filters))
 

@@ -237,6 +237,26 @@ def _source_args(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _kept_filters(args: argparse.Namespace) -> str:
+    """For ``--update``: "; kept the pack's --extensions .png ..." for the layout and file
+    filters the update takes from the pack without being given them ("" when none)."""
+    if not args.update:
+        return ""
+    from lmdbfolder.write.sources import IMG_EXTENSIONS, SourceSpec
+    from lmdbfolder.write.update import update_spec
+
+    given = SourceSpec(**_source_args(args))
+    used = update_spec(given, args.dst)  # what pack() does: refusals are raised here first
+    words = []
+    if used.layout == "flat" and given.layout is None:
+        words.append("--flat")
+    if given.extensions is None and used.extensions is not None and tuple(used.extensions) != IMG_EXTENSIONS:
+        words.append("--extensions " + ",".join(used.extensions))
+    if given.match is None and used.match is not None:
+        words.append(f"--match {used.match!r}")
+    return f"; kept the pack's {printable(' '.join(words), 300)}" if words else ""
+
+
 def run(args: argparse.Namespace) -> int:
     """``lmdbfolder pack``: one pack, or a sharded pack when a shard flag is given."""
     from lmdbfolder.write.writer import pack
@@ -248,8 +268,9 @@ def run(args: argparse.Namespace) -> int:
     options = _pack_options(args)
     if args.dry_run:
         return _run_dry(args, options)
+    kept = _kept_filters(args)
     if _wants_shards(args) or (args.update and _is_sharded(args.dst)):
-        return _run_sharded(args, options)
+        return _run_sharded(args, options, kept)
 
     with warnings.catch_warnings():  # the skipped files are listed below instead
         warnings.simplefilter("ignore", SkippedFilesWarning)
@@ -261,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
         skipped = f", {plural(len(result.skipped), 'file')} skipped" if result.skipped else ""
         if options.update:
             print(
-                f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')}{skipped})"
+                f"{result.path} is up to date with {args.src}: nothing to do "
+                f"({plural(result.count, 'image')}{skipped}){kept}"
             )
         else:
             print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
@@ -273,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"updated {result.path}: {changes.summary()} -> {plural(result.count, 'image')}{resumed}; "
             f"{plural(changes.read, 'file')} read ({megabytes(result.input_bytes)}){compared} in {result.seconds:.1f} s"
+            f"{kept}"
         )
         _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
         return 0
@@ -350,7 +373,7 @@ def _wants_shards(args: argparse.Namespace) -> bool:
     return any(v is not None for v in (args.shards, args.shard_size, args.shard_index, args.ray, args.staging))
 
 
-def _run_sharded(args: argparse.Namespace, options: Any) -> int:
+def _run_sharded(args: argparse.Namespace, options: Any, kept: str = "") -> int:
     from lmdbfolder.write.shards import pack_sharded, parse_size
 
     updating = args.update and _is_sharded(args.dst)  # the split is the pack's
@@ -392,7 +415,7 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
         print_json(result.as_dict())
         return 0
     if updating and result.already_packed:
-        print(f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')})")
+        print(f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')}){kept}")
         return 0
     if updating and result.changes is not None:
         rewritten = [s.name for s in result.shards if not s.kept]
@@ -400,6 +423,7 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
             f"updated {result.path}: {result.changes.summary()} -> {plural(result.count, 'image')}; "
             f"{plural(len(rewritten), 'shard')} of {len(result.shards)} changed, "
             f"{plural(result.changes.read, 'file')} read ({megabytes(result.input_bytes)}) in {result.seconds:.1f} s"
+            f"{kept}"
         )
         _print_skipped(result.skipped, "each shard's skipped.txt")
         return 0

@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 
 from conftest import image_bytes, write
-from lmdbfolder import OptionError, PackError, pack, pack_sharded, pack_sources, scan
+from lmdbfolder import OptionError, PackError, open_pack, pack, pack_sharded, pack_sources, scan
 from lmdbfolder.cli import main
 from lmdbfolder.cli.common import EXIT_CODES
 from lmdbfolder.errors import python_form
 from lmdbfolder.format import CHECK_KEY, META_KEY, TABLE_KEYS, decode_meta, encode_check, encode_meta
-from test_update import contents
 
 FILTERS: dict[str, dict[str, Any]] = {
     "extensions": {"extensions": (".png",)},
@@ -110,6 +109,19 @@ def do_pack(src: Path, dst: Path, how: str, *, sharded: bool = False, update: bo
         pack_sharded(src, dst, **({"update": True} if update else {"shards": 2}), progress=False, **filters)
     else:
         pack(src, dst, update=update, progress=False, **filters)
+
+
+def contents(path: Path) -> dict[str, Any]:
+    """What a pack shows a reader (no ids, times, format version or record keys)."""
+    with open_pack(path) as r:
+        return {
+            "classes": r.classes,
+            "class_to_idx": r.class_to_idx,
+            "labels": list(r.labels),
+            "paths": r.paths(),
+            "records": [(rec.label, rec.encoding, rec.width, rec.height, bytes(rec.payload)) for rec in r],
+            "store": r.store,
+        }
 
 
 def fresh(src: Path, tmp_path: Path, **filters: Any) -> dict[str, Any]:
@@ -314,3 +326,12 @@ def test_a_forged_source_record_is_refused(tmp_path: Path, source: dict[str, Any
     with pytest.raises(PackError, match="records a source layout or file filters that are not valid"):
         pack(src, dst, update=True, progress=False)
     assert contents(dst) == before
+
+
+def test_info_shows_the_filters_an_update_keeps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = mixed_tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    pack(src, dst, extensions=(".png",), match="/keep/", progress=False)
+    capsys.readouterr()
+    assert main(["info", str(dst)]) == 0
+    assert f"imagefolder {src} (--extensions .png --match '/keep/')" in capsys.readouterr().out

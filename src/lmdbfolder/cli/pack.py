@@ -58,7 +58,8 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="bring the pack at DST up to date with SRC in place: add new files and classes, drop files that "
         "are gone, read again the files whose size or modification time changed; nothing else is read. "
-        "Keeps the pack's --store/--check/--max-size (changing them needs --overwrite)",
+        "Keeps the pack's --store/--check/--max-size and its layout and file filters (--flat, --extensions, --match; "
+        "a --list pack needs --list FILE): other values are refused, changing them needs --overwrite",
     )
     p.add_argument(
         "--max-size",
@@ -115,14 +116,15 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar=".EXT,...",
         help="file endings to pack, case-insensitive (default: ImageFolder's .jpg,.jpeg,.png,.ppm,.bmp,.pgm,"
-        ".tif,.tiff,.webp); recorded in the pack",
+        ".tif,.tiff,.webp); recorded in the pack, and kept by --update",
     )
     p.add_argument(
         "--match",
         default=None,
         metavar="REGEX",
         help="pack only files whose path relative to SRC contains a match of REGEX (Python re.search, / "
-        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack",
+        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack, and kept by "
+        "--update",
     )
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
     p.add_argument(
@@ -373,7 +375,7 @@ def _wants_shards(args: argparse.Namespace) -> bool:
     return any(v is not None for v in (args.shards, args.shard_size, args.shard_index, args.ray, args.staging))
 
 
-def _run_sharded(args: argparse.Namespace, options: Any, kept: str = "") -> int:
+def _run_sharded(args: argparse.Namespace, options: Any, kept_filters: str = "") -> int:
     from lmdbfolder.write.shards import pack_sharded, parse_size
 
     updating = args.update and _is_sharded(args.dst)  # the split is the pack's
@@ -415,7 +417,10 @@ def _run_sharded(args: argparse.Namespace, options: Any, kept: str = "") -> int:
         print_json(result.as_dict())
         return 0
     if updating and result.already_packed:
-        print(f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')}){kept}")
+        print(
+            f"{result.path} is up to date with {args.src}: nothing to do "
+            f"({plural(result.count, 'image')}){kept_filters}"
+        )
         return 0
     if updating and result.changes is not None:
         rewritten = [s.name for s in result.shards if not s.kept]
@@ -423,7 +428,7 @@ def _run_sharded(args: argparse.Namespace, options: Any, kept: str = "") -> int:
             f"updated {result.path}: {result.changes.summary()} -> {plural(result.count, 'image')}; "
             f"{plural(len(rewritten), 'shard')} of {len(result.shards)} changed, "
             f"{plural(result.changes.read, 'file')} read ({megabytes(result.input_bytes)}) in {result.seconds:.1f} s"
-            f"{kept}"
+            f"{kept_filters}"
         )
         _print_skipped(result.skipped, "each shard's skipped.txt")
         return 0

@@ -77,6 +77,8 @@ PYTHON_FORMS: tuple[tuple[str, str], ...] = (
     (r"--allow-empty", "allow_empty=True"),
     (r"--no-space-check", "space_check=False"),
     (r"--flat", 'layout="flat"'),
+    (r"--extensions", "extensions"),
+    (r"--match", "match"),
     (r"--list", "list_file=..."),
     (r"--channel-order", "channel_order"),
     (r"--shard-size", "shard_size"),

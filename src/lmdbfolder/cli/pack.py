@@ -58,7 +58,8 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="bring the pack at DST up to date with SRC in place: add new files and classes, drop files that "
         "are gone, read again the files whose size or modification time changed; nothing else is read. "
-        "Keeps the pack's --store/--check/--max-size (changing them needs --overwrite)",
+        "Keeps the pack's --store/--check/--max-size and its layout and file filters (--flat, --extensions, --match; "
+        "a --list pack needs --list FILE): other values are refused, changing them needs --overwrite",
     )
     p.add_argument(
         "--max-size",
@@ -115,14 +116,15 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar=".EXT,...",
         help="file endings to pack, case-insensitive (default: ImageFolder's .jpg,.jpeg,.png,.ppm,.bmp,.pgm,"
-        ".tif,.tiff,.webp); recorded in the pack",
+        ".tif,.tiff,.webp); recorded in the pack, and kept by --update",
     )
     p.add_argument(
         "--match",
         default=None,
         metavar="REGEX",
         help="pack only files whose path relative to SRC contains a match of REGEX (Python re.search, / "
-        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack",
+        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack, and kept by "
+        "--update",
     )
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
     p.add_argument(
@@ -228,12 +230,33 @@ def _pack_options(args: argparse.Namespace) -> Any:
 def _source_args(args: argparse.Namespace) -> dict[str, Any]:
     """Where ``pack`` reads from: layout, list file, empty classes, file filters."""
     return dict(
-        layout="flat" if args.flat else "imagefolder",
+        # Neither --flat nor --list: an ImageFolder tree, or for --update the pack's layout.
+        layout="flat" if args.flat else None,
         list_file=args.list_file,
         allow_empty=args.allow_empty,
         extensions=args.extensions,
         match=args.match,
     )
+
+
+def _kept_filters(args: argparse.Namespace) -> str:
+    """For ``--update``: "; kept the pack's --extensions .png ..." for the layout and file
+    filters the update takes from the pack without being given them ("" when none)."""
+    if not args.update:
+        return ""
+    from lmdbfolder.write.sources import IMG_EXTENSIONS, SourceSpec
+    from lmdbfolder.write.update import update_spec
+
+    given = SourceSpec(**_source_args(args))
+    used = update_spec(given, args.dst)  # what pack() does: refusals are raised here first
+    words = []
+    if used.layout == "flat" and given.layout is None:
+        words.append("--flat")
+    if given.extensions is None and used.extensions is not None and tuple(used.extensions) != IMG_EXTENSIONS:
+        words.append("--extensions " + ",".join(used.extensions))
+    if given.match is None and used.match is not None:
+        words.append(f"--match {used.match!r}")
+    return f"; kept the pack's {printable(' '.join(words), 300)}" if words else ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -247,8 +270,9 @@ def run(args: argparse.Namespace) -> int:
     options = _pack_options(args)
     if args.dry_run:
         return _run_dry(args, options)
+    kept = _kept_filters(args)
     if _wants_shards(args) or (args.update and _is_sharded(args.dst)):
-        return _run_sharded(args, options)
+        return _run_sharded(args, options, kept)
 
     with warnings.catch_warnings():  # the skipped files are listed below instead
         warnings.simplefilter("ignore", SkippedFilesWarning)
@@ -260,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
         skipped = f", {plural(len(result.skipped), 'file')} skipped" if result.skipped else ""
         if options.update:
             print(
-                f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')}{skipped})"
+                f"{result.path} is up to date with {args.src}: nothing to do "
+                f"({plural(result.count, 'image')}{skipped}){kept}"
             )
         else:
             print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
@@ -272,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"updated {result.path}: {changes.summary()} -> {plural(result.count, 'image')}{resumed}; "
             f"{plural(changes.read, 'file')} read ({megabytes(result.input_bytes)}){compared} in {result.seconds:.1f} s"
+            f"{kept}"
         )
         _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
         return 0
@@ -349,7 +375,7 @@ def _wants_shards(args: argparse.Namespace) -> bool:
     return any(v is not None for v in (args.shards, args.shard_size, args.shard_index, args.ray, args.staging))
 
 
-def _run_sharded(args: argparse.Namespace, options: Any) -> int:
+def _run_sharded(args: argparse.Namespace, options: Any, kept_filters: str = "") -> int:
     from lmdbfolder.write.shards import pack_sharded, parse_size
 
     updating = args.update and _is_sharded(args.dst)  # the split is the pack's
@@ -391,7 +417,10 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
         print_json(result.as_dict())
         return 0
     if updating and result.already_packed:
-        print(f"{result.path} is up to date with {args.src}: nothing to do ({plural(result.count, 'image')})")
+        print(
+            f"{result.path} is up to date with {args.src}: nothing to do "
+            f"({plural(result.count, 'image')}){kept_filters}"
+        )
         return 0
     if updating and result.changes is not None:
         rewritten = [s.name for s in result.shards if not s.kept]
@@ -399,6 +428,7 @@ def _run_sharded(args: argparse.Namespace, options: Any) -> int:
             f"updated {result.path}: {result.changes.summary()} -> {plural(result.count, 'image')}; "
             f"{plural(len(rewritten), 'shard')} of {len(result.shards)} changed, "
             f"{plural(result.changes.read, 'file')} read ({megabytes(result.input_bytes)}) in {result.seconds:.1f} s"
+            f"{kept_filters}"
         )
         _print_skipped(result.skipped, "each shard's skipped.txt")
         return 0

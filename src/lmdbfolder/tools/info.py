@@ -212,7 +212,7 @@ def format_info(info: dict[str, Any]) -> str:
     payload = info["payload_bytes"]
     source = info.get("source") or {}
     source_text = (
-        printable(f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}")
+        printable(f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}{_filters(source)}")
         if isinstance(source, dict)
         else str(source)
     )
@@ -309,3 +309,18 @@ def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, 
         ("smallest", named(info["smallest_classes"])),
         ("largest", named(info["largest_classes"])),
     ]
+
+
+def _filters(source: dict[str, Any]) -> str:
+    """The file filters a source record holds, as ``pack``'s flags (what ``--update`` keeps)."""
+    from lmdbfolder.write.sources import IMG_EXTENSIONS
+
+    words = []
+    exts = source.get("extensions")
+    if source.get("is_valid_file") is not None:
+        words.append(f"is_valid_file {source['is_valid_file']}")
+    elif isinstance(exts, list) and source.get("layout") != "list" and tuple(exts) != IMG_EXTENSIONS:
+        words.append("--extensions " + ",".join(map(str, exts)))
+    if source.get("match") is not None:
+        words.append(f"--match {source['match']!r}")
+    return f" ({' '.join(words)})" if words else ""

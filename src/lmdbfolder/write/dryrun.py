@@ -88,7 +88,7 @@ def dry_run(
     dst: str | os.PathLike[str],
     options: PackOptions | None = None,
     *,
-    layout: str = "imagefolder",
+    layout: str | None = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
     extensions: Sequence[str] | str | None = None,

@@ -106,7 +106,7 @@ def pack_ray(
     shard_size: int | str | None = None,
     address: str | None = None,
     prefix: str = DEFAULT_PREFIX,
-    layout: str = "imagefolder",
+    layout: str | None = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
     extensions: Sequence[str] | str | None = None,

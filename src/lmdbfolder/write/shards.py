@@ -64,7 +64,7 @@ from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
 from lmdbfolder.write.output import check_outside_source
 from lmdbfolder.write.resume import describe_change, pack_fingerprint
 from lmdbfolder.write.sources import SourceList, SourceSpec
-from lmdbfolder.write.update import Changes
+from lmdbfolder.write.update import Changes, update_spec
 from lmdbfolder.write.writer import pack_sources, per_second, warn_skipped
 
 __all__ = [
@@ -561,7 +561,7 @@ def pack_sharded(
     shard_size: int | str | None = None,
     shard_index: int | None = None,
     prefix: str = DEFAULT_PREFIX,
-    layout: str = "imagefolder",
+    layout: str | None = None,
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
     extensions: Sequence[str] | str | None = None,
@@ -578,7 +578,8 @@ def pack_sharded(
     keeps the finished shards and resumes the unfinished one. The index is
     written last, from the finished shards. ``options``/``fields``, ``layout``,
     ``list_file``, ``allow_empty`` and the file filters (``extensions``,
-    ``is_valid_file``, ``match``) are those of ``lmdbfolder.pack``.
+    ``is_valid_file``, ``match``) are those of ``lmdbfolder.pack`` (with
+    ``update``, the layout and filters not given are the pack's).
 
     ``shard_index``: pack only that shard of the ``shards``-way split and
     write no index (one job of a Slurm array; ``write_index`` once all are
@@ -598,7 +599,10 @@ def pack_sharded(
     check_outside_source(src, dst)
     if staging is not None:
         check_outside_source(src, staging)
-    sources = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match).scan(src)
+    spec = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
+    if opts.update:
+        spec = update_spec(spec, dst)  # the pack's own layout and file filters
+    sources = spec.scan(src)
     if shard_index is not None and shards is None:
         raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
     if opts.update:

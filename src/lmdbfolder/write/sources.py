@@ -24,14 +24,16 @@ Only the standard library is used; no file is opened except the list file
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from lmdbfolder.errors import ListFileError, OptionError, SourceError, SourceNotFoundError, os_hint
+from lmdbfolder.errors import ListFileError, OptionError, PackError, SourceError, SourceNotFoundError, os_hint
 from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL
 from lmdbfolder.pagefile import open_regular
+from lmdbfolder.text import printable
 from lmdbfolder.write.compact import LabelList, PathList
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "LAYOUTS",
     "SourceList",
     "SourceSpec",
+    "check_update_filters",
     "scan",
     "scan_imagefolder",
     "scan_flat",
@@ -219,11 +222,14 @@ def _file_filter(
             ok = pattern.search(rel.replace(os.sep, "/")) is not None
         return ok
 
-    name = None
-    if is_valid_file is not None:
-        name = getattr(is_valid_file, "__module__", None) or ""
-        name = f"{name}.{getattr(is_valid_file, '__qualname__', type(is_valid_file).__qualname__)}".lstrip(".")
+    name = None if is_valid_file is None else _callable_name(is_valid_file)
     return keep, (() if is_valid_file is not None else exts), {"match": match, "is_valid_file": name}
+
+
+def _callable_name(fn: Callable[[str], bool]) -> str:
+    """The name recorded for an ``is_valid_file`` callable: ``module.qualname``."""
+    module = getattr(fn, "__module__", None) or ""
+    return f"{module}.{getattr(fn, '__qualname__', type(fn).__qualname__)}".lstrip(".")
 
 
 def _what_counts(exts: tuple[str, ...], fields: dict[str, str | None]) -> str:
@@ -443,13 +449,15 @@ class SourceSpec:
     it into the sample list with ``scan``, the one place that scans. Values are
     checked by the scan, as they always were, so that a pack into its own source
     is refused before a bad filter is (``check_outside_source`` runs first).
+    ``layout=None`` (the default) is ``"imagefolder"``, or for an update the
+    pack's own (``for_update``).
 
     Example:
         >>> spec = SourceSpec(extensions=(".jpg",), match="^train/")
         >>> sources = spec.scan("dataset")  # doctest: +SKIP
     """
 
-    layout: str = "imagefolder"
+    layout: str | None = None
     list_file: str | os.PathLike[str] | None = None
     allow_empty: bool = False
     extensions: Sequence[str] | str | None = None
@@ -460,7 +468,7 @@ class SourceSpec:
         """The complete, ordered sample list of ``root`` (see the module docstring)."""
         return scan(
             root,
-            layout=self.layout,
+            layout=self.layout or "imagefolder",
             list_file=self.list_file,
             allow_empty=self.allow_empty,
             extensions=self.extensions,
@@ -468,11 +476,173 @@ class SourceSpec:
             match=self.match,
         )
 
+    def for_update(self, recorded: Any, where: str) -> SourceSpec:
+        """The spec of an update of the pack at ``where`` whose manifest records the
+        source ``recorded`` (its ``source``, ``SourceList.describe``).
+
+        The layout and file filters not given are the pack's, so that the update
+        holds the samples a fresh pack with the pack's filters would; those given
+        must be the pack's (OptionError naming both otherwise: other filters make
+        another dataset, which is a fresh pack). A list file is always given (the
+        manifest's path is not opened). A pack that records no layout (``source``
+        missing): the spec as given. ``allow_empty`` is not recorded: as given.
+        """
+        found = _Filters.recorded(recorded, where)
+        if found is None:
+            return self
+        if found.layout == "list" and self.list_file is None and self.layout in (None, "list"):
+            raise OptionError(
+                f"{where} was packed from a list file (--list); this update gives none",
+                "pass the list file with --list FILE (the pack records its path, and never opens it)",
+            )
+        layout = "list" if self.list_file is not None else (self.layout or found.layout)
+        spec = dataclasses.replace(self, layout=layout)
+        if layout == found.layout != "list":
+            if self.extensions is None and self.is_valid_file is None:
+                if found.is_valid_file is not None:
+                    raise OptionError(
+                        f"{where} was packed with the is_valid_file callable {printable(found.is_valid_file, 200)}, "
+                        "which a pack records only by name",
+                        "update it from Python with the same is_valid_file, or pack afresh with --overwrite",
+                    )
+                if found.extensions is not None:
+                    spec = dataclasses.replace(spec, extensions=found.extensions)
+            if self.match is None:
+                spec = dataclasses.replace(spec, match=found.match)
+        _refuse_other(found, _Filters.of_spec(spec), where)
+        return spec
+
+
+#: The longest ``match`` an update takes from a pack's manifest (a claim, read within bounds).
+MAX_RECORDED_MATCH = 4096
+_MAX_RECORDED_EXTENSIONS = 1000
+_LAYOUT_WORDS = {
+    "imagefolder": "the ImageFolder layout (neither --flat nor --list)",
+    "flat": "--flat",
+    "list": "--list",
+}
+
+
+@dataclass(frozen=True)
+class _Filters:
+    """Which files of a source a pack holds, as an update compares them: the layout,
+    and for the folder layouts the extensions (None: not recorded), the ``match``
+    and the name of the ``is_valid_file`` callable."""
+
+    layout: str
+    extensions: tuple[str, ...] | None
+    match: str | None
+    is_valid_file: str | None
+
+    @classmethod
+    def recorded(cls, source: Any, where: str) -> _Filters | None:
+        """The filters a manifest's ``source`` records (None: it records no layout);
+        PackError when they are not what a pack records (a forged or damaged manifest)."""
+        if not isinstance(source, Mapping) or "layout" not in source:
+            return None
+        layout, exts = source.get("layout"), source.get("extensions")
+        match, valid = source.get("match"), source.get("is_valid_file")
+        ok = (
+            layout in LAYOUTS
+            and (
+                exts is None
+                or (
+                    isinstance(exts, list)
+                    and len(exts) <= _MAX_RECORDED_EXTENSIONS
+                    and all(isinstance(e, str) and 0 < len(e) <= 100 for e in exts)
+                )
+            )
+            and (match is None or (isinstance(match, str) and len(match) <= MAX_RECORDED_MATCH))
+            and (valid is None or (isinstance(valid, str) and 0 < len(valid) <= 1000))
+        )
+        if ok and match is not None:
+            try:
+                re.compile(match)
+            except re.error:
+                ok = False
+        if not ok:
+            raise PackError(
+                f"{where}: its manifest records a source layout or file filters that are not valid "
+                "(the pack is damaged, or was not written by lmdbfolder)",
+                "run `lmdbfolder verify` on it; pack afresh with --overwrite",
+            )
+        extensions = None if exts is None else tuple(e.lower() for e in exts)
+        return cls(str(layout), extensions, match, valid)
+
+    @classmethod
+    def of_spec(cls, spec: SourceSpec) -> _Filters:
+        """The filters ``spec`` asks for (values the scan will check: any type compares unequal)."""
+        exts: Any = spec.extensions
+        if spec.is_valid_file is not None:
+            exts = ()
+        elif exts is None:
+            exts = IMG_EXTENSIONS
+        elif isinstance(exts, str):
+            exts = (exts.lower(),)
+        else:
+            exts = tuple(e.lower() if isinstance(e, str) else e for e in exts)
+        valid = None if spec.is_valid_file is None else _callable_name(spec.is_valid_file)
+        layout = "list" if spec.list_file is not None else (spec.layout or "imagefolder")
+        return cls(layout, exts, spec.match, valid)
+
+    @classmethod
+    def of_sources(cls, sources: SourceList) -> _Filters:
+        return cls(sources.layout, tuple(sources.extensions), sources.match, sources.is_valid_file)
+
+
+def _filter_words(flag: str, value: str | None) -> str:
+    return f"no {flag}" if value is None else f"{flag} {printable(value, 200)}"
+
+
+def _refuse_other(recorded: _Filters, given: _Filters, where: str) -> None:
+    """OptionError when ``given`` (an update's filters) are not the pack's ``recorded`` ones."""
+    pair: tuple[str, ...]
+    if recorded.layout != given.layout:
+        pair = (_LAYOUT_WORDS[recorded.layout], _LAYOUT_WORDS.get(given.layout, repr(given.layout)))
+        flag = "--list" if "list" in (recorded.layout, given.layout) else "--flat"
+        if recorded.layout == "list":
+            hint = "pass the list file with --list FILE (the pack records its path, and never opens it)"
+        else:
+            hint = f"leave out {flag} (an update uses the pack's layout), or pack afresh with --overwrite"
+    elif recorded.layout == "list":
+        return  # the list file names the samples: no filter applies
+    elif recorded.is_valid_file != given.is_valid_file:
+        pair = tuple(
+            "is_valid_file " + printable(f.is_valid_file, 200) if f.is_valid_file else "no is_valid_file"
+            for f in (recorded, given)
+        )
+        hint = "pass the same is_valid_file, or pack afresh with --overwrite"
+    elif (
+        recorded.is_valid_file is None
+        and recorded.extensions is not None
+        and frozenset(recorded.extensions) != frozenset(given.extensions or ())
+    ):
+        pair = tuple(_filter_words("--extensions", ",".join(map(str, f.extensions or ()))) for f in (recorded, given))
+        hint = "leave out --extensions (an update uses the pack's), or pack afresh with --overwrite"
+    elif recorded.match != given.match:
+        pair = tuple(_filter_words("--match", None if f.match is None else repr(f.match)) for f in (recorded, given))
+        hint = "leave out --match (an update uses the pack's), or pack afresh with --overwrite"
+    else:
+        return
+    raise OptionError(
+        f"{where} was packed with {pair[0]}; this update asks for {pair[1]}. An update keeps the pack's source "
+        "layout and file filters: other ones select other files, which is another dataset",
+        hint,
+    )
+
+
+def check_update_filters(recorded: Any, sources: SourceList, where: str) -> None:
+    """OptionError unless ``sources`` were scanned with the layout and file filters that a
+    pack's manifest records as its ``source`` (``recorded``; nothing recorded: no check)."""
+    found = _Filters.recorded(recorded, where)
+    if found is not None:
+        _refuse_other(found, _Filters.of_sources(sources), where)
+
 
 def scan(
     root: str | os.PathLike[str],
     *,
-    layout: str = "imagefolder",
+    layout: str | None = "imagefolder",
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
     extensions: Sequence[str] | str | None = None,
@@ -480,7 +650,7 @@ def scan(
     match: str | None = None,
 ) -> SourceList:
     """Build the sample list of ``root`` for the given ``layout``
-    (``list_file`` implies ``layout="list"``).
+    (``list_file`` implies ``layout="list"``; None: ``"imagefolder"``).
 
     ``extensions``, ``is_valid_file`` and ``match`` filter the files of the
     folder layouts (see the module docstring); a list file names its files,
@@ -490,6 +660,7 @@ def scan(
     list_file = None if list_file is None else os.fspath(list_file)
     if list_file is not None:
         layout = "list"
+    layout = layout or "imagefolder"
     filters: dict[str, Any] = dict(extensions=extensions, is_valid_file=is_valid_file, match=match)
     if layout == "imagefolder":
         return scan_imagefolder(root, allow_empty=allow_empty, **filters)

@@ -97,10 +97,10 @@ from lmdbfolder.write.loop import (
 from lmdbfolder.write.options import CHECKS, CONTENT_CHECK, PackOptions
 from lmdbfolder.write.records import Loaded, Skipped
 from lmdbfolder.write.runtime import _keep_freed_memory
-from lmdbfolder.write.sources import SourceList
+from lmdbfolder.write.sources import SourceList, SourceSpec, check_update_filters
 from lmdbfolder.write.threads import default_workers
 
-__all__ = ["Changes", "Updated", "update", "staging_path", "recorded_options"]
+__all__ = ["Changes", "Updated", "update", "staging_path", "recorded_options", "update_spec"]
 
 #: Free pages (a fraction of the file) from which an updated pack is compacted. LMDB
 #: reuses the pages an update frees from the update after next on, so the file
@@ -802,12 +802,11 @@ def _commit(
         os.remove(lock)  # readers never use it
 
 
-def recorded_options(dst: str | os.PathLike[str]) -> PackOptions | None:
-    """The content options (store, check, resize) the pack at ``dst`` was made with
-    (a sharded pack: its first shard's), or None when ``dst`` holds no readable pack.
-    What ``lmdbfolder pack --update`` uses for the options it is not given."""
+def _recorded_manifest(dst: str | os.PathLike[str]) -> tuple[str, dict[str, Any]] | None:
+    """(path of the pack, manifest) of the pack at ``dst`` (a sharded pack: its first
+    shard's manifest, whose options and source record are every shard's), or None when
+    ``dst`` holds no readable pack."""
     from lmdbfolder.format import decode_meta
-    from lmdbfolder.write.options import Resize
 
     found = packdir.inspect(dst)
     try:
@@ -818,7 +817,22 @@ def recorded_options(dst: str | os.PathLike[str]) -> PackOptions | None:
             path = found.path
         else:
             return None
-        meta = decode_meta(environments.read_manifest(path), where=path)
+        return found.path, decode_meta(environments.read_manifest(path), where=path)
+    except (NotAPackError, OptionError, TypeError, ValueError, KeyError, IndexError):
+        return None
+
+
+def recorded_options(dst: str | os.PathLike[str]) -> PackOptions | None:
+    """The content options (store, check, resize) the pack at ``dst`` was made with
+    (a sharded pack: its first shard's), or None when ``dst`` holds no readable pack.
+    What ``lmdbfolder pack --update`` uses for the options it is not given."""
+    from lmdbfolder.write.options import Resize
+
+    found = _recorded_manifest(dst)
+    if found is None:
+        return None
+    meta = found[1]
+    try:
         params: dict[str, Any] = meta["params"] if isinstance(meta.get("params"), dict) else {}
         check = params.get("check")
         return PackOptions(
@@ -826,8 +840,20 @@ def recorded_options(dst: str | os.PathLike[str]) -> PackOptions | None:
             check=check if check in ("none", "header", "decode") else "header",
             resize=Resize.from_params(params),
         )
-    except (NotAPackError, OptionError, TypeError, ValueError, KeyError):
+    except (OptionError, TypeError, ValueError, KeyError):
         return None
+
+
+def update_spec(spec: SourceSpec, dst: str | os.PathLike[str]) -> SourceSpec:
+    """The source spec of an update of ``dst``: ``spec`` with the layout and file filters
+    it does not give taken from the pack's manifest, those it gives checked against it
+    (``SourceSpec.for_update``; OptionError naming both when they differ). A ``dst``
+    that holds no readable pack (it will be packed): ``spec`` as it is."""
+    found = _recorded_manifest(dst)
+    if found is None:
+        return spec
+    path, meta = found
+    return spec.for_update(meta.get("source"), path)
 
 
 # -- the entry point ------------------------------------------------------------------
@@ -867,6 +893,9 @@ def update(
     old = _OldPack.load(dst)
     try:
         effective = check_options(old, options)
+        # Other filters select other files: added (or dropped) silently, they would mix
+        # another dataset into this one (``update_spec`` fills in the pack's own).
+        check_update_filters(old.meta.get("source"), sources, dst)
         fingerprint = resume.pack_fingerprint(sources, effective, manifest_extra)
         plan = _plan(old, sources, options.check == CONTENT_CHECK or old.stats is None)
         if plan.same_samples(old, sources):

@@ -111,7 +111,7 @@ def pack(
     dst: str | os.PathLike[str],
     options: PackOptions | None = None,
     *,
-    layout: str = "imagefolder",
+    layout: str | None = None,
     list_file: str | os.PathLike[str] | None = None,
     allow_empty: bool = False,
     extensions: Sequence[str] | str | None = None,
@@ -131,7 +131,8 @@ def pack(
         options: how to write it, a ``PackOptions``; its fields may also be
             given (or overridden) as keywords, e.g. ``pack(src, dst, store="raw")``.
         layout: ``"imagefolder"`` (``src/<class>/**/<image>``, torchvision's
-            rules), ``"flat"`` (all images, unlabelled) or ``"list"``.
+            rules; the default), ``"flat"`` (all images, unlabelled) or
+            ``"list"``. None: ``"imagefolder"``, or with ``update`` the pack's.
         list_file: a ``relative/path label`` file; implies ``layout="list"``.
         allow_empty: keep ImageFolder class folders that hold no image.
         extensions: the file name endings to pack (case-insensitive; default:
@@ -167,7 +168,11 @@ def pack(
             the result is the dataset a fresh pack of ``src`` would be, and
             only the changed files are read and written. The pack's own
             store, check and resize are kept (other values are refused: they
-            would change every record; repack with ``overwrite``). A ``dst``
+            would change every record; repack with ``overwrite``), and so are
+            its layout and file filters: ``layout``, ``extensions`` and
+            ``match`` not given are the pack's, others are refused (they
+            select other files); ``is_valid_file`` is recorded by name only,
+            so it must be passed again. A ``dst``
             that does not exist is packed. Interrupted, the same call finishes
             it; ``dst`` holds the old version until the update commits.
             Datasets that opened it before keep reading the old version until
@@ -208,6 +213,8 @@ def pack(
             "(Python: pack_sharded(..., update=True))",
         )
     spec = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
+    if opts.update:
+        spec = update.update_spec(spec, dst)
     result = pack_sources(spec.scan(src), dst, opts)
     if not result.already_packed:
         warn_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))

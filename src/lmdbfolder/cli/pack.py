@@ -58,8 +58,9 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="bring the pack at DST up to date with SRC in place: add new files and classes, drop files that "
         "are gone, read again the files whose size or modification time changed; nothing else is read. "
-        "Keeps the pack's --store/--check/--max-size and its layout and file filters (--flat, --extensions, --match; "
-        "a --list pack needs --list FILE): other values are refused, changing them needs --overwrite",
+        "Keeps the pack's --store/--check/--max-size and its layout and extensions (--flat, --extensions; "
+        "a --match pack needs the same --match, a --list pack its --list FILE): other values are refused, "
+        "changing them needs --overwrite",
     )
     p.add_argument(
         "--max-size",
@@ -254,8 +255,6 @@ def _kept_filters(args: argparse.Namespace) -> str:
         words.append("--flat")
     if given.extensions is None and used.extensions is not None and tuple(used.extensions) != IMG_EXTENSIONS:
         words.append("--extensions " + ",".join(used.extensions))
-    if given.match is None and used.match is not None:
-        words.append(f"--match {used.match!r}")
     return f"; kept the pack's {printable(' '.join(words), 300)}" if words else ""
 
 

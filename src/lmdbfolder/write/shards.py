@@ -579,7 +579,8 @@ def pack_sharded(
     written last, from the finished shards. ``options``/``fields``, ``layout``,
     ``list_file``, ``allow_empty`` and the file filters (``extensions``,
     ``is_valid_file``, ``match``) are those of ``lmdbfolder.pack`` (with
-    ``update``, the layout and filters not given are the pack's).
+    ``update``, the layout and extensions not given are the pack's, and its
+    ``match`` must be given again).
 
     ``shard_index``: pack only that shard of the ``shards``-way split and
     write no index (one job of a Slurm array; ``write_index`` once all are

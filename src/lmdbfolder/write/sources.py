@@ -480,12 +480,14 @@ class SourceSpec:
         """The spec of an update of the pack at ``where`` whose manifest records the
         source ``recorded`` (its ``source``, ``SourceList.describe``).
 
-        The layout and file filters not given are the pack's, so that the update
+        The layout and extensions not given are the pack's, so that the update
         holds the samples a fresh pack with the pack's filters would; those given
         must be the pack's (OptionError naming both otherwise: other filters make
-        another dataset, which is a fresh pack). A list file is always given (the
-        manifest's path is not opened). A pack that records no layout (``source``
-        missing): the spec as given. ``allow_empty`` is not recorded: as given.
+        another dataset, which is a fresh pack). A ``match`` the pack records must
+        be given again (OptionError naming it otherwise: a pattern read from a pack
+        is never run). A list file is always given (the manifest's path is not
+        opened). A pack that records no layout (``source`` missing): the spec as
+        given. ``allow_empty`` is not recorded: as given.
         """
         found = _Filters.recorded(recorded, where)
         if found is None:
@@ -507,13 +509,20 @@ class SourceSpec:
                     )
                 if found.extensions is not None:
                     spec = dataclasses.replace(spec, extensions=found.extensions)
-            if self.match is None:
-                spec = dataclasses.replace(spec, match=found.match)
+            if self.match is None and found.match is not None:
+                # A pattern read from a pack is never run: Python's re has no time limit,
+                # and a pack is a claim. The user gives it again (compared as text).
+                raise OptionError(
+                    f"{where} was packed with --match {printable(repr(found.match), 300)}; this update gives "
+                    "none, and an update never runs a pattern read from a pack",
+                    "pass the same --match again, or pack afresh with --overwrite",
+                )
         _refuse_other(found, _Filters.of_spec(spec), where)
         return spec
 
 
-#: The longest ``match`` an update takes from a pack's manifest (a claim, read within bounds).
+#: The longest ``match`` an update reads from a pack's manifest (a claim, read within bounds;
+#: only compared with the one given, never run).
 MAX_RECORDED_MATCH = 4096
 _MAX_RECORDED_EXTENSIONS = 1000
 _LAYOUT_WORDS = {
@@ -555,11 +564,6 @@ class _Filters:
             and (match is None or (isinstance(match, str) and len(match) <= MAX_RECORDED_MATCH))
             and (valid is None or (isinstance(valid, str) and 0 < len(valid) <= 1000))
         )
-        if ok and match is not None:
-            try:
-                re.compile(match)
-            except re.error:
-                ok = False
         if not ok:
             raise PackError(
                 f"{where}: its manifest records a source layout or file filters that are not valid "

@@ -169,10 +169,11 @@ def pack(
             only the changed files are read and written. The pack's own
             store, check and resize are kept (other values are refused: they
             would change every record; repack with ``overwrite``), and so are
-            its layout and file filters: ``layout``, ``extensions`` and
-            ``match`` not given are the pack's, others are refused (they
-            select other files); ``is_valid_file`` is recorded by name only,
-            so it must be passed again. A ``dst``
+            its layout and file filters: ``layout`` and ``extensions`` not
+            given are the pack's, others are refused (they select other
+            files); a pack's ``match`` must be passed again (a pattern read
+            from a pack is never run), and so must ``is_valid_file``
+            (recorded by name only). A ``dst``
             that does not exist is packed. Interrupted, the same call finishes
             it; ``dst`` holds the old version until the update commits.
             Datasets that opened it before keep reading the old version until

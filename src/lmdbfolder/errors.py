@@ -12,6 +12,16 @@ These messages are the user interface for failures, read in two places:
   (``PYTHON_FORMS``).
 
 The CLI maps each class to an exit code.
+
+Where ImageFolder raises a built-in error for the same situation, ours is that
+error too, so code written for ImageFolder catches it: a pack that is not there
+is a ``FileNotFoundError`` (``PackNotFoundError``, ``NoSamplesError``,
+``SourceNotFoundError``), and a sample that cannot be read is an ``OSError``
+(``DecodeError``, ``CorruptRecordError``), as Pillow's ``UnidentifiedImageError``
+and "image file is truncated" are: ``except OSError`` around a loop, or in a
+``__getitem__`` that skips bad images, works unchanged. Their ``errno``,
+``strerror`` and ``filename`` are None, as Pillow's are; the text, ``hint``,
+``index`` and ``path`` are lmdbfolder's.
 """
 
 from __future__ import annotations
@@ -292,10 +302,14 @@ class PackChangedError(NotAPackError):
         LmdbFolderError.__init__(self, f"{self.path} {why}", hint)
 
 
-class CorruptRecordError(LmdbFolderError):
+class CorruptRecordError(LmdbFolderError, OSError):
     """A stored record is damaged (bad header, length or checksum).
 
-    ``kind`` is ``"checksum"`` for a CRC mismatch and ``"header"`` otherwise.
+    ``kind`` is ``"checksum"`` for a CRC mismatch, ``"page"`` when the database is
+    damaged where the record is stored, and ``"header"`` otherwise.
+
+    Also an ``OSError`` (``errno`` None), as ImageFolder's error for a file it cannot
+    read is: code that skips bad images with ``except OSError`` skips this record too.
     """
 
     hint = "run `lmdbfolder verify` on the pack to list every damaged record, then repack"
@@ -385,8 +399,13 @@ class OutputExistsError(LmdbFolderError):
         super().__init__(f"{self.path} {why}", hint)
 
 
-class DecodeError(LmdbFolderError):
-    """A stored image could not be decoded."""
+class DecodeError(LmdbFolderError, OSError):
+    """A stored image could not be decoded.
+
+    Also an ``OSError`` (``errno`` None), as what ImageFolder raises for the same
+    file is (Pillow's ``UnidentifiedImageError``, "image file is truncated"): code
+    that skips bad images with ``except OSError`` skips this record too.
+    """
 
     hint = "run `lmdbfolder verify --decode` to find every undecodable image; repack with a fixed source file"
 

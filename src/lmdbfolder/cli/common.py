@@ -78,6 +78,8 @@ def run_command(args: argparse.Namespace) -> int:
     previous = _terminate_as_interrupt()
     try:
         return run(args)
+    # Before OSError: some of ours are OSErrors too (DecodeError, CorruptRecordError,
+    # the FileNotFoundErrors), and their own message and exit code say more.
     except LmdbFolderError as exc:
         text = exc.text(cli=True).replace("`lmdbfolder COMMAND ", f"`lmdbfolder {args.command} ")
         # Messages name paths and values read from packs (anyone's): no control sequences, bounded.

@@ -179,6 +179,49 @@ def test_dry_run_says_what_a_pack_would_hold_and_writes_nothing(
     assert os.path.getmtime(dst / "data.mdb") == before
 
 
+def test_dry_run_says_what_pack_would_do_with_what_is_at_dst(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each note is what the pack that follows does (it said "pack resumes, refuses or needs
+    --overwrite" whatever was there, and --overwrite replaces neither a file nor a foreign folder)."""
+
+    def note(dst: Path) -> str:
+        assert main(["pack", str(small_tree), str(dst), "--dry-run", "--check", "none", "--no-progress"]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("note: ")]
+        return line
+
+    def pack_cli(dst: Path, *flags: str) -> int:
+        code = main(["pack", str(small_tree), str(dst), "--no-progress", *flags])
+        capsys.readouterr()
+        return code
+
+    a_file = tmp_path / "file"
+    a_file.write_text("mine")
+    assert "is a file: pack refuses to replace it, even with --overwrite" in note(a_file)
+    assert pack_cli(a_file, "--overwrite") != 0 and a_file.read_text() == "mine"
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert "is a directory that is not a pack: pack refuses to replace it, even with --overwrite" in note(foreign)
+    assert pack_cli(foreign, "--overwrite") != 0 and (foreign / "notes.txt").read_text() == "mine"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "is an empty directory: pack uses it with --overwrite" in note(empty)
+    assert pack_cli(empty) != 0 and pack_cli(empty, "--overwrite") == 0
+
+    assert "holds a pack already: pack does nothing if it was packed from this source" in note(empty)
+    assert pack_cli(empty) == 0
+
+    unfinished = tmp_path / "unfinished"
+    write(small_tree / "class0" / "broken.png", b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+    with pytest.raises(Exception, match="broken.png"):
+        pack(small_tree, unfinished, strict=True, commit_every=2, progress=False)
+    (small_tree / "class0" / "broken.png").unlink()
+    assert "holds an unfinished pack: the same pack command resumes it" in note(unfinished)
+
+
 # -- 13. import's class names, show's exit code, info's layout, the shards message, --help names ----------------
 def recipe_lmdb(path: Path, labels: list[int]) -> None:
     """A folder2lmdb-style recipe LMDB: pickled (jpeg bytes, label), __len__ and __keys__."""

@@ -359,7 +359,7 @@ def _run_dry(args: argparse.Namespace, options: Any) -> int:
         f"(at most {megabytes(found.estimated_upper_bytes)}); {megabytes(found.free_bytes)} free there{room}"
     )
     if found.dst_exists:
-        print(f"note: {found.dst} holds {found.dst_exists} already (pack resumes, refuses or needs --overwrite)")
+        print(f"note: {found.dst} {found.dst_note}")
     print(f"to pack: lmdbfolder pack {shlex.quote(args.src)} {shlex.quote(args.dst)} (the same options)")
     return 0
 

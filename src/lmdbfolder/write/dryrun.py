@@ -54,6 +54,8 @@ class DryRun:
     free_bytes: int = 0
     #: what is at DST already (``packdir.Kind``'s words: "a pack", "an unfinished pack", ...), None: nothing
     dst_exists: str | None = None
+    #: what ``pack`` would do with what is at DST (None: nothing there)
+    dst_note: str | None = None
     seconds: float = 0.0
 
     @property
@@ -79,6 +81,7 @@ class DryRun:
             "estimated_upper_bytes": self.estimated_upper_bytes,
             "free_bytes": self.free_bytes,
             "dst_exists": self.dst_exists,
+            "dst_note": self.dst_note,
             "seconds": round(self.seconds, 3),
         }
 
@@ -126,6 +129,7 @@ def dry_run(
         estimated_upper_bytes=plan.estimate.upper,
         free_bytes=_free_bytes(dst_path),
         dst_exists=_what_is_there(dst_path),
+        dst_note=_what_pack_would_do(dst_path),
         seconds=time.perf_counter() - start,
     )
 
@@ -179,3 +183,29 @@ def _what_is_there(dst: str) -> str | None:
     """What ``dst`` holds already (``packdir.inspect``'s words), or None for nothing."""
     kind = packdir.inspect(dst).kind
     return None if kind is packdir.Kind.MISSING else kind.value
+
+
+def _what_pack_would_do(dst: str) -> str | None:
+    """What is at ``dst`` and what ``pack`` does with it, as its refusals say it (None: nothing there)."""
+    kind = packdir.inspect(dst).kind
+    if kind in (packdir.Kind.PACK, packdir.Kind.SHARDED):
+        return (
+            f"holds {kind.value} already: pack does nothing if it was packed from this source with these "
+            "options; other ones need --overwrite, or --update to bring it up to date"
+        )
+    if kind in (packdir.Kind.UNFINISHED, packdir.Kind.UNFINISHED_SHARDED):
+        return f"holds {kind.value}: the same pack command resumes it"
+    if kind is packdir.Kind.FILE:
+        return "is a file: pack refuses to replace it, even with --overwrite; choose another output path"
+    if kind is packdir.Kind.OTHER:
+        try:
+            empty = not os.listdir(dst)
+        except OSError:
+            empty = False
+        if empty:
+            return "is an empty directory: pack uses it with --overwrite"
+        return (
+            "is a directory that is not a pack: pack refuses to replace it, even with --overwrite; "
+            "choose another output path"
+        )
+    return None

@@ -176,3 +176,28 @@ def test_stateful_dataloader_resumes_exactly(workers: int) -> None:
     dl.load_state_dict(state)
     second.set_epoch(3)
     assert head + [int(x) for batch in dl for x in batch] == full
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_checkpoint_at_the_end_of_an_epoch_resumes_with_the_next_epoch(workers: int) -> None:
+    # The usual end-of-epoch checkpoint: {"loader": loader.state_dict(), "epoch": epoch + 1}.
+    # StatefulDataLoader loads the sampler's state when iteration starts, after the
+    # loop's set_epoch: the finished epoch must not take the next one's place.
+    data = list(range(12))
+
+    def run(sampler: ExactDistributedSampler, loader: StatefulDataLoader, epochs: range) -> list[list[int]]:
+        out = []
+        for epoch in epochs:
+            sampler.set_epoch(epoch)
+            out.append([int(x) for batch in loader for x in batch])
+        return out
+
+    first = ExactDistributedSampler(data, 2, 0, seed=1)
+    dl = StatefulDataLoader(data, batch_size=2, sampler=first, num_workers=workers)
+    run(first, dl, range(1))
+    checkpoint = {"loader": dl.state_dict(), "epoch": 1}
+    del dl
+    second = ExactDistributedSampler(data, 2, 0, seed=1)
+    dl = StatefulDataLoader(data, batch_size=2, sampler=second, num_workers=workers)
+    dl.load_state_dict(checkpoint["loader"])
+    assert run(second, dl, range(checkpoint["epoch"], 3)) == [first.indices(epoch=e) for e in (1, 2)]

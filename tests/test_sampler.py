@@ -3,6 +3,7 @@ policy, the shard-aware order, resume through state_dict and StatefulDataLoader.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 
@@ -201,3 +202,18 @@ def test_a_checkpoint_at_the_end_of_an_epoch_resumes_with_the_next_epoch(workers
     dl = StatefulDataLoader(data, batch_size=2, sampler=second, num_workers=workers)
     dl.load_state_dict(checkpoint["loader"])
     assert run(second, dl, range(checkpoint["epoch"], 3)) == [first.indices(epoch=e) for e in (1, 2)]
+
+
+def test_the_random_order_resumes_on_a_sharded_copy_of_the_pack() -> None:
+    # The random order does not depend on the shards (nor on shards_at_once): a state
+    # saved while reading a single pack resumes on a sharded copy of it, exactly.
+    single = ExactDistributedSampler(range(50), 4, 1, seed=3)
+    single.set_epoch(2)
+    head = list(itertools.islice(iter(single), 5))
+    sharded = ExactDistributedSampler(range(50), 4, 1, seed=3, shard_offsets=_offsets(50, 5), shards_at_once=3)
+    sharded.load_state_dict(single.state_dict())
+    assert head + list(sharded) == single.indices(epoch=2)
+    # The shard-aware orders do depend on them: refused.
+    state = ExactDistributedSampler(range(50), 4, 1, order="shards").state_dict()
+    with pytest.raises(ValueError, match="window 100 -> 20"):
+        ExactDistributedSampler(range(50), 4, 1, order="shards", shard_offsets=_offsets(50, 5)).load_state_dict(state)

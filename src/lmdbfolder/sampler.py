@@ -398,14 +398,17 @@ class ExactDistributedSampler(Sampler[int]):
         ``epoch + 1`` resumes with the next epoch.
 
         Raises ValueError when the state was saved with other settings (world
-        size, dataset size, seed, shuffle, drop_last, order, window): with them
+        size, dataset size, seed, shuffle, drop_last, order, and the window of
+        the shard-aware orders): with them
         the remaining samples would not be the ones the interrupted run had left.
         """
         if not isinstance(state_dict, dict) or state_dict.get("version") != _STATE_VERSION:
             raise ValueError(f"not a state of ExactDistributedSampler (version {_STATE_VERSION}): {state_dict!r}")
+        # The random order does not depend on the window (nor on the shards it is made of).
+        settings = [name for name in _SETTINGS if not (name == "window" and self.order == "random")]
         differ = [
             f"{name} {state_dict.get(name, _SETTING_DEFAULTS.get(name))!r} -> {getattr(self, name)!r}"
-            for name in _SETTINGS
+            for name in settings
             if state_dict.get(name, _SETTING_DEFAULTS.get(name)) != getattr(self, name)
         ]
         if differ:

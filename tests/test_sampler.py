@@ -217,3 +217,21 @@ def test_the_random_order_resumes_on_a_sharded_copy_of_the_pack() -> None:
     state = ExactDistributedSampler(range(50), 4, 1, order="shards").state_dict()
     with pytest.raises(ValueError, match="window 100 -> 20"):
         ExactDistributedSampler(range(50), 4, 1, order="shards", shard_offsets=_offsets(50, 5)).load_state_dict(state)
+
+
+def test_the_plain_dataloader_recipe_resumes_at_every_step() -> None:
+    # README's recipe for a plain DataLoader, at every step of an epoch whose last
+    # batch is short (7 indices per rank, batches of 2), the end included.
+    from torch.utils.data import DataLoader
+
+    data = list(range(14))
+    s = ExactDistributedSampler(data, 2, 0, seed=1)
+    s.set_epoch(1)
+    batches = [[int(x) for x in b] for b in DataLoader(data, batch_size=2, sampler=s)]
+    for steps_done in range(len(batches) + 1):
+        t = ExactDistributedSampler(data, 2, 0, seed=1)
+        position = min(steps_done * 2, len(t))
+        t.load_state_dict({**t.state_dict(), "epoch": 1, "position": position})
+        assert [int(x) for b in DataLoader(data, batch_size=2, sampler=t) for x in b] == sum(batches[steps_done:], [])
+    with pytest.raises(ValueError, match=r"position 8 .*0\.\.7\)"):
+        t.load_state_dict({**t.state_dict(), "position": 8})

@@ -415,7 +415,10 @@ class ExactDistributedSampler(Sampler[int]):
             raise ValueError("the saved sampler state does not fit this sampler: " + "; ".join(differ))
         epoch, position = state_dict.get("epoch"), state_dict.get("position")
         if not isinstance(epoch, int) or not isinstance(position, int) or not 0 <= position <= self.num_samples:
-            raise ValueError(f"bad epoch/position in the saved sampler state: {epoch!r}/{position!r}")
+            raise ValueError(
+                f"bad epoch/position in the saved sampler state: epoch {epoch!r}, position {position!r} "
+                f"(a position counts the indices this rank has used in the epoch: 0..{self.num_samples})"
+            )
         if position == self.num_samples and epoch < self.epoch:
             # Nothing of the saved epoch is left, and the epoch set since is after it.
             self._resume_at = None

@@ -3,6 +3,7 @@ policy, the shard-aware order, resume through state_dict and StatefulDataLoader.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 
@@ -176,3 +177,61 @@ def test_stateful_dataloader_resumes_exactly(workers: int) -> None:
     dl.load_state_dict(state)
     second.set_epoch(3)
     assert head + [int(x) for batch in dl for x in batch] == full
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_checkpoint_at_the_end_of_an_epoch_resumes_with_the_next_epoch(workers: int) -> None:
+    # The usual end-of-epoch checkpoint: {"loader": loader.state_dict(), "epoch": epoch + 1}.
+    # StatefulDataLoader loads the sampler's state when iteration starts, after the
+    # loop's set_epoch: the finished epoch must not take the next one's place.
+    data = list(range(12))
+
+    def run(sampler: ExactDistributedSampler, loader: StatefulDataLoader, epochs: range) -> list[list[int]]:
+        out = []
+        for epoch in epochs:
+            sampler.set_epoch(epoch)
+            out.append([int(x) for batch in loader for x in batch])
+        return out
+
+    first = ExactDistributedSampler(data, 2, 0, seed=1)
+    dl = StatefulDataLoader(data, batch_size=2, sampler=first, num_workers=workers)
+    run(first, dl, range(1))
+    checkpoint = {"loader": dl.state_dict(), "epoch": 1}
+    del dl
+    second = ExactDistributedSampler(data, 2, 0, seed=1)
+    dl = StatefulDataLoader(data, batch_size=2, sampler=second, num_workers=workers)
+    dl.load_state_dict(checkpoint["loader"])
+    assert run(second, dl, range(checkpoint["epoch"], 3)) == [first.indices(epoch=e) for e in (1, 2)]
+
+
+def test_the_random_order_resumes_on_a_sharded_copy_of_the_pack() -> None:
+    # The random order does not depend on the shards (nor on shards_at_once): a state
+    # saved while reading a single pack resumes on a sharded copy of it, exactly.
+    single = ExactDistributedSampler(range(50), 4, 1, seed=3)
+    single.set_epoch(2)
+    head = list(itertools.islice(iter(single), 5))
+    sharded = ExactDistributedSampler(range(50), 4, 1, seed=3, shard_offsets=_offsets(50, 5), shards_at_once=3)
+    sharded.load_state_dict(single.state_dict())
+    assert head + list(sharded) == single.indices(epoch=2)
+    # The shard-aware orders do depend on them: refused.
+    state = ExactDistributedSampler(range(50), 4, 1, order="shards").state_dict()
+    with pytest.raises(ValueError, match="window 100 -> 20"):
+        ExactDistributedSampler(range(50), 4, 1, order="shards", shard_offsets=_offsets(50, 5)).load_state_dict(state)
+
+
+def test_the_plain_dataloader_recipe_resumes_at_every_step() -> None:
+    # README's recipe for a plain DataLoader, at every step of an epoch whose last
+    # batch is short (7 indices per rank, batches of 2), the end included.
+    from torch.utils.data import DataLoader
+
+    data = list(range(14))
+    s = ExactDistributedSampler(data, 2, 0, seed=1)
+    s.set_epoch(1)
+    batches = [[int(x) for x in b] for b in DataLoader(data, batch_size=2, sampler=s)]
+    for steps_done in range(len(batches) + 1):
+        t = ExactDistributedSampler(data, 2, 0, seed=1)
+        position = min(steps_done * 2, len(t))
+        t.load_state_dict({**t.state_dict(), "epoch": 1, "position": position})
+        assert [int(x) for b in DataLoader(data, batch_size=2, sampler=t) for x in b] == sum(batches[steps_done:], [])
+    with pytest.raises(ValueError, match=r"position 8 .*0\.\.7\)"):
+        t.load_state_dict({**t.state_dict(), "position": 8})

@@ -391,22 +391,39 @@ class ExactDistributedSampler(Sampler[int]):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue at ``state_dict``'s epoch and position (the next index is the one that was next).
 
+        A state saved at the end of its epoch, loaded after ``set_epoch`` chose
+        a later epoch, leaves that epoch to start at its beginning:
+        ``StatefulDataLoader`` loads the state when iteration starts, after the
+        loop's ``set_epoch``, so an end-of-epoch checkpoint saved with
+        ``epoch + 1`` resumes with the next epoch.
+
         Raises ValueError when the state was saved with other settings (world
-        size, dataset size, seed, shuffle, drop_last, order, window): with them
+        size, dataset size, seed, shuffle, drop_last, order, and the window of
+        the shard-aware orders): with them
         the remaining samples would not be the ones the interrupted run had left.
         """
         if not isinstance(state_dict, dict) or state_dict.get("version") != _STATE_VERSION:
             raise ValueError(f"not a state of ExactDistributedSampler (version {_STATE_VERSION}): {state_dict!r}")
+        # The random order does not depend on the window (nor on the shards it is made of).
+        settings = [name for name in _SETTINGS if not (name == "window" and self.order == "random")]
         differ = [
             f"{name} {state_dict.get(name, _SETTING_DEFAULTS.get(name))!r} -> {getattr(self, name)!r}"
-            for name in _SETTINGS
+            for name in settings
             if state_dict.get(name, _SETTING_DEFAULTS.get(name)) != getattr(self, name)
         ]
         if differ:
             raise ValueError("the saved sampler state does not fit this sampler: " + "; ".join(differ))
         epoch, position = state_dict.get("epoch"), state_dict.get("position")
         if not isinstance(epoch, int) or not isinstance(position, int) or not 0 <= position <= self.num_samples:
-            raise ValueError(f"bad epoch/position in the saved sampler state: {epoch!r}/{position!r}")
+            raise ValueError(
+                f"bad epoch/position in the saved sampler state: epoch {epoch!r}, position {position!r} "
+                f"(a position counts the indices this rank has used in the epoch: 0..{self.num_samples})"
+            )
+        if position == self.num_samples and epoch < self.epoch:
+            # Nothing of the saved epoch is left, and the epoch set since is after it.
+            self._resume_at = None
+            self._position = 0
+            return
         self.epoch = epoch
         self._resume_at = position
         self._position = position

@@ -299,6 +299,11 @@ class Remote:
         """Store the local file ``local`` as this object (the client uploads large files in parts)."""
         self._call("uploading", lambda: self.fs.put_file(local, self.path))
 
+    def remove(self) -> None:
+        """Delete this object, if there is one."""
+        if self.exists():
+            self._call("deleting", lambda: self.fs.rm_file(self.path))
+
 
 # -- resumable ranged downloads ------------------------------------------------------
 def parts_done(journal: str, header: dict[str, Any]) -> set[int]:

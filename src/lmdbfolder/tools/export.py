@@ -15,9 +15,9 @@
   sample are adjacent and named ``<key>.<ext>``, where ``__key__`` is the
   sample's path without its extension (a dot left in the file name's stem
   becomes ``_``, since WebDataset splits the name at the first dot; a key
-  that is then taken gets ``_<index>``). Members: the image (``.jpg``,
-  ``.png``, ... by its encoding, the stored bytes; raw pixels as a lossless
-  ``.png``) and ``.cls`` (the class index as text; none for unlabelled
+  that is then taken gets ``_<index>``, and ``_<index>_<k>`` if that is
+  taken too). Members: the image (``.jpg``, ``.png``, ... by its encoding,
+  the stored bytes; raw pixels as a lossless ``.png``) and ``.cls`` (the class index as text; none for unlabelled
   samples). ``OUT/classes.txt`` names the classes, one per line, line = index.
 
 ``OUT`` must not exist (or be an empty directory): nothing is overwritten.
@@ -349,7 +349,12 @@ def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) 
                 record = reader.get(i)
                 key = webdataset_key(relpath)
                 if key in keys:
-                    key = f"{key}_{i}"
+                    # `_<index>` may itself be a key already (the key of x.2.jpg is x_2): then more.
+                    base, k = f"{key}_{i}", 0
+                    key = base
+                    while key in keys:
+                        k += 1
+                        key = f"{base}_{k}"
                 keys.add(key)
                 data, ext = _member(record, relpath)
                 members = [(f"{key}.{ext}", data)]

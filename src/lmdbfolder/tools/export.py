@@ -29,8 +29,9 @@ Stored paths are names read from a pack, which anyone may have written, and
 nothing is ever written outside ``OUT``. ``files``: every path is checked
 before anything is written, and a pack holding one that cannot be written
 back as it is (a ``..`` step, a NUL, a name longer than the file system
-takes, a path stored twice, a path that is both a file and a folder) is
-refused, naming the records (``--format webdataset`` takes it); absolute
+takes, a path stored twice, a path that is both a file and a folder; for a
+list-file pack, one its list file cannot hold: a line break, white space at
+an end, a leading ``#``) is refused, naming the records (``--format webdataset`` takes it); absolute
 paths of a list file are written below ``OUT`` without their leading ``/``,
 and the list file is renamed (``list-1.txt``, ...) when a sample holds its
 name. ``webdataset``: keys never hold a ``..`` step, an empty or ``.``
@@ -206,10 +207,11 @@ NAME_MAX = 255
 PATH_MAX = 4096
 
 
-def _unwritable(paths: list[str], class_folders: list[str]) -> list[tuple[int, str, str]]:
+def _unwritable(paths: list[str], class_folders: list[str], listed: bool = False) -> list[tuple[int, str, str]]:
     """``(index, path, why)`` of every stored path (and class folder: index -1) that
     cannot be written back below ``OUT`` as it is: checked before anything is
-    written (``files`` export)."""
+    written (``files`` export). ``listed``: the paths also go into a list file,
+    whose lines must read back as the same path (``read_list_file``)."""
     problems: list[tuple[int, str, str]] = []
     files: dict[str, int] = {}
     folders: dict[str, int] = {}
@@ -227,6 +229,9 @@ def _unwritable(paths: list[str], class_folders: list[str]) -> list[tuple[int, s
             why = "it has an empty, '.' or '..' component (it would not name the same file, or lead outside)"
         elif len(os.fsencode(rel)) > PATH_MAX or any(len(os.fsencode(p)) > NAME_MAX for p in parts):
             why = f"it is longer than the file system takes ({NAME_MAX} bytes a name, {PATH_MAX} a path)"
+        elif listed and ("\n" in rel or "\r" in rel or rel != rel.strip() or rel[:1] in ("#", "\ufeff")):
+            # Else a line of the list file, read back, is another path: or several, or a comment.
+            why = "a list file line cannot hold it (a line break, white space at an end, or a leading '#')"
         elif rel in files:
             why = f"record {files[rel]} has the same path"
         elif rel in folders:
@@ -273,7 +278,7 @@ def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tupl
     classes = list(meta["classes"])
     paths = reader.paths()
     labels = reader.labels
-    bad = _unwritable(paths, classes if layout == "imagefolder" else [])
+    bad = _unwritable(paths, classes if layout == "imagefolder" else [], listed=layout == "list")
     if bad:
         shown = "; ".join(
             (f"record {i} ({printable(p, 120)!s})" if i >= 0 else f"class {printable(p, 120)!s}") + f": {why}"

@@ -546,6 +546,13 @@ def test_uploading_a_damaged_pack_is_refused_so_no_digest_blesses_the_damage(
     with pytest.raises(RemoteError):
         copy_pack(url, tmp_path / "back")
     assert not (tmp_path / "back").exists()
+    # Refused before anything at the URL is replaced: the good pack there stays whole.
+    good = tmp_path / "good.lmdb"
+    pack(noise_tree(tmp_path / "other", classes=2, per_class=3, seed=5), good, progress=False)
+    copy_pack(good, url)
+    assert main(["copy", str(sharded), url, "--overwrite", "--no-progress"]) == EXIT_CODES["pack failed"]
+    copy_pack(url, tmp_path / "back")
+    assert filecmp.cmp(good / DATA_FILE, tmp_path / "back" / DATA_FILE, shallow=False)
 
 
 def test_overwriting_a_sharded_upload_with_a_single_pack_leaves_no_stale_index(

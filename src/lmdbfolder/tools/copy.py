@@ -369,6 +369,16 @@ def _upload(
             )
     if verify:
         _verified_or_raise(found.path, f"the source {found.path}")
+    # Every page and record checked, as a local copy does (the digests would vouch for damage),
+    # and before anything at the URL is replaced: a damaged source loses nothing there.
+    if found.kind is packdir.Kind.PACK:
+        packdir.check_single(found.path)
+    else:
+        from lmdbfolder.read.sharded import ShardedReader
+
+        ShardedReader(found.path)  # names every missing shard
+        for entry in packdir.load_index(found.path)[1]["shards"]:
+            packdir.check_single(os.path.join(found.path, entry["name"]))
     if overwrite:
         # The old pack's index first: until the new one lands this is an unfinished upload, never
         # the old index naming shards half replaced (or, under a single pack, the old pack itself).
@@ -382,8 +392,6 @@ def _upload(
 
     def put(local_dir: str, target: Remote) -> str:
         data = os.path.join(local_dir, DATA_FILE)
-        # Every page and record checked, as a local copy does: the digest below would vouch for damage.
-        packdir.check_single(local_dir)
         digest = file_sha256(data)
         target.child(DATA_FILE).upload(data)
         report = os.path.join(local_dir, SKIPPED_REPORT)

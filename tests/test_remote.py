@@ -585,3 +585,25 @@ def test_overwriting_a_single_upload_leaves_no_stale_skipped_report(s3: S3, tmp_
     back = tmp_path / "back"
     copy_pack(url, back)
     assert not (back / "skipped.txt").exists()  # the report of the pack that was replaced
+
+
+def test_an_oversized_remote_index_is_refused_without_reading_it_whole(
+    s3: S3, proxy: Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A local index.json above MAX_INDEX_FILE_BYTES is refused before it is read; a remote one
+    # was fetched whole into memory first (anyone's object at the URL: gigabytes).
+    import lmdbfolder.format
+    import lmdbfolder.read.staging
+
+    limit = 64 << 10
+    monkeypatch.setattr(lmdbfolder.format, "MAX_INDEX_FILE_BYTES", limit)
+    monkeypatch.setattr(lmdbfolder.read.staging, "MAX_INDEX_FILE_BYTES", limit)
+    s3.client().pipe_file(f"{s3.bucket}/big/{SHARD_INDEX_FILE}", b" " * (1 << 20))
+    proxy.reset()
+    assert main(["copy", s3.url("big"), str(tmp_path / "dst"), "--no-progress"]) == EXIT_CODES["not a pack"]
+    index_path = f"/{s3.bucket}/big/{SHARD_INDEX_FILE}"
+    assert 0 < sum(n for path, n in proxy.sent.items() if path.startswith(index_path)) < 2 * limit
+    assert not (tmp_path / "dst").exists()
+    # an empty one is a damaged index too (a ranged read of an empty object is refused: 416)
+    s3.client().pipe_file(f"{s3.bucket}/empty/{SHARD_INDEX_FILE}", b"")
+    assert main(["copy", s3.url("empty"), str(tmp_path / "dst"), "--no-progress"]) == EXIT_CODES["not a pack"]

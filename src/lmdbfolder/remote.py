@@ -283,6 +283,11 @@ class Remote:
             raise _short_read(self.url, start, end, len(data))
         return bytes(data)
 
+    def read_at_most(self, limit: int) -> bytes:
+        """The object's first ``limit`` bytes, or all of it if it is shorter."""
+        size = self.info().size  # a range of an empty object is refused (416): ask its size first
+        return self.read(0, min(size, limit)) if size else b""
+
     def streams(self) -> bool:
         """Whether ranged reads of this object can be streamed into a file
         (``s3://``: the client's own event loop and ``get_object`` calls)."""

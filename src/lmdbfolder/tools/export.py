@@ -17,8 +17,9 @@
   becomes ``_``, since WebDataset splits the name at the first dot; a key
   that is then taken gets ``_<index>``, and ``_<index>_<k>`` if that is
   taken too). Members: the image (``.jpg``, ``.png``, ... by its encoding,
-  the stored bytes; raw pixels as a lossless ``.png``) and ``.cls`` (the class index as text; none for unlabelled
-  samples). ``OUT/classes.txt`` names the classes, one per line, line = index.
+  the stored bytes; raw pixels as a lossless ``.png``) and ``.cls`` (the
+  class index as text; none for unlabelled samples). ``OUT/classes.txt``
+  names the classes, one per line, line = index.
 
 ``OUT`` must not exist (or be an empty directory): nothing is overwritten.
 The export is written to ``OUT.partial`` and renamed to ``OUT`` when
@@ -31,8 +32,8 @@ before anything is written, and a pack holding one that cannot be written
 back as it is (a ``..`` step, a NUL, a name longer than the file system
 takes, a path stored twice, a path that is both a file and a folder; for a
 list-file pack, one its list file cannot hold: a line break, white space at
-an end, a leading ``#``) is refused, naming the records (``--format webdataset`` takes it); absolute
-paths of a list file are written below ``OUT`` without their leading ``/``,
+an end, a leading ``#``) is refused, naming the records (``--format
+webdataset`` takes it); absolute paths of a list file are written below ``OUT`` without their leading ``/``,
 and the list file is renamed (``list-1.txt``, ...) when a sample holds its
 name. ``webdataset``: keys never hold a ``..`` step, an empty or ``.``
 component, a leading ``/`` or a NUL (``webdataset_key``), so no member of a

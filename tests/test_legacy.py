@@ -143,3 +143,59 @@ def test_unrecognised_lmdb(tmp_path: Path) -> None:
     _write_lmdb(tmp_path / "old", {b"alpha": b"1", b"beta": b"2"})
     with pytest.raises(SourceError, match="not a recognised recipe LMDB"):
         import_legacy(tmp_path / "old", tmp_path / "new", progress=False)
+
+
+@pytest.mark.parametrize("where", ["__keys__", "meta_info.txt", "meta_info.pkl"])
+def test_a_sample_listed_twice_is_refused_not_imported_twice(tmp_path: Path, where: str) -> None:
+    # A list file naming a path twice is refused; a recipe's list of keys must be too, or every
+    # epoch sees that sample twice (and the pack cannot be exported as files).
+    old = tmp_path / "old"
+    if where == "__keys__":
+        folder2lmdb(old, 3, with_keys=True)
+        env = lmdb.open(str(old), map_size=1 << 26)
+        with env.begin(write=True) as txn:
+            txn.put(b"__keys__", pickle.dumps([b"0", b"1", b"2", b"1"]))
+            txn.put(b"__len__", pickle.dumps(4))
+        env.close()
+        twice = "'1'"
+    else:
+        _basicsr(old, meta=where.rsplit(".", 1)[1], encoded=True)
+        if where == "meta_info.txt":
+            lines = (old / where).read_text().splitlines()
+            # the same key under another spelling: BasicSR keys are the names without extension
+            (old / where).write_text("\n".join([*lines, lines[2].replace(".png", "", 1)]) + "\n")
+            twice = "'img_002'"
+        else:
+            meta = pickle.loads((old / where).read_bytes())
+            meta["keys"].append(meta["keys"][2])
+            meta["resolution"].append(meta["resolution"][2])
+            (old / where).write_bytes(pickle.dumps(meta))
+            twice = "'img_002"
+    with pytest.raises(SourceError, match="listed twice") as caught:
+        import_legacy(old, tmp_path / "new", progress=False)
+    assert twice in str(caught.value)
+    assert main(["import", str(old), str(tmp_path / "new"), "--no-progress"]) == EXIT_CODES["source error"]
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    ("meta", "shape"),
+    [("pkl", "3_5_" + "9" * 1_000_000 + "x"), ("pkl", "3_5_" + "9" * 5000), ("txt", "(5," + "9" * 5000 + ",3)")],
+)
+def test_meta_info_with_absurd_numbers_is_a_clear_short_error(tmp_path: Path, meta: str, shape: str) -> None:
+    # 5000 digits: int() refuses more than 4300 (a traceback, exit code 1, before); a long
+    # resolution was quoted whole in the message.
+    old = tmp_path / "old"
+    _basicsr(old, meta=meta, encoded=True)
+    if meta == "pkl":
+        info = pickle.loads((old / "meta_info.pkl").read_bytes())
+        info["resolution"][1] = shape
+        (old / "meta_info.pkl").write_bytes(pickle.dumps(info))
+    else:
+        lines = (old / "meta_info.txt").read_text().splitlines()
+        lines[1] = f"img_001.png {shape} 1"
+        (old / "meta_info.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SourceError) as caught:
+        import_legacy(old, tmp_path / "new", progress=False)
+    assert len(str(caught.value)) < 1000
+    assert main(["import", str(old), str(tmp_path / "new"), "--no-progress"]) == EXIT_CODES["source error"]

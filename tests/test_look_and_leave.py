@@ -218,6 +218,24 @@ def test_export_webdataset(small_tree: Path, tmp_path: Path, capsys: pytest.Capt
         assert Image.open(io.BytesIO(png)).tobytes() == reader.image(0).tobytes()
 
 
+def test_webdataset_keys_stay_unique_when_the_renamed_key_is_taken(tmp_path: Path) -> None:
+    # x.2.jpg's key is x_2; x.png's key x is x.jpg's, and the renamed x_<index 2> was x_2 again:
+    # two samples with one key (an extracted shard kept one of the two labels).
+    jpeg = io.BytesIO()
+    Image.new("RGB", (8, 6), (9, 9, 9)).save(jpeg, "JPEG")
+    for c in ("c0", "c1"):
+        write(tmp_path / "tree" / c / "x.jpg", jpeg.getvalue())
+    write(tmp_path / "tree" / "c0" / "x.2.jpg", jpeg.getvalue())
+    write(tmp_path / "tree" / "c0" / "x.png", _png())
+    pack(tmp_path / "tree", tmp_path / "p", progress=False)
+    assert main(["export", str(tmp_path / "p"), str(tmp_path / "wds"), "--format", "webdataset", "--no-progress"]) == 0
+    with tarfile.open(tmp_path / "wds" / "shard-000000.tar") as tar:
+        names = tar.getnames()
+    assert len(names) == len(set(names)) == 8  # 4 samples, an image and a .cls each
+    keys = [n.partition(".")[0] for n in names]
+    assert len(set(keys)) == 4
+
+
 def _png() -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (9, 7), (1, 2, 3)).save(out, "PNG")

@@ -526,3 +526,84 @@ def test_writeback_is_started_early_where_the_kernel_offers_it(tmp_path: Path) -
     if sys.platform.startswith("linux"):
         assert remote._sync_file_range() is not None
     assert path.read_bytes() == b"x" * 100_000
+
+
+def test_uploading_a_damaged_pack_is_refused_so_no_digest_blesses_the_damage(
+    s3: S3, sharded: Path, tmp_path: Path
+) -> None:
+    # A flipped byte inside a record's payload: a local copy refuses it; an upload must too,
+    # or the index's digest (of the damaged bytes) makes every later download "good".
+    names = shard_names(sharded)
+    data = sharded / names[1] / DATA_FILE
+    blob = bytearray(data.read_bytes())
+    at = blob.find(b"\xff\xd8\xff") + 200  # inside the first JPEG's bytes
+    blob[at] ^= 0x55
+    data.write_bytes(bytes(blob))
+    assert not verify(sharded, progress=False).ok
+    url = s3.url("damaged")
+    assert main(["copy", str(sharded), url, "--no-progress"]) == EXIT_CODES["pack failed"]
+    assert not s3.client().exists(f"{s3.bucket}/damaged/{SHARD_INDEX_FILE}")  # no index: no "good" pack
+    with pytest.raises(RemoteError):
+        copy_pack(url, tmp_path / "back")
+    assert not (tmp_path / "back").exists()
+    # Refused before anything at the URL is replaced: the good pack there stays whole.
+    good = tmp_path / "good.lmdb"
+    pack(noise_tree(tmp_path / "other", classes=2, per_class=3, seed=5), good, progress=False)
+    copy_pack(good, url)
+    assert main(["copy", str(sharded), url, "--overwrite", "--no-progress"]) == EXIT_CODES["pack failed"]
+    copy_pack(url, tmp_path / "back")
+    assert filecmp.cmp(good / DATA_FILE, tmp_path / "back" / DATA_FILE, shallow=False)
+
+
+def test_overwriting_a_sharded_upload_with_a_single_pack_leaves_no_stale_index(
+    s3: S3, sharded: Path, tmp_path: Path
+) -> None:
+    # The old index.json would still name the old shards: a download would get the old pack.
+    url = s3.url("train")
+    copy_pack(sharded, url)
+    single = tmp_path / "single.lmdb"
+    pack(noise_tree(tmp_path / "other", classes=2, per_class=3, seed=7), single, progress=False)
+    assert main(["copy", str(single), url, "--overwrite", "--no-progress"]) == 0
+    back = tmp_path / "back"
+    result = copy_pack(url, back, part_size=PART)
+    assert (result.count, result.shards) == (6, 1)
+    assert filecmp.cmp(single / DATA_FILE, back / DATA_FILE, shallow=False)
+
+
+def test_overwriting_a_single_upload_leaves_no_stale_skipped_report(s3: S3, tmp_path: Path) -> None:
+    url = s3.url("single")
+    tree = noise_tree(tmp_path / "tree", classes=2, per_class=3)
+    (tree / "class0" / "empty.jpg").write_bytes(b"")  # skipped: the pack has a skipped.txt
+    first = tmp_path / "first.lmdb"
+    pack(tree, first, progress=False)
+    assert (first / "skipped.txt").is_file()
+    copy_pack(first, url)
+    (tree / "class0" / "empty.jpg").unlink()
+    second = tmp_path / "second.lmdb"
+    pack(tree, second, progress=False)
+    copy_pack(second, url, overwrite=True)
+    back = tmp_path / "back"
+    copy_pack(url, back)
+    assert not (back / "skipped.txt").exists()  # the report of the pack that was replaced
+
+
+def test_an_oversized_remote_index_is_refused_without_reading_it_whole(
+    s3: S3, proxy: Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A local index.json above MAX_INDEX_FILE_BYTES is refused before it is read; a remote one
+    # was fetched whole into memory first (anyone's object at the URL: gigabytes).
+    import lmdbfolder.format
+    import lmdbfolder.read.staging
+
+    limit = 64 << 10
+    monkeypatch.setattr(lmdbfolder.format, "MAX_INDEX_FILE_BYTES", limit)
+    monkeypatch.setattr(lmdbfolder.read.staging, "MAX_INDEX_FILE_BYTES", limit)
+    s3.client().pipe_file(f"{s3.bucket}/big/{SHARD_INDEX_FILE}", b" " * (1 << 20))
+    proxy.reset()
+    assert main(["copy", s3.url("big"), str(tmp_path / "dst"), "--no-progress"]) == EXIT_CODES["not a pack"]
+    index_path = f"/{s3.bucket}/big/{SHARD_INDEX_FILE}"
+    assert 0 < sum(n for path, n in proxy.sent.items() if path.startswith(index_path)) < 2 * limit
+    assert not (tmp_path / "dst").exists()
+    # an empty one is a damaged index too (a ranged read of an empty object is refused: 416)
+    s3.client().pipe_file(f"{s3.bucket}/empty/{SHARD_INDEX_FILE}", b"")
+    assert main(["copy", s3.url("empty"), str(tmp_path / "dst"), "--no-progress"]) == EXIT_CODES["not a pack"]

@@ -266,6 +266,22 @@ def test_export_files_refuses_paths_it_cannot_write_and_writes_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.lmdb", "small"]
 
 
+@pytest.mark.parametrize(
+    "evil", ["class0/a.jpg 0\n/etc/hostname", "class0/b.jpg\r/etc/hostname", "# class0/c.jpg", " class0/d.jpg"]
+)
+def test_export_of_a_list_pack_refuses_paths_a_list_file_cannot_hold(
+    small_tree: Path, tmp_path: Path, evil: str
+) -> None:
+    # Written as they were, these became other lines of the exported list file: an injected
+    # `/etc/hostname 0` entry, a comment, a path that is not the file's, when packed again.
+    listing = tmp_path / "l.txt"
+    listing.write_text("class0/img0.jpg 0\nclass1/img1.jpg 1\n")
+    pack(small_tree, tmp_path / "p", list_file=listing, progress=False)
+    _forge_paths(tmp_path / "p", [evil, "class1/img1.jpg"])
+    assert main(["export", str(tmp_path / "p"), str(tmp_path / "out"), "--no-progress"]) == EXIT_CODES["source error"]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
 def test_export_renames_the_list_file_rather_than_overwrite_a_sample(tmp_path: Path) -> None:
     src = make_small_tree(tmp_path / "src")
     os.rename(src / "class0" / "img0.jpg", src / "list.txt")

@@ -29,6 +29,7 @@ import os
 import re
 import shlex
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -498,10 +499,40 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     meta = decode_meta(tables[0], where=src)
     count = int(meta["count"])
     os.makedirs(out, exist_ok=True)
+    _read_checked(src, meta, lambda pf, binding: _copy_items(pf, src, out, binding))
+    report = os.path.join(src, SKIPPED_REPORT)
+    if os.path.isfile(report):
+        shutil.copy2(report, os.path.join(out, SKIPPED_REPORT))
+    lock = os.path.join(out, LOCK_FILE)
+    if os.path.exists(lock):
+        os.remove(lock)
+    fsync_path(os.path.join(out, DATA_FILE))
+    if environments.read_tables(out) != tables:
+        raise PackError(f"the copy of {src} in {out} differs from it", "run `lmdbfolder verify` on the source")
+    return count, os.path.getsize(os.path.join(src, DATA_FILE)), os.path.getsize(os.path.join(out, DATA_FILE))
+
+
+def check_single(src: str) -> int:
+    """Read every page and record of the finished single pack ``src`` as
+    ``copy_single`` does (a damaged pack is the same PackError), writing
+    nothing; for copies that send the file as it is (an upload), so damage is
+    never sent on with a digest that vouches for it. Returns the count."""
+    meta = decode_meta(environments.read_tables(src)[0], where=src)
+
+    def walk(pf: PageFile, binding: bytes | None) -> None:
+        for key, value in pf.items():
+            _check_item(key, value, binding)
+
+    _read_checked(src, meta, walk)
+    return int(meta["count"])
+
+
+def _read_checked(src: str, meta: dict[str, Any], body: Callable[[PageFile, bytes | None], None]) -> None:
+    """``body(pf, binding)`` over the checked reader of ``src``; damage is a PackError."""
     pf = environments.open_data(src, readahead=True)
     try:
         try:
-            _copy_items(pf, src, out, pack_binding(meta))
+            body(pf, pack_binding(meta))
         finally:
             # Two `pack --update` commits during the copy may have reused pages it read.
             if pf.committed_txnid() > pf.txnid + 1:
@@ -518,16 +549,11 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
         ) from None
     finally:
         pf.close()
-    report = os.path.join(src, SKIPPED_REPORT)
-    if os.path.isfile(report):
-        shutil.copy2(report, os.path.join(out, SKIPPED_REPORT))
-    lock = os.path.join(out, LOCK_FILE)
-    if os.path.exists(lock):
-        os.remove(lock)
-    fsync_path(os.path.join(out, DATA_FILE))
-    if environments.read_tables(out) != tables:
-        raise PackError(f"the copy of {src} in {out} differs from it", "run `lmdbfolder verify` on the source")
-    return count, os.path.getsize(os.path.join(src, DATA_FILE)), os.path.getsize(os.path.join(out, DATA_FILE))
+
+
+def _check_item(key: bytes, value: memoryview, binding: bytes | None) -> None:
+    if key[:1] == b"\x00" and len(key) == KEY.size:
+        decode_record(value, index=KEY.unpack(key)[0], verify=True, binding=binding)
 
 
 #: Bytes appended per write transaction by ``copy_single``.
@@ -547,8 +573,7 @@ def _copy_items(pf: PageFile, src: str, out: str, binding: bytes | None) -> None
         batch: list[tuple[bytes, memoryview]] = []
         size = 0
         for key, value in pf.items():
-            if key[:1] == b"\x00" and len(key) == KEY.size:
-                decode_record(value, index=KEY.unpack(key)[0], verify=True, binding=binding)
+            _check_item(key, value, binding)
             batch.append((key, value))
             size += len(value)
             if size >= _COPY_BATCH:

@@ -283,6 +283,11 @@ class Remote:
             raise _short_read(self.url, start, end, len(data))
         return bytes(data)
 
+    def read_at_most(self, limit: int) -> bytes:
+        """The object's first ``limit`` bytes, or all of it if it is shorter."""
+        size = self.info().size  # a range of an empty object is refused (416): ask its size first
+        return self.read(0, min(size, limit)) if size else b""
+
     def streams(self) -> bool:
         """Whether ranged reads of this object can be streamed into a file
         (``s3://``: the client's own event loop and ``get_object`` calls)."""
@@ -298,6 +303,11 @@ class Remote:
     def upload(self, local: str) -> None:
         """Store the local file ``local`` as this object (the client uploads large files in parts)."""
         self._call("uploading", lambda: self.fs.put_file(local, self.path))
+
+    def remove(self) -> None:
+        """Delete this object, if there is one."""
+        if self.exists():
+            self._call("deleting", lambda: self.fs.rm_file(self.path))
 
 
 # -- resumable ranged downloads ------------------------------------------------------

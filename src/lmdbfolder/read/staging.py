@@ -59,6 +59,7 @@ from lmdbfolder.errors import NotAPackError, RemoteError
 from lmdbfolder.format import (
     COPYING_SUFFIX,
     DATA_FILE,
+    MAX_INDEX_FILE_BYTES,
     NEEDS_PREFIX,
     OLD_SUFFIX,
     ROOM_LOCK,
@@ -82,7 +83,9 @@ def fetch_index(remote: Remote) -> tuple[bytes, dict[str, Any]]:
     """
     index = remote.child(SHARD_INDEX_FILE)
     try:
-        blob = index.read()
+        # Bounded, as a local index.json is: the object at the URL may be anyone's, and huge.
+        # One byte more than allowed, so that decoding refuses an index that is too long.
+        blob = index.read_at_most(MAX_INDEX_FILE_BYTES + 1)
     except RemoteError as exc:
         if exc.kind == "missing" and remote.child(DATA_FILE).exists():
             raise RemoteError(

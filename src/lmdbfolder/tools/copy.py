@@ -14,8 +14,11 @@ the destination, and what the temporary directory is, is ``packdir``'s call.
 Either side may be a URL (``s3://bucket/train``; ``lmdbfolder.remote``):
 
 * **Upload** (local -> URL): the files are uploaded as they are (a remote
-  pack has the local layout), shards several at once, ``index.json`` last,
-  so a remote pack without its index is an unfinished upload. The uploaded
+  pack has the local layout), each read first through the checked reader
+  (``packdir.check_single``: a damaged pack is refused, never blessed with
+  a digest), shards several at once, ``index.json`` last, so a remote pack
+  without its index is an unfinished upload (``overwrite`` deletes the old
+  index first). The uploaded
   index adds, per shard, the SHA-256 of its ``data.mdb`` (``data_sha256``)
   and the classes it holds (``class_counts``), for downloads and staging.
 * **Download** (URL -> local): shards several at once, each in ranged parts
@@ -366,6 +369,22 @@ def _upload(
             )
     if verify:
         _verified_or_raise(found.path, f"the source {found.path}")
+    # Every page and record checked, as a local copy does (the digests would vouch for damage),
+    # and before anything at the URL is replaced: a damaged source loses nothing there.
+    if found.kind is packdir.Kind.PACK:
+        packdir.check_single(found.path)
+    else:
+        from lmdbfolder.read.sharded import ShardedReader
+
+        ShardedReader(found.path)  # names every missing shard
+        for entry in packdir.load_index(found.path)[1]["shards"]:
+            packdir.check_single(os.path.join(found.path, entry["name"]))
+    if overwrite:
+        # The old pack's index first: until the new one lands this is an unfinished upload, never
+        # the old index naming shards half replaced (or, under a single pack, the old pack itself).
+        remote.child(SHARD_INDEX_FILE).remove()
+        if found.kind is packdir.Kind.SHARDED:
+            remote.child(DATA_FILE).remove()  # an old single pack's, which would be read instead
     size = packdir.pack_size(found.path)
     bar = Progress(size, f"copy {os.path.basename(found.path)}", enabled=progress, unit="B")
     sent = [0]
@@ -378,6 +397,8 @@ def _upload(
         report = os.path.join(local_dir, SKIPPED_REPORT)
         if os.path.isfile(report):
             target.child(SKIPPED_REPORT).upload(report)
+        elif overwrite:
+            target.child(SKIPPED_REPORT).remove()  # the replaced pack's, which a download would fetch
         with lock:
             n = os.path.getsize(data)
             sent[0] += n

@@ -15,10 +15,11 @@
   sample are adjacent and named ``<key>.<ext>``, where ``__key__`` is the
   sample's path without its extension (a dot left in the file name's stem
   becomes ``_``, since WebDataset splits the name at the first dot; a key
-  that is then taken gets ``_<index>``). Members: the image (``.jpg``,
-  ``.png``, ... by its encoding, the stored bytes; raw pixels as a lossless
-  ``.png``) and ``.cls`` (the class index as text; none for unlabelled
-  samples). ``OUT/classes.txt`` names the classes, one per line, line = index.
+  that is then taken gets ``_<index>``, and ``_<index>_<k>`` if that is
+  taken too). Members: the image (``.jpg``, ``.png``, ... by its encoding,
+  the stored bytes; raw pixels as a lossless ``.png``) and ``.cls`` (the
+  class index as text; none for unlabelled samples). ``OUT/classes.txt``
+  names the classes, one per line, line = index.
 
 ``OUT`` must not exist (or be an empty directory): nothing is overwritten.
 The export is written to ``OUT.partial`` and renamed to ``OUT`` when
@@ -29,9 +30,10 @@ Stored paths are names read from a pack, which anyone may have written, and
 nothing is ever written outside ``OUT``. ``files``: every path is checked
 before anything is written, and a pack holding one that cannot be written
 back as it is (a ``..`` step, a NUL, a name longer than the file system
-takes, a path stored twice, a path that is both a file and a folder) is
-refused, naming the records (``--format webdataset`` takes it); absolute
-paths of a list file are written below ``OUT`` without their leading ``/``,
+takes, a path stored twice, a path that is both a file and a folder; for a
+list-file pack, one its list file cannot hold: a line break, white space at
+an end, a leading ``#``) is refused, naming the records (``--format
+webdataset`` takes it); absolute paths of a list file are written below ``OUT`` without their leading ``/``,
 and the list file is renamed (``list-1.txt``, ...) when a sample holds its
 name. ``webdataset``: keys never hold a ``..`` step, an empty or ``.``
 component, a leading ``/`` or a NUL (``webdataset_key``), so no member of a
@@ -206,10 +208,11 @@ NAME_MAX = 255
 PATH_MAX = 4096
 
 
-def _unwritable(paths: list[str], class_folders: list[str]) -> list[tuple[int, str, str]]:
+def _unwritable(paths: list[str], class_folders: list[str], listed: bool = False) -> list[tuple[int, str, str]]:
     """``(index, path, why)`` of every stored path (and class folder: index -1) that
     cannot be written back below ``OUT`` as it is: checked before anything is
-    written (``files`` export)."""
+    written (``files`` export). ``listed``: the paths also go into a list file,
+    whose lines must read back as the same path (``read_list_file``)."""
     problems: list[tuple[int, str, str]] = []
     files: dict[str, int] = {}
     folders: dict[str, int] = {}
@@ -227,6 +230,9 @@ def _unwritable(paths: list[str], class_folders: list[str]) -> list[tuple[int, s
             why = "it has an empty, '.' or '..' component (it would not name the same file, or lead outside)"
         elif len(os.fsencode(rel)) > PATH_MAX or any(len(os.fsencode(p)) > NAME_MAX for p in parts):
             why = f"it is longer than the file system takes ({NAME_MAX} bytes a name, {PATH_MAX} a path)"
+        elif listed and ("\n" in rel or "\r" in rel or rel != rel.strip() or rel[:1] in ("#", "\ufeff")):
+            # Else a line of the list file, read back, is another path: or several, or a comment.
+            why = "a list file line cannot hold it (a line break, white space at an end, or a leading '#')"
         elif rel in files:
             why = f"record {files[rel]} has the same path"
         elif rel in folders:
@@ -273,7 +279,7 @@ def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tupl
     classes = list(meta["classes"])
     paths = reader.paths()
     labels = reader.labels
-    bad = _unwritable(paths, classes if layout == "imagefolder" else [])
+    bad = _unwritable(paths, classes if layout == "imagefolder" else [], listed=layout == "list")
     if bad:
         shown = "; ".join(
             (f"record {i} ({printable(p, 120)!s})" if i >= 0 else f"class {printable(p, 120)!s}") + f": {why}"
@@ -349,7 +355,12 @@ def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) 
                 record = reader.get(i)
                 key = webdataset_key(relpath)
                 if key in keys:
-                    key = f"{key}_{i}"
+                    # `_<index>` may itself be a key already (the key of x.2.jpg is x_2): then more.
+                    base, k = f"{key}_{i}", 0
+                    key = base
+                    while key in keys:
+                        k += 1
+                        key = f"{base}_{k}"
                 keys.add(key)
                 data, ext = _member(record, relpath)
                 members = [(f"{key}.{ext}", data)]

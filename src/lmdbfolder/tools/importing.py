@@ -286,6 +286,7 @@ def detect_legacy(path: str) -> LegacyLayout:
                 "not a recognised recipe LMDB: no __keys__, no numeric keys, no meta_info.txt/.pkl",
                 "lmdbfolder import reads folder2lmdb-style (pickled (bytes, label)) and BasicSR-style LMDBs",
             )
+        _refuse_twice(ordered, path)
         length_blob = _get(pf, b"__len__", path)
         if length_blob is not None:
             length = _parse_length(length_blob, path)
@@ -296,6 +297,20 @@ def detect_legacy(path: str) -> LegacyLayout:
     return LegacyLayout(
         "pickled", ordered, [k.decode("utf-8", "surrogateescape") for k in ordered], [], [None] * len(ordered)
     )
+
+
+def _refuse_twice(keys: list[bytes], path: str) -> None:
+    """A key listed twice would be imported twice (every epoch would see it twice): refused,
+    as a list file naming a path twice is."""
+    first: dict[bytes, int] = {}
+    for i, key in enumerate(keys):
+        if key in first:
+            raise SourceError(
+                path,
+                f"key {_short(key)} is listed twice (samples {first[key]} and {i}); a sample must appear once",
+                "the recipe's list of keys (__keys__ or meta_info) is damaged: fix it, or repack from the images",
+            )
+        first[key] = i
 
 
 def _parse_length(blob: bytes | memoryview, path: str) -> int:
@@ -312,7 +327,8 @@ def _parse_length(blob: bytes | memoryview, path: str) -> int:
     raise SourceError(path, f"__len__ holds {_short(value)}, not a sample count")
 
 
-_META_LINE = re.compile(r"^(?P<name>.+?)\s+\((?P<shape>\s*\d+\s*(?:,\s*\d+\s*){1,2})\)(?:\s+\S+)?\s*$")
+# At most 9 digits a dimension: a hostile meta_info's 5,000-digit one would make int() raise.
+_META_LINE = re.compile(r"^(?P<name>.+?)\s+\((?P<shape>\s*\d{1,9}\s*(?:,\s*\d{1,9}\s*){1,2})\)(?:\s+\S+)?\s*$")
 
 
 def _basicsr_layout(path: str) -> LegacyLayout:
@@ -368,16 +384,17 @@ def _read_basicsr_layout(path: str) -> LegacyLayout:
             keys.append(stem if _get(pf, stem, path) is not None else full)
     finally:
         pf.close()
+    _refuse_twice(keys, path)
     return LegacyLayout("basicsr", keys, names, [], shapes)
 
 
 def _parse_chw(res: Any, path: str) -> tuple[int, int, int] | None:
     if res is None:
         return None
-    if isinstance(res, str) and re.fullmatch(r"\d+_\d+_\d+", res):
+    if isinstance(res, str) and re.fullmatch(r"\d{1,9}_\d{1,9}_\d{1,9}", res):
         c, h, w = (int(x) for x in res.split("_"))
         return h, w, c
-    raise SourceError(f"{path}/meta_info.pkl", f"resolution {res!r} is not 'C_H_W'")
+    raise SourceError(f"{path}/meta_info.pkl", f"resolution {_short(res)} is not 'C_H_W'")
 
 
 def _class_names(given: Sequence[str] | None, n_classes: int, old: str) -> list[str]:

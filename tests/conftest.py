@@ -338,6 +338,21 @@ def pack_contents(path: Path) -> dict:
         }
 
 
+def reader_view(path: Path) -> dict:
+    """What a pack (single or sharded) shows a reader: no ids, times, format version or record keys."""
+    from lmdbfolder import open_pack
+
+    with open_pack(path) as r:
+        return {
+            "classes": r.classes,
+            "class_to_idx": r.class_to_idx,
+            "labels": list(r.labels),
+            "paths": r.paths(),
+            "records": [(rec.label, rec.encoding, rec.width, rec.height, bytes(rec.payload)) for rec in r],
+            "store": r.store,
+        }
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
     """One local Ray cluster (2 CPUs) for the whole session; tests using it carry the `ray` marker."""

@@ -39,6 +39,17 @@ def _lmdbfolder(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env())
 
 
+def _in_own_mounts(script: str, *args: Path) -> subprocess.CompletedProcess[str]:
+    """``sh -c script sh ARGS...`` in a private mount namespace (its mounts vanish with it)."""
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
+
+
 def _clear(proc: subprocess.CompletedProcess[str], code: str, *words: str) -> None:
     assert proc.returncode == EXIT_CODES[code], (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr and all(w in proc.stderr for w in words), proc.stderr
@@ -57,13 +68,7 @@ def test_a_disk_without_room_for_the_lock_files_is_a_clear_error(tmp_path: Path,
         f'dd if=/dev/zero of="$1/fill" bs=1k count={64 - free_kb} 2>/dev/null; '
         f'"{sys.executable}" -m lmdbfolder pack "$2" "$1/out" --no-progress --no-space-check'
     )
-    proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, "sh", str(disk), str(src)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-    )
+    proc = _in_own_mounts(script, disk, src)
     _clear(proc, "pack failed", "No space left on device", "/out", "free some space")
 
 
@@ -76,13 +81,7 @@ def test_a_read_only_file_system_is_a_clear_error(tmp_path: Path) -> None:
         'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && '
         f'"{sys.executable}" -m lmdbfolder pack "$2" "$1/out" --no-progress'
     )
-    proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, "sh", str(ro), str(src)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-    )
+    proc = _in_own_mounts(script, ro, src)
     _clear(proc, "pack failed", "Read-only file system", str(ro / "out"), "mounted read-only")
 
 
@@ -170,12 +169,6 @@ def test_an_update_on_a_disk_without_room_for_the_lock_file_is_a_clear_error(tmp
         f'"{sys.executable}" -m lmdbfolder pack "$2" "$1/out" --update --no-progress --no-space-check; rc=$?; '
         f'"{sys.executable}" -m lmdbfolder verify "$1/out" --no-progress >&2 && exit $rc'
     )
-    proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, "sh", str(disk), str(src)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-    )
+    proc = _in_own_mounts(script, disk, src)
     _clear(proc, "pack failed", "No space left on device", "/out", "free some space")
     assert "12 of 12 records checked" in proc.stderr and ": OK" in proc.stderr  # the old version, intact

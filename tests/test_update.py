@@ -25,6 +25,7 @@ import pytest
 from PIL import Image
 
 from conftest import image_bytes, make_small_tree, write
+from conftest import reader_view as contents
 from lmdbfolder import (
     NotAPackError,
     OptionError,
@@ -33,7 +34,6 @@ from lmdbfolder import (
     Resize,
     SourceError,
     copy_pack,
-    open_pack,
     pack,
     pack_sharded,
     verify,
@@ -89,19 +89,6 @@ def change_tree(src: Path) -> dict[str, Any]:
     new_image(src / "dog" / "img02.jpg", 105, w=18, h=13)  # rewritten, maybe the same size
     os.utime(src / "dog" / "img02.jpg", ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
     return {"added": 4, "removed": 7, "changed": 2, "classes_added": ["aardvark"], "classes_removed": ["emu"]}
-
-
-def contents(path: Path) -> dict[str, Any]:
-    """What a pack shows a reader (no ids, times, format version or record keys)."""
-    with open_pack(path) as r:
-        return {
-            "classes": r.classes,
-            "class_to_idx": r.class_to_idx,
-            "labels": list(r.labels),
-            "paths": r.paths(),
-            "records": [(rec.label, rec.encoding, rec.width, rec.height, bytes(rec.payload)) for rec in r],
-            "store": r.store,
-        }
 
 
 def assert_imagefolder(src: Path, pack_path: Path) -> None:

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import image_bytes, write
-from lmdbfolder import OptionError, PackError, open_pack, pack, pack_sharded, pack_sources, scan
+from conftest import reader_view as contents
+from lmdbfolder import OptionError, PackError, pack, pack_sharded, pack_sources, scan
 from lmdbfolder.cli import main
 from lmdbfolder.cli.common import EXIT_CODES
 from lmdbfolder.errors import python_form
@@ -109,19 +110,6 @@ def do_pack(src: Path, dst: Path, how: str, *, sharded: bool = False, update: bo
         pack_sharded(src, dst, **({"update": True} if update else {"shards": 2}), progress=False, **filters)
     else:
         pack(src, dst, update=update, progress=False, **filters)
-
-
-def contents(path: Path) -> dict[str, Any]:
-    """What a pack shows a reader (no ids, times, format version or record keys)."""
-    with open_pack(path) as r:
-        return {
-            "classes": r.classes,
-            "class_to_idx": r.class_to_idx,
-            "labels": list(r.labels),
-            "paths": r.paths(),
-            "records": [(rec.label, rec.encoding, rec.width, rec.height, bytes(rec.payload)) for rec in r],
-            "store": r.store,
-        }
 
 
 def fresh(src: Path, tmp_path: Path, **filters: Any) -> dict[str, Any]:

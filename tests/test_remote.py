@@ -587,6 +587,38 @@ def test_overwriting_a_single_upload_leaves_no_stale_skipped_report(s3: S3, tmp_
     assert not (back / "skipped.txt").exists()  # the report of the pack that was replaced
 
 
+def test_a_remote_skipped_report_is_fetched_in_bounded_pieces(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # skipped.txt was read whole into memory (anyone's object at the URL: gigabytes).
+    import lmdbfolder.tools.copy as copy_mod
+    from lmdbfolder.remote import Remote
+
+    url = s3.url("reported")
+    tree = noise_tree(tmp_path / "tree", classes=2, per_class=3)
+    for k in range(40):
+        (tree / "class0" / f"empty-{k:03d}-{'x' * 40}.jpg").write_bytes(b"")  # skipped, a line each
+    local = tmp_path / "local.lmdb"
+    pack(tree, local, progress=False)
+    report = (local / "skipped.txt").read_bytes()
+    assert len(report) > 3000
+    copy_pack(local, url)
+    monkeypatch.setattr(copy_mod, "_REPORT_CHUNK", 1000, raising=False)
+    reads: list[tuple[int | None, int | None]] = []
+    real_read = Remote.read
+
+    def read(self: Remote, start: int | None = None, end: int | None = None) -> bytes:
+        if self.url.endswith("/skipped.txt"):
+            reads.append((start, end))
+        return real_read(self, start, end)
+
+    monkeypatch.setattr(Remote, "read", read)
+    back = tmp_path / "back"
+    copy_pack(url, back)
+    assert (back / "skipped.txt").read_bytes() == report
+    assert len(reads) >= 4 and all(s is not None and e is not None and e - s <= 1000 for s, e in reads), reads
+
+
 def test_an_oversized_remote_index_is_refused_without_reading_it_whole(
     s3: S3, proxy: Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

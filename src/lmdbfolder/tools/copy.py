@@ -341,12 +341,26 @@ def decode_meta_count(path: str) -> int:
     return int(decode_meta(environments.read_tables(path)[0], where=path)["count"])
 
 
+#: How much of a remote skipped.txt is held in memory at a time.
+_REPORT_CHUNK = 8 << 20
+
+
 def _fetch_report(remote: Remote, local_dir: str) -> None:
-    # skipped.txt travels with the pack (small; absent when nothing was skipped).
+    # skipped.txt travels with the pack (absent when nothing was skipped). Usually small, but
+    # the object at the URL is anyone's: it goes to the file in bounded pieces, never whole
+    # into memory, through a temporary file and a rename.
     report = remote.child(SKIPPED_REPORT)
     if os.path.isfile(os.path.join(local_dir, SKIPPED_REPORT)) or not report.exists():
         return
-    packdir.write_atomically(local_dir, SKIPPED_REPORT, report.read(), f".{SKIPPED_REPORT}.tmp")
+    size = report.info().size
+    tmp = os.path.join(local_dir, f".{SKIPPED_REPORT}.tmp")
+    with open(tmp, "wb") as f:
+        for start in range(0, size, _REPORT_CHUNK):
+            f.write(report.read(start, min(size, start + _REPORT_CHUNK)))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(local_dir, SKIPPED_REPORT))
+    packdir.fsync_path(local_dir)
 
 
 def _upload(

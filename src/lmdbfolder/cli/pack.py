@@ -124,8 +124,8 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="REGEX",
         help="pack only files whose path relative to SRC contains a match of REGEX (Python re.search, / "
-        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack, and kept by "
-        "--update",
+        "separators; e.g. '^(?!.*/rejected/)' leaves out every rejected/ folder); recorded in the pack, and "
+        "--update needs the same --match again",
     )
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
     p.add_argument(

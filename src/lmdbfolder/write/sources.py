@@ -625,7 +625,12 @@ def _refuse_other(recorded: _Filters, given: _Filters, where: str) -> None:
         hint = "leave out --extensions (an update uses the pack's), or pack afresh with --overwrite"
     elif recorded.match != given.match:
         pair = tuple(_filter_words("--match", None if f.match is None else repr(f.match)) for f in (recorded, given))
-        hint = "leave out --match (an update uses the pack's), or pack afresh with --overwrite"
+        # A recorded pattern is never run from the pack: the user gives it again.
+        hint = (
+            "leave out --match (the pack has none)"
+            if recorded.match is None
+            else f"give the pack's own {pair[0]} again"
+        ) + ", or pack afresh with --overwrite"
     else:
         return
     raise OptionError(

@@ -29,7 +29,7 @@ import os
 import re
 import shlex
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -607,11 +607,13 @@ def _append(env: lmdb.Environment, batch: list[tuple[bytes, memoryview]], src: s
             raise
 
 
-def write_atomically(directory: str, name: str, data: bytes, tmp_name: str) -> None:
-    """Write ``directory/name`` through ``directory/tmp_name`` and a rename, durably."""
+def write_atomically(directory: str, name: str, data: bytes | Iterable[bytes], tmp_name: str) -> None:
+    """Write ``directory/name`` through ``directory/tmp_name`` and a rename, durably.
+    ``data``: the bytes, or pieces of them written in turn (never all in memory at once)."""
     tmp = os.path.join(directory, tmp_name)
     with open(tmp, "wb") as f:
-        f.write(data)
+        for piece in (data,) if isinstance(data, bytes) else data:
+            f.write(piece)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, name))

@@ -348,19 +348,13 @@ _REPORT_CHUNK = 8 << 20
 def _fetch_report(remote: Remote, local_dir: str) -> None:
     # skipped.txt travels with the pack (absent when nothing was skipped). Usually small, but
     # the object at the URL is anyone's: it goes to the file in bounded pieces, never whole
-    # into memory, through a temporary file and a rename.
+    # into memory.
     report = remote.child(SKIPPED_REPORT)
     if os.path.isfile(os.path.join(local_dir, SKIPPED_REPORT)) or not report.exists():
         return
     size = report.info().size
-    tmp = os.path.join(local_dir, f".{SKIPPED_REPORT}.tmp")
-    with open(tmp, "wb") as f:
-        for start in range(0, size, _REPORT_CHUNK):
-            f.write(report.read(start, min(size, start + _REPORT_CHUNK)))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(local_dir, SKIPPED_REPORT))
-    packdir.fsync_path(local_dir)
+    pieces = (report.read(start, min(size, start + _REPORT_CHUNK)) for start in range(0, size, _REPORT_CHUNK))
+    packdir.write_atomically(local_dir, SKIPPED_REPORT, pieces, f".{SKIPPED_REPORT}.tmp")
 
 
 def _upload(
@@ -385,13 +379,14 @@ def _upload(
         _verified_or_raise(found.path, f"the source {found.path}")
     # Every page and record checked, as a local copy does (the digests would vouch for damage),
     # and before anything at the URL is replaced: a damaged source loses nothing there.
+    index: dict[str, Any] = {}
     if found.kind is packdir.Kind.PACK:
         packdir.check_single(found.path)
     else:
-        from lmdbfolder.read.sharded import ShardedReader
-
-        ShardedReader(found.path)  # names every missing shard
-        for entry in packdir.load_index(found.path)[1]["shards"]:
+        with open(os.path.join(found.path, SHARD_INDEX_FILE), "rb") as f:
+            index = decode_shard_index(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
+        open_pack(found.path).close()  # names every missing shard
+        for entry in index["shards"]:
             packdir.check_single(os.path.join(found.path, entry["name"]))
     if overwrite:
         # The old pack's index first: until the new one lands this is an unfinished upload, never
@@ -425,8 +420,6 @@ def _upload(
                 count, shards = len(reader), 1
             put(found.path, remote)
         else:
-            with open(os.path.join(found.path, SHARD_INDEX_FILE), "rb") as f:
-                index = decode_shard_index(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
             reader = open_pack(found.path)
             entries = index["shards"]
 

@@ -44,6 +44,14 @@ sampler tells the pack's staging cache, at the start of each epoch, the order
 in which this rank will read the shards, so they are fetched ahead of need
 in that order and evicted when no rank on the node needs them any more.
 
+It is a ``torch.utils.data.DistributedSampler`` (a subclass, with its
+attributes), because frameworks that manage samplers look for one: PyTorch
+Lightning's Trainer replaces any other sampler of a distributed job with its own
+wrapper, which would split this sampler's part between the ranks once more
+(every rank trained on half of its share). Hugging Face Accelerate's
+``prepare(loader)`` shards any loader's batches again: see README
+"Multi-GPU and multi-node".
+
 Ranks need no communication: the order is a function of (seed, epoch,
 dataset size, shard offsets, number of ranks), computed identically in every
 rank from torch's seeded CPU generator (the same torch version everywhere).
@@ -62,7 +70,7 @@ from lmdbfolder.errors import MissingDependencyError
 try:
     import torch
     import torch.distributed as dist
-    from torch.utils.data import Sampler
+    from torch.utils.data import DistributedSampler
 except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.sampler (ExactDistributedSampler)", "torch", "torch") from exc
 
@@ -97,7 +105,7 @@ def _derived_seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-class ExactDistributedSampler(Sampler[int]):
+class ExactDistributedSampler(DistributedSampler[int]):
     """Split each epoch's seeded permutation into disjoint, equal parts, one per rank.
 
     Args:
@@ -181,6 +189,9 @@ class ExactDistributedSampler(Sampler[int]):
                 )
         elif nodes not in (None, 1):
             raise ValueError(f"nodes is for order='nodes', not order={order!r}")
+        # torch's own attributes first (ours below are the same names, set our way): it only
+        # takes len() of the dataset, and its arguments are resolved and checked above.
+        super().__init__(dataset, num_replicas, rank, shuffle, seed, drop_last)  # type: ignore[arg-type]
         self.nodes = nodes or 1
         self.ranks_per_node = num_replicas // self.nodes
         self._dataset = dataset  # its staging cache (a pack in object storage) follows the order

@@ -293,6 +293,31 @@ def test_info_keeps_the_skipped_list_under_its_heading(small_tree: Path, tmp_pat
     assert any(line.startswith("image sizes:") for line in lines[:at])
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_info_shows_a_terminals_worth_of_skipped_files(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], sharded: bool
+) -> None:
+    # A pack of a million files can skip tens of thousands: info printed every one of them.
+    names = [f"class{i // 13}/zz{i:02}.jpg" for i in range(25)]  # after each class's images: no shard all bad
+    for name in names:
+        write(small_tree / name, b"")
+    with pytest.warns(SkippedFilesWarning):
+        if sharded:
+            pack_sharded(small_tree, tmp_path / "p", shards=2, progress=False)
+        else:
+            pack(small_tree, tmp_path / "p", progress=False)
+    assert main(["info", str(tmp_path / "p"), "--no-sizes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("skipped:"))
+    assert "25 source files (the first 20 below)" in lines[at]
+    listed = "each shard's skipped.txt" if sharded else "the pack's skipped.txt"
+    assert lines[at + 1 :] == [f"  {name}: empty file (0 bytes)" for name in names[:20]] + [
+        f"  ... and 5 more (`lmdbfolder info --json` and {listed} list them all)"
+    ]
+    assert main(["info", str(tmp_path / "p"), "--no-sizes", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["skipped"]) == 25
+
+
 def test_one_missing_shard_is_one_shard(small_tree: Path, tmp_path: Path) -> None:
     import shutil
 

@@ -184,9 +184,10 @@ def _sharded_info(path: str) -> dict[str, Any]:
     return info
 
 
-def format_info(info: dict[str, Any]) -> str:
+def format_info(info: dict[str, Any], skipped_shown: int = 20) -> str:
     """The text of ``lmdbfolder info``: one ``key: value`` line per field, aligned,
-    then the skipped source files, one per line.
+    then the first ``skipped_shown`` skipped source files, one per line, and how
+    many more there are (``--json`` and the pack's ``skipped.txt`` list them all).
 
     ``info`` is ``pack_info``'s dict updated with ``pack_statistics``' (its
     ``encodings`` turned into ``encoding_shares``: encoding -> share), as
@@ -233,7 +234,12 @@ def format_info(info: dict[str, Any]) -> str:
         ("created", f"{printable(info.get('created_at'), 40)} by {printable(info.get('created_by'), 80)}"),
         (
             "skipped",
-            plural(len(skipped), "source file") + (" (listed below)" if skipped else "")
+            plural(len(skipped), "source file")
+            + (
+                (" (listed below)" if len(skipped) <= skipped_shown else f" (the first {skipped_shown:,} below)")
+                if skipped
+                else ""
+            )
             if isinstance(info["skipped"], list)
             else str(info["skipped"]),
         ),
@@ -266,8 +272,14 @@ def format_info(info: dict[str, Any]) -> str:
         f"  {printable(item.get('path'), 1000)}: {printable(item.get('reason'))}"
         if isinstance(item, dict)
         else f"  {INVALID}"
-        for item in skipped
+        for item in skipped[:skipped_shown]
     ]
+    if len(skipped) > skipped_shown:
+        # A pack of a million files can have skipped tens of thousands: a terminal's worth, not all.
+        listed = "each shard's skipped.txt" if "shards" in info else "the pack's skipped.txt"
+        lines.append(
+            f"  ... and {len(skipped) - skipped_shown:,} more (`lmdbfolder info --json` and {listed} list them all)"
+        )
     return "\n".join(lines)
 
 

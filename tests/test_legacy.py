@@ -199,3 +199,33 @@ def test_meta_info_with_absurd_numbers_is_a_clear_short_error(tmp_path: Path, me
         import_legacy(old, tmp_path / "new", progress=False)
     assert len(str(caught.value)) < 1000
     assert main(["import", str(old), str(tmp_path / "new"), "--no-progress"]) == EXIT_CODES["source error"]
+
+
+@pytest.mark.parametrize("layout", ["pickled", "basicsr"])
+def test_values_that_are_not_whole_images_are_skipped_as_pack_skips_files(tmp_path: Path, layout: str) -> None:
+    # import stored them unchecked: verify then failed on a pack that import had called done.
+    good = image_bytes("rgb_jpeg", np.random.default_rng(0))[0]
+    values = [good, b"plain text, not an image", good[: len(good) // 2], good]
+    if layout == "pickled":
+        items = {str(i).encode(): pickle.dumps((v, i % 2)) for i, v in enumerate(values)}
+        items[b"__len__"] = pickle.dumps(len(values))
+        _write_lmdb(tmp_path / "old", items)
+        names = [str(i) for i in range(4)]
+    else:
+        names = [f"img_{i}.jpg" for i in range(4)]
+        _write_lmdb(tmp_path / "old", {os.path.splitext(n)[0].encode(): v for n, v in zip(names, values)})
+        (tmp_path / "old" / "meta_info.txt").write_text("".join(f"{n} (1,1,3) 1\n" for n in names))
+    result = import_legacy(tmp_path / "old", tmp_path / "new", progress=False)
+    assert result.count == 2
+    not_an_image = {
+        "pickled": "not an image Pillow can identify (wrong content for its extension?)",
+        "basicsr": "mixes encoded images and raw arrays; this pack stores encoded values",  # as before
+    }
+    assert result.skipped == [
+        (names[1], not_an_image[layout]),
+        (names[2], "truncated: the JPEG has no end-of-image marker (FFD9) after its image data"),
+    ]
+    assert (tmp_path / "new" / "skipped.txt").read_text().count("\n") == 4  # two comment lines, two files
+    with Reader(tmp_path / "new") as r:
+        assert r.paths() == [names[0], names[3]] and [bytes(rec.payload) for rec in r] == [good, good]
+    assert verify(tmp_path / "new", decode=True, progress=False).ok

@@ -37,12 +37,14 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from PIL import Image
+
 from lmdbfolder.codecs import sniff
 from lmdbfolder.errors import NotAPackError, OptionError, SourceError, UnsafePickleError, os_hint
 from lmdbfolder.format import DATA_FILE, encode_record
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, open_regular, read_regular
 from lmdbfolder.write.options import PackOptions
-from lmdbfolder.write.records import Loaded, Skipped
+from lmdbfolder.write.records import Loaded, Skipped, load_bytes
 from lmdbfolder.write.sources import SourceList
 from lmdbfolder.write.writer import PackResult, pack_sources
 
@@ -445,7 +447,10 @@ def import_legacy(
         overwrite, restart, progress: as for ``pack``.
 
     Pickled values are read with RestrictedUnpickler: a pickle that names
-    any class or function is refused with UnsafePickleError.
+    any class or function is refused with UnsafePickleError. Each encoded
+    image is checked as ``pack``'s default check checks a file: a value that is
+    not an image, or a JPEG/PNG cut short, is skipped (``result.skipped``, and
+    ``new/skipped.txt``).
 
     Example:
         >>> import_legacy("train_recipe.lmdb", "train.lmdb")  # doctest: +SKIP
@@ -543,11 +548,7 @@ def _pickled_loader(
         image, label = _pickled_sample(value, f"{old} key {key.decode(errors='replace')[:64]}")
         if not image:
             return Skipped("empty image bytes")
-        info = sniff(image)
-        record = encode_record(
-            image, label=label, encoding=info.encoding, width=info.width, height=info.height, channels=info.channels
-        )
-        return Loaded(record, info.encoding, len(image))
+        return load_bytes(image, label, check="header", max_pixels=Image.MAX_IMAGE_PIXELS)
 
     return labels, load
 
@@ -572,10 +573,7 @@ def _basicsr_loader(
         if (info.encoding != "other") != (store == "encoded"):
             return Skipped(f"mixes encoded images and raw arrays; this pack stores {store} values")
         if info.encoding != "other":
-            record = encode_record(
-                value, label=-1, encoding=info.encoding, width=info.width, height=info.height, channels=info.channels
-            )
-            return Loaded(record, info.encoding, len(value))
+            return load_bytes(value, -1, check="header", max_pixels=Image.MAX_IMAGE_PIXELS)
         shape = layout.shapes[i]
         if shape is None:
             return Skipped("raw array without a shape in meta_info")

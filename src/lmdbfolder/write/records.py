@@ -39,7 +39,7 @@ from lmdbfolder.format import RECORD_HEADER, UNKNOWN_MTIME, encode_header_into, 
 from lmdbfolder.pagefile import NotRegularFileError, open_regular
 from lmdbfolder.write.options import Resize
 
-__all__ = ["Loaded", "Skipped", "load_sample", "read_into_record"]
+__all__ = ["Loaded", "Skipped", "load_sample", "load_bytes", "read_into_record"]
 
 _HEAD = RECORD_HEADER.size
 # Pillow reads only the headers when it opens an image; most fit in the first
@@ -214,6 +214,15 @@ def load_sample(
     if isinstance(result, Skipped):
         return Skipped(result.reason, st.st_size, st.st_mtime_ns)
     return Loaded(result.value, result.encoding, result.source_bytes, st.st_mtime_ns)
+
+
+def load_bytes(data: bytes | memoryview, label: int, *, check: str, max_pixels: int | None) -> Loaded | Skipped:
+    """``load_sample`` for an encoded image that is not a file (a value of another
+    LMDB, for ``import``): the same ``check`` (a value that is not an image, or is
+    cut short, is a Skipped with the reason ``pack`` gives), stored as it is."""
+    buf = bytearray(_HEAD + len(data))
+    buf[_HEAD:] = data
+    return _load(buf, label, "encoded", check, max_pixels, None)
 
 
 def _load(

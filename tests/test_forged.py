@@ -133,6 +133,17 @@ def test_a_payload_of_another_kind_than_its_header_says_is_refused(photos: Path,
     assert ("header", index) in [(p.kind, p.index) for p in verify(forged).problems]
 
 
+def test_a_record_claiming_nothing_is_still_opened_by_verify(photos: Path, tmp_path: Path) -> None:
+    # An "other" record with no size claimed: verify checked nothing of its payload and said OK.
+    forged = _copy_pack(photos, tmp_path / "forged.lmdb")
+    index = _index(forged, "c0/03.jpg")
+    forge_record(forged, index, payload=b"plain text, not an image", encoding="other", width=0, height=0, channels=0)
+    problems = [(p.kind, p.index) for p in verify(forged).problems]
+    assert problems == [("decode", index)]
+    forge_record(forged, index, payload=_png(7, 5), encoding="other", width=0, height=0, channels=0)
+    assert verify(forged).ok  # an image that claims nothing is fine: readers size it from its decode
+
+
 def test_a_payload_swapped_for_another_image_is_refused(photos: Path, tmp_path: Path) -> None:
     # The bytes of another image under the old header: the header is the lie.
     forged = _copy_pack(photos, tmp_path / "forged.lmdb")

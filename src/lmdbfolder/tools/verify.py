@@ -602,6 +602,11 @@ def _check_one(
     enc = encoding_of(header.encoding)
     try:
         enc.check(payload, header.width, header.height, header.channels)
+        if header.width <= 0 and header.height <= 0 and not enc.stores_pixels:
+            # Nothing claimed, so nothing above looked at the payload: the least every
+            # read does is open it, so verify does too (a forged or unchecked record).
+            with Image.open(io.BytesIO(payload)):
+                pass
     except PayloadMismatch as exc:
         report.problems.append(Problem("header", str(exc), index, path))
         return header, payload

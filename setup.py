@@ -20,7 +20,8 @@ setup(
             libraries=["jpeg"],
             # The resize must round as Pillow's does: no fused multiply-adds.
             # -O3: the resize's row loops vectorise.
-            extra_compile_args=["-ffp-contract=off", "-O3"],
+            extra_compile_args=["-ffp-contract=off", "-O3", "-pthread"],
+            extra_link_args=["-pthread"],
             optional=True,
         )
     ]

@@ -56,7 +56,7 @@ def _per_sample(ds: LMDBFolder, order: list[int]) -> tuple[list[torch.Tensor], l
 
 def _transforms() -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
-    for resize in ("pil", "opencv"):
+    for resize in ("pil", "opencv", "native"):
         crop_t = fused.RandomResizedCrop(40, resize=resize, output="tensor")
         crop_p = fused.RandomResizedCrop(40, resize=resize, output="pil")
         out += [
@@ -104,8 +104,9 @@ def test_other_transforms_keep_the_per_sample_path(mixed: Path) -> None:
         assert not isinstance(ds.__getitems__([0, 1]), BatchSamples)
 
 
-def test_threads_give_the_same_batch(mixed: Path) -> None:
-    transform = T.Compose([fused.RandomResizedCrop(40, output="tensor"), T.RandomHorizontalFlip()])
+@pytest.mark.parametrize("resize", ["pil", "native"])
+def test_threads_give_the_same_batch(mixed: Path, resize: str) -> None:
+    transform = T.Compose([fused.RandomResizedCrop(40, resize=resize, output="tensor"), T.RandomHorizontalFlip()])
     one = LMDBFolder(mixed / "p", transform=transform)
     three = LMDBFolder(mixed / "p", transform=transform, threads=3)
     order = list(range(18)) * 3
@@ -116,9 +117,10 @@ def test_threads_give_the_same_batch(mixed: Path) -> None:
     assert torch.equal(a.images, b.images) and a.targets == b.targets
 
 
+@pytest.mark.parametrize("resize", ["pil", "native"])
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_dataloader_with_collate_gives_the_per_sample_batches(mixed: Path, context: str) -> None:
-    transform = T.Compose([fused.RandomResizedCrop(40, output="tensor"), T.RandomHorizontalFlip()])
+def test_dataloader_with_collate_gives_the_per_sample_batches(mixed: Path, context: str, resize: str) -> None:
+    transform = T.Compose([fused.RandomResizedCrop(40, resize=resize, output="tensor"), T.RandomHorizontalFlip()])
     ds = LMDBFolder(mixed / "p", transform=transform)
     seen: dict[int, int] = {}
     for images, targets in DataLoader(
@@ -191,7 +193,8 @@ def test_a_corrupt_record_in_a_batch_names_the_record(mixed: Path, tmp_path: Pat
         ds.__getitems__([0, 1, 3, 4])
 
 
-def test_with_threads_the_first_failing_image_is_named(mixed: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("resize", ["pil", "native"])
+def test_with_threads_the_first_failing_image_is_named(mixed: Path, tmp_path: Path, resize: str) -> None:
     # Threads take the images one at a time in any order; the error is still the
     # first failing image's, as with one thread.
     import shutil
@@ -212,7 +215,7 @@ def test_with_threads_the_first_failing_image_is_named(mixed: Path, tmp_path: Pa
             fields = {"width": header.width, "height": header.height, "channels": header.channels}
             txn.put(KEY.pack(index), encode_record(broken, label=header.label, encoding="jpeg", **fields))
     env.close()
-    crop = fused.RandomResizedCrop(40, output="tensor")
+    crop = fused.RandomResizedCrop(40, resize=resize, output="tensor")
     others = [i for i in range(18) if i not in (a, b)]
     for threads in (1, 2, 3):
         ds = LMDBFolder(tmp_path / "p", transform=crop, verify_checksums=False, threads=threads)

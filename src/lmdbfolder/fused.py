@@ -44,7 +44,7 @@ except ImportError as exc:  # a core-only install: say what to install
     ) from exc
 
 from lmdbfolder.read.capabilities import Capabilities, current
-from lmdbfolder.read.crops import RESIZE_BACKENDS, Box
+from lmdbfolder.read.crops import NATIVE_MISSING, RESIZE_BACKENDS, Box
 from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import BatchItemError, CropSpec, ReadPlan
 from lmdbfolder.transport import pool
@@ -66,9 +66,16 @@ class RandomResizedCrop(T.RandomResizedCrop):
     Args:
         size, scale, ratio, interpolation, antialias: as in torchvision.
         reduce: decode JPEGs at a reduced DCT scale when the crop allows it.
-        resize: ``"pil"`` (Pillow, as the unfused transform) or ``"opencv"``
+        resize: ``"pil"`` (Pillow, as the unfused transform), ``"opencv"``
             (faster; needs opencv-python-headless; OpenCV is limited to one
-            thread per process, since DataLoader workers already use the cores).
+            thread per process, since DataLoader workers already use the cores)
+            or ``"native"``: lmdbfolder's compiled bilinear (OpenCV's INTER_LINEAR
+            geometry, within one grey level of its pixels), the fastest: a batch's
+            JPEGs are decoded and resized in C by the batch's threads, none of them
+            holding the GIL, so ``threads=N`` scales with cores (needs the compiled
+            helper, which ``make demo`` builds; no OpenCV). Without the fusion (a
+            PIL image given to the transform itself) every backend is torchvision's
+            own crop.
         output: ``"pil"`` (a PIL image, for the usual transforms after it) or
             ``"tensor"``: a uint8 CHW tensor, what ``PILToTensor`` would make
             of the PIL image, without the round trip through PIL (then drop
@@ -101,6 +108,8 @@ class RandomResizedCrop(T.RandomResizedCrop):
             raise ValueError(f"output must be 'pil' or 'tensor', got {output!r}")
         if resize == "opencv" and current().cv2() is None:  # fail here, not in a worker
             raise MissingDependencyError('lmdbfolder.fused.RandomResizedCrop(resize="opencv")', "opencv", "OpenCV")
+        if resize == "native" and current().native_resize() is None:
+            raise ImportError(NATIVE_MISSING)
         self.reduce = reduce
         self.resize = resize
         self.output = output

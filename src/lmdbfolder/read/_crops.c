@@ -431,9 +431,498 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* ---- A batch made without the GIL --------------------------------------------
+ *
+ * resize="native" (lmdbfolder.fused.RandomResizedCrop): each image of a batch is
+ * one job, region decode -> bilinear resize -> its slot of the N x 3 x H x W
+ * output, mirrored when asked, all in C. Jobs are added while the caller still
+ * reads records and draws boxes; `threads - 1` threads started here take them
+ * at once, and `finish` makes the rest on the calling thread with the GIL
+ * released, then joins them. No Python object is touched without the GIL: each
+ * job's payload is a buffer the Batch holds until it is finished.
+ *
+ * The resize: OpenCV's INTER_LINEAR geometry (half-pixel centres, edges
+ * clamped), 8-bit weights; horizontal pass into planar rows of 8.8 fixed
+ * point, vertical pass rounding to 8 bits. Its own documented pixels, not
+ * OpenCV's or Pillow's (the tests hold it to a float model within one grey
+ * level). Shrinking 2x or more is left to the caller (it aliases). */
+
+#include <pthread.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <tmmintrin.h>
+#endif
+
+typedef struct {
+    const uint8_t *data;
+    Py_ssize_t len;
+    int left, top, width, height, image_w, image_h, flip, k;
+    int failed;
+    char error[200];
+} native_job;
+
+typedef struct {
+    uint8_t *region; size_t region_len;
+    uint16_t *rows; size_t rows_len;
+    int *xs; uint16_t *xw; size_t xs_len;
+} native_scratch;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer out;
+    int have_out;
+    int out_h, out_w, capacity, threads;
+    native_job *jobs;
+    Py_buffer *payloads;
+    int added, next, closed, finished, started;
+    pthread_mutex_t lock;
+    pthread_cond_t more;
+    pthread_t *workers;
+} BatchObject;
+
+static int grow(void **p, size_t *have, size_t need) {
+    if (*have >= need)
+        return 1;
+    void *q = realloc(*p, need);
+    if (!q)
+        return 0;
+    *p = q, *have = need;
+    return 1;
+}
+
+/* Source index and weight of each output coordinate (8-bit weights summing to 256):
+ * sample o is in[first[o]] * (256 - w1[o]) + in[first[o] + 1] * w1[o], and first[o] + 1
+ * is always inside (the last sample is its left neighbour at weight 256), except when
+ * in == 1 (then w1 is 0 and the same sample is read twice). */
+static void linear_taps(int in, int out, int *first, uint16_t *w1) {
+    double scale = (double)in / out;
+    for (int o = 0; o < out; o++) {
+        double f = (o + 0.5) * scale - 0.5;
+        int i = (int)(f + 1.0) - 1; /* floor (f > -1); no libm call: this runs per image */
+        int w = (int)((f - i) * 256.0 + 0.5);
+        if (i < 0)
+            i = 0, w = 0;
+        if (i >= in - 1)
+            i = in - 1, w = 0;
+        if (w == 256)
+            i++, w = 0;
+        if (i == in - 1 && in > 1)
+            i = in - 2, w = 256;
+        first[o] = i;
+        w1[o] = (uint16_t)w;
+    }
+}
+
+/* The horizontal taps of a row, in output order (mirrored for a flip): byte offsets of
+ * the left and right sample, and the weights as the SIMD pass wants them. */
+typedef struct {
+    int32_t left, right;
+} htap;
+
+static void native_hpass_scalar(const uint8_t *src, const htap *t, const uint16_t *w1s, int from, int out_w,
+                                uint16_t *dst) {
+    uint16_t *r = dst, *g = dst + out_w, *b = dst + 2 * out_w;
+    for (int x = from; x < out_w; x++) {
+        const uint8_t *p = src + t[x].left, *q = src + t[x].right;
+        unsigned w1 = w1s[x], w0 = 256 - w1;
+        r[x] = (uint16_t)(p[0] * w0 + q[0] * w1);
+        g[x] = (uint16_t)(p[1] * w0 + q[1] * w1);
+        b[x] = (uint16_t)(p[2] * w0 + q[2] * w1);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <tmmintrin.h>
+#define NATIVE_SIMD 1
+/* The same numbers as native_hpass_scalar, 4 outputs at a time (SSSE3): the two
+ * neighbours of an output are 6 adjacent bytes (right == left + 3), shuffled into
+ * (left, right) pairs per channel and multiplied by (w0, w1, w0, w1, w0, w1, 0, 0)
+ * (`wvec`, 8 per output) with one pmaddwd. Each load reads 8 bytes from `left`: the
+ * caller makes sure they are readable. Returns the first output not made. */
+__attribute__((target("ssse3"))) static int native_hpass_ssse3(const uint8_t *src, const htap *t,
+                                                               const int16_t *wvec, int out_w, uint16_t *dst) {
+    const __m128i pairs = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m128i low16 = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    uint16_t *r = dst, *g = dst + out_w, *b = dst + 2 * out_w;
+    int x = 0;
+    for (; x + 4 <= out_w; x += 4) {
+        __m128i s[4];
+        for (int i = 0; i < 4; i++) {
+            __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(src + t[x + i].left)), pairs);
+            s[i] = _mm_madd_epi16(px, _mm_loadu_si128((const __m128i *)(wvec + 8 * (x + i)))); /* (R, G, B, 0) */
+        }
+        __m128i t0 = _mm_unpacklo_epi32(s[0], s[1]), t1 = _mm_unpacklo_epi32(s[2], s[3]);
+        __m128i t2 = _mm_unpackhi_epi32(s[0], s[1]), t3 = _mm_unpackhi_epi32(s[2], s[3]);
+        _mm_storel_epi64((__m128i *)(r + x), _mm_shuffle_epi8(_mm_unpacklo_epi64(t0, t1), low16));
+        _mm_storel_epi64((__m128i *)(g + x), _mm_shuffle_epi8(_mm_unpackhi_epi64(t0, t1), low16));
+        _mm_storel_epi64((__m128i *)(b + x), _mm_shuffle_epi8(_mm_unpacklo_epi64(t2, t3), low16));
+    }
+    return x;
+}
+#endif
+
+static int simd_ok = -1;
+
+static void native_hpass(const uint8_t *src, int simd, const htap *t, const uint16_t *w1s, const int16_t *wvec,
+                         int out_w, uint16_t *dst) {
+    int from = 0;
+#ifdef NATIVE_SIMD
+    if (simd)
+        from = native_hpass_ssse3(src, t, wvec, out_w, dst);
+#else
+    (void)simd, (void)wvec;
+#endif
+    native_hpass_scalar(src, t, w1s, from, out_w, dst);
+}
+
+/* out = ((a * w0) >> 8 + (b * w1) >> 8 + 128) >> 8, every step in 16 bits (what
+ * pmulhuw computes: x86-64 has it, SSE2, everywhere); a weight of 256 is a row alone. */
+static void native_vblend(const uint16_t *a, const uint16_t *b, unsigned w1, uint8_t *dst, int n) {
+    int i = 0;
+    if (w1 == 0 || w1 == 256) {
+        const uint16_t *only = w1 ? b : a;
+        for (; i < n; i++)
+            dst[i] = (uint8_t)((only[i] + 128u) >> 8);
+        return;
+    }
+    uint16_t high0 = (uint16_t)((256 - w1) << 8), high1 = (uint16_t)(w1 << 8);
+#if defined(__x86_64__) && defined(__GNUC__)
+    const __m128i h0 = _mm_set1_epi16((short)high0), h1 = _mm_set1_epi16((short)high1), half = _mm_set1_epi16(128);
+    for (; i + 16 <= n; i += 16) {
+        __m128i lo = _mm_add_epi16(_mm_add_epi16(_mm_mulhi_epu16(_mm_loadu_si128((const __m128i *)(a + i)), h0),
+                                                 _mm_mulhi_epu16(_mm_loadu_si128((const __m128i *)(b + i)), h1)),
+                                   half);
+        __m128i hi = _mm_add_epi16(_mm_add_epi16(_mm_mulhi_epu16(_mm_loadu_si128((const __m128i *)(a + i + 8)), h0),
+                                                 _mm_mulhi_epu16(_mm_loadu_si128((const __m128i *)(b + i + 8)), h1)),
+                                   half);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm_packus_epi16(_mm_srli_epi16(lo, 8), _mm_srli_epi16(hi, 8)));
+    }
+#endif
+    for (; i < n; i++) {
+        uint16_t p = (uint16_t)(((uint32_t)a[i] * high0) >> 16), q = (uint16_t)(((uint32_t)b[i] * high1) >> 16);
+        dst[i] = (uint8_t)((uint16_t)(p + q + 128u) >> 8);
+    }
+}
+
+/* Resize the crop (rows of `stride` bytes, `src` at its first pixel, readable up to
+ * `limit`) into the three planes at `dst` (out_h x out_w each), mirrored left-right
+ * when `flip`. Returns 0 when scratch memory ran out. */
+static int native_resize(const uint8_t *src, const uint8_t *limit, size_t stride, int crop_w, int crop_h, int out_w,
+                         int out_h, int flip, uint8_t *dst, native_scratch *s) {
+    size_t taps = (size_t)(out_w > out_h ? out_w : out_h);
+    size_t need = taps * (2 * sizeof(int) + 3 * sizeof(uint16_t) + sizeof(htap) + 8 * sizeof(int16_t)) + 16;
+    if (!grow((void **)&s->xs, &s->xs_len, need))
+        return 0;
+    int *xs = s->xs, *ys = xs + taps;
+    htap *t = (htap *)(ys + taps);
+    int16_t *wvec = (int16_t *)(t + taps);
+    uint16_t *xw = (uint16_t *)(wvec + 8 * taps), *yw = xw + taps, *w1s = yw + taps;
+    linear_taps(crop_w, out_w, xs, xw);
+    linear_taps(crop_h, out_h, ys, yw);
+    int32_t rightmost = 0;
+    for (int x = 0; x < out_w; x++) {
+        int from = flip ? out_w - 1 - x : x; /* a flip is the taps read backwards */
+        t[x].left = 3 * xs[from];
+        t[x].right = crop_w > 1 ? 3 * (xs[from] + 1) : 3 * xs[from];
+        if (t[x].left > rightmost)
+            rightmost = t[x].left;
+        int16_t w1 = (int16_t)xw[from], w0 = (int16_t)(256 - xw[from]);
+        int16_t *v = wvec + 8 * x;
+        v[0] = v[2] = v[4] = w0, v[1] = v[3] = v[5] = w1, v[6] = v[7] = 0;
+        w1s[x] = xw[from];
+    }
+    /* The SIMD pass reads 8 bytes at each left neighbour: where a row has them (every row
+     * of a decoded region, which has room after it), and the neighbours are adjacent. */
+    size_t last_read = (size_t)rightmost + 8;
+    size_t row = (size_t)3 * out_w;
+    if (!grow((void **)&s->rows, &s->rows_len, 2 * row * sizeof(uint16_t)))
+        return 0;
+    /* Two horizontally resized rows, kept by source row: the vertical pass walks down. */
+    uint16_t *slot[2] = {s->rows, s->rows + row};
+    int held[2] = {-1, -1};
+    size_t plane = (size_t)out_w * out_h;
+    for (int y = 0; y < out_h; y++) {
+        int y0 = ys[y], y1 = crop_h > 1 ? y0 + 1 : y0;
+        uint16_t *rows[2];
+        for (int want = 0; want < 2; want++) {
+            int r = want ? y1 : y0;
+            int at = held[0] == r ? 0 : held[1] == r ? 1 : -1;
+            if (at < 0) {
+                at = (held[0] == y0 || held[0] == y1) ? 1 : 0; /* never evict the row still needed */
+                const uint8_t *line = src + (size_t)r * stride;
+                int simd = simd_ok > 0 && crop_w > 1 && line + last_read <= limit;
+                native_hpass(line, simd, t, w1s, wvec, out_w, slot[at]);
+                held[at] = r;
+            }
+            rows[want] = slot[at];
+        }
+        for (int c = 0; c < 3; c++)
+            native_vblend(rows[0] + c * out_w, rows[1] + c * out_w, yw[y], dst + c * plane + (size_t)y * out_w, out_w);
+    }
+    return 1;
+}
+
+static void native_run_job(BatchObject *b, native_job *j, native_scratch *s) {
+    size_t need = (size_t)3 * (size_t)j->image_w * (size_t)j->height;
+    if (j->image_w <= 0 || j->height <= 0 || !grow((void **)&s->region, &s->region_len, need + 16)) {
+        j->failed = 1;
+        snprintf(j->error, sizeof j->error, "no memory for the region");
+        return;
+    }
+    struct jpeg_decompress_struct cinfo;
+    error_mgr err;
+    memset(&cinfo, 0, sizeof(cinfo));
+    memset(&err, 0, sizeof(err));
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    Py_buffer out;
+    memset(&out, 0, sizeof(out));
+    out.buf = s->region, out.len = (Py_ssize_t)need;
+    volatile enum outcome result = DONE;
+    JDIMENSION x0 = 0, w0 = 0;
+    if (setjmp(err.jump)) {
+        result = LIBJPEG_ERROR;
+    } else {
+        jpeg_create_decompress(&cinfo);
+        jpeg_mem_src(&cinfo, j->data, (unsigned long)j->len);
+        jpeg_read_header(&cinfo, TRUE);
+        result = read_region(&cinfo, j->left, j->top, j->width, j->height, &out, j->image_w, j->image_h, &x0, &w0);
+    }
+    jpeg_destroy_decompress(&cinfo);
+    if (result != DONE || err.warned) {
+        j->failed = 1;
+        snprintf(j->error, sizeof j->error, "region decode: %s", result == LIBJPEG_ERROR || err.warned ? err.message : "not a case it takes");
+        return;
+    }
+    size_t stride = (size_t)w0 * 3;
+    const uint8_t *src = s->region + (size_t)(j->left - (int)x0) * 3;
+    uint8_t *dst = (uint8_t *)b->out.buf + (size_t)j->k * 3 * (size_t)b->out_h * (size_t)b->out_w;
+    if (!native_resize(src, s->region + need, stride, j->width, j->height, b->out_w, b->out_h, j->flip, dst, s)) {
+        j->failed = 1;
+        snprintf(j->error, sizeof j->error, "no memory for the resize");
+    }
+}
+
+/* Take jobs until the batch is closed and none is left. Called without the GIL. */
+static void native_work(BatchObject *b) {
+    native_scratch s;
+    memset(&s, 0, sizeof(s));
+    for (;;) {
+        pthread_mutex_lock(&b->lock);
+        while (b->next >= b->added && !b->closed)
+            pthread_cond_wait(&b->more, &b->lock);
+        if (b->next >= b->added) {
+            pthread_mutex_unlock(&b->lock);
+            break;
+        }
+        native_job *j = &b->jobs[b->next++];
+        pthread_mutex_unlock(&b->lock);
+        native_run_job(b, j, &s);
+    }
+    free(s.region), free(s.rows), free(s.xs);
+}
+
+static void *native_worker(void *arg) {
+    native_work((BatchObject *)arg);
+    return NULL;
+}
+
+/* Close the batch, make what is left on this thread, join the others. Without the GIL. */
+static void native_close(BatchObject *b) {
+    pthread_mutex_lock(&b->lock);
+    b->closed = 1;
+    pthread_cond_broadcast(&b->more);
+    pthread_mutex_unlock(&b->lock);
+    native_work(b);
+    for (int t = 0; t < b->started; t++)
+        pthread_join(b->workers[t], NULL);
+    b->started = 0;
+    b->finished = 1;
+}
+
+static void Batch_dealloc(BatchObject *b) {
+    if (!b->finished && b->jobs) {
+        Py_BEGIN_ALLOW_THREADS
+        native_close(b);
+        Py_END_ALLOW_THREADS
+    }
+    for (int k = 0; k < b->added; k++)
+        PyBuffer_Release(&b->payloads[k]);
+    if (b->have_out)
+        PyBuffer_Release(&b->out);
+    if (b->jobs) {
+        pthread_mutex_destroy(&b->lock);
+        pthread_cond_destroy(&b->more);
+    }
+    free(b->jobs), free(b->payloads), free(b->workers);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+static int Batch_init(BatchObject *b, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"out", "out_h", "out_w", "capacity", "threads", NULL};
+    if (b->jobs) {
+        PyErr_SetString(PyExc_RuntimeError, "a Batch is made once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "w*iiii", names, &b->out, &b->out_h, &b->out_w, &b->capacity,
+                                     &b->threads))
+        return -1;
+    b->have_out = 1;
+    if (b->out_h <= 0 || b->out_w <= 0 || b->capacity <= 0 || b->threads <= 0 || b->threads > 256 ||
+        !PyBuffer_IsContiguous(&b->out, 'C') ||
+        (size_t)b->out.len < (size_t)b->capacity * 3 * (size_t)b->out_h * (size_t)b->out_w) {
+        PyErr_SetString(PyExc_ValueError, "Batch: out must be a contiguous capacity x 3 x out_h x out_w buffer, threads 1..256");
+        return -1;
+    }
+    b->jobs = calloc((size_t)b->capacity, sizeof(native_job));
+    b->payloads = calloc((size_t)b->capacity, sizeof(Py_buffer));
+    b->workers = calloc((size_t)b->threads, sizeof(pthread_t));
+    if (!b->jobs || !b->payloads || !b->workers) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->more, NULL);
+    for (int t = 0; t < b->threads - 1; t++) {
+        if (pthread_create(&b->workers[t], NULL, native_worker, b) != 0)
+            break; /* fewer threads: the caller's thread makes the rest */
+        b->started++;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(Batch_add_doc,
+"add(k, payload, left, top, width, height, image_width, image_height, flip)\n\n"
+"Queue image k of the batch: the JPEG ``payload`` (held until the batch is\n"
+"finished), its crop box, the size its header claims, and whether to mirror it.\n"
+"A thread of the batch may start on it before this returns.");
+
+static PyObject *Batch_add(BatchObject *b, PyObject *args) {
+    int k, left, top, width, height, image_w, image_h, flip;
+    Py_buffer data;
+    if (!b->jobs || b->finished || b->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "the batch is finished");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "iy*iiiiiip", &k, &data, &left, &top, &width, &height, &image_w, &image_h, &flip))
+        return NULL;
+    if (b->added >= b->capacity || k < 0 || k >= b->capacity || width <= 0 || height <= 0 || image_w <= 0 ||
+        image_h <= 0 || left < 0 || top < 0 || (int64_t)left + width > image_w || (int64_t)top + height > image_h) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "Batch.add: a position outside the batch, or a box outside the image");
+        return NULL;
+    }
+    native_job *j = &b->jobs[b->added];
+    j->data = data.buf, j->len = data.len, j->k = k;
+    j->left = left, j->top = top, j->width = width, j->height = height;
+    j->image_w = image_w, j->image_h = image_h, j->flip = flip, j->failed = 0;
+    b->payloads[b->added] = data;
+    pthread_mutex_lock(&b->lock);
+    b->added++;
+    pthread_cond_signal(&b->more);
+    pthread_mutex_unlock(&b->lock);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(Batch_finish_doc,
+"finish() -> list of (k, message)\n\n"
+"Make every queued image (this thread joins the batch's threads, the GIL\n"
+"released), and return the images that failed: a JPEG libjpeg warns about or\n"
+"cannot decode, or a layout the region decoder does not take. Their slots hold\n"
+"nothing defined: make them another way.");
+
+static PyObject *Batch_finish(BatchObject *b, PyObject *unused) {
+    if (!b->jobs) {
+        PyErr_SetString(PyExc_RuntimeError, "the batch was not made");
+        return NULL;
+    }
+    if (!b->finished) {
+        Py_BEGIN_ALLOW_THREADS
+        native_close(b);
+        Py_END_ALLOW_THREADS
+    }
+    PyObject *failed = PyList_New(0);
+    for (int i = 0; failed && i < b->added; i++) {
+        if (!b->jobs[i].failed)
+            continue;
+        PyObject *item = Py_BuildValue("(is)", b->jobs[i].k, b->jobs[i].error);
+        if (!item || PyList_Append(failed, item) < 0)
+            Py_CLEAR(failed);
+        Py_XDECREF(item);
+    }
+    return failed;
+}
+
+static PyMethodDef Batch_methods[] = {
+    {"add", (PyCFunction)Batch_add, METH_VARARGS, Batch_add_doc},
+    {"finish", (PyCFunction)Batch_finish, METH_NOARGS, Batch_finish_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(Batch_doc,
+"Batch(out, out_h, out_w, capacity, threads)\n\n"
+"Up to ``capacity`` JPEG crops decoded by region and resized (resize=\"native\")\n"
+"into the planes of ``out`` (capacity x 3 x out_h x out_w uint8), by ``threads``\n"
+"threads in all (this one included), none of them holding the GIL.");
+
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lmdbfolder.read._crops.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_dealloc = (destructor)Batch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = Batch_doc,
+    .tp_methods = Batch_methods,
+    .tp_init = (initproc)Batch_init,
+    .tp_new = PyType_GenericNew,
+};
+
+PyDoc_STRVAR(resize_native_doc,
+"resize_native(src, row_pixels, left, width, height, out_w, out_h, dst, flip)\n\n"
+"The resize of Batch alone (for tests): columns left .. left+width-1 of rows\n"
+"0 .. height-1 of the RGB rows in ``src`` into the 3 x out_h x out_w planes of\n"
+"``dst``, mirrored when ``flip``.");
+
+static PyObject *native_simd(PyObject *self, PyObject *unused) { return PyBool_FromLong(simd_ok > 0); }
+
+static PyObject *resize_native(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int row_pixels, left, width, height, out_w, out_h, flip;
+    if (!PyArg_ParseTuple(args, "y*iiiiiiw*p", &src, &row_pixels, &left, &width, &height, &out_w, &out_h, &dst, &flip))
+        return NULL;
+    const char *problem = NULL;
+    if (width <= 0 || height <= 0 || out_w <= 0 || out_h <= 0 || left < 0 || row_pixels <= 0 ||
+        (int64_t)left + width > row_pixels)
+        problem = "the box is empty or outside the rows";
+    else if ((size_t)src.len < (size_t)row_pixels * 3 * (size_t)height)
+        problem = "src is smaller than height rows";
+    else if ((size_t)dst.len < (size_t)out_w * (size_t)out_h * 3)
+        problem = "dst is too small";
+    int ok = 1;
+    if (!problem) {
+        native_scratch s;
+        memset(&s, 0, sizeof(s));
+        Py_BEGIN_ALLOW_THREADS
+        ok = native_resize((const uint8_t *)src.buf + (size_t)left * 3, (const uint8_t *)src.buf + src.len,
+                           (size_t)row_pixels * 3, width, height, out_w, out_h, flip, (uint8_t *)dst.buf, &s);
+        Py_END_ALLOW_THREADS
+        free(s.region), free(s.rows), free(s.xs);
+    }
+    PyBuffer_Release(&src), PyBuffer_Release(&dst);
+    if (problem) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    if (!ok)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS, decode_region_doc},
     {"resize_bilinear", resize_bilinear, METH_VARARGS, resize_bilinear_doc},
+    {"resize_native", resize_native, METH_VARARGS, resize_native_doc},
+    {"native_simd", native_simd, METH_NOARGS, "Whether the native resize uses SSSE3 here (LMDBFOLDER_NO_SIMD unset)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -441,4 +930,23 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_crops", "Partial JPEG decode for lmdbfolder.read.regions.", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__crops(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__crops(void) {
+#ifdef NATIVE_SIMD
+    __builtin_cpu_init();
+    simd_ok = __builtin_cpu_supports("ssse3") && getenv("LMDBFOLDER_NO_SIMD") == NULL;
+#else
+    simd_ok = 0;
+#endif
+    if (PyType_Ready(&BatchType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&BatchType);
+    if (PyModule_AddObject(m, "Batch", (PyObject *)&BatchType) < 0) {
+        Py_DECREF(&BatchType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -127,6 +127,12 @@ class Capabilities:
         fn = module.resize_bilinear
         return (fn, order) if crops.native_matches_pillow(fn, order) else None
 
+    def native_resize(self) -> ModuleType | None:
+        """The compiled module where ``resize="native"`` can run (built, with its
+        batch maker), else None."""
+        module = self.compiled()
+        return module if module is not None and hasattr(module, "Batch") else None
+
     def cv2(self) -> Any:
         """OpenCV, limited to one thread, or None where it is not installed."""
         return self.answer("cv2", _import_cv2)

@@ -26,17 +26,29 @@ __all__ = [
     "resize_region",
     "exact_resize_into",
     "opencv_resize_into",
+    "native_resize_into",
+    "whole_pixel_box",
     "pillow_pass_order",
     "native_matches_pillow",
     "RESIZE_BACKENDS",
+    "NATIVE_MISSING",
 ]
 
 #: ``(top, left, height, width)`` in full-size pixels.
 Box = tuple[int, int, int, int]
 #: ``pil``: Pillow's resampling (the unfused transform's, bit-exact at full
 #: scale); ``opencv``: ``cv2.resize`` (INTER_AREA when shrinking by 2x or
-#: more, else INTER_LINEAR), several times faster, not bit-exact.
-RESIZE_BACKENDS = ("pil", "opencv")
+#: more, else INTER_LINEAR), several times faster, not bit-exact; ``native``:
+#: lmdbfolder's compiled bilinear (OpenCV's INTER_LINEAR geometry, 8-bit
+#: weights: within one grey level of it), which lets a whole batch be made
+#: without the GIL (``_crops.Batch``).
+RESIZE_BACKENDS = ("pil", "opencv", "native")
+#: Why ``resize="native"`` cannot run here, and what to do (an ImportError's message).
+NATIVE_MISSING = (
+    "resize='native' needs lmdbfolder's compiled helper (lmdbfolder.read._crops), which was not built here: "
+    "install the libjpeg headers (apt-get install libjpeg-dev, or `make system-deps`) and reinstall lmdbfolder, "
+    "or use resize='opencv'"
+)
 
 
 def crop_scale(crop_height: int, crop_width: int, out_height: int, out_width: int, scales: tuple[int, ...]) -> int:
@@ -237,6 +249,41 @@ def _region_image(pixels: np.ndarray, x0: int, y0: int, x1: int, y1: int) -> Ima
     return Image.frombuffer("RGB", (x1 - x0, y1 - y0), flat[start:end], "raw", "RGB", row, 1)
 
 
+def whole_pixel_box(box: tuple[float, float, float, float], width: int, height: int) -> tuple[int, int, int, int]:
+    """``box`` (left, upper, right, lower) rounded to whole pixels inside a ``width`` x
+    ``height`` image, at least one pixel each way: the box the ``opencv`` and ``native``
+    resizes take."""
+    x0, y0, x1, y1 = box
+    rx0, ry0 = min(max(0, round(x0)), width - 1), min(max(0, round(y0)), height - 1)
+    rx1, ry1 = max(rx0 + 1, min(width, round(x1))), max(ry0 + 1, min(height, round(y1)))
+    return rx0, ry0, rx1, ry1
+
+
+def native_resize_into(
+    fn: Callable[..., None],
+    pixels: np.ndarray,
+    box: tuple[float, float, float, float],
+    size: tuple[int, int],
+    dst: np.ndarray,
+    *,
+    planar: bool,
+    flip: bool,
+    work: np.ndarray | None = None,
+) -> None:
+    """The ``native`` resize backend for one image: ``box`` of the ``H x W x 3`` uint8
+    array ``pixels`` (rounded as ``whole_pixel_box``) resized to ``size`` = (width,
+    height) by the compiled bilinear ``fn`` (``_crops.resize_native``), mirrored with
+    ``flip``, into ``dst``: its ``3 x H x W`` planes with ``planar``, else ``H x W x 3``
+    through ``work`` (``3 x H x W`` scratch). The same pixels as ``_crops.Batch``."""
+    h, w = pixels.shape[:2]
+    x0, y0, x1, y1 = whole_pixel_box(box, w, h)
+    rows = np.ascontiguousarray(pixels[y0:y1])
+    out = dst if planar else (work if work is not None else np.empty((3, size[1], size[0]), np.uint8))
+    fn(rows, w, x0, x1 - x0, y1 - y0, size[0], size[1], out, flip)
+    if not planar:
+        np.copyto(dst, out.transpose(1, 2, 0))
+
+
 def opencv_resize_into(
     cv2: Any,
     pixels: np.ndarray,
@@ -252,10 +299,8 @@ def opencv_resize_into(
 
     The crop is a view of ``pixels`` (no copy): OpenCV reads its rows in place.
     """
-    x0, y0, x1, y1 = box
     h, w = pixels.shape[:2]
-    rx0, ry0 = min(max(0, round(x0)), w - 1), min(max(0, round(y0)), h - 1)
-    rx1, ry1 = max(rx0 + 1, min(w, round(x1))), max(ry0 + 1, min(h, round(y1)))
+    rx0, ry0, rx1, ry1 = whole_pixel_box(box, w, h)
     part = pixels[ry0:ry1, rx0:rx1]
     # INTER_AREA only from a factor of 2 down: at fractional factors OpenCV's
     # area filter took ~8x the time of a bilinear resize (0.8 ms for 400x300 ->

@@ -54,10 +54,18 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 from PIL import Image
 
-from lmdbfolder.codecs import Encoding, encoding_of
+from lmdbfolder.codecs import Encoding, Jpeg, check_bomb, encoding_of
 from lmdbfolder.read import crops
 from lmdbfolder.read.capabilities import Capabilities, current
-from lmdbfolder.read.crops import Box, crop_scale, opencv_resize_into, resize_region, scaled_box, thread_buffer
+from lmdbfolder.read.crops import (
+    Box,
+    crop_scale,
+    native_resize_into,
+    opencv_resize_into,
+    resize_region,
+    scaled_box,
+    thread_buffer,
+)
 from lmdbfolder.read.decoders import Decoder, size_hint_scale, to_pil
 
 __all__ = ["CropSpec", "CropJob", "BatchItemError", "ReadPlan"]
@@ -134,6 +142,8 @@ class ReadPlan:
         self.regions = None if decoder.name == "pillow" else caps.region_decoder()
         exact = None
         self.cv2: Any = None
+        #: The compiled module for ``resize="native"`` (its resize and ``Batch``), or None.
+        self.native: Any = None
         if crop is not None:
             if crop.resample == Image.Resampling.BILINEAR:
                 exact = caps.exact_resize()
@@ -141,14 +151,18 @@ class ReadPlan:
                 self.cv2 = caps.cv2()
                 if self.cv2 is None:
                     raise ImportError("resize='opencv' needs OpenCV: pip install opencv-python-headless")
+            elif crop.resize == "native":
+                self.native = caps.native_resize()
+                if self.native is None:
+                    raise ImportError(crops.NATIVE_MISSING)
             elif exact is None:
                 self.cv2 = caps.cv2()  # for flips and planes only: a numpy copy without it
         #: ``(compiled resize, Pillow's pass order)``, or None: Pillow resizes.
         self.exact = exact
         # The images the crop resizes itself go to OpenCV with resize="opencv"; the
         # others are resized as torchvision's own transform does, by Pillow's arithmetic.
-        opencv = crop is not None and crop.resize == "opencv"
-        self._resize_fusable = self._opencv if opencv else self._pillow
+        backend = crop.resize if crop is not None else "pil"
+        self._resize_fusable = {"opencv": self._opencv, "native": self._native}.get(backend, self._pillow)
         self._pid = os.getpid()
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
@@ -204,19 +218,48 @@ class ReadPlan:
             raise ValueError(f"{n} jobs for an output of {len(out)} images")
         if self.crop is None:
             raise ValueError("this plan makes no crop (crop=None)")
+        if self.native is not None and planar and self.regions is not None:
+            self._run_native(jobs, out)
+            return
+        self._run(jobs, out, range(n), planar)
+
+    def _run_native(self, jobs: Sequence[CropJob], out: np.ndarray) -> None:
+        # resize="native": every JPEG the region decoder takes is made in C, by the
+        # batch's own threads, with no GIL held (``_crops.Batch``); the others (other
+        # kinds, DCT-scaled, cut short, or what libjpeg warned about) the usual way after.
+        out_h, out_w = self.crop.size  # type: ignore[union-attr]
+        batch = self.native.Batch(out, out_h, out_w, len(jobs), min(self.threads, len(jobs)))
+        rest = []
+        for k, job in enumerate(jobs):
+            enc = job.encoding
+            if job.denom == 1 and enc.name == "jpeg" and job.channels in (1, 3) and Jpeg.ends_with_eoi(job.payload):
+                top, left, height, width = job.box
+                check_bomb(job.width, job.height)  # Pillow's warning, as the other paths give it
+                batch.add(k, job.payload, left, top, width, height, job.width, job.height, job.flip)
+            else:
+                rest.append(k)
+        failed = batch.finish()
+        if failed:
+            rest = sorted(rest + [k for k, _ in failed])
+        if rest:
+            self._run(jobs, out, rest, True)
+
+    def _run(self, jobs: Sequence[CropJob], out: np.ndarray, which: Sequence[int], planar: bool) -> None:
+        """Make images ``which`` (in order) of ``jobs`` the Python way, on the plan's threads."""
+        n = len(which)
         workers = min(self.threads, n)
         if workers <= 1:
-            self._chunk(jobs, out, 0, n, planar)
+            self._chunk(jobs, out, which, planar)
             return
         # Images taken one at a time by whichever thread is free, not one fixed share per
         # thread: a crop's cost varies several-fold with its size, and fixed halves left
         # one thread waiting for the other at the end of every batch (a claim costs ~1 us).
         claims = itertools.count()
         pool = self._get_pool()
-        futures = [pool.submit(self._claim, jobs, out, claims, planar) for _ in range(1, workers)]
+        futures = [pool.submit(self._claim, jobs, out, which, claims, planar) for _ in range(1, workers)]
         error: BaseException | None = None
         try:
-            self._claim(jobs, out, claims, planar)
+            self._claim(jobs, out, which, claims, planar)
         except BatchItemError as exc:
             error = exc
         for future in futures:  # wait for every thread: ``out`` must not be written after we return
@@ -234,15 +277,16 @@ class ReadPlan:
             self._pool = ThreadPoolExecutor(max_workers=self.threads - 1, thread_name_prefix="lmdbfolder-batch")
         return self._pool
 
-    def _claim(self, jobs: Sequence[CropJob], out: np.ndarray, claims: Any, planar: bool) -> None:
+    def _claim(self, jobs: Sequence[CropJob], out: np.ndarray, which: Sequence[int], claims: Any, planar: bool) -> None:
         # The next image until none is left (``next`` on a count is atomic). Every image
         # is made even after an error elsewhere, so the error raised is the first
         # image's that fails, as with one thread.
-        n, local, one = len(jobs), self._local, self._one
+        n, local, one = len(which), self._local, self._one
         error: BatchItemError | None = None
-        for k in claims:
-            if k >= n:
+        for at in claims:
+            if at >= n:
                 break
+            k = which[at]
             try:
                 one(jobs[k], out[k], local, planar)
             except Exception as exc:  # decoders raise many exception types for bad data
@@ -252,10 +296,10 @@ class ReadPlan:
         if error is not None:
             raise error
 
-    def _chunk(self, jobs: Sequence[CropJob], out: np.ndarray, lo: int, hi: int, planar: bool) -> None:
+    def _chunk(self, jobs: Sequence[CropJob], out: np.ndarray, which: Sequence[int], planar: bool) -> None:
         local = self._local
         one = self._one
-        for k in range(lo, hi):
+        for k in which:
             try:
                 one(jobs[k], out[k], local, planar)
             except Exception as exc:  # decoders raise many exception types for bad data
@@ -340,6 +384,25 @@ class ReadPlan:
             cv2.flip(work, 1, dst=work)
         cv2.split(work, [dst[0], dst[1], dst[2]])  # in place, ~6x faster than a transposing copy
 
+    def _native(
+        self,
+        pixels: np.ndarray,
+        box: tuple[float, float, float, float],
+        dst: np.ndarray,
+        flip: bool,
+        local: threading.local,
+        planar: bool,
+    ) -> None:
+        out_h, out_w = self.crop.size  # type: ignore[union-attr]
+        work = None
+        if not planar:
+            work = getattr(local, "native_work", None)
+            if work is None or work.shape != (3, out_h, out_w):
+                work = local.native_work = np.empty((3, out_h, out_w), np.uint8)
+        native_resize_into(
+            self.native.resize_native, pixels, box, (out_w, out_h), dst, planar=planar, flip=flip, work=work
+        )
+
     def _place(self, hwc: np.ndarray, dst: np.ndarray, planar: bool, local: threading.local) -> None:
         """Copy an ``H x W x 3`` image (possibly a mirrored view) into ``dst``."""
         if not planar:
@@ -385,7 +448,7 @@ class ReadPlan:
         """What was decided, for ``repr`` and troubleshooting."""
         resize = "none"
         if self.crop is not None:
-            resize = self.crop.resize if self.crop.resize == "opencv" else ("exact" if self.exact else "pillow")
+            resize = self.crop.resize if self.crop.resize != "pil" else ("exact" if self.exact else "pillow")
         return {
             "decoder": self.decoder.name,
             "regions": self.regions is not None,

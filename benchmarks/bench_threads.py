@@ -1,10 +1,10 @@
 """How far threads mode can scale on this machine, and how much of that it gets.
 
 Usage:
-    python benchmarks/bench_threads.py PACK [--n 2] [--rounds 3] [--images 3000] [--warmup 640]
+    python benchmarks/bench_threads.py PACK [--n 2] [--rounds 3] [--images 3000] [--warmup 640] [--resize native]
 
 Three ways to run the batch path of ``LMDBFolder(PACK)`` with lmdbfolder's fast
-settings (``fused.RandomResizedCrop(224, resize="opencv", output="tensor")`` +
+settings (``fused.RandomResizedCrop(224, resize=RESIZE, output="tensor")`` +
 ``RandomHorizontalFlip()``, ``DataLoader(batch_size=64, shuffle=True,
 num_workers=0, collate_fn=collate)``: the threads-mode row of
 ``bench_peers.py``), alternated, each run in a fresh interpreter:
@@ -51,7 +51,15 @@ KINDS = ("one", "threads", "procs")
 
 
 def child(
-    pack: str, threads: int, images: int, warmup: int, batch: int, seed: int, start_at: float, torch_threads: int
+    pack: str,
+    threads: int,
+    images: int,
+    warmup: int,
+    batch: int,
+    seed: int,
+    start_at: float,
+    torch_threads: int,
+    resize: str = "native",
 ) -> dict[str, Any]:
     """One timed run in this process: warm up, wait for ``start_at`` (epoch seconds;
     0: no wait), then time ``images`` images of whole batches."""
@@ -64,7 +72,7 @@ def child(
     if torch_threads:
         torch.set_num_threads(torch_threads)
     torch.manual_seed(seed)
-    tf = T.Compose([fused.RandomResizedCrop(SIZE, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
+    tf = T.Compose([fused.RandomResizedCrop(SIZE, resize=resize, output="tensor"), T.RandomHorizontalFlip()])
     loader = dataloader(LMDBFolder(pack, transform=tf, threads=threads), 0, batch, collate_fn=collate)
 
     it = epochs(loader, pack)
@@ -93,7 +101,7 @@ def _launch(
     argv = [sys.executable, os.path.abspath(__file__), args.pack, "--child"]
     argv += ["--threads", str(threads), "--images", str(args.images), "--warmup", str(args.warmup)]
     argv += ["--batch", str(args.batch), "--seed", str(seed), "--start-at", repr(start_at)]
-    argv += ["--torch-threads", str(torch_threads)]
+    argv += ["--torch-threads", str(torch_threads), "--resize", args.resize]
     env = dict(os.environ)
     src = os.path.join(REPO, "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -155,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="torch.set_num_threads in every run (default 0: leave it, but 1 in each of the N processes)",
     )
+    parser.add_argument(
+        "--resize",
+        choices=("native", "opencv", "pil"),
+        default="native",
+        help="the fused crop's resize (default native: the fast settings)",
+    )
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -163,7 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         result = child(
-            args.pack, args.threads, args.images, args.warmup, args.batch, args.seed, args.start_at, args.torch_threads
+            args.pack,
+            args.threads,
+            args.images,
+            args.warmup,
+            args.batch,
+            args.seed,
+            args.start_at,
+            args.torch_threads,
+            args.resize,
         )
         print("RESULT " + json.dumps(result), flush=True)
         return 0
@@ -193,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cells = {k: statistics.median(x["img_s"] for x in v) if v else None for k, v in kept.items()}
     cpu = {k: statistics.median(x["cpu_ms_per_img"] for x in v) if v else None for k, v in kept.items()}
-    print(f"\n{os.cpu_count()} CPUs; N = {args.n}; batch {args.batch}; median of the uncontended runs of {args.rounds}")
+    print(
+        f"\n{os.cpu_count()} CPUs; N = {args.n}; batch {args.batch}; resize={args.resize!r}; "
+        f"median of the uncontended runs of {args.rounds}"
+    )
     print("| run | img/s | CPU ms/img | runs kept | x one |")
     print("|---|---|---|---|---|")
     labels = {"one": "threads=1", "threads": f"threads={args.n}", "procs": f"{args.n} processes, threads=1 each"}
@@ -207,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "pack": os.path.abspath(args.pack),
-        "settings": {k: getattr(args, k) for k in ("n", "rounds", "images", "warmup", "batch", "max_other")},
+        "settings": {k: getattr(args, k) for k in ("n", "rounds", "images", "warmup", "batch", "max_other", "resize")},
         "cpus": os.cpu_count(),
         "median_img_s": cells,
         "median_cpu_ms_per_img": cpu,

@@ -66,7 +66,10 @@ def _index(pack_dir: Path, name: str) -> int:
 def _crops(decoder: str) -> list[tuple[str, Any]]:
     exact = T.Compose([T.RandomResizedCrop(32), T.PILToTensor()])
     fast = fused.RandomResizedCrop(24, output="tensor")
-    return [("plain", None), ("torchvision crop", exact), ("fused crop", fast)]
+    crops = [("plain", None), ("torchvision crop", exact), ("fused crop", fast)]
+    if current().native_resize() is not None:  # the batch made in C
+        crops.append(("native fused crop", fused.RandomResizedCrop(24, resize="native", output="tensor")))
+    return crops
 
 
 def _every_path_refuses(pack_dir: Path, index: int, cause: type[BaseException]) -> None:

@@ -60,8 +60,11 @@ class Contestant:
     versus: str | None = None  # the FFCV row of the same resolution, for the "x FFCV" column
 
 
+#: The resize of lmdbfolder's fast settings: the compiled one, which makes a
+#: batch's JPEGs in C on threads that hold no GIL (README, "The batch fast path").
+FAST_RESIZE = "native"
 #: lmdbfolder's fast settings: FFCV's model, one process whose decode threads
-#: make each batch (the decoders and OpenCV release the GIL), no transfer.
+#: make each batch (no GIL held), no transfer.
 LMDBFOLDER_THREADS = "lmdbfolder threads (DataLoader num_workers=0, threads=max(W,1))"
 #: The fast settings through DataLoader worker processes, with lmdbfolder's collate_fn ...
 LMDBFOLDER_WORKERS = "DataLoader workers (threads=1, collate_fn=lmdbfolder.torch.collate)"
@@ -112,6 +115,14 @@ CONTESTANTS: tuple[Contestant, ...] = (
     Contestant(
         "lmdbfolder-256",
         "lmdbfolder --max-size 256 fast, threads=W, num_workers=0",
+        "lmdbfolder",
+        "lmdbfolder-256",
+        LMDBFOLDER_THREADS,
+        "ffcv-256",
+    ),
+    Contestant(
+        "lmdbfolder-256-opencv",
+        "lmdbfolder --max-size 256 fast with resize='opencv', threads=W",
         "lmdbfolder",
         "lmdbfolder-256",
         LMDBFOLDER_THREADS,
@@ -181,6 +192,7 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "lmdbfolder-fast-workers-dc": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256-workers-dc": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
+    "lmdbfolder-256-opencv": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256-workers": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256-raw": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
     "lmdbfolder-256-webp": ("torch", "torchvision", "PIL", "lmdbfolder", "cv2"),
@@ -366,7 +378,8 @@ def loader_lmdbfolder(name: str, work: str, workers: int, batch: int) -> Any:
     from lmdbfolder import fused
     from lmdbfolder.torch import collate
 
-    tf = T.Compose([fused.RandomResizedCrop(SIZE, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
+    resize = "opencv" if name.endswith("-opencv") else FAST_RESIZE
+    tf = T.Compose([fused.RandomResizedCrop(SIZE, resize=resize, output="tensor"), T.RandomHorizontalFlip()])
     if name.endswith("-workers"):
         return dataloader(LMDBFolder(path, transform=tf), workers, batch, collate_fn=collate)
     if name.endswith("-workers-dc"):  # the drop-in case: torch's default collate_fn

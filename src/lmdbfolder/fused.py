@@ -46,7 +46,7 @@ except ImportError as exc:  # a core-only install: say what to install
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import NATIVE_MISSING, RESIZE_BACKENDS, Box
 from lmdbfolder.read.decoders import to_pil
-from lmdbfolder.read.plan import BatchItemError, CropSpec, ReadPlan
+from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
 from lmdbfolder.transport import pool
 
 __all__ = [
@@ -549,6 +549,10 @@ def batch_recipe(crop: RandomResizedCrop | None, rest: Any) -> BatchRecipe | Non
     return BatchRecipe(flip) if to_tensor else None
 
 
+#: Images claimed, drawn and handed to a ``resize="native"`` batch at a time (``TransformPlan.batch``).
+NATIVE_CHUNK = 16
+
+
 class TransformPlan:
     """How a dataset applies its ``transform`` to a record, resolved once per
     (dataset, transform, process): the fused crop and the steps after it, whether
@@ -623,14 +627,39 @@ class TransformPlan:
         payload denies (``ReadPlan.claim``) fails before its box is drawn."""
         claim, job, flip = self.read.claim, self.read.job, self.flip
         draw_many = self._draw_many
-        if draw_many is not None and torch.get_default_dtype() == torch.float32:
+        out_h, out_w = self.crop.size  # type: ignore[union-attr]
+        images = pool().take((len(records), 3, out_h, out_w))
+        bulk = draw_many is not None and torch.get_default_dtype() == torch.float32
+        started = self.read.start(images.numpy()) if bulk else None
+        if started is not None:
+            # resize="native": the batch's threads start on the first images while this
+            # thread claims, draws and adds the next ones (NATIVE_CHUNK at a time: the same
+            # boxes and flips as one bulk draw, which consumes exactly what it used).
+            jobs: list[CropJob] = []
+            for lo in range(0, len(records), NATIVE_CHUNK):
+                part = records[lo : lo + NATIVE_CHUNK]
+                encodings = []
+                for k, rec in enumerate(part, lo):
+                    try:
+                        encodings.append(claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
+                    except Exception as exc:  # Pillow raises many exception types for bad data
+                        started.close()  # its threads end before the error leaves
+                        raise BatchItemError(k, exc) from exc
+                boxes, flips = draw_many([(rec.width, rec.height) for rec in part], flip)  # type: ignore[misc]
+                for rec, enc, box, flipped in zip(part, encodings, boxes, flips):
+                    made = job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped)
+                    started.add(len(jobs), made)
+                    jobs.append(made)
+            started.finish(jobs)
+            return images
+        if bulk:
             encodings = []
             for k, rec in enumerate(records):  # every claim before any box is drawn
                 try:
                     encodings.append(claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
                 except Exception as exc:  # Pillow raises many exception types for bad data
                     raise BatchItemError(k, exc) from exc
-            boxes, flips = draw_many([(rec.width, rec.height) for rec in records], flip)
+            boxes, flips = draw_many([(rec.width, rec.height) for rec in records], flip)  # type: ignore[misc]
             jobs = [
                 job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped)
                 for rec, enc, box, flipped in zip(records, encodings, boxes, flips)
@@ -646,7 +675,5 @@ class TransformPlan:
                 box = draw(rec.width, rec.height)  # type: ignore[misc]
                 flipped = flip is not None and bool(rand(1) < flip)
                 jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
-        out_h, out_w = self.crop.size  # type: ignore[union-attr]
-        images = pool().take((len(jobs), 3, out_h, out_w))
         self.read.run(jobs, images.numpy(), planar=True)
         return images

@@ -68,7 +68,7 @@ from lmdbfolder.read.crops import (
 )
 from lmdbfolder.read.decoders import Decoder, size_hint_scale, to_pil
 
-__all__ = ["CropSpec", "CropJob", "BatchItemError", "ReadPlan"]
+__all__ = ["CropSpec", "CropJob", "BatchItemError", "ReadPlan", "NativeRun"]
 
 
 @dataclass(frozen=True)
@@ -218,31 +218,22 @@ class ReadPlan:
             raise ValueError(f"{n} jobs for an output of {len(out)} images")
         if self.crop is None:
             raise ValueError("this plan makes no crop (crop=None)")
-        if self.native is not None and planar and self.regions is not None:
-            self._run_native(jobs, out)
+        started = self.start(out) if planar else None
+        if started is not None:
+            for k, job in enumerate(jobs):
+                started.add(k, job)
+            started.finish(jobs)
             return
         self._run(jobs, out, range(n), planar)
 
-    def _run_native(self, jobs: Sequence[CropJob], out: np.ndarray) -> None:
-        # resize="native": every JPEG the region decoder takes is made in C, by the
-        # batch's own threads, with no GIL held (``_crops.Batch``); the others (other
-        # kinds, DCT-scaled, cut short, or what libjpeg warned about) the usual way after.
-        out_h, out_w = self.crop.size  # type: ignore[union-attr]
-        batch = self.native.Batch(out, out_h, out_w, len(jobs), min(self.threads, len(jobs)))
-        rest = []
-        for k, job in enumerate(jobs):
-            enc = job.encoding
-            if job.denom == 1 and enc.name == "jpeg" and job.channels in (1, 3) and Jpeg.ends_with_eoi(job.payload):
-                top, left, height, width = job.box
-                check_bomb(job.width, job.height)  # Pillow's warning, as the other paths give it
-                batch.add(k, job.payload, left, top, width, height, job.width, job.height, job.flip)
-            else:
-                rest.append(k)
-        failed = batch.finish()
-        if failed:
-            rest = sorted(rest + [k for k, _ in failed])
-        if rest:
-            self._run(jobs, out, rest, True)
+    def start(self, out: np.ndarray) -> NativeRun | None:
+        """With ``resize="native"`` (and the region decoder): a run into the planar batch
+        ``out`` whose threads start now, so the caller can ``add`` each job as soon as it
+        has made it and ``finish`` when all are added (``run``'s result, for jobs made
+        over time); else None."""
+        if self.native is None or self.regions is None:
+            return None
+        return NativeRun(self, out)
 
     def _run(self, jobs: Sequence[CropJob], out: np.ndarray, which: Sequence[int], planar: bool) -> None:
         """Make images ``which`` (in order) of ``jobs`` the Python way, on the plan's threads."""
@@ -455,3 +446,40 @@ class ReadPlan:
             "resize": resize,
             "threads": self.threads,
         }
+
+
+class NativeRun:
+    """One batch of ``resize="native"`` (``ReadPlan.start``): every JPEG the region decoder
+    takes is made in C by the batch's own threads, none holding the GIL
+    (``_crops.Batch``), from the moment it is added; the others (other kinds, DCT-scaled,
+    cut short, or what libjpeg warned about) are made the usual way by ``finish``."""
+
+    def __init__(self, plan: ReadPlan, out: np.ndarray) -> None:
+        out_h, out_w = plan.crop.size  # type: ignore[union-attr]
+        self.plan = plan
+        self.out = out
+        self.batch = plan.native.Batch(out, out_h, out_w, len(out), min(plan.threads, len(out)))
+        self.rest: list[int] = []
+
+    def add(self, k: int, job: CropJob) -> None:
+        """Queue image ``k`` (its slot of ``out``): a thread of the batch may start on it at once."""
+        enc = job.encoding
+        if job.denom == 1 and enc.name == "jpeg" and job.channels in (1, 3) and Jpeg.ends_with_eoi(job.payload):
+            top, left, height, width = job.box
+            check_bomb(job.width, job.height)  # Pillow's warning, as the other paths give it
+            self.batch.add(k, job.payload, left, top, width, height, job.width, job.height, job.flip)
+        else:
+            self.rest.append(k)
+
+    def close(self) -> None:
+        """End the batch's threads (what was added is made) without making the rest: for
+        a caller that stops with an error of its own."""
+        self.batch.finish()
+
+    def finish(self, jobs: Sequence[CropJob]) -> None:
+        """Wait for the batch's threads (this one joins them), then make what they did not
+        take; raises BatchItemError naming the first image that failed, as ``run``."""
+        failed = self.batch.finish()
+        rest = sorted(self.rest + [k for k, _ in failed]) if failed else self.rest
+        if rest:
+            self.plan._run(jobs, self.out, rest, True)

@@ -1,14 +1,15 @@
 """Where one process spends its time per image on LMDBFolder's batch path (cProfile, process time).
 
 Usage:
-    python benchmarks/profile_batches.py PACK [--mode default|fast] [--regions 0|1] [--batches 45]
-        [--header-check on|off|both] [--rounds 5]
+    python benchmarks/profile_batches.py PACK [--mode default|fast] [--resize native|opencv|pil] [--regions 0|1]
+        [--batches 45] [--header-check on|off|both] [--rounds 5]
     python benchmarks/profile_batches.py PACK --mode fast --loader threads|workers|workers-dc [--n 2]
 
 ``default`` is ``LMDBFolder(PACK, transform=T.Compose([T.RandomResizedCrop(224),
 T.RandomHorizontalFlip(), T.PILToTensor()]))`` (torchvision's own transform, fused
 exactly); ``fast`` is lmdbfolder's fast settings (``fused.RandomResizedCrop(224,
-resize="opencv", output="tensor")`` + flip, ``threads=1``). Batches of 64 in a
+resize=RESIZE, output="tensor")`` + flip, ``threads=1``; ``--resize``, default
+``native``). Batches of 64 in a
 seeded random order go through ``__getitems__`` after 5 warm-up batches (run
 ``lmdbfolder warm PACK`` first for a warm page cache). ``--regions 0`` sets
 ``LMDBFOLDER_REGIONS=0`` (whole-image decoding), to see what region decoding
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pack")
     parser.add_argument("--mode", choices=["default", "fast"], default="default")
     parser.add_argument("--regions", choices=["0", "1"], default="1")
+    parser.add_argument("--resize", choices=["native", "opencv", "pil"], default="native", help="--mode fast's resize")
     parser.add_argument("--batches", type=int, default=45)
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--header-check", choices=["on", "off", "both"], default="on")
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lmdbfolder.torch import LMDBFolder
 
-    ds = LMDBFolder(args.pack, transform=_transform(args.mode), threads=1)
+    ds = LMDBFolder(args.pack, transform=_transform(args.mode, args.resize), threads=1)
     torch.manual_seed(0)
     order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).tolist()
     batches = [order[i : i + 64] for i in range(0, 64 * (args.batches + 5), 64)]
@@ -149,14 +151,14 @@ def _header_check_cost(ds: object, timed: list[list[int]], n: int, args: argpars
     return 0
 
 
-def _transform(mode: str) -> object:
+def _transform(mode: str, resize: str = "native") -> object:
     from torchvision import transforms as T
 
     from lmdbfolder import fused
 
     if mode == "default":
         return T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
-    return T.Compose([fused.RandomResizedCrop(224, resize="opencv", output="tensor"), T.RandomHorizontalFlip()])
+    return T.Compose([fused.RandomResizedCrop(224, resize=resize, output="tensor"), T.RandomHorizontalFlip()])
 
 
 def _stat(path: str) -> tuple[float, int]:
@@ -217,10 +219,10 @@ def through_loader(args: argparse.Namespace) -> int:
 
         timed(LMDBFolder, "__getitems__", "getitems")
         timed(ReadPlan, "run", "run")
-        ds = LMDBFolder(args.pack, transform=_transform(args.mode), threads=args.n)
+        ds = LMDBFolder(args.pack, transform=_transform(args.mode, args.resize), threads=args.n)
         loader = DataLoader(ds, num_workers=0, collate_fn=collate, **kw)  # type: ignore[arg-type]
     else:
-        ds = LMDBFolder(args.pack, transform=_transform(args.mode))
+        ds = LMDBFolder(args.pack, transform=_transform(args.mode, args.resize))
         if args.loader == "workers":
             kw["collate_fn"] = collate
         loader = DataLoader(ds, num_workers=args.n, persistent_workers=True, **kw)  # type: ignore[arg-type]
@@ -274,6 +276,9 @@ def through_loader(args: argparse.Namespace) -> int:
 #: What the compiled and library calls on the read path are, by a piece of their profile name;
 #: everything else (Python functions, small builtins, torch's RNG calls) is "other".
 KINDS = {
+    # resize="native": the decode, resize, flip and planes of a batch's JPEGs in one C call
+    # (perf, not cProfile, splits it: see benchmarks/README.md).
+    "decode+resize (native batch)": ("'finish' of 'lmdbfolder.read._crops.Batch'", "'add' of 'lmdbfolder.read._crops"),
     "decode": ("decode_region", "decode_jpeg", "imdecode", "'decode' of 'ImagingDecoder'", "'load' of"),
     "resize": ("resize_bilinear", "<resize>", "'resize' of 'ImagingCore'"),
     "copies": ("<split>", "<flip>", "'tobytes'", "frombuffer", "'copy' of"),
@@ -282,7 +287,7 @@ KINDS = {
 
 
 def kind_of(function: str) -> str:
-    """``decode``, ``resize``, ``copies``, ``checksum`` or ``other`` for a profile entry's name."""
+    """The kind (``KINDS``: ``decode``, ``resize``, ...; or ``other``) of a profile entry's name."""
     for kind, marks in KINDS.items():
         if any(mark in function for mark in marks):
             return kind

@@ -51,6 +51,7 @@ from typing import Any, Callable, Sequence
 from lmdbfolder import packdir
 from lmdbfolder.bench.timing import (
     Measurement,
+    fast_resize,
     fast_train_transform,
     measured,
     read_path_overhead,
@@ -591,7 +592,7 @@ def _config(run: _Run, fastest_decoder: str, *, torch_measured: bool) -> dict[st
                     FUSED: (
                         f"LMDBFolder(root, size_hint={cfg.size}) (decoder='auto': here {fastest_decoder!r}) with "
                         f"lmdbfolder.fused.RandomResizedCrop({cfg.size}, resize="
-                        f"{'opencv' if _has_cv2() else 'pil'!r}, output='tensor') first"
+                        f"{fast_resize()!r}, output='tensor') first"
                     ),
                 }
                 if torch_measured
@@ -664,14 +665,6 @@ def _device_rows(
     )
     out["stats"] = details["stats"]
     return out
-
-
-def _has_cv2() -> bool:
-    try:
-        import cv2  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _tag(m: Measurement, cache: str) -> Measurement:

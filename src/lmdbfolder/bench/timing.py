@@ -31,6 +31,7 @@ __all__ = [
     "time_in_process",
     "train_transform",
     "fast_train_transform",
+    "fast_resize",
     "read_path_overhead",
 ]
 
@@ -277,19 +278,23 @@ def train_transform(size: int = 224) -> Any:
 
 def fast_train_transform(size: int = 224) -> Any:
     """``train_transform`` with the crop fused into decoding (``lmdbfolder.fused``),
-    resized with OpenCV when it is installed, straight to a uint8 CHW tensor
-    (the same output type and augmentation as ``train_transform``)."""
+    resized by the compiled ``native`` resize where it is built (else OpenCV where it
+    is installed, else Pillow), straight to a uint8 CHW tensor (the same output type
+    and augmentation as ``train_transform``)."""
     from torchvision import transforms as T
 
     from lmdbfolder.fused import RandomResizedCrop
 
-    try:
-        import cv2  # noqa: F401
+    return T.Compose([RandomResizedCrop(size, resize=fast_resize(), output="tensor"), T.RandomHorizontalFlip()])
 
-        resize = "opencv"
-    except ImportError:
-        resize = "pil"
-    return T.Compose([RandomResizedCrop(size, resize=resize, output="tensor"), T.RandomHorizontalFlip()])
+
+def fast_resize() -> str:
+    """The fused crop's fastest resize here: ``native`` where the compiled helper is
+    built, else ``opencv`` where OpenCV is installed, else ``pil``."""
+    from lmdbfolder.read.capabilities import current
+
+    caps = current()
+    return "native" if caps.native_resize() is not None else "opencv" if caps.cv2() is not None else "pil"
 
 
 def time_in_process(dataset: Any, indices: Sequence[int], *, contestant: str) -> Measurement:

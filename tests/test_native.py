@@ -135,9 +135,13 @@ def test_a_batch_refuses_misuse_and_boxes_outside_the_image() -> None:
         batch.add(0, jpeg, 60, 0, 10, 10, 64, 48, False)
     with pytest.raises(ValueError, match="outside the batch"):
         batch.add(2, jpeg, 0, 0, 10, 10, 64, 48, False)
-    batch.add(0, jpeg, 0, 0, 64, 48, 64, 48, False)
+    held = bytearray(jpeg)
+    batch.add(0, held, 0, 0, 64, 48, 64, 48, False)
     batch.add(1, b"\xff\xd8 not a JPEG \xff\xd9", 0, 0, 10, 10, 64, 48, True)
+    with pytest.raises(BufferError):
+        held.append(0)  # the batch holds it until it is finished
     failed = batch.finish()
+    held.append(0)  # ... and lets go of it then (a payload is a view of a pack's map)
     assert [k for k, _ in failed] == [1] and "region decode" in failed[0][1]
     assert out[0].any()  # image 0 was made
     with pytest.raises(RuntimeError, match="finished"):

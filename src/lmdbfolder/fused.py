@@ -636,20 +636,23 @@ class TransformPlan:
             # thread claims, draws and adds the next ones (NATIVE_CHUNK at a time: the same
             # boxes and flips as one bulk draw, which consumes exactly what it used).
             jobs: list[CropJob] = []
-            for lo in range(0, len(records), NATIVE_CHUNK):
-                part = records[lo : lo + NATIVE_CHUNK]
-                encodings = []
-                for k, rec in enumerate(part, lo):
-                    try:
-                        encodings.append(claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
-                    except Exception as exc:  # Pillow raises many exception types for bad data
-                        started.close()  # its threads end before the error leaves
-                        raise BatchItemError(k, exc) from exc
-                boxes, flips = draw_many([(rec.width, rec.height) for rec in part], flip)  # type: ignore[misc]
-                for rec, enc, box, flipped in zip(part, encodings, boxes, flips):
-                    made = job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped)
-                    started.add(len(jobs), made)
-                    jobs.append(made)
+            try:
+                for lo in range(0, len(records), NATIVE_CHUNK):
+                    part = records[lo : lo + NATIVE_CHUNK]
+                    encodings = []
+                    for k, rec in enumerate(part, lo):
+                        try:
+                            encodings.append(claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
+                        except Exception as exc:  # Pillow raises many exception types for bad data
+                            raise BatchItemError(k, exc) from exc
+                    boxes, flips = draw_many([(rec.width, rec.height) for rec in part], flip)  # type: ignore[misc]
+                    for rec, enc, box, flipped in zip(part, encodings, boxes, flips):
+                        made = job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped)
+                        started.add(len(jobs), made)
+                        jobs.append(made)
+            except BaseException:
+                started.close()  # its threads end now, not when the traceback is let go
+                raise
             started.finish(jobs)
             return images
         if bulk:

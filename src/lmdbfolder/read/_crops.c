@@ -741,16 +741,25 @@ static void native_close(BatchObject *b) {
     b->finished = 1;
 }
 
+/* With the GIL, once no thread of the batch runs: let go of every buffer it holds. */
+static void release_buffers(BatchObject *b) {
+    for (int k = 0; k < b->added; k++)
+        if (b->payloads[k].obj != NULL)
+            PyBuffer_Release(&b->payloads[k]);
+    if (b->have_out) {
+        PyBuffer_Release(&b->out);
+        b->have_out = 0;
+    }
+}
+
 static void Batch_dealloc(BatchObject *b) {
     if (!b->finished && b->jobs) {
         Py_BEGIN_ALLOW_THREADS
         native_close(b);
         Py_END_ALLOW_THREADS
     }
-    for (int k = 0; k < b->added; k++)
-        PyBuffer_Release(&b->payloads[k]);
-    if (b->have_out)
-        PyBuffer_Release(&b->out);
+    if (b->payloads)
+        release_buffers(b);
     if (b->jobs) {
         pthread_mutex_destroy(&b->lock);
         pthread_cond_destroy(&b->more);
@@ -841,6 +850,7 @@ static PyObject *Batch_finish(BatchObject *b, PyObject *unused) {
         Py_BEGIN_ALLOW_THREADS
         native_close(b);
         Py_END_ALLOW_THREADS
+        release_buffers(b); /* the payloads (an LMDB map's pages) and the batch: free again */
     }
     PyObject *failed = PyList_New(0);
     for (int i = 0; failed && i < b->added; i++) {

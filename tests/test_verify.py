@@ -173,3 +173,27 @@ def test_verify_against_a_resized_pack(tmp_path: Path) -> None:
     report = verify(tmp_path / "p", against=src, progress=False)
     assert [(p.kind, p.path) for p in report.problems] == [("source", "a/big.jpg")]
     assert "the resize gives 64x21" in report.problems[0].message
+
+
+def test_verify_against_a_damaged_sharded_pack_reports_the_damage(small_tree: Path, tmp_path: Path) -> None:
+    """A damaged record or a missing shard is a problem in the report, not an error that ends
+    the comparison with the source."""
+    import shutil
+
+    from lmdbfolder.write.shards import pack_sharded
+
+    pack_sharded(small_tree, tmp_path / "sh", shards=3, progress=False)
+    shard = sorted(p for p in (tmp_path / "sh").iterdir() if p.is_dir())[0]
+
+    def flip(txn) -> None:
+        value = bytearray(txn.get(KEY.pack(1)))
+        value[-5] ^= 0xFF
+        txn.put(KEY.pack(1), bytes(value))
+
+    _edit(shard, flip)
+    report = verify(tmp_path / "sh", against=small_tree, progress=False)
+    assert report.bad_indices == [1] and report.checked == 12
+    shutil.rmtree(sorted(p for p in (tmp_path / "sh").iterdir() if p.is_dir())[-1])
+    report = verify(tmp_path / "sh", against=small_tree, progress=False)
+    assert any(p.kind == "shard" and "is missing" in p.message for p in report.problems)
+    assert any(p.kind == "source" and "cannot compare" in p.message for p in report.problems)

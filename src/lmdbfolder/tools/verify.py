@@ -181,9 +181,12 @@ def verify(
         report = verify_sharded(found.path, decode=decode, progress=progress)
         if against is not None:
             start = time.perf_counter()
-            skipped = pack_info(found.path)["skipped"]
-            with ShardedReader(found.path) as sharded:
-                _against_by_index(sharded, report, os.fspath(against), list_file, _dicts(skipped))
+            try:
+                skipped = pack_info(found.path)["skipped"]
+                with ShardedReader(found.path) as sharded:
+                    _against_by_index(sharded, report, os.fspath(against), list_file, _dicts(skipped))
+            except NotAPackError as exc:  # a missing or unreadable shard: reported above, by shard
+                report.problems.append(Problem("source", f"cannot compare with the source: {exc.message}"))
             report.seconds += time.perf_counter() - start
         return report
     return _verify_single(found.path, decode, against, list_file, progress)
@@ -468,7 +471,10 @@ def _against_by_index(
         resize = None
     for index, path in enumerate(reader.paths()):
         if path in sources:
-            record = reader.get(index)
+            try:
+                record = reader.get(index)
+            except (LmdbFolderError, OSError):
+                continue  # a damaged record: the checks of its shard have reported it
             value = bytes(record.payload)
             header = RecordHeader(
                 record.encoding, record.channels, record.width, record.height, record.label, 0, len(value)

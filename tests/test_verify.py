@@ -197,3 +197,32 @@ def test_verify_against_a_damaged_sharded_pack_reports_the_damage(small_tree: Pa
     report = verify(tmp_path / "sh", against=small_tree, progress=False)
     assert any(p.kind == "shard" and "is missing" in p.message for p in report.problems)
     assert any(p.kind == "source" and "cannot compare" in p.message for p in report.problems)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_verify_against_a_source_with_a_class_added_and_one_renamed(
+    small_tree: Path, tmp_path: Path, sharded: bool
+) -> None:
+    """Classes are compared by name: a class folder added to the source (which renumbers the
+    classes after it) or renamed is one problem, not one per record."""
+    from lmdbfolder.write.shards import pack_sharded
+
+    out = tmp_path / "p"
+    if sharded:
+        pack_sharded(small_tree, out, shards=2, progress=False)
+    else:
+        pack(small_tree, out, progress=False)
+    import shutil
+
+    shutil.copytree(small_tree / "class1", small_tree / "a_new")  # sorts first: every label moves by one
+    report = verify(out, against=small_tree, progress=False)
+    assert [p.message for p in report.problems] == [
+        "class a_new is in the source but not in the pack (4 files, first a_new/img0.jpg)"
+    ]
+    (small_tree / "class2").rename(small_tree / "zz")
+    report = verify(out, against=small_tree, progress=False)
+    assert [p.message for p in report.problems] == [
+        "class a_new is in the source but not in the pack (4 files, first a_new/img0.jpg)",
+        "class zz is in the source but not in the pack (4 files, first zz/img0.jpg)",
+        "class class2 is in the pack but not in the source (4 records, first 8: class2/img0.jpg)",
+    ]

@@ -77,7 +77,7 @@ from lmdbfolder.format import (
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.sharded import ShardedReader
-from lmdbfolder.text import printable
+from lmdbfolder.text import plural, printable
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.sources import scan
@@ -214,7 +214,7 @@ def _verify_single(
             if pack.path_list is None:
                 report.problems.append(Problem("source", "cannot compare with the source: the path table is damaged"))
             else:
-                sources = _source_files(pack, report, os.fspath(against), list_file, _dicts(pack.skipped))
+                sources = _source_files(pack, report, os.fspath(against), list_file, _dicts(pack.skipped), pack.labels)
         pack.check_records(report, decode, progress, sources)
     finally:
         pf.close()
@@ -368,7 +368,7 @@ class _Checked:
         report: VerifyReport,
         decode: bool,
         progress: bool | None,
-        sources: dict[str, tuple[str, int]] | None,
+        sources: dict[str, tuple[str, int | str]] | None,
     ) -> None:
         count, paths, labels = self.count, self.path_list, self.labels
         n_classes = len(self.meta["classes"])
@@ -463,7 +463,7 @@ def _against_by_index(
     reader: Any, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None, skipped: list[Any]
 ) -> None:
     """The source comparison for readers without one database to scan (sharded packs)."""
-    sources = _source_files(reader, report, src, list_file, skipped)
+    sources = _source_files(reader, report, src, list_file, skipped, reader.labels)
     if sources is None:
         return
     resize = _pack_resize(reader.meta)
@@ -483,9 +483,20 @@ def _against_by_index(
 
 
 def _source_files(
-    reader: Any, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None, skipped_items: list[Any]
-) -> dict[str, tuple[str, int]] | None:
-    """Relative path -> (file, label) of the source, compared as a list with the pack's paths."""
+    reader: Any,
+    report: VerifyReport,
+    src: str,
+    list_file: str | os.PathLike[str] | None,
+    skipped_items: list[Any],
+    labels: Any,
+) -> dict[str, tuple[str, int | str]] | None:
+    """Relative path -> (file, label) of the source, compared as a list with the pack's paths
+    (``labels``: the pack's, None if its table is unreadable).
+
+    The label is the pack's index of the source's class: classes are matched by name
+    (a class folder added to the source renumbers the classes after it, and that is
+    not a change of every sample's class), except for a list file of numbered labels.
+    A source class the pack does not have is given by its name (a str)."""
     recorded = informational(reader.meta, "source", {})
     if not isinstance(recorded, dict):
         recorded = {}
@@ -534,18 +545,59 @@ def _source_files(
     if chosen_by_callable or chosen_by_match:
         in_pack_only = set(packed)
         expected = [p for p in expected if p in in_pack_only]
+    pack_classes = list(reader.meta["classes"])
+    numbered = layout == "list" and sources.classes == [str(i) for i in range(len(sources.classes))]
+    pack_index = {name: i for i, name in enumerate(pack_classes)}
+    # A whole class that only one side has is one problem, not one per file.
+    new_classes = set() if numbered else set(sources.classes) - set(pack_classes)
+    gone_classes = set() if numbered or labels is None else set(pack_classes) - set(sources.classes)
     if expected != packed:
         in_pack = set(packed)
         in_source = set(expected)
+        source_class = dict(zip(sources.relpaths, sources.labels))
+        new_files: dict[str, list[str]] = {}
         for p in expected:
             if p not in in_pack:
-                report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
+                name = sources.classes[source_class[p]] if source_class[p] != NO_LABEL else None
+                if name is not None and name in new_classes:
+                    new_files.setdefault(name, []).append(p)
+                else:
+                    report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
+        gone_records: dict[str, list[int]] = {}
         for i, p in enumerate(packed):
             if p not in in_source:
-                report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
+                label = labels[i] if labels is not None else NO_LABEL
+                name = pack_classes[label] if 0 <= label < len(pack_classes) else None
+                if name is not None and name in gone_classes:
+                    gone_records.setdefault(name, []).append(i)
+                else:
+                    report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
+        for name, files in sorted(new_files.items()):
+            report.problems.append(
+                Problem(
+                    "source",
+                    f"class {printable(name, 200)} is in the source but not in the pack "
+                    f"({plural(len(files), 'file')}, first {printable(files[0], 200)})",
+                )
+            )
+        for name, indices in sorted(gone_records.items()):
+            report.problems.append(
+                Problem(
+                    "source",
+                    f"class {printable(name, 200)} is in the pack but not in the source "
+                    f"({plural(len(indices), 'record')}, first {indices[0]}: {printable(packed[indices[0]], 200)})",
+                )
+            )
         if in_pack == in_source:
             report.problems.append(Problem("source", "the pack holds the source's files in a different order"))
-    return {p: (sources.abspath(i), sources.labels[i]) for i, p in enumerate(sources.relpaths)}
+    out: dict[str, tuple[str, int | str]] = {}
+    for i, p in enumerate(sources.relpaths):
+        label = sources.labels[i]
+        if not numbered and label != NO_LABEL:
+            name = sources.classes[label]
+            label = pack_index.get(name, name)
+        out[p] = (sources.abspath(i), label)
+    return out
 
 
 def _pack_resize(meta: dict[str, Any]) -> Resize | str | None:
@@ -638,11 +690,17 @@ def _compare_with_source(
     payload: bytes | memoryview,
     path: str,
     source: str,
-    label: int,
+    label: int | str,
     store: str,
     resize: Resize | None = None,
 ) -> None:
-    if header.label != label:
+    if isinstance(label, str):
+        report.problems.append(
+            Problem(
+                "source", f"its class in the source, {printable(label, 200)}, is not a class of the pack", index, path
+            )
+        )
+    elif header.label != label:
         report.problems.append(
             Problem("source", f"label {header.label} differs from the source's {label}", index, path)
         )

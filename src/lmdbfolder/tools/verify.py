@@ -765,7 +765,8 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         try:
             sub = _verify_single(shard_path, decode, None, None, progress, entry)
         except NotAPackError as exc:
-            report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
+            hint = f" ({exc.hint})" if exc.hint and exc.hint != NotAPackError.hint else ""
+            report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}{hint}"))
             continue
         for p in sub.problems:
             report.problems.append(

@@ -485,3 +485,54 @@ def test_several_nodes_each_stage_only_their_share(s3: S3, tmp_path: Path) -> No
             assert row["read"][node] == 2, row  # each node reads exactly its 2 shards
     for proxy in proxies:
         assert_one_download_per_shard(proxy, sizes)  # one download per shard per node
+
+
+READ_ONLY_CACHE = """
+import sys
+from torch.utils.data import DataLoader
+from lmdbfolder.errors import RemoteError
+from lmdbfolder.sampler import ExactDistributedSampler
+from lmdbfolder.torch import LMDBFolder
+
+ds = LMDBFolder(sys.argv[1], cache_dir=sys.argv[2])
+sampler = ExactDistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+loader = DataLoader(ds, sampler=sampler, batch_size=16, num_workers=2, collate_fn=lambda batch: batch)
+try:
+    print("read", sum(len(batch) for batch in loader), flush=True)
+except RemoteError as exc:
+    print("refused", exc.text(), flush=True)
+"""
+
+
+def test_a_cache_staged_beforehand_reads_when_it_is_read_only(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    # Staged by one job, then shared read-only: reading (through the sampler, whose
+    # prefetch thread keeps a list of needs) died with PermissionError on a lock file.
+    from conftest import as_unprivileged
+
+    local, url = uploaded
+    cache = tmp_path / "cache"
+    ds = LMDBFolder(url, cache_dir=cache)
+    for i in range(len(ds)):
+        ds[i]
+    root = ds.reader.staging.root  # type: ignore[union-attr]
+    del ds
+    env = {**os.environ, **s3.env(), "PYTHONPATH": str(HERE.parent / "src")}
+
+    def run() -> str:
+        subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
+        try:
+            cmd = as_unprivileged([sys.executable, "-c", READ_ONLY_CACHE, url, str(cache)])
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        finally:
+            subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert run().split() == ["read", "128"]
+    assert StagedPack(url, cache).evict(3)  # a shard it lacks: a clear refusal, not a traceback
+    before = sorted(os.listdir(root))
+    out = run()
+    assert out.startswith("refused ") and "Permission denied" in out and "check the permissions" in out
+    assert sorted(os.listdir(root)) == before

@@ -132,8 +132,11 @@ def fetch_shard(
     tmp = final + COPYING_SUFFIX
     src = remote.child(name, DATA_FILE)
     if not (os.path.isdir(tmp) and packdir.why_not_replaceable(tmp) is None):
-        packdir.clear_temp_dir(tmp)
-        packdir.make_temp_dir(tmp)
+        try:
+            packdir.clear_temp_dir(tmp)
+            packdir.make_temp_dir(tmp)
+        except OSError as exc:  # a cache folder this process may not write, a full disk
+            raise disk_error(exc, src.url, directory) from None
     info = info or src.info()
     expected = entry.get("bytes")
     if isinstance(expected, int) and expected != info.size:
@@ -195,14 +198,35 @@ _HELD: dict[int, int] = {}
 _ROOTS: set[str] = set()
 
 
+#: The refusals of a cache folder this process may only read.
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 @contextlib.contextmanager
-def _flock(path: str, mode: int, *, create: bool = True) -> Iterator[int]:
+def _flock(path: str, mode: int, *, create: bool = True) -> Iterator[int | None]:
     """Hold a flock on ``path`` (``mode``: ``fcntl.LOCK_SH`` or ``LOCK_EX``, with ``LOCK_NB``
     to raise BlockingIOError instead of waiting; ``create=False``: FileNotFoundError if it
     is not there); yields the descriptor. A forked child does not keep it
-    (``_drop_inherited_locks``)."""
+    (``_drop_inherited_locks``).
+
+    In a cache folder this process may only read (staged beforehand, then shared or
+    mounted read-only) an existing lock file is locked through a read-only descriptor
+    (flock does not care); a shared lock whose file is not there and cannot be made
+    yields None: nothing is held, and nothing in that folder is downloaded or evicted
+    by this process."""
     flags = os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if not create or exc.errno not in _READ_ONLY:
+            raise
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if mode & fcntl.LOCK_EX:
+                raise exc from None
+            yield None
+            return
     _HELD[fd] = os.getpid()
     try:
         fcntl.flock(fd, mode)
@@ -337,7 +361,11 @@ class StagedPack:
         path = self.path(k)
         if os.path.isdir(path):
             return path
-        with _flock(self._lock_file(k), fcntl.LOCK_EX):
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(_flock(self._lock_file(k), fcntl.LOCK_EX))
+            except OSError as exc:  # a cache folder this process may not write
+                raise disk_error(exc, self.remote.child(self.names[k]).url, self.root) from None
             if os.path.isdir(path):
                 return path
             entry = self.index["shards"][k]
@@ -513,10 +541,20 @@ class _Follower:
         self._stopped = False
         # Its own name: two datasets over one pack in one process each have a follower.
         self._needs = os.path.join(pack.root, f"{NEEDS_PREFIX}{os.getpid()}-{next(_FOLLOWERS)}")
-        with pack._deciding():  # created, held and written before any decision sees it
-            self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
-            self._put_needs()
+        self._needs_fd: int | None = None
+        try:
+            with pack._deciding():  # created, held and written before any decision sees it
+                self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
+                self._put_needs()
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY:
+                raise
+            # A cache folder this process may only read: it downloads nothing, so it has no
+            # list of needs to keep (a shard it lacks is a clear error when it is read).
+            if self._needs_fd is not None:
+                os.close(self._needs_fd)
+                self._needs_fd = None
         self._thread = threading.Thread(target=self._run, name="lmdbfolder-staging", daemon=True)
         self._thread.start()
 
@@ -528,12 +566,16 @@ class _Follower:
         return len(self.schedule)
 
     def _write_needs(self) -> None:
+        if self._needs_fd is None:
+            return
         with self.pack._deciding():
             self._put_needs()
 
     def _put_needs(self) -> None:
         # In the order of need: the shards still being read (lingering) first.
         needs = [k for k, last in self.schedule if last + self.linger >= self.position]
+        if self._needs_fd is None:
+            return
         os.ftruncate(self._needs_fd, 0)
         os.pwrite(self._needs_fd, json.dumps(needs).encode(), 0)
 
@@ -564,6 +606,8 @@ class _Follower:
                 return  # its descriptor's number may belong to another file by now: never close it twice
             self._stopped = True
             self._cond.notify_all()
+        if self._needs_fd is None:
+            return
         with contextlib.suppress(OSError), self.pack._deciding():
             os.remove(self._needs)
         with contextlib.suppress(OSError):

@@ -399,6 +399,27 @@ def test_a_tampered_shard_is_never_opened(s3: S3, uploaded: tuple[Path, str], tm
     assert 3 not in staging.staged() and not os.path.exists(staging.path(3))
 
 
+def test_a_pack_replaced_under_a_reader_is_said_so_and_opened_again_reads_the_new_one(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    # The reader's next download failed with "the shard was replaced in storage without
+    # its index: upload the pack again", where the whole pack was (rightly) uploaded again.
+    local, url = uploaded
+    ds = LMDBFolder(url, cache_dir=tmp_path / "cache")
+    ds[0]
+    other = tmp_path / "other"
+    pack_sharded(noise_tree(tmp_path / "tree2", classes=8, per_class=16, seed=5), other, shards=8, progress=False)
+    copy_pack(other, url, overwrite=True)
+    with pytest.raises(RemoteError, match="the pack was replaced in storage since it was opened here") as caught:
+        ds[ds.reader.shard_offsets[5]]  # type: ignore[union-attr]
+    assert "open the pack again" in caught.value.hint
+    assert ds[1] == LMDBFolder(local)[1]  # what it had staged is still the pack it opened
+    again = LMDBFolder(url, cache_dir=tmp_path / "cache", transform=PILToTensor())
+    expected = LMDBFolder(other, transform=PILToTensor())
+    for i in range(0, len(expected), 9):
+        assert again[i][1] == expected[i][1] and torch.equal(again[i][0], expected[i][0])
+
+
 HOLD_NEEDS = """
 import sys
 from lmdbfolder.read.staging import StagedPack

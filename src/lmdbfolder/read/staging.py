@@ -299,6 +299,8 @@ class StagedPack:
         self.remote = Remote(url)
         self.url = self.remote.url
         blob, self.index = fetch_index(self.remote)
+        #: What the pack's index.json held when it was opened (``_replaced``).
+        self.index_sha256 = hashlib.sha256(blob).hexdigest()
         key = hashlib.sha256(self.url.encode() + b"\n" + blob).hexdigest()[:16]
         cache = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
         self.root = os.path.join(cache, f"{_SAFE.sub('_', self.remote.name)[:64]}-{key}")
@@ -370,8 +372,29 @@ class StagedPack:
                 return path
             entry = self.index["shards"][k]
             self._make_room(int(entry.get("bytes") or 0), keep=k)
-            fetch_shard(self.remote, entry, self.root, part_size=self.part_size, jobs=self.jobs)
+            try:
+                fetch_shard(self.remote, entry, self.root, part_size=self.part_size, jobs=self.jobs)
+            except RemoteError as exc:
+                if exc.kind == "digest" and self._replaced():
+                    raise RemoteError(
+                        self.url,
+                        f"the pack was replaced in storage since it was opened here (its {SHARD_INDEX_FILE} "
+                        f"changed), so {self.names[k]} is not the shard this reader's index names; nothing was kept",
+                        "open the pack again (restart the run) to read the new one: it is staged afresh",
+                        kind="digest",
+                    ) from None
+                raise
         return path
+
+    def _replaced(self) -> bool:
+        """Whether the pack's index.json in storage is no longer the one this reader opened."""
+        try:
+            blob, _ = fetch_index(self.remote)
+        except RemoteError as exc:
+            return exc.kind == "missing"  # gone; not a failed request
+        except NotAPackError:
+            return True  # no longer an index this reader could open
+        return hashlib.sha256(blob).hexdigest() != self.index_sha256
 
     @contextlib.contextmanager
     def reading(self, k: int) -> Iterator[str]:

@@ -458,6 +458,36 @@ def test_eviction_spares_shards_in_use_and_shards_a_live_rank_needs(
             rank.wait()
 
 
+def test_the_folder_of_a_replaced_upload_gives_back_what_no_live_rank_needs(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    # Each upload of a URL gets its own cache folder: the old one's shards stayed for ever.
+    local, url = uploaded
+    cache = str(tmp_path / "cache")
+    old = StagedPack(url, cache)
+    for k in range(4):
+        old.ensure(k)
+    other = tmp_path / "other"
+    pack_sharded(noise_tree(tmp_path / "tree2", classes=8, per_class=16, seed=5), other, shards=8, progress=False)
+    rank = subprocess.Popen(  # a rank of the old upload, still needing shards 2 and 5
+        [sys.executable, "-c", HOLD_NEEDS, url, cache], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        copy_pack(other, url, overwrite=True)
+        new = StagedPack(url, cache)
+        assert new.root != old.root and old.staged() == [2]
+        rank.kill()
+        rank.wait()
+        StagedPack(url, cache)
+        assert old.staged() == [] and new.staged() == []
+        assert sorted(os.listdir(cache)) == sorted(os.path.basename(p.root) for p in (old, new))
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
+
+
 def test_several_nodes_each_stage_only_their_share(s3: S3, tmp_path: Path) -> None:
     """2 "nodes" x 2 gloo ranks, each node its own cache folder and its own proxy (to count
     its downloads); 4 equal shards, node-local order, 3 epochs."""

@@ -8,7 +8,8 @@ its own name, where ``ShardedReader`` opens it as it would any local shard.
 
 The cache folder of a pack is ``<cache_dir>/<name>-<key>``, ``key`` a hash of
 the URL and the index's bytes (a pack uploaded again under the same URL gets
-a new folder; the old one is evicted like any unused shard). It holds
+a new folder; when it is opened, the old folder's shards that no live rank
+on the node still needs are evicted). It holds
 ``index.json``, the shards that have landed, and for each shard a lock file
 ``<shard>.lock``:
 
@@ -68,6 +69,7 @@ from lmdbfolder.format import (
     decode_shard_index,
     shard_matches,
 )
+from lmdbfolder.pagefile import read_regular
 from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, ObjectInfo, Remote, download
 
 __all__ = ["StagedPack", "fetch_shard", "fetch_index"]
@@ -301,9 +303,10 @@ class StagedPack:
         blob, self.index = fetch_index(self.remote)
         #: What the pack's index.json held when it was opened (``_replaced``).
         self.index_sha256 = hashlib.sha256(blob).hexdigest()
-        key = hashlib.sha256(self.url.encode() + b"\n" + blob).hexdigest()[:16]
+        key = _folder_key(self.url, blob)
         cache = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
-        self.root = os.path.join(cache, f"{_SAFE.sub('_', self.remote.name)[:64]}-{key}")
+        prefix = _SAFE.sub("_", self.remote.name)[:64]
+        self.root = os.path.join(cache, f"{prefix}-{key}")
         try:
             os.makedirs(self.root, exist_ok=True)
             index_file = os.path.join(self.root, SHARD_INDEX_FILE)
@@ -320,6 +323,38 @@ class StagedPack:
         self.jobs = jobs
         self.names: list[str] = [e["name"] for e in self.index["shards"]]
         self._reset()
+        self._evict_replaced(cache, prefix)
+
+    def _evict_replaced(self, cache: str, prefix: str) -> None:
+        """Evict the staged shards of this URL's earlier uploads (each got a folder of its
+        own) that no live rank on this node still needs. A folder is this URL's only when
+        its name is the hash of this URL and the index.json it holds."""
+        try:
+            names = os.listdir(cache)
+        except OSError:
+            return
+        for name in names:
+            folder = os.path.join(cache, name)
+            if not name.startswith(f"{prefix}-") or folder == self.root:
+                continue
+            try:
+                blob = read_regular(os.path.join(folder, SHARD_INDEX_FILE), MAX_INDEX_FILE_BYTES)
+                index = decode_shard_index(blob, where=folder)
+            except (OSError, NotAPackError):
+                continue
+            if name != f"{prefix}-{_folder_key(self.url, blob)}":
+                continue
+            old = StagedPack.__new__(StagedPack)
+            old.__dict__.update(self.__getstate__())
+            old.root, old.index, old.names = folder, index, [e["name"] for e in index["shards"]]
+            old._reset()
+            try:
+                needed = old.needed()
+                for k in old.staged():
+                    if k not in needed:
+                        old.evict(k)
+            except OSError:
+                continue  # a folder this process may not change: it stays as it is
 
     def _reset(self) -> None:
         _ROOTS.add(self.root)
@@ -639,6 +674,11 @@ class _Follower:
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread (tests; the thread is a daemon)."""
         self._thread.join(timeout)
+
+
+def _folder_key(url: str, index_blob: bytes) -> str:
+    """The part of a cache folder's name that says which URL and index it stages."""
+    return hashlib.sha256(url.encode() + b"\n" + index_blob).hexdigest()[:16]
 
 
 def _size(path: str) -> int:

@@ -26,7 +26,7 @@ from PIL import Image
 
 from conftest import S3, Proxy, free_port
 from lmdbfolder import copy_pack
-from lmdbfolder.errors import RemoteError
+from lmdbfolder.errors import NotAPackError, RemoteError
 from lmdbfolder.format import DATA_FILE, ROOM_LOCK, SHARD_INDEX_FILE
 from lmdbfolder.write.shards import pack_sharded
 
@@ -541,7 +541,7 @@ def test_several_nodes_each_stage_only_their_share(s3: S3, tmp_path: Path) -> No
 READ_ONLY_CACHE = """
 import sys
 from torch.utils.data import DataLoader
-from lmdbfolder.errors import RemoteError
+from lmdbfolder.errors import NotAPackError, RemoteError
 from lmdbfolder.sampler import ExactDistributedSampler
 from lmdbfolder.torch import LMDBFolder
 
@@ -587,3 +587,23 @@ def test_a_cache_staged_beforehand_reads_when_it_is_read_only(
     out = run()
     assert out.startswith("refused ") and "Permission denied" in out and "check the permissions" in out
     assert sorted(os.listdir(root)) == before
+
+
+@pytest.mark.parametrize("forged", ["count", "pack_id"])
+def test_a_forged_remote_index_names_the_url_and_says_to_upload_again(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, forged: str
+) -> None:
+    # The error named the cache's copy of index.json and said to run `lmdbfolder index`
+    # (on a cache folder), where the index in storage disagrees with its shards.
+    local, url = uploaded
+    index = json.loads((local / SHARD_INDEX_FILE).read_text())
+    if forged == "count":
+        index["shards"][0]["count"] += 1
+        index["shards"][1]["count"] -= 1
+    else:
+        index["shards"][0]["pack_id"] = "0" * 32
+    s3.client().pipe_file(f"{s3.bucket}/train/{SHARD_INDEX_FILE}", json.dumps(index).encode())
+    with pytest.raises(NotAPackError) as caught:
+        LMDBFolder(url, cache_dir=tmp_path / "cache")[0]
+    assert f"{url}/{SHARD_INDEX_FILE}" in caught.value.message
+    assert "upload it again" in caught.value.hint and "lmdbfolder index" not in caught.value.hint

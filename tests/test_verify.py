@@ -226,3 +226,18 @@ def test_verify_against_a_source_with_a_class_added_and_one_renamed(
         "class zz is in the source but not in the pack (4 files, first zz/img0.jpg)",
         "class class2 is in the pack but not in the source (4 records, first 8: class2/img0.jpg)",
     ]
+
+
+def test_verify_against_a_list_that_renames_a_class_says_so_once(small_tree: Path, tmp_path: Path) -> None:
+    """A list file of class names in which one class got a new name: one problem, not one per record."""
+    files = sorted(p.relative_to(small_tree).as_posix() for p in small_tree.rglob("*.jpg"))
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{f} {f.split('/')[0]}\n" for f in files))
+    pack(small_tree, tmp_path / "p", list_file=listing, progress=False)
+    assert verify(tmp_path / "p", against=small_tree, progress=False).ok
+    listing.write_text("".join(f"{f} {f.split('/')[0].replace('class1', 'renamed')}\n" for f in files))
+    report = verify(tmp_path / "p", against=small_tree, progress=False)
+    assert [p.message for p in report.problems] == [
+        "class renamed of the source is not a class of the pack: 4 files of the pack are listed with it "
+        "(first class1/img0.jpg)"
+    ]

@@ -368,7 +368,7 @@ class _Checked:
         report: VerifyReport,
         decode: bool,
         progress: bool | None,
-        sources: dict[str, tuple[str, int | str]] | None,
+        sources: dict[str, tuple[str, int | None]] | None,
     ) -> None:
         count, paths, labels = self.count, self.path_list, self.labels
         n_classes = len(self.meta["classes"])
@@ -489,14 +489,14 @@ def _source_files(
     list_file: str | os.PathLike[str] | None,
     skipped_items: list[Any],
     labels: Any,
-) -> dict[str, tuple[str, int | str]] | None:
+) -> dict[str, tuple[str, int | None]] | None:
     """Relative path -> (file, label) of the source, compared as a list with the pack's paths
     (``labels``: the pack's, None if its table is unreadable).
 
     The label is the pack's index of the source's class: classes are matched by name
     (a class folder added to the source renumbers the classes after it, and that is
     not a change of every sample's class), except for a list file of numbered labels.
-    A source class the pack does not have is given by its name (a str)."""
+    A source class the pack does not have is reported once, its files' label None."""
     recorded = informational(reader.meta, "source", {})
     if not isinstance(recorded, dict):
         recorded = {}
@@ -590,13 +590,26 @@ def _source_files(
             )
         if in_pack == in_source:
             report.problems.append(Problem("source", "the pack holds the source's files in a different order"))
-    out: dict[str, tuple[str, int | str]] = {}
+    out: dict[str, tuple[str, int | None]] = {}
+    relabelled: dict[str, list[str]] = {}
+    packed_set = set(packed)
     for i, p in enumerate(sources.relpaths):
-        label = sources.labels[i]
-        if not numbered and label != NO_LABEL:
-            name = sources.classes[label]
-            label = pack_index.get(name, name)
-        out[p] = (sources.abspath(i), label)
+        wanted: int | None = sources.labels[i]
+        if not numbered and wanted != NO_LABEL:
+            name = sources.classes[sources.labels[i]]
+            wanted = pack_index.get(name)
+            if wanted is None and p in packed_set:  # a list file that names a new class
+                relabelled.setdefault(name, []).append(p)
+        out[p] = (sources.abspath(i), wanted)
+    for name, files in sorted(relabelled.items()):
+        report.problems.append(
+            Problem(
+                "source",
+                f"class {printable(name, 200)} of the source is not a class of the pack: "
+                f"{plural(len(files), 'file')} of the pack {'is' if len(files) == 1 else 'are'} listed with it "
+                f"(first {printable(files[0], 200)})",
+            )
+        )
     return out
 
 
@@ -690,17 +703,11 @@ def _compare_with_source(
     payload: bytes | memoryview,
     path: str,
     source: str,
-    label: int | str,
+    label: int | None,
     store: str,
     resize: Resize | None = None,
 ) -> None:
-    if isinstance(label, str):
-        report.problems.append(
-            Problem(
-                "source", f"its class in the source, {printable(label, 200)}, is not a class of the pack", index, path
-            )
-        )
-    elif header.label != label:
+    if label is not None and header.label != label:  # None: a class the pack lacks (reported once)
         report.problems.append(
             Problem("source", f"label {header.label} differs from the source's {label}", index, path)
         )

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import make_small_tree, write
 from lmdbfolder import open_pack, pack
-from lmdbfolder.cli import main
+from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, shard_name
 from lmdbfolder.write.ray import pack_ray
@@ -63,3 +63,18 @@ def test_ray_strict_stops_the_shard_then_a_rerun_resumes(tmp_path: Path) -> None
     assert [p for p, _ in result.skipped] == ["class1/img4_bad.jpg"]
     pack(tree, tmp_path / "single", progress=False)
     _equal(tmp_path / "single", tmp_path / "sh")
+
+
+def test_a_task_failing_with_another_exception_names_it_plainly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Not an lmdbfolder error (here the staging path is a file): the message said
+    # "RayTaskError(FileExistsError): ['...']", the last line of Ray's text as a list.
+    tree = make_small_tree(tmp_path / "t", classes=2, per_class=2)
+    write(tmp_path / "a_file", b"x")
+    args = ["pack", str(tree), str(tmp_path / "sh"), "--shards", "2", "--no-progress", "--ray"]
+    assert main([*args, "--staging", str(tmp_path / "a_file")]) == EXIT_CODES["pack failed"]
+    err = capsys.readouterr().err
+    assert f"the Ray task packing {shard_name('train', 0, 2)} failed: FileExistsError: [Errno 17]" in err
+    assert str(tmp_path / "a_file") in err and "(raised at " in err and "line " in err
+    assert "RayTaskError" not in err and "['" not in err and "Traceback" not in err

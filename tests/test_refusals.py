@@ -122,6 +122,39 @@ def test_an_unreadable_source_root(tmp_path: Path) -> None:
         src.chmod(0o755)
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_an_unreadable_data_file_says_to_check_permissions(tmp_path: Path, sharded: bool) -> None:
+    # The hint said to pass the directory `lmdbfolder pack` wrote, which it is.
+    from lmdbfolder.write.shards import pack_sharded
+
+    src = make_small_tree(tmp_path / "src")
+    out = tmp_path / "p"
+    if sharded:
+        pack_sharded(src, out, shards=2, progress=False)
+        data = sorted(out.glob("*.lmdb"))[1] / "data.mdb"
+    else:
+        pack(src, out, progress=False)
+        data = out / "data.mdb"
+    data.chmod(0)
+    try:
+        for argv in (["info", str(out)], ["show", str(out), "-o", str(tmp_path / "s.png")]):
+            _clear(_lmdbfolder(*argv), "not a pack", str(data.parent), "Permission denied", "check its permissions")
+        proc = _lmdbfolder("verify", str(out), "--against", str(src))
+        if sharded:  # the other shard is still checked; the unreadable one is a problem
+            _clear(proc, "problems found", "Permission denied", "check its permissions")
+        else:
+            _clear(proc, "not a pack", str(data.parent), "Permission denied", "check its permissions")
+    finally:
+        data.chmod(0o644)
+    # What leads to it: the pack folder (it does hold a data.mdb), and index.json.
+    locked = out / "index.json" if sharded else out
+    locked.chmod(0)
+    try:
+        _clear(_lmdbfolder("verify", str(out)), "not a pack", str(out), "Permission denied", "check its permissions")
+    finally:
+        locked.chmod(0o755)
+
+
 @pytest.mark.parametrize("flags", [[], ["--allow-empty"], ["--flat"]])
 def test_an_unreadable_class_folder_is_never_packed_as_empty(tmp_path: Path, flags: list[str]) -> None:
     # "found no image for the classes class1", and with --allow-empty a pack with the

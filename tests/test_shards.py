@@ -164,6 +164,29 @@ def test_index_refuses_shards_of_another_scan(small_tree: Path, tmp_path: Path) 
     assert name in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--store", "raw"], "with --store raw, train-00000-of-00002.lmdb with --store encoded"),
+        (["--max-size", "8"], "with --max-size 8, train-00000-of-00002.lmdb without --max-size"),
+        (["--check", "decode"], "with --check decode, train-00000-of-00002.lmdb with --check header"),
+    ],
+)
+def test_index_refuses_shards_packed_with_other_options(
+    small_tree: Path, tmp_path: Path, capsys, options: list[str], said: str
+) -> None:
+    """Shards of one split packed with different options (one Slurm job started with another
+    --max-size) hold different kinds of records: index names the shard and the option."""
+    base = ["pack", str(small_tree), str(tmp_path / "a"), "--shards", "2", "--no-progress"]
+    assert main([*base, "--shard-index", "0"]) == 0
+    assert main([*base, "--shard-index", "1", *options]) == 0
+    capsys.readouterr()
+    assert main(["index", str(tmp_path / "a")]) == EXIT_CODES["not a pack"]
+    err = capsys.readouterr().err
+    assert "train-00001-of-00002.lmdb" in err and said in err
+    assert not (tmp_path / "a" / SHARD_INDEX_FILE).exists()
+
+
 def test_index_says_how_many_source_files_the_split_has(small_tree: Path, tmp_path: Path) -> None:
     # Shard 1 claims 5 of the split's 12 source files, where the plan gives it 6:
     # the shards then cover 11, and the error must name the split's 12 files

@@ -26,7 +26,7 @@ from PIL import Image
 
 from conftest import S3, Proxy, free_port
 from lmdbfolder import copy_pack
-from lmdbfolder.errors import RemoteError
+from lmdbfolder.errors import NotAPackError, RemoteError
 from lmdbfolder.format import DATA_FILE, ROOM_LOCK, SHARD_INDEX_FILE
 from lmdbfolder.write.shards import pack_sharded
 
@@ -399,6 +399,27 @@ def test_a_tampered_shard_is_never_opened(s3: S3, uploaded: tuple[Path, str], tm
     assert 3 not in staging.staged() and not os.path.exists(staging.path(3))
 
 
+def test_a_pack_replaced_under_a_reader_is_said_so_and_opened_again_reads_the_new_one(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    # The reader's next download failed with "the shard was replaced in storage without
+    # its index: upload the pack again", where the whole pack was (rightly) uploaded again.
+    local, url = uploaded
+    ds = LMDBFolder(url, cache_dir=tmp_path / "cache")
+    ds[0]
+    other = tmp_path / "other"
+    pack_sharded(noise_tree(tmp_path / "tree2", classes=8, per_class=16, seed=5), other, shards=8, progress=False)
+    copy_pack(other, url, overwrite=True)
+    with pytest.raises(RemoteError, match="the pack was replaced in storage since it was opened here") as caught:
+        ds[ds.reader.shard_offsets[5]]  # type: ignore[union-attr]
+    assert "open the pack again" in caught.value.hint
+    assert ds[1] == LMDBFolder(local)[1]  # what it had staged is still the pack it opened
+    again = LMDBFolder(url, cache_dir=tmp_path / "cache", transform=PILToTensor())
+    expected = LMDBFolder(other, transform=PILToTensor())
+    for i in range(0, len(expected), 9):
+        assert again[i][1] == expected[i][1] and torch.equal(again[i][0], expected[i][0])
+
+
 HOLD_NEEDS = """
 import sys
 from lmdbfolder.read.staging import StagedPack
@@ -431,6 +452,36 @@ def test_eviction_spares_shards_in_use_and_shards_a_live_rank_needs(
         rank.kill()  # kill -9: its list must no longer count
         rank.wait()
         assert pack.needed() == set()
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
+
+
+def test_the_folder_of_a_replaced_upload_gives_back_what_no_live_rank_needs(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    # Each upload of a URL gets its own cache folder: the old one's shards stayed for ever.
+    local, url = uploaded
+    cache = str(tmp_path / "cache")
+    old = StagedPack(url, cache)
+    for k in range(4):
+        old.ensure(k)
+    other = tmp_path / "other"
+    pack_sharded(noise_tree(tmp_path / "tree2", classes=8, per_class=16, seed=5), other, shards=8, progress=False)
+    rank = subprocess.Popen(  # a rank of the old upload, still needing shards 2 and 5
+        [sys.executable, "-c", HOLD_NEEDS, url, cache], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        copy_pack(other, url, overwrite=True)
+        new = StagedPack(url, cache)
+        assert new.root != old.root and old.staged() == [2]
+        rank.kill()
+        rank.wait()
+        StagedPack(url, cache)
+        assert old.staged() == [] and new.staged() == []
+        assert sorted(os.listdir(cache)) == sorted(os.path.basename(p.root) for p in (old, new))
     finally:
         if rank.poll() is None:
             rank.kill()
@@ -485,3 +536,74 @@ def test_several_nodes_each_stage_only_their_share(s3: S3, tmp_path: Path) -> No
             assert row["read"][node] == 2, row  # each node reads exactly its 2 shards
     for proxy in proxies:
         assert_one_download_per_shard(proxy, sizes)  # one download per shard per node
+
+
+READ_ONLY_CACHE = """
+import sys
+from torch.utils.data import DataLoader
+from lmdbfolder.errors import NotAPackError, RemoteError
+from lmdbfolder.sampler import ExactDistributedSampler
+from lmdbfolder.torch import LMDBFolder
+
+ds = LMDBFolder(sys.argv[1], cache_dir=sys.argv[2])
+sampler = ExactDistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+loader = DataLoader(ds, sampler=sampler, batch_size=16, num_workers=2, collate_fn=lambda batch: batch)
+try:
+    print("read", sum(len(batch) for batch in loader), flush=True)
+except RemoteError as exc:
+    print("refused", exc.text(), flush=True)
+"""
+
+
+def test_a_cache_staged_beforehand_reads_when_it_is_read_only(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    # Staged by one job, then shared read-only: reading (through the sampler, whose
+    # prefetch thread keeps a list of needs) died with PermissionError on a lock file.
+    from conftest import as_unprivileged
+
+    local, url = uploaded
+    cache = tmp_path / "cache"
+    ds = LMDBFolder(url, cache_dir=cache)
+    for i in range(len(ds)):
+        ds[i]
+    root = ds.reader.staging.root  # type: ignore[union-attr]
+    del ds
+    env = {**os.environ, **s3.env(), "PYTHONPATH": str(HERE.parent / "src")}
+
+    def run() -> str:
+        subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
+        try:
+            cmd = as_unprivileged([sys.executable, "-c", READ_ONLY_CACHE, url, str(cache)])
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        finally:
+            subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert run().split() == ["read", "128"]
+    assert StagedPack(url, cache).evict(3)  # a shard it lacks: a clear refusal, not a traceback
+    before = sorted(os.listdir(root))
+    out = run()
+    assert out.startswith("refused ") and "Permission denied" in out and "check the permissions" in out
+    assert sorted(os.listdir(root)) == before
+
+
+@pytest.mark.parametrize("forged", ["count", "pack_id"])
+def test_a_forged_remote_index_names_the_url_and_says_to_upload_again(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, forged: str
+) -> None:
+    # The error named the cache's copy of index.json and said to run `lmdbfolder index`
+    # (on a cache folder), where the index in storage disagrees with its shards.
+    local, url = uploaded
+    index = json.loads((local / SHARD_INDEX_FILE).read_text())
+    if forged == "count":
+        index["shards"][0]["count"] += 1
+        index["shards"][1]["count"] -= 1
+    else:
+        index["shards"][0]["pack_id"] = "0" * 32
+    s3.client().pipe_file(f"{s3.bucket}/train/{SHARD_INDEX_FILE}", json.dumps(index).encode())
+    with pytest.raises(NotAPackError) as caught:
+        LMDBFolder(url, cache_dir=tmp_path / "cache")[0]
+    assert f"{url}/{SHARD_INDEX_FILE}" in caught.value.message
+    assert "upload it again" in caught.value.hint and "lmdbfolder index" not in caught.value.hint

@@ -173,3 +173,71 @@ def test_verify_against_a_resized_pack(tmp_path: Path) -> None:
     report = verify(tmp_path / "p", against=src, progress=False)
     assert [(p.kind, p.path) for p in report.problems] == [("source", "a/big.jpg")]
     assert "the resize gives 64x21" in report.problems[0].message
+
+
+def test_verify_against_a_damaged_sharded_pack_reports_the_damage(small_tree: Path, tmp_path: Path) -> None:
+    """A damaged record or a missing shard is a problem in the report, not an error that ends
+    the comparison with the source."""
+    import shutil
+
+    from lmdbfolder.write.shards import pack_sharded
+
+    pack_sharded(small_tree, tmp_path / "sh", shards=3, progress=False)
+    shard = sorted(p for p in (tmp_path / "sh").iterdir() if p.is_dir())[0]
+
+    def flip(txn) -> None:
+        value = bytearray(txn.get(KEY.pack(1)))
+        value[-5] ^= 0xFF
+        txn.put(KEY.pack(1), bytes(value))
+
+    _edit(shard, flip)
+    report = verify(tmp_path / "sh", against=small_tree, progress=False)
+    assert report.bad_indices == [1] and report.checked == 12
+    shutil.rmtree(sorted(p for p in (tmp_path / "sh").iterdir() if p.is_dir())[-1])
+    report = verify(tmp_path / "sh", against=small_tree, progress=False)
+    assert any(p.kind == "shard" and "is missing" in p.message for p in report.problems)
+    assert any(p.kind == "source" and "cannot compare" in p.message for p in report.problems)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_verify_against_a_source_with_a_class_added_and_one_renamed(
+    small_tree: Path, tmp_path: Path, sharded: bool
+) -> None:
+    """Classes are compared by name: a class folder added to the source (which renumbers the
+    classes after it) or renamed is one problem, not one per record."""
+    from lmdbfolder.write.shards import pack_sharded
+
+    out = tmp_path / "p"
+    if sharded:
+        pack_sharded(small_tree, out, shards=2, progress=False)
+    else:
+        pack(small_tree, out, progress=False)
+    import shutil
+
+    shutil.copytree(small_tree / "class1", small_tree / "a_new")  # sorts first: every label moves by one
+    report = verify(out, against=small_tree, progress=False)
+    assert [p.message for p in report.problems] == [
+        "class a_new is in the source but not in the pack (4 files, first a_new/img0.jpg)"
+    ]
+    (small_tree / "class2").rename(small_tree / "zz")
+    report = verify(out, against=small_tree, progress=False)
+    assert [p.message for p in report.problems] == [
+        "class a_new is in the source but not in the pack (4 files, first a_new/img0.jpg)",
+        "class zz is in the source but not in the pack (4 files, first zz/img0.jpg)",
+        "class class2 is in the pack but not in the source (4 records, first 8: class2/img0.jpg)",
+    ]
+
+
+def test_verify_against_a_list_that_renames_a_class_says_so_once(small_tree: Path, tmp_path: Path) -> None:
+    """A list file of class names in which one class got a new name: one problem, not one per record."""
+    files = sorted(p.relative_to(small_tree).as_posix() for p in small_tree.rglob("*.jpg"))
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{f} {f.split('/')[0]}\n" for f in files))
+    pack(small_tree, tmp_path / "p", list_file=listing, progress=False)
+    assert verify(tmp_path / "p", against=small_tree, progress=False).ok
+    listing.write_text("".join(f"{f} {f.split('/')[0].replace('class1', 'renamed')}\n" for f in files))
+    report = verify(tmp_path / "p", against=small_tree, progress=False)
+    assert [p.message for p in report.problems] == [
+        "class renamed of the source is not a class of the pack: 4 files of the pack are listed with it "
+        "(first class1/img0.jpg)"
+    ]

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lmdbfolder.errors import FormatVersionError, NotAPackError, PackChangedError
+from lmdbfolder.errors import FormatVersionError, NotAPackError, PackChangedError, os_hint
 from lmdbfolder.format import (
     CHECK_KEY,
     DAMAGED_HINT,
@@ -99,7 +99,7 @@ def open_data(path: str, readahead: bool = True, *, previous: bool = False) -> P
             ) from None
         raise NotAPackError(path, f"{DATA_FILE} is damaged: {exc.why}", DAMAGED_HINT) from None
     except OSError as exc:
-        raise NotAPackError(path, f"cannot read {DATA_FILE} ({exc.strerror})") from None
+        raise NotAPackError(path, f"cannot read {DATA_FILE} ({exc.strerror})", os_hint(exc)) from None
 
 
 def refuse_foreign(path: str, pf: PageFile) -> None:

@@ -36,7 +36,14 @@ from typing import Any
 import lmdb
 
 from lmdbfolder import environments
-from lmdbfolder.errors import CorruptRecordError, NotAPackError, OutputExistsError, PackError, PackNotFoundError
+from lmdbfolder.errors import (
+    CorruptRecordError,
+    NotAPackError,
+    OutputExistsError,
+    PackError,
+    PackNotFoundError,
+    os_hint,
+)
 from lmdbfolder.format import (
     COMPACT_DIR,
     COPYING_SUFFIX,
@@ -197,6 +204,10 @@ def require_pack(path: str | os.PathLike[str]) -> Found:
         else:
             hint = f"every shard is finished: run `lmdbfolder index {p}` to write the index"
         raise NotAPackError(p, f"it holds shards but no {SHARD_INDEX_FILE} (an unfinished sharded pack)", hint)
+    try:
+        os.listdir(p)
+    except OSError as exc:  # not "holds no data.mdb": it may well hold one
+        raise NotAPackError(p, f"cannot list the directory ({exc.strerror})", os_hint(exc)) from None
     raise PackNotFoundError(p, f"the directory holds no {DATA_FILE} and no {SHARD_INDEX_FILE}", _hint_for_directory(p))
 
 
@@ -233,7 +244,7 @@ def load_index(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
         # Only a regular file (a FIFO would block), and not beyond what decode_shard_index accepts.
         blob = read_regular(index_file, MAX_INDEX_FILE_BYTES)
     except OSError as exc:
-        raise NotAPackError(p, f"cannot read {SHARD_INDEX_FILE} ({exc.strerror})") from None
+        raise NotAPackError(p, f"cannot read {SHARD_INDEX_FILE} ({exc.strerror})", os_hint(exc)) from None
     return p, decode_shard_index(blob, where=index_file)
 
 

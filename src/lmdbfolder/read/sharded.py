@@ -157,7 +157,16 @@ class ShardedReader(PackAPI):
 
     def _check_shard(self, k: int, path: str, *, keep_open: bool) -> Reader:
         entry = self.meta["shards"][k]
-        where = f"shard {k} of {len(self._names)} listed in {os.path.join(self.path, SHARD_INDEX_FILE)}"
+        index_file = os.path.join(self.path, SHARD_INDEX_FILE)
+        hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
+        if self.staging is not None:
+            # The cache's index.json is a copy: what disagrees is the pack in storage.
+            index_file = f"{self.staging.url}/{SHARD_INDEX_FILE}"
+            hint = (
+                "the pack in storage is inconsistent (its index.json does not describe this shard, which "
+                "matched the index's digests): upload it again (`lmdbfolder copy PACK URL`)"
+            )
+        where = f"shard {k} of {len(self._names)} listed in {index_file}"
         try:
             # Format 2 and 3: the version of the shard the index names (its current
             # one, or the one before it while an update has rewritten the shard
@@ -174,10 +183,11 @@ class ShardedReader(PackAPI):
                 path,
                 f"does not hold the shard the index names: its pack_id differs from the index's ({where}; "
                 "repacked, updated with `lmdbfolder pack --update`, or copied over)",
-                "open the pack again if it was updated; else restore the shard, or run `lmdbfolder index` again",
+                hint
+                if self.staging is not None
+                else "open the pack again if it was updated; else restore the shard, or run `lmdbfolder index` again",
             ) from None
         try:
-            hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
             if len(reader) != entry["count"]:
                 raise NotAPackError(
                     path, f"it holds {len(reader)} samples, the index says {entry['count']} ({where})", hint

@@ -8,7 +8,8 @@ its own name, where ``ShardedReader`` opens it as it would any local shard.
 
 The cache folder of a pack is ``<cache_dir>/<name>-<key>``, ``key`` a hash of
 the URL and the index's bytes (a pack uploaded again under the same URL gets
-a new folder; the old one is evicted like any unused shard). It holds
+a new folder; when it is opened, the old folder's shards that no live rank
+on the node still needs are evicted). It holds
 ``index.json``, the shards that have landed, and for each shard a lock file
 ``<shard>.lock``:
 
@@ -68,6 +69,7 @@ from lmdbfolder.format import (
     decode_shard_index,
     shard_matches,
 )
+from lmdbfolder.pagefile import read_regular
 from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, ObjectInfo, Remote, download
 
 __all__ = ["StagedPack", "fetch_shard", "fetch_index"]
@@ -132,8 +134,11 @@ def fetch_shard(
     tmp = final + COPYING_SUFFIX
     src = remote.child(name, DATA_FILE)
     if not (os.path.isdir(tmp) and packdir.why_not_replaceable(tmp) is None):
-        packdir.clear_temp_dir(tmp)
-        packdir.make_temp_dir(tmp)
+        try:
+            packdir.clear_temp_dir(tmp)
+            packdir.make_temp_dir(tmp)
+        except OSError as exc:  # a cache folder this process may not write, a full disk
+            raise disk_error(exc, src.url, directory) from None
     info = info or src.info()
     expected = entry.get("bytes")
     if isinstance(expected, int) and expected != info.size:
@@ -195,14 +200,35 @@ _HELD: dict[int, int] = {}
 _ROOTS: set[str] = set()
 
 
+#: The refusals of a cache folder this process may only read.
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 @contextlib.contextmanager
-def _flock(path: str, mode: int, *, create: bool = True) -> Iterator[int]:
+def _flock(path: str, mode: int, *, create: bool = True) -> Iterator[int | None]:
     """Hold a flock on ``path`` (``mode``: ``fcntl.LOCK_SH`` or ``LOCK_EX``, with ``LOCK_NB``
     to raise BlockingIOError instead of waiting; ``create=False``: FileNotFoundError if it
     is not there); yields the descriptor. A forked child does not keep it
-    (``_drop_inherited_locks``)."""
+    (``_drop_inherited_locks``).
+
+    In a cache folder this process may only read (staged beforehand, then shared or
+    mounted read-only) an existing lock file is locked through a read-only descriptor
+    (flock does not care); a shared lock whose file is not there and cannot be made
+    yields None: nothing is held, and nothing in that folder is downloaded or evicted
+    by this process."""
     flags = os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if not create or exc.errno not in _READ_ONLY:
+            raise
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if mode & fcntl.LOCK_EX:
+                raise exc from None
+            yield None
+            return
     _HELD[fd] = os.getpid()
     try:
         fcntl.flock(fd, mode)
@@ -275,9 +301,12 @@ class StagedPack:
         self.remote = Remote(url)
         self.url = self.remote.url
         blob, self.index = fetch_index(self.remote)
-        key = hashlib.sha256(self.url.encode() + b"\n" + blob).hexdigest()[:16]
+        #: What the pack's index.json held when it was opened (``_replaced``).
+        self.index_sha256 = hashlib.sha256(blob).hexdigest()
+        key = _folder_key(self.url, blob)
         cache = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
-        self.root = os.path.join(cache, f"{_SAFE.sub('_', self.remote.name)[:64]}-{key}")
+        prefix = _SAFE.sub("_", self.remote.name)[:64]
+        self.root = os.path.join(cache, f"{prefix}-{key}")
         try:
             os.makedirs(self.root, exist_ok=True)
             index_file = os.path.join(self.root, SHARD_INDEX_FILE)
@@ -294,6 +323,38 @@ class StagedPack:
         self.jobs = jobs
         self.names: list[str] = [e["name"] for e in self.index["shards"]]
         self._reset()
+        self._evict_replaced(cache, prefix)
+
+    def _evict_replaced(self, cache: str, prefix: str) -> None:
+        """Evict the staged shards of this URL's earlier uploads (each got a folder of its
+        own) that no live rank on this node still needs. A folder is this URL's only when
+        its name is the hash of this URL and the index.json it holds."""
+        try:
+            names = os.listdir(cache)
+        except OSError:
+            return
+        for name in names:
+            folder = os.path.join(cache, name)
+            if not name.startswith(f"{prefix}-") or folder == self.root:
+                continue
+            try:
+                blob = read_regular(os.path.join(folder, SHARD_INDEX_FILE), MAX_INDEX_FILE_BYTES)
+                index = decode_shard_index(blob, where=folder)
+            except (OSError, NotAPackError):
+                continue
+            if name != f"{prefix}-{_folder_key(self.url, blob)}":
+                continue
+            old = StagedPack.__new__(StagedPack)
+            old.__dict__.update(self.__getstate__())
+            old.root, old.index, old.names = folder, index, [e["name"] for e in index["shards"]]
+            old._reset()
+            try:
+                needed = old.needed()
+                for k in old.staged():
+                    if k not in needed:
+                        old.evict(k)
+            except OSError:
+                continue  # a folder this process may not change: it stays as it is
 
     def _reset(self) -> None:
         _ROOTS.add(self.root)
@@ -337,13 +398,38 @@ class StagedPack:
         path = self.path(k)
         if os.path.isdir(path):
             return path
-        with _flock(self._lock_file(k), fcntl.LOCK_EX):
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(_flock(self._lock_file(k), fcntl.LOCK_EX))
+            except OSError as exc:  # a cache folder this process may not write
+                raise disk_error(exc, self.remote.child(self.names[k]).url, self.root) from None
             if os.path.isdir(path):
                 return path
             entry = self.index["shards"][k]
             self._make_room(int(entry.get("bytes") or 0), keep=k)
-            fetch_shard(self.remote, entry, self.root, part_size=self.part_size, jobs=self.jobs)
+            try:
+                fetch_shard(self.remote, entry, self.root, part_size=self.part_size, jobs=self.jobs)
+            except RemoteError as exc:
+                if exc.kind == "digest" and self._replaced():
+                    raise RemoteError(
+                        self.url,
+                        f"the pack was replaced in storage since it was opened here (its {SHARD_INDEX_FILE} "
+                        f"changed), so {self.names[k]} is not the shard this reader's index names; nothing was kept",
+                        "open the pack again (restart the run) to read the new one: it is staged afresh",
+                        kind="digest",
+                    ) from None
+                raise
         return path
+
+    def _replaced(self) -> bool:
+        """Whether the pack's index.json in storage is no longer the one this reader opened."""
+        try:
+            blob, _ = fetch_index(self.remote)
+        except RemoteError as exc:
+            return exc.kind == "missing"  # gone; not a failed request
+        except NotAPackError:
+            return True  # no longer an index this reader could open
+        return hashlib.sha256(blob).hexdigest() != self.index_sha256
 
     @contextlib.contextmanager
     def reading(self, k: int) -> Iterator[str]:
@@ -513,10 +599,20 @@ class _Follower:
         self._stopped = False
         # Its own name: two datasets over one pack in one process each have a follower.
         self._needs = os.path.join(pack.root, f"{NEEDS_PREFIX}{os.getpid()}-{next(_FOLLOWERS)}")
-        with pack._deciding():  # created, held and written before any decision sees it
-            self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
-            self._put_needs()
+        self._needs_fd: int | None = None
+        try:
+            with pack._deciding():  # created, held and written before any decision sees it
+                self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
+                self._put_needs()
+        except OSError as exc:
+            if exc.errno not in _READ_ONLY:
+                raise
+            # A cache folder this process may only read: it downloads nothing, so it has no
+            # list of needs to keep (a shard it lacks is a clear error when it is read).
+            if self._needs_fd is not None:
+                os.close(self._needs_fd)
+                self._needs_fd = None
         self._thread = threading.Thread(target=self._run, name="lmdbfolder-staging", daemon=True)
         self._thread.start()
 
@@ -528,12 +624,16 @@ class _Follower:
         return len(self.schedule)
 
     def _write_needs(self) -> None:
+        if self._needs_fd is None:
+            return
         with self.pack._deciding():
             self._put_needs()
 
     def _put_needs(self) -> None:
         # In the order of need: the shards still being read (lingering) first.
         needs = [k for k, last in self.schedule if last + self.linger >= self.position]
+        if self._needs_fd is None:
+            return
         os.ftruncate(self._needs_fd, 0)
         os.pwrite(self._needs_fd, json.dumps(needs).encode(), 0)
 
@@ -564,6 +664,8 @@ class _Follower:
                 return  # its descriptor's number may belong to another file by now: never close it twice
             self._stopped = True
             self._cond.notify_all()
+        if self._needs_fd is None:
+            return
         with contextlib.suppress(OSError), self.pack._deciding():
             os.remove(self._needs)
         with contextlib.suppress(OSError):
@@ -572,6 +674,11 @@ class _Follower:
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread (tests; the thread is a daemon)."""
         self._thread.join(timeout)
+
+
+def _folder_key(url: str, index_blob: bytes) -> str:
+    """The part of a cache folder's name that says which URL and index it stages."""
+    return hashlib.sha256(url.encode() + b"\n" + index_blob).hexdigest()[:16]
 
 
 def _size(path: str) -> int:

@@ -236,7 +236,7 @@ def _open_old(path: str) -> PageFile:
             ) from None
         raise NotAPackError(path, f"it cannot be read as an LMDB: {exc.why}") from None
     except OSError as exc:
-        raise NotAPackError(path, f"cannot read {DATA_FILE} ({exc.strerror})") from None
+        raise NotAPackError(path, f"cannot read {DATA_FILE} ({exc.strerror})", os_hint(exc)) from None
 
 
 _DAMAGED = "the recipe LMDB is damaged: copy it again from a good copy, or repack from the source images"

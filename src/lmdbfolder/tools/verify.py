@@ -77,7 +77,7 @@ from lmdbfolder.format import (
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.sharded import ShardedReader
-from lmdbfolder.text import printable
+from lmdbfolder.text import plural, printable
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.sources import scan
@@ -181,9 +181,12 @@ def verify(
         report = verify_sharded(found.path, decode=decode, progress=progress)
         if against is not None:
             start = time.perf_counter()
-            skipped = pack_info(found.path)["skipped"]
-            with ShardedReader(found.path) as sharded:
-                _against_by_index(sharded, report, os.fspath(against), list_file, _dicts(skipped))
+            try:
+                skipped = pack_info(found.path)["skipped"]
+                with ShardedReader(found.path) as sharded:
+                    _against_by_index(sharded, report, os.fspath(against), list_file, _dicts(skipped))
+            except NotAPackError as exc:  # a missing or unreadable shard: reported above, by shard
+                report.problems.append(Problem("source", f"cannot compare with the source: {exc.message}"))
             report.seconds += time.perf_counter() - start
         return report
     return _verify_single(found.path, decode, against, list_file, progress)
@@ -211,7 +214,7 @@ def _verify_single(
             if pack.path_list is None:
                 report.problems.append(Problem("source", "cannot compare with the source: the path table is damaged"))
             else:
-                sources = _source_files(pack, report, os.fspath(against), list_file, _dicts(pack.skipped))
+                sources = _source_files(pack, report, os.fspath(against), list_file, _dicts(pack.skipped), pack.labels)
         pack.check_records(report, decode, progress, sources)
     finally:
         pf.close()
@@ -365,7 +368,7 @@ class _Checked:
         report: VerifyReport,
         decode: bool,
         progress: bool | None,
-        sources: dict[str, tuple[str, int]] | None,
+        sources: dict[str, tuple[str, int | None]] | None,
     ) -> None:
         count, paths, labels = self.count, self.path_list, self.labels
         n_classes = len(self.meta["classes"])
@@ -460,7 +463,7 @@ def _against_by_index(
     reader: Any, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None, skipped: list[Any]
 ) -> None:
     """The source comparison for readers without one database to scan (sharded packs)."""
-    sources = _source_files(reader, report, src, list_file, skipped)
+    sources = _source_files(reader, report, src, list_file, skipped, reader.labels)
     if sources is None:
         return
     resize = _pack_resize(reader.meta)
@@ -468,7 +471,10 @@ def _against_by_index(
         resize = None
     for index, path in enumerate(reader.paths()):
         if path in sources:
-            record = reader.get(index)
+            try:
+                record = reader.get(index)
+            except (LmdbFolderError, OSError):
+                continue  # a damaged record: the checks of its shard have reported it
             value = bytes(record.payload)
             header = RecordHeader(
                 record.encoding, record.channels, record.width, record.height, record.label, 0, len(value)
@@ -477,9 +483,20 @@ def _against_by_index(
 
 
 def _source_files(
-    reader: Any, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None, skipped_items: list[Any]
-) -> dict[str, tuple[str, int]] | None:
-    """Relative path -> (file, label) of the source, compared as a list with the pack's paths."""
+    reader: Any,
+    report: VerifyReport,
+    src: str,
+    list_file: str | os.PathLike[str] | None,
+    skipped_items: list[Any],
+    labels: Any,
+) -> dict[str, tuple[str, int | None]] | None:
+    """Relative path -> (file, label) of the source, compared as a list with the pack's paths
+    (``labels``: the pack's, None if its table is unreadable).
+
+    The label is the pack's index of the source's class: classes are matched by name
+    (a class folder added to the source renumbers the classes after it, and that is
+    not a change of every sample's class), except for a list file of numbered labels.
+    A source class the pack does not have is reported once, its files' label None."""
     recorded = informational(reader.meta, "source", {})
     if not isinstance(recorded, dict):
         recorded = {}
@@ -528,18 +545,72 @@ def _source_files(
     if chosen_by_callable or chosen_by_match:
         in_pack_only = set(packed)
         expected = [p for p in expected if p in in_pack_only]
+    pack_classes = list(reader.meta["classes"])
+    numbered = layout == "list" and sources.classes == [str(i) for i in range(len(sources.classes))]
+    pack_index = {name: i for i, name in enumerate(pack_classes)}
+    # A whole class that only one side has is one problem, not one per file.
+    new_classes = set() if numbered else set(sources.classes) - set(pack_classes)
+    gone_classes = set() if numbered or labels is None else set(pack_classes) - set(sources.classes)
     if expected != packed:
         in_pack = set(packed)
         in_source = set(expected)
+        source_class = dict(zip(sources.relpaths, sources.labels))
+        new_files: dict[str, list[str]] = {}
         for p in expected:
             if p not in in_pack:
-                report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
+                name = sources.classes[source_class[p]] if source_class[p] != NO_LABEL else None
+                if name is not None and name in new_classes:
+                    new_files.setdefault(name, []).append(p)
+                else:
+                    report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
+        gone_records: dict[str, list[int]] = {}
         for i, p in enumerate(packed):
             if p not in in_source:
-                report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
+                label = labels[i] if labels is not None else NO_LABEL
+                name = pack_classes[label] if 0 <= label < len(pack_classes) else None
+                if name is not None and name in gone_classes:
+                    gone_records.setdefault(name, []).append(i)
+                else:
+                    report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
+        for name, files in sorted(new_files.items()):
+            report.problems.append(
+                Problem(
+                    "source",
+                    f"class {printable(name, 200)} is in the source but not in the pack "
+                    f"({plural(len(files), 'file')}, first {printable(files[0], 200)})",
+                )
+            )
+        for name, indices in sorted(gone_records.items()):
+            report.problems.append(
+                Problem(
+                    "source",
+                    f"class {printable(name, 200)} is in the pack but not in the source "
+                    f"({plural(len(indices), 'record')}, first {indices[0]}: {printable(packed[indices[0]], 200)})",
+                )
+            )
         if in_pack == in_source:
             report.problems.append(Problem("source", "the pack holds the source's files in a different order"))
-    return {p: (sources.abspath(i), sources.labels[i]) for i, p in enumerate(sources.relpaths)}
+    out: dict[str, tuple[str, int | None]] = {}
+    relabelled: dict[str, list[str]] = {}
+    packed_set = set(packed)
+    for i, p in enumerate(sources.relpaths):
+        wanted: int | None = sources.labels[i]
+        if not numbered and wanted != NO_LABEL:
+            name = sources.classes[sources.labels[i]]
+            wanted = pack_index.get(name)
+            if wanted is None and p in packed_set:  # a list file that names a new class
+                relabelled.setdefault(name, []).append(p)
+        out[p] = (sources.abspath(i), wanted)
+    for name, files in sorted(relabelled.items()):
+        report.problems.append(
+            Problem(
+                "source",
+                f"class {printable(name, 200)} of the source is not a class of the pack: "
+                f"{plural(len(files), 'file')} of the pack {'is' if len(files) == 1 else 'are'} listed with it "
+                f"(first {printable(files[0], 200)})",
+            )
+        )
+    return out
 
 
 def _pack_resize(meta: dict[str, Any]) -> Resize | str | None:
@@ -632,11 +703,11 @@ def _compare_with_source(
     payload: bytes | memoryview,
     path: str,
     source: str,
-    label: int,
+    label: int | None,
     store: str,
     resize: Resize | None = None,
 ) -> None:
-    if header.label != label:
+    if label is not None and header.label != label:  # None: a class the pack lacks (reported once)
         report.problems.append(
             Problem("source", f"label {header.label} differs from the source's {label}", index, path)
         )
@@ -701,7 +772,8 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         try:
             sub = _verify_single(shard_path, decode, None, None, progress, entry)
         except NotAPackError as exc:
-            report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}"))
+            hint = f" ({exc.hint})" if exc.hint and exc.hint != NotAPackError.hint else ""
+            report.problems.append(Problem("shard", f"shard {name} cannot be read: {exc.message}{hint}"))
             continue
         for p in sub.problems:
             report.problems.append(

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, OptionError, PackError
 from lmdbfolder.progress import Progress
+from lmdbfolder.text import printable
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.output import check_outside_source
 from lmdbfolder.write.shards import (
@@ -245,13 +246,32 @@ def _run_tasks(
 
 
 def _as_error(exc: Exception, name: str) -> LmdbFolderError:
+    """The error to raise for the shard task ``name`` that failed with ``exc``: the task's
+    own lmdbfolder error, else a PackError naming the exception the task raised (its type,
+    message and where it was raised), not Ray's wrapper of it."""
     cause = getattr(exc, "cause", None)
     error = cause if isinstance(cause, LmdbFolderError) else exc
     if isinstance(error, LmdbFolderError):
         error.message += f" (packing {name})"
         error.args = (error.message,)
         return error
+    raised = cause if isinstance(cause, BaseException) else exc
+    text = " ".join(str(raised).split())  # one line: a message may hold newlines
+    # Ray's error (a subclass of both RayTaskError and the cause's type) prints the task's traceback.
+    where = _raised_at(getattr(exc, "traceback_str", None) or str(exc)) if raised is not exc else None
     return PackError(
-        f"the Ray task packing {name} failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}",
-        "see the Ray logs; rerun the same command to resume",
+        f"the Ray task packing {name} failed: {type(raised).__name__}"
+        + (f": {printable(text, 500)}" if text else "")
+        + (f" (raised at {printable(where, 300)})" if where else ""),
+        "see the Ray logs for the whole traceback",  # _run_tasks adds how to resume
     )
+
+
+def _raised_at(traceback_text: Any) -> str | None:
+    """``file, line N, in function`` of the innermost frame of a formatted traceback."""
+    if not isinstance(traceback_text, str):
+        return None
+    frames = [line.strip() for line in traceback_text.splitlines() if line.strip().startswith('File "')]
+    if not frames:
+        return None
+    return frames[-1].removeprefix("File ").replace('"', "", 2)

@@ -58,6 +58,7 @@ from lmdbfolder.format import (
     tables_digest,
 )
 from lmdbfolder.progress import Progress
+from lmdbfolder.text import printable
 from lmdbfolder.write import sizing
 from lmdbfolder.write.compact import PathList
 from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
@@ -848,6 +849,41 @@ def _find_split(dst: str, prefix: str | None) -> tuple[str, int, dict[int, str],
     return found_prefix, total, done, unfinished
 
 
+#: The pack options (manifest ``params`` key: command-line flag) that decide what a
+#: shard stores, so all shards of a pack share them (``commit_every`` and the like do not).
+_SHARED_OPTIONS = {
+    "check": "--check",
+    "max_size": "--max-size",
+    "quality": "--quality",
+    "resize_side": "--resize-side",
+    "resize_format": "--format",
+}
+
+
+def _option_difference(meta: Mapping[str, Any], first: Mapping[str, Any], first_name: str) -> str | None:
+    """How the shard with manifest ``meta`` was packed differently from ``first_name``
+    (manifest ``first``): the first option that differs, or None."""
+
+    def options(m: Mapping[str, Any]) -> dict[str, Any]:
+        params = m.get("params")
+        params = params if isinstance(params, dict) else {}
+        out = {"--store": m.get("store")}
+        out.update({flag: params.get(key) for key, flag in _SHARED_OPTIONS.items()})
+        if out["--max-size"] is not None and out["--format"] is None:
+            out["--format"] = "jpeg"  # recorded only when not the default
+        return out
+
+    mine, theirs = options(meta), options(first)
+    for flag, value in mine.items():
+        if value != theirs[flag]:
+            return f"it was packed {_said(flag, value)}, {first_name} {_said(flag, theirs[flag])}"
+    return None
+
+
+def _said(flag: str, value: Any) -> str:
+    return f"without {flag}" if value is None else f"with {flag} {printable(value, 40)}"
+
+
 def write_index(
     dst: str | os.PathLike[str],
     *,
@@ -858,7 +894,8 @@ def write_index(
     (its JSON object, ``format.ShardIndex.to_dict``).
 
     Every shard of the split must be present and finished, and all must come
-    from the same scan (same sample list, classes and store) and tile it
+    from the same scan (same sample list and classes), be packed with the same
+    options (--store, --check, --max-size, --quality, --resize-side, --format) and tile it
     without gaps. Missing or unfinished shards are named in the error.
     ``prefix`` selects the shards named ``<prefix>-*`` when several splits
     share ``dst``. The index is written atomically (a temporary file renamed).
@@ -920,9 +957,17 @@ def write_index(
                 "or with other shard options",
                 "repack it with `lmdbfolder pack ... --shard-index` from the same source and options",
             )
-        for key in ("classes", "class_to_idx", "store"):
+        for key in ("classes", "class_to_idx"):
             if meta[key] != first[key]:
                 raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
+        differs = _option_difference(meta, first, done[0])
+        if differs is not None:
+            raise NotAPackError(
+                path,
+                f"{differs}: the shards of a pack must be packed with the same options",
+                f"repack it with `lmdbfolder pack ... --shards {total} --shard-index {i}` and the options of the "
+                "other shards, or repack the others with its options",
+            )
         for enc, n in (meta.get("encodings") or {}).items():
             encodings[enc] = encodings.get(enc, 0) + n
         versions.add(int(meta["format_version"]))

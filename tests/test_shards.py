@@ -15,11 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import make_small_tree, write
+from conftest import forge_meta, make_small_tree, write
 from lmdbfolder import ShardedReader, open_pack, pack, pack_info, pack_sources, verify
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, parse_shard_name, shard_name
+from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.copy import copy_pack
 from lmdbfolder.write.shards import (
     choose_num_shards,
@@ -302,3 +303,37 @@ def test_dataloader_workers_open_shards_lazily(small_tree: Path, tmp_path: Path,
     for _ in range(2):
         seen = Counter((hashlib.sha1(x.numpy().tobytes()).hexdigest(), int(t)) for x, t in loader)
         assert seen == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("sources", "6"), ("sources", [6]), ("first_source", "0"), ("total_sources", [12]), ("index", True)],
+)
+@pytest.mark.parametrize("which", [0, 1])
+def test_index_refuses_a_shard_field_of_the_wrong_type_naming_the_shard(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], which: int, field: str, value: object
+) -> None:
+    # A forged or damaged `shard` manifest field once crashed `lmdbfolder index`
+    # with a TypeError traceback (sources="6" added to an int).
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    os.unlink(tmp_path / "sh" / SHARD_INDEX_FILE)
+    shard = tmp_path / "sh" / shard_name("train", which, 2)
+    with Reader(shard) as r:
+        info = dict(r.meta["shard"])
+    info[field] = value
+    forge_meta(shard, shard=info)
+    assert main(["index", str(tmp_path / "sh")]) == EXIT_CODES["not a pack"]
+    err = capsys.readouterr().err
+    assert shard.name in err and f"shard.{field}" in err and "Traceback" not in err
+    assert not (tmp_path / "sh" / SHARD_INDEX_FILE).exists()
+
+
+@pytest.mark.parametrize("value", ["shard", [0, 2], 7])
+def test_index_says_a_shard_field_that_is_no_object_is_invalid(small_tree: Path, tmp_path: Path, value: object) -> None:
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    os.unlink(tmp_path / "sh" / SHARD_INDEX_FILE)
+    shard = tmp_path / "sh" / shard_name("train", 1, 2)
+    forge_meta(shard, shard=value)
+    with pytest.raises(NotAPackError, match="the `shard` field is not an object") as info:
+        write_index(tmp_path / "sh")
+    assert shard.name in str(info.value)

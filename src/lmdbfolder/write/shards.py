@@ -33,6 +33,7 @@ import json
 import math
 import os
 import re
+import reprlib
 import shutil
 import struct
 import time
@@ -903,8 +904,16 @@ def write_index(
         count = int(meta["count"])
         where = f"{name} in {dst}"
         info = meta.get(SHARD_FIELD)
-        if not isinstance(info, dict):
+        if info is None:
             raise NotAPackError(path, "it is a complete pack but was not packed as a shard (no `shard` field)")
+        problem = _shard_field_problem(info)
+        if problem:
+            raise NotAPackError(
+                path,
+                f"its manifest is invalid: {problem}",
+                "it is damaged, or was not written by lmdbfolder: repack this shard "
+                "(`lmdbfolder pack ... --shard-index`), then run `lmdbfolder index` again",
+            )
         if not first:
             first = meta
         expected_info = {"prefix": found_prefix, "index": i, "num_shards": total, "split": SPLIT_METHOD}
@@ -975,6 +984,33 @@ def write_index(
     )
     packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
     return index.to_dict()
+
+
+#: The ``shard`` manifest field's members (FORMAT.md) and their types.
+_SHARD_FIELD_TYPES: dict[str, type] = {
+    "split": str,
+    "prefix": str,
+    "index": int,
+    "num_shards": int,
+    "first_source": int,
+    "sources": int,
+    "total_sources": int,
+    "sources_sha256": str,
+}
+
+
+def _shard_field_problem(info: Any) -> str | None:
+    """What is wrong with a shard's ``shard`` manifest field (None: each member has its type)."""
+    if not isinstance(info, dict):
+        return f"the `shard` field is not an object ({reprlib.repr(info)})"
+    for key, kind in _SHARD_FIELD_TYPES.items():
+        value = info.get(key)
+        # type() rather than isinstance: True is no shard index, and a count must be one.
+        ok = (type(value) is int and value >= 0) if kind is int else isinstance(value, kind)
+        if not ok:
+            what = "a non-negative integer" if kind is int else "a string"
+            return f"shard.{key}={reprlib.repr(value)} is not {what}"
+    return None
 
 
 def _index_history(dst: str) -> list[dict[str, Any]] | None:

@@ -337,3 +337,17 @@ def test_index_says_a_shard_field_that_is_no_object_is_invalid(small_tree: Path,
     with pytest.raises(NotAPackError, match="the `shard` field is not an object") as info:
         write_index(tmp_path / "sh")
     assert shard.name in str(info.value)
+
+
+@pytest.mark.parametrize("count", [99, 5, 0])
+def test_index_refuses_a_shard_whose_tables_do_not_hold_its_count(small_tree: Path, tmp_path: Path, count: int) -> None:
+    # The index sums the shards' counts: a manifest that claims more (or fewer)
+    # samples than its label and path tables hold was once written into it.
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    os.unlink(tmp_path / "sh" / SHARD_INDEX_FILE)
+    shard = tmp_path / "sh" / shard_name("train", 1, 2)
+    forge_meta(shard, count=count)
+    with pytest.raises(NotAPackError, match=f"its manifest says count={count}, its tables hold 6 samples") as info:
+        write_index(tmp_path / "sh")
+    assert shard.name in str(info.value)
+    assert not (tmp_path / "sh" / SHARD_INDEX_FILE).exists()

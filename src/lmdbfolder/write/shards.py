@@ -45,6 +45,7 @@ from lmdbfolder._version import __version__
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, SourceError
 from lmdbfolder.format import (
     COPYING_SUFFIX,
+    DAMAGED_HINT,
     DATA_FILE,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
@@ -52,6 +53,7 @@ from lmdbfolder.format import (
     ShardEntry,
     ShardIndex,
     ShardSplit,
+    check_paths,
     decode_meta,
     parse_shard_name,
     shard_identity,
@@ -902,6 +904,7 @@ def write_index(
         meta_blob, labels_blob, paths_blob = environments.read_tables(path)
         meta = decode_meta(meta_blob, where=path)
         count = int(meta["count"])
+        _check_table_counts(path, count, labels_blob, paths_blob)
         where = f"{name} in {dst}"
         info = meta.get(SHARD_FIELD)
         if info is None:
@@ -984,6 +987,24 @@ def write_index(
     )
     packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
     return index.to_dict()
+
+
+#: Bytes a sample takes in the label table (an int32, FORMAT.md).
+_LABEL_BYTES = struct.calcsize("<i")
+
+
+def _check_table_counts(path: str, count: int, labels: bytes, paths: bytes) -> None:
+    """NotAPackError unless the shard's label and path tables hold the ``count`` samples
+    its manifest claims: the index sums these counts, and a reader finds samples by them."""
+    held = len(labels) // _LABEL_BYTES
+    if len(labels) != count * _LABEL_BYTES:
+        raise NotAPackError(
+            path,
+            f"its manifest says count={count}, its tables hold {held} samples"
+            + ("" if len(labels) % _LABEL_BYTES == 0 else f" ({len(labels)} bytes of labels)"),
+            DAMAGED_HINT,
+        )
+    check_paths(paths, count, where=path)
 
 
 #: The ``shard`` manifest field's members (FORMAT.md) and their types.

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from lmdbfolder.cli import main
+from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import SkippedFilesWarning
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.cache import can_evict, evict, resident_fraction, warm
@@ -167,3 +168,37 @@ def test_evict_says_when_an_open_reader_keeps_pages(small_pack: Path) -> None:
         report = evict([data], always_check=[data])
     if report.resident_after is not None and report.resident_after > 0.1:
         assert "cannot be evicted" in report.describe()
+
+
+@pytest.mark.parametrize("chart", ["no-such-folder/bench.png", "bench.notatype", "."])
+def test_bench_refuses_a_chart_it_cannot_write_before_measuring(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], chart: str
+) -> None:
+    # It once measured for minutes, then failed on the chart and lost every number.
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only"]
+    assert main([*argv, "--chart", str(tmp_path / chart)]) == EXIT_CODES["usage"]
+    out = capsys.readouterr()
+    assert f"--chart {tmp_path / chart}" in out.err and "--no-chart" in out.err
+    assert "raw read" not in out.out + out.err and "packs for the bench" not in out.out + out.err
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_chart_that_fails_to_draw_keeps_the_measurements(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    from lmdbfolder.bench import chart
+
+    def disk_full(result: object, path: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(chart, "write_chart", disk_full)
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only"]
+    png = tmp_path / "bench.png"
+    assert main([*argv, "--chart", str(png), *(["--json"] if as_json else [])]) == EXIT_CODES["other error"]
+    out = capsys.readouterr()
+    if as_json:
+        result = json.loads(out.out)
+        assert result["measurements"] and result["chart"] is None
+    else:
+        assert "Recommendation: " in out.out and "train pipeline, warm" in out.out
+    assert f"the chart {png} was not written" in out.err and "measurements above are complete" in out.err

@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 
 from lmdbfolder import packdir
 from lmdbfolder.bench.timing import (
+    CpuMeter,
     Measurement,
     fast_train_transform,
     measured,
@@ -693,7 +694,14 @@ def _others(runs: list[Measurement], cpus: int) -> dict[str, Any]:
     that makes this a shared machine's measurement (``BUSY_SHARE`` of the CPUs)."""
     known = [m.others_cpus for m in runs if m.others_cpus is not None]
     if not known:
-        return {"measured": False, "mean_cpus": None, "max_cpus": None, "busy": False}
+        if runs and all(m.cpu_wall_seconds is not None and m.cpu_wall_seconds < CpuMeter.MIN_WALL for m in runs):
+            why = (
+                f"every run took less than {CpuMeter.MIN_WALL} s, too short to tell from the kernel's CPU ticks "
+                "(a larger --limit or --raw-limit makes the runs longer)"
+            )
+        else:
+            why = "/proc/stat cannot be read here"
+        return {"measured": False, "mean_cpus": None, "max_cpus": None, "busy": False, "why": why}
     worst = max(known)
     return {
         "measured": True,
@@ -886,7 +894,7 @@ def _trust_lines(s: dict[str, Any], cpus: int) -> list[str]:
             "so the ratios are only directional"
         )
     elif not others.get("measured", True):
-        lines.append("other processes' CPU use is unknown here (no /proc/stat)")
+        lines.append(f"other processes' CPU use is unknown: {others.get('why') or '/proc/stat cannot be read here'}")
     wide = [d for d in s.get("spread") or [] if d["spread"] is not None and d["spread"] >= SPREAD_WARNING]
     for d in wide[:10]:
         if all(c is None for c in d["others_cpus"]):

@@ -202,3 +202,29 @@ def test_a_chart_that_fails_to_draw_keeps_the_measurements(
     else:
         assert "Recommendation: " in out.out and "train pipeline, warm" in out.out
     assert f"the chart {png} was not written" in out.err and "measurements above are complete" in out.err
+
+
+@pytest.mark.parametrize("tree", ["flat", "empty class", "no image"])
+def test_bench_on_a_tree_imagefolder_refuses_says_what_to_do(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], tree: str
+) -> None:
+    # The hints were pack's (--flat, --allow-empty): flags bench does not have.
+    src = tmp_path / "src"
+    src.mkdir()
+    jpeg = (small_tree / "class0" / "img0.jpg").read_bytes()
+    if tree == "flat":
+        (src / "a.jpg").write_bytes(jpeg)
+    elif tree == "empty class":
+        (src / "a").mkdir()
+        (src / "a" / "a.jpg").write_bytes(jpeg)
+        (src / "b").mkdir()
+        (src / "b" / "notes.txt").write_text("no image")
+    else:
+        (src / "a").mkdir()
+        (src / "a" / "a.jpg").write_bytes(b"not a jpeg")
+    argv = ["bench", str(src), "--workers", "0", "--repeat", "1", "--warm-only", "--no-chart"]
+    assert main(argv) == EXIT_CODES["source error"]
+    err = capsys.readouterr().err
+    hint = err.split("hint: ", 1)[1]
+    assert "--flat" not in hint and "--allow-empty" not in hint
+    assert "ImageFolder" in hint and "<class>" in hint

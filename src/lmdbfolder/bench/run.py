@@ -62,7 +62,7 @@ from lmdbfolder.bench.timing import (
     time_sequential,
     train_transform,
 )
-from lmdbfolder.errors import SkippedFilesWarning, SourceError
+from lmdbfolder.errors import SkippedFilesWarning, SourceError, SourceNotFoundError
 from lmdbfolder.text import plural
 from lmdbfolder.tools.cache import EvictReport, can_evict, evict, warm
 
@@ -243,13 +243,26 @@ def _torch_available() -> bool:
     return True
 
 
+#: What to do with a SRC that torchvision's ImageFolder (one of the contestants) cannot read.
+IMAGEFOLDER_TREE_HINT = (
+    "bench compares torchvision's ImageFolder on SRC with the pack, so SRC must be an ImageFolder tree: "
+    "SRC/<class>/<image>, every class folder holding at least one image Pillow reads (.jpg, .png, ...); "
+    "move the images into class folders, remove the folders without one, or bench another tree"
+)
+
+
 def run_bench(cfg: BenchConfig) -> BenchResult:
     """Measure files against the pack as described in the module docstring."""
     from lmdbfolder.read.capabilities import resolve_decoder_name
     from lmdbfolder.write.sources import scan
 
     say = cfg.say
-    sources = scan(cfg.src)
+    try:
+        sources = scan(cfg.src)
+    except SourceNotFoundError as exc:
+        if os.path.isdir(cfg.src):  # a tree, but not one ImageFolder reads (pack's hint names its flags)
+            exc.hint = IMAGEFOLDER_TREE_HINT
+        raise
     workdir = cfg.workdir or tempfile.mkdtemp(prefix="lmdbfolder-bench-")
     made_workdir = cfg.workdir is None
     if made_workdir and (cfg.packed is None or cfg.max_size):
@@ -369,7 +382,12 @@ def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
         packed = os.path.join(workdir, "pack")
         with warnings.catch_warnings():  # said below, with what it means for the bench
             warnings.simplefilter("ignore", SkippedFilesWarning)
-            result = pack(cfg.src, packed, progress=cfg.progress)
+            try:
+                result = pack(cfg.src, packed, progress=cfg.progress)
+            except SourceError as exc:
+                if not exc.hint:  # every file skipped: none is an image ImageFolder could read either
+                    exc.hint = IMAGEFOLDER_TREE_HINT
+                raise
         pack_info.update(packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second))
         say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
         more = "; ..." if len(result.skipped) > 3 else ""

@@ -5,15 +5,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from lmdbfolder.cli import EXIT_CODES, main
-from lmdbfolder.errors import SkippedFilesWarning
+from lmdbfolder.errors import NotAPackError, SkippedFilesWarning
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.cache import can_evict, evict, resident_fraction, warm
 from lmdbfolder.torch import LMDBFolder
+from lmdbfolder.write.shards import pack_sharded
 from lmdbfolder.write.writer import pack
 
 
@@ -122,6 +124,26 @@ def test_warm_command(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert report["nbytes"] == os.path.getsize(small_pack / "data.mdb")
     assert report["resident_after"] in (None, 1.0)
     assert main(["warm", str(small_pack / "nope")]) == 3
+
+
+@pytest.mark.parametrize("gone", ["shard", "data.mdb"])
+def test_warm_names_a_missing_shard(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], gone: str
+) -> None:
+    # It said "the system refused: .../data.mdb: No such file or directory" with the hint
+    # that a folder on the way may be missing.
+    pack_sharded(small_tree, tmp_path / "s", shards=3, progress=False)
+    shard = tmp_path / "s" / "train-00001-of-00003.lmdb"
+    if gone == "shard":
+        shutil.rmtree(shard)
+    else:
+        (shard / "data.mdb").unlink()
+    with pytest.raises(NotAPackError, match="train-00001-of-00003.lmdb") as info:
+        warm(tmp_path / "s", progress=False)
+    assert "missing" in str(info.value) and "system refused" not in str(info.value)
+    assert main(["warm", str(tmp_path / "s"), "--no-progress"]) == EXIT_CODES["not a pack"]
+    err = capsys.readouterr().err
+    assert "train-00001-of-00003.lmdb" in err and "missing" in err and "copy" in err
 
 
 def test_evict_and_resident_fraction(small_pack: Path) -> None:

@@ -61,6 +61,7 @@ from lmdbfolder.format import (
     tables_digest,
 )
 from lmdbfolder.progress import Progress
+from lmdbfolder.text import skipped_line
 from lmdbfolder.write import sizing
 from lmdbfolder.write.compact import PathList
 from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
@@ -640,7 +641,7 @@ def pack_sharded(
             )
             bar.update(hi - lo - reported[0])
             for path, reason in result.skipped:
-                bar.write(f"skipped {path}: {reason}")
+                bar.write(skipped_line(path, reason))
             results.append(result)
     if shard_index is not None:
         out = ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, opts.store)
@@ -731,7 +732,7 @@ def update_sharded(
             bar.update(hi - lo - reported[0])
             for path, reason in result.skipped:
                 if result.changes is not None:
-                    bar.write(f"skipped {path}: {reason}")
+                    bar.write(skipped_line(path, reason))
             if result.changes is not None:
                 for key in ("added", "removed", "changed", "relabelled", "read", "unchanged"):
                     setattr(changes, key, getattr(changes, key) + getattr(result.changes, key))

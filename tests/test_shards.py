@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from conftest import forge_meta, make_small_tree, write
 from lmdbfolder import ShardedReader, open_pack, pack, pack_info, pack_sources, verify
 from lmdbfolder.cli import EXIT_CODES, main
-from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
+from lmdbfolder.errors import NotAPackError, OutputExistsError, SkippedFilesWarning, SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, parse_shard_name, shard_name
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.copy import copy_pack
@@ -351,3 +352,18 @@ def test_index_refuses_a_shard_whose_tables_do_not_hold_its_count(small_tree: Pa
         write_index(tmp_path / "sh")
     assert shard.name in str(info.value)
     assert not (tmp_path / "sh" / SHARD_INDEX_FILE).exists()
+
+
+def test_a_sharded_update_warns_of_the_files_it_skipped_as_a_single_one_does(small_tree: Path, tmp_path: Path) -> None:
+    # pack(update=True) warned (SkippedFilesWarning); pack_sharded(update=True) said nothing.
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    pack(small_tree, tmp_path / "single", progress=False)
+    write(small_tree / "class1" / "zz_cut.jpg", b"not an image")
+    for run, dst in ((pack, "single"), (pack_sharded, "sh")):
+        shards = {"shards": 2} if run is pack_sharded else {}
+        with pytest.warns(SkippedFilesWarning, match="1 source file could not be packed .*class1/zz_cut.jpg"):
+            result = run(small_tree, tmp_path / dst, update=True, progress=False, **shards)
+        assert result.skipped == [("class1/zz_cut.jpg", result.skipped[0][1])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing changed: nothing new to say
+            assert run(small_tree, tmp_path / dst, update=True, progress=False, **shards).already_packed

@@ -612,7 +612,10 @@ def pack_sharded(
         raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
     if opts.update:
         if packdir.inspect(dst).kind is packdir.Kind.SHARDED:
-            return update_sharded(sources, dst, opts, shards=shards, shard_index=shard_index, prefix=prefix)
+            updated = update_sharded(sources, dst, opts, shards=shards, shard_index=shard_index, prefix=prefix)
+            if not updated.already_packed:  # as pack(update=True) warns
+                warn_skipped(updated.skipped, "each shard's skipped.txt")
+            return updated
         # Nothing to update: pack it (or finish the shards packed so far).
         opts = opts.replace(update=False, check="header" if opts.check == CONTENT_CHECK else opts.check)
     done = finished_sharded_pack(sources, dst, opts, shards, shard_size, shard_index, prefix, start_time)

@@ -250,3 +250,15 @@ def test_bench_on_a_tree_imagefolder_refuses_says_what_to_do(
     hint = err.split("hint: ", 1)[1]
     assert "--flat" not in hint and "--allow-empty" not in hint
     assert "ImageFolder" in hint and "<class>" in hint
+
+
+def test_bench_escapes_a_skipped_file_name_in_its_left_out_line(
+    small_tree: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The live "skipped" line was escaped, the bench's own note on it was not.
+    (small_tree / "class0" / "zz\x1b[2J\rgone.jpg").write_bytes(b"not an image")
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only", "--no-chart"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "\x1b" not in out.out + out.err
+    assert "skipped when packing: class0/zz\\x1b[2J\\x0dgone.jpg: not an image" in out.out

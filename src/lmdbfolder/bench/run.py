@@ -63,7 +63,7 @@ from lmdbfolder.bench.timing import (
     train_transform,
 )
 from lmdbfolder.errors import SkippedFilesWarning, SourceError, SourceNotFoundError
-from lmdbfolder.text import plural
+from lmdbfolder.text import plural, printable
 from lmdbfolder.tools.cache import EvictReport, can_evict, evict, warm
 
 __all__ = [
@@ -391,7 +391,8 @@ def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
         pack_info.update(packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second))
         say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
         more = "; ..." if len(result.skipped) > 3 else ""
-        skipped_note = "; ".join(f"{p}: {r}" for p, r in result.skipped[:3]) + more
+        # file names are anyone's: escaped, as pack's own lines are
+        skipped_note = "; ".join(f"{printable(p, 1000)}: {printable(r)}" for p, r in result.skipped[:3]) + more
     pack_info.update(path=os.path.abspath(packed), size=packdir.pack_size(packed))
     resized = None
     if cfg.max_size:

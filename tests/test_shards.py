@@ -367,3 +367,28 @@ def test_a_sharded_update_warns_of_the_files_it_skipped_as_a_single_one_does(sma
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing changed: nothing new to say
             assert run(small_tree, tmp_path / dst, update=True, progress=False, **shards).already_packed
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("skipped_count", [1]),
+        ("skipped_count", "3"),
+        ("payload_bytes", "abc"),
+        ("encodings", {"jpeg": "x"}),
+        ("encodings", ["jpeg"]),
+    ],
+)
+def test_index_refuses_a_shard_whose_manifest_fields_it_sums_have_the_wrong_type(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: object
+) -> None:
+    # write_index sums the shards' skipped_count, payload_bytes and encodings: a list or
+    # a string there crashed it with a TypeError traceback (or, "3", was counted).
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    os.unlink(tmp_path / "sh" / SHARD_INDEX_FILE)
+    shard = tmp_path / "sh" / shard_name("train", 1, 2)
+    forge_meta(shard, **{field: value})
+    assert main(["index", str(tmp_path / "sh")]) == EXIT_CODES["not a pack"]
+    err = capsys.readouterr().err
+    assert shard.name in err and field in err and "Traceback" not in err
+    assert not (tmp_path / "sh" / SHARD_INDEX_FILE).exists()

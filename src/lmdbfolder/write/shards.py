@@ -55,6 +55,7 @@ from lmdbfolder.format import (
     ShardSplit,
     check_paths,
     decode_meta,
+    invalid_fields,
     parse_shard_name,
     shard_identity,
     shard_name,
@@ -914,6 +915,10 @@ def write_index(
         if info is None:
             raise NotAPackError(path, "it is a complete pack but was not packed as a shard (no `shard` field)")
         problem = _shard_field_problem(info)
+        wrong_type = [key for key in invalid_fields(meta) if key in _SUMMED_FIELDS]
+        if wrong_type and not problem:
+            fields = ", ".join(f"{key}={reprlib.repr(meta[key])}" for key in wrong_type)
+            problem = f"{fields} {'is not of its' if len(wrong_type) == 1 else 'are not of their'} FORMAT.md type"
         if problem:
             raise NotAPackError(
                 path,
@@ -1009,6 +1014,10 @@ def _check_table_counts(path: str, count: int, labels: bytes, paths: bytes) -> N
             DAMAGED_HINT,
         )
     check_paths(paths, count, where=path)
+
+
+#: The informational manifest fields the index is built from (summed or copied).
+_SUMMED_FIELDS = ("encodings", "payload_bytes", "skipped_count", "skipped", "source")
 
 
 #: The ``shard`` manifest field's members (FORMAT.md) and their types.

@@ -392,3 +392,22 @@ def test_index_refuses_a_shard_whose_manifest_fields_it_sums_have_the_wrong_type
     err = capsys.readouterr().err
     assert shard.name in err and field in err and "Traceback" not in err
     assert not (tmp_path / "sh" / SHARD_INDEX_FILE).exists()
+
+
+def test_index_does_not_replace_the_index_of_another_split(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two splits' shards in one DST: `index --prefix val` silently replaced train's
+    # index.json with val's (and carried train's history into it).
+    other = make_small_tree(tmp_path / "other", classes=2, per_class=3, seed=3)
+    for i in (0, 1):
+        pack_sharded(small_tree, tmp_path / "sh", shards=2, shard_index=i, progress=False)
+        pack_sharded(other, tmp_path / "sh", shards=2, shard_index=i, prefix="val", progress=False)
+    assert main(["index", str(tmp_path / "sh"), "--prefix", "train"]) == 0
+    before = (tmp_path / "sh" / SHARD_INDEX_FILE).read_bytes()
+    capsys.readouterr()
+    assert main(["index", str(tmp_path / "sh"), "--prefix", "val"]) == EXIT_CODES["output exists"]
+    err = capsys.readouterr().err
+    assert "train-*" in err and "val-*" in err and "own folder" in err
+    assert (tmp_path / "sh" / SHARD_INDEX_FILE).read_bytes() == before
+    assert main(["index", str(tmp_path / "sh"), "--prefix", "train"]) == 0  # its own split: written again

@@ -869,7 +869,9 @@ def write_index(
     from the same scan (same sample list, classes and store) and tile it
     without gaps. Missing or unfinished shards are named in the error.
     ``prefix`` selects the shards named ``<prefix>-*`` when several splits
-    share ``dst``. The index is written atomically (a temporary file renamed).
+    share ``dst``; an ``index.json`` of another split already there is not
+    replaced (OutputExistsError: a directory holds one index). The index is
+    written atomically (a temporary file renamed).
     ``history``: the sharded pack's history (``pack --update`` passes it);
     None keeps the history of the index being replaced, if any.
 
@@ -896,6 +898,7 @@ def write_index(
             "then run `lmdbfolder index` again",
         )
     if history is None:
+        _check_same_split(dst, found_prefix, total)
         history = _index_history(dst)
     entries: list[ShardEntry] = []
     first: dict[str, Any] = {}
@@ -1045,6 +1048,28 @@ def _shard_field_problem(info: Any) -> str | None:
             what = "a non-negative integer" if kind is int else "a string"
             return f"shard.{key}={reprlib.repr(value)} is not {what}"
     return None
+
+
+def _check_same_split(dst: str, prefix: str, total: int) -> None:
+    """OutputExistsError when ``dst/index.json`` indexes another split than ``prefix``-*
+    of ``total`` shards: a directory has one index, and replacing another split's
+    would lose that split (and hand its history to this one)."""
+    try:
+        _, old = packdir.load_index(dst)
+    except NotAPackError:
+        return  # none, or unreadable: nothing of value to keep
+    named = parse_shard_name(old["shards"][0]["name"])
+    if named is None or named[0] == prefix and named[2] == total:
+        return
+    old_split = shard_name(named[0], 0, named[2]).replace("-00000-", "-*-")
+    new_split = shard_name(prefix, 0, total).replace("-00000-", "-*-")
+    raise OutputExistsError(
+        dst,
+        f"already has an {SHARD_INDEX_FILE} of the split {old_split}; "
+        f"writing the index of {new_split} would replace it",
+        f"keep each split in its own folder (move the {prefix}-* shards), or remove {SHARD_INDEX_FILE} first "
+        f"to index {new_split} here",
+    )
 
 
 def _index_history(dst: str) -> list[dict[str, Any]] | None:

@@ -262,3 +262,21 @@ def test_bench_escapes_a_skipped_file_name_in_its_left_out_line(
     out = capsys.readouterr()
     assert "\x1b" not in out.out + out.err
     assert "skipped when packing: class0/zz\\x1b[2J\\x0dgone.jpg: not an image" in out.out
+
+
+def test_bench_refuses_a_chart_in_a_read_only_folder_before_measuring(small_tree: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import as_unprivileged
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only"]
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
+    cmd = as_unprivileged([sys.executable, "-m", "lmdbfolder", *argv, "--chart", str(folder / "b.png")])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == EXIT_CODES["usage"], proc.stderr
+    assert "cannot be written here (permission denied)" in proc.stderr and "raw read" not in proc.stdout

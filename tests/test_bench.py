@@ -226,6 +226,13 @@ def test_a_chart_that_fails_to_draw_keeps_the_measurements(
     assert f"the chart {png} was not written" in out.err and "measurements above are complete" in out.err
 
 
+def test_bench_says_when_src_is_a_pack(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", str(small_pack), "--workers", "0", "--no-chart"]) == EXIT_CODES["source error"]
+    err = capsys.readouterr().err
+    assert "is a pack: bench takes the image folder first and its pack second" in err
+    assert f"(`lmdbfolder bench TREE {small_pack}`)" in err
+
+
 @pytest.mark.parametrize("tree", ["flat", "empty class", "no image"])
 def test_bench_on_a_tree_imagefolder_refuses_says_what_to_do(
     small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], tree: str

@@ -260,7 +260,12 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     try:
         sources = scan(cfg.src)
     except SourceNotFoundError as exc:
-        if os.path.isdir(cfg.src):  # a tree, but not one ImageFolder reads (pack's hint names its flags)
+        if packdir.inspect(cfg.src).is_pack:
+            exc.hint = (
+                f"{cfg.src} is a pack: bench takes the image folder first and its pack second "
+                f"(`lmdbfolder bench TREE {cfg.src}`)"
+            )
+        elif os.path.isdir(cfg.src):  # a tree, but not one ImageFolder reads (pack's hint names its flags)
             exc.hint = IMAGEFOLDER_TREE_HINT
         raise
     workdir = cfg.workdir or tempfile.mkdtemp(prefix="lmdbfolder-bench-")

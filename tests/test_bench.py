@@ -192,11 +192,12 @@ def test_evict_says_when_an_open_reader_keeps_pages(small_pack: Path) -> None:
         assert "cannot be evicted" in report.describe()
 
 
-@pytest.mark.parametrize("chart", ["no-such-folder/bench.png", "bench.notatype", "."])
+@pytest.mark.parametrize("chart", ["no-such-folder/bench.png", "bench.notatype", ".", "made"])
 def test_bench_refuses_a_chart_it_cannot_write_before_measuring(
     small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], chart: str
 ) -> None:
     # It once measured for minutes, then failed on the chart and lost every number.
+    (tmp_path / "made.png").mkdir()  # "made" is written as made.png, a folder here
     argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only"]
     assert main([*argv, "--chart", str(tmp_path / chart)]) == EXIT_CODES["usage"]
     out = capsys.readouterr()

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     # matplotlib adds .png to a name without a type: say the name it writes.
     png = os.path.abspath(os.path.expanduser(args.chart if os.path.splitext(args.chart)[1] else args.chart + ".png"))
     if draw:
-        problem = chart_problem(args.chart)
+        problem = chart_problem(args.chart) or chart_problem(png)  # a folder named as given, then the file
         if problem:
             return usage("bench", f"--chart {args.chart}: {problem} (or pass --no-chart)")
     cpus = os.cpu_count() or 1

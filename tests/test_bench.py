@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from lmdbfolder.cli import main
-from lmdbfolder.errors import SkippedFilesWarning
+from lmdbfolder.cli import EXIT_CODES, main
+from lmdbfolder.errors import NotAPackError, SkippedFilesWarning
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.cache import can_evict, evict, resident_fraction, warm
 from lmdbfolder.torch import LMDBFolder
+from lmdbfolder.write.shards import pack_sharded
 from lmdbfolder.write.writer import pack
 
 
@@ -123,6 +126,26 @@ def test_warm_command(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["warm", str(small_pack / "nope")]) == 3
 
 
+@pytest.mark.parametrize("gone", ["shard", "data.mdb"])
+def test_warm_names_a_missing_shard(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], gone: str
+) -> None:
+    # It said "the system refused: .../data.mdb: No such file or directory" with the hint
+    # that a folder on the way may be missing.
+    pack_sharded(small_tree, tmp_path / "s", shards=3, progress=False)
+    shard = tmp_path / "s" / "train-00001-of-00003.lmdb"
+    if gone == "shard":
+        shutil.rmtree(shard)
+    else:
+        (shard / "data.mdb").unlink()
+    with pytest.raises(NotAPackError, match="train-00001-of-00003.lmdb") as info:
+        warm(tmp_path / "s", progress=False)
+    assert "missing" in str(info.value) and "system refused" not in str(info.value)
+    assert main(["warm", str(tmp_path / "s"), "--no-progress"]) == EXIT_CODES["not a pack"]
+    err = capsys.readouterr().err
+    assert "train-00001-of-00003.lmdb" in err and "missing" in err and "copy" in err
+
+
 def test_evict_and_resident_fraction(small_pack: Path) -> None:
     data = str(small_pack / "data.mdb")
     warm(small_pack, progress=False)
@@ -167,3 +190,101 @@ def test_evict_says_when_an_open_reader_keeps_pages(small_pack: Path) -> None:
         report = evict([data], always_check=[data])
     if report.resident_after is not None and report.resident_after > 0.1:
         assert "cannot be evicted" in report.describe()
+
+
+@pytest.mark.parametrize("chart", ["no-such-folder/bench.png", "bench.notatype", ".", "made"])
+def test_bench_refuses_a_chart_it_cannot_write_before_measuring(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], chart: str
+) -> None:
+    # It once measured for minutes, then failed on the chart and lost every number.
+    (tmp_path / "made.png").mkdir()  # "made" is written as made.png, a folder here
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only"]
+    assert main([*argv, "--chart", str(tmp_path / chart)]) == EXIT_CODES["usage"]
+    out = capsys.readouterr()
+    assert f"--chart {tmp_path / chart}" in out.err and "--no-chart" in out.err
+    assert "raw read" not in out.out + out.err and "packs for the bench" not in out.out + out.err
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_chart_that_fails_to_draw_keeps_the_measurements(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    from lmdbfolder.bench import chart
+
+    def disk_full(result: object, path: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(chart, "write_chart", disk_full)
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only"]
+    png = tmp_path / "bench.png"
+    assert main([*argv, "--chart", str(png), *(["--json"] if as_json else [])]) == EXIT_CODES["other error"]
+    out = capsys.readouterr()
+    if as_json:
+        result = json.loads(out.out)
+        assert result["measurements"] and result["chart"] is None
+    else:
+        assert "Recommendation: " in out.out and "train pipeline, warm" in out.out
+    assert f"the chart {png} was not written" in out.err and "measurements above are complete" in out.err
+
+
+def test_bench_says_when_src_is_a_pack(small_pack: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", str(small_pack), "--workers", "0", "--no-chart"]) == EXIT_CODES["source error"]
+    err = capsys.readouterr().err
+    assert "is a pack: bench takes the image folder first and its pack second" in err
+    assert f"(`lmdbfolder bench TREE {small_pack}`)" in err
+
+
+@pytest.mark.parametrize("tree", ["flat", "empty class", "no image"])
+def test_bench_on_a_tree_imagefolder_refuses_says_what_to_do(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], tree: str
+) -> None:
+    # The hints were pack's (--flat, --allow-empty): flags bench does not have.
+    src = tmp_path / "src"
+    src.mkdir()
+    jpeg = (small_tree / "class0" / "img0.jpg").read_bytes()
+    if tree == "flat":
+        (src / "a.jpg").write_bytes(jpeg)
+    elif tree == "empty class":
+        (src / "a").mkdir()
+        (src / "a" / "a.jpg").write_bytes(jpeg)
+        (src / "b").mkdir()
+        (src / "b" / "notes.txt").write_text("no image")
+    else:
+        (src / "a").mkdir()
+        (src / "a" / "a.jpg").write_bytes(b"not a jpeg")
+    argv = ["bench", str(src), "--workers", "0", "--repeat", "1", "--warm-only", "--no-chart"]
+    assert main(argv) == EXIT_CODES["source error"]
+    err = capsys.readouterr().err
+    hint = err.split("hint: ", 1)[1]
+    assert "--flat" not in hint and "--allow-empty" not in hint
+    assert "ImageFolder" in hint and "<class>" in hint
+
+
+def test_bench_escapes_a_skipped_file_name_in_its_left_out_line(
+    small_tree: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The live "skipped" line was escaped, the bench's own note on it was not.
+    (small_tree / "class0" / "zz\x1b[2J\rgone.jpg").write_bytes(b"not an image")
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only", "--no-chart"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "\x1b" not in out.out + out.err
+    assert "skipped when packing: class0/zz\\x1b[2J\\x0dgone.jpg: not an image" in out.out
+
+
+def test_bench_refuses_a_chart_in_a_read_only_folder_before_measuring(small_tree: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import as_unprivileged
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    argv = ["bench", str(small_tree), "--workers", "0", "--repeat", "1", "--limit", "4", "--warm-only"]
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
+    cmd = as_unprivileged([sys.executable, "-m", "lmdbfolder", *argv, "--chart", str(folder / "b.png")])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == EXIT_CODES["usage"], proc.stderr
+    assert "cannot be written here (permission denied)" in proc.stderr and "raw read" not in proc.stdout

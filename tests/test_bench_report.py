@@ -188,7 +188,27 @@ def test_other_processes_cpu_flags_a_shared_machine() -> None:
     assert "this machine is shared" in result.recommendation and "only directional" in result.recommendation
     unknown = _Best()
     unknown.add(run(FILES, 100.0, others=None))
-    assert _others(unknown.every_run(), 2) == {"measured": False, "mean_cpus": None, "max_cpus": None, "busy": False}
+    assert _others(unknown.every_run(), 2) == {
+        "measured": False,
+        "mean_cpus": None,
+        "max_cpus": None,
+        "busy": False,
+        "why": "/proc/stat cannot be read here",
+    }
+    _, text = report_of(unknown)
+    assert "other processes' CPU use is unknown: /proc/stat cannot be read here" in text
+
+
+def test_the_report_says_why_other_processes_cpu_is_unknown_on_short_runs() -> None:
+    # Every run of a small bench is shorter than the kernel's CPU ticks can tell, and
+    # the report once blamed a missing /proc/stat for it on Linux.
+    short = _Best()
+    short.add(run(FILES, 5000.0, others=None))  # 1000 images in 0.2 s
+    short.add(run(DEFAULT, 4000.0, others=None))
+    result, text = report_of(short)
+    assert "no /proc/stat" not in text and "cannot be read" not in text
+    assert "other processes' CPU use is unknown: every run took less than 0.5 s" in text
+    assert "--limit" in result.summary["others"]["why"]
 
 
 def test_cpu_meter_counts_what_others_used() -> None:

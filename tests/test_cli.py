@@ -14,6 +14,7 @@ import pytest
 
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.format import KEY, META_KEY
+from lmdbfolder.read.reader import Reader
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -159,6 +160,37 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "(temporary, deleted at the end" in err and "deleted the work folder " in err
     assert result["verified"] and result["same_as_imagefolder"] and result["images"] == 6
     assert result["bench"]["measurements"] and result["bench"]["recommendation"]
+
+
+@pytest.mark.parametrize("theirs", ["images.lmdb", "images", "bench"])
+def test_demo_dir_never_replaces_what_the_demo_did_not_make(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], theirs: str
+) -> None:
+    # `demo --dir D` packed with overwrite=True into D/images.lmdb: a pack of the user's
+    # own images there was replaced by the demo's, without a word.
+    work = tmp_path / "work"
+    work.mkdir()
+    if theirs == "images.lmdb":
+        assert main(["pack", str(small_tree), str(work / theirs), "--no-progress"]) == 0
+    else:
+        shutil.copytree(small_tree, work / theirs)
+    before = sorted(p.relative_to(work) for p in work.rglob("*"))
+    capsys.readouterr()
+    argv = ["demo", "--dir", str(work), "--classes", "2", "--per-class", "3", "--workers", "0"]
+    assert main(argv) == EXIT_CODES["usage"]
+    err = capsys.readouterr().err
+    assert f"--dir {work}" in err and theirs in err and "new or empty folder" in err
+    assert sorted(p.relative_to(work) for p in work.rglob("*")) == before
+    if theirs == "images.lmdb":
+        with Reader(work / theirs) as r:
+            assert r.meta["count"] == 12
+
+
+def test_demo_dir_runs_again_in_its_own_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--dir", str(tmp_path / "d"), "--classes", "2", "--per-class", "3", "--workers", "0"]
+    assert main(argv) == 0
+    assert main(argv) == 0  # its own folder: kept, used again
+    assert "2. packed them into" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", ["info", "pack"])

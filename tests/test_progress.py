@@ -9,12 +9,14 @@ import io
 import re
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
 
 from conftest import write
 from lmdbfolder import progress
+from lmdbfolder.errors import SkippedFilesWarning
 from lmdbfolder.progress import LINE_INTERVALS, Progress, duration, in_notebook
 from lmdbfolder.write.writer import pack
 
@@ -139,3 +141,30 @@ def test_pack_prints_progress_lines_into_a_log(
     assert "skipped class0/zz_empty.jpg: empty file (0 bytes)" in lines
     assert lines[-1].startswith("pack: 13 of 13 img (100.0%)") and " done in " in lines[-1]
     assert "\r" not in err
+
+
+@pytest.mark.parametrize("how", ["pack", "sharded", "update", "sharded update"])
+def test_the_live_skipped_line_escapes_control_characters_in_file_names(
+    small_tree: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    how: str,
+) -> None:
+    # A file name is anyone's: "\x1b[2J" cleared the terminal, "\r" overwrote the line.
+    from lmdbfolder.write.shards import pack_sharded
+
+    monkeypatch.setattr(progress, "LINE_INTERVALS", (0.0,))
+    shards = {"shards": 2} if "sharded" in how else {}
+    run = pack_sharded if shards else pack
+    if "update" in how:
+        run(small_tree, tmp_path / "p", progress=False, **shards)
+    write(small_tree / "class0" / "zz\x1b[2J\rgone.jpg", b"not an image")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run(small_tree, tmp_path / "p", update="update" in how, **shards)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err
+    said = [str(w.message) for w in seen if issubclass(w.category, SkippedFilesWarning)]
+    assert all("\x1b" not in text and "\r" not in text and "zz\\x1b[2J\\x0dgone.jpg" in text for text in said)
+    assert any(line.startswith("skipped class0/zz\\x1b[2J\\x0dgone.jpg: ") for line in err.splitlines()), err

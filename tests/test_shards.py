@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -15,11 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import make_small_tree, write
+from conftest import forge_meta, make_small_tree, write
 from lmdbfolder import ShardedReader, open_pack, pack, pack_info, pack_sources, verify
 from lmdbfolder.cli import EXIT_CODES, main
-from lmdbfolder.errors import NotAPackError, OutputExistsError, SourceError
+from lmdbfolder.errors import NotAPackError, OutputExistsError, SkippedFilesWarning, SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, parse_shard_name, shard_name
+from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.copy import copy_pack
 from lmdbfolder.write.shards import (
     choose_num_shards,
@@ -325,3 +327,110 @@ def test_dataloader_workers_open_shards_lazily(small_tree: Path, tmp_path: Path,
     for _ in range(2):
         seen = Counter((hashlib.sha1(x.numpy().tobytes()).hexdigest(), int(t)) for x, t in loader)
         assert seen == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("sources", "6"), ("sources", [6]), ("first_source", "0"), ("total_sources", [12]), ("index", True)],
+)
+@pytest.mark.parametrize("which", [0, 1])
+def test_index_refuses_a_shard_field_of_the_wrong_type_naming_the_shard(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], which: int, field: str, value: object
+) -> None:
+    # A forged or damaged `shard` manifest field once crashed `lmdbfolder index`
+    # with a TypeError traceback (sources="6" added to an int).
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    os.unlink(tmp_path / "sh" / SHARD_INDEX_FILE)
+    shard = tmp_path / "sh" / shard_name("train", which, 2)
+    with Reader(shard) as r:
+        info = dict(r.meta["shard"])
+    info[field] = value
+    forge_meta(shard, shard=info)
+    assert main(["index", str(tmp_path / "sh")]) == EXIT_CODES["not a pack"]
+    err = capsys.readouterr().err
+    assert shard.name in err and f"shard.{field}" in err and "Traceback" not in err
+    assert not (tmp_path / "sh" / SHARD_INDEX_FILE).exists()
+
+
+@pytest.mark.parametrize("value", ["shard", [0, 2], 7])
+def test_index_says_a_shard_field_that_is_no_object_is_invalid(small_tree: Path, tmp_path: Path, value: object) -> None:
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    os.unlink(tmp_path / "sh" / SHARD_INDEX_FILE)
+    shard = tmp_path / "sh" / shard_name("train", 1, 2)
+    forge_meta(shard, shard=value)
+    with pytest.raises(NotAPackError, match="the `shard` field is not an object") as info:
+        write_index(tmp_path / "sh")
+    assert shard.name in str(info.value)
+
+
+@pytest.mark.parametrize("count", [99, 5, 0])
+def test_index_refuses_a_shard_whose_tables_do_not_hold_its_count(small_tree: Path, tmp_path: Path, count: int) -> None:
+    # The index sums the shards' counts: a manifest that claims more (or fewer)
+    # samples than its label and path tables hold was once written into it.
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    os.unlink(tmp_path / "sh" / SHARD_INDEX_FILE)
+    shard = tmp_path / "sh" / shard_name("train", 1, 2)
+    forge_meta(shard, count=count)
+    with pytest.raises(NotAPackError, match=f"its manifest says count={count}, its tables hold 6 samples") as info:
+        write_index(tmp_path / "sh")
+    assert shard.name in str(info.value)
+    assert not (tmp_path / "sh" / SHARD_INDEX_FILE).exists()
+
+
+def test_a_sharded_update_warns_of_the_files_it_skipped_as_a_single_one_does(small_tree: Path, tmp_path: Path) -> None:
+    # pack(update=True) warned (SkippedFilesWarning); pack_sharded(update=True) said nothing.
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    pack(small_tree, tmp_path / "single", progress=False)
+    write(small_tree / "class1" / "zz_cut.jpg", b"not an image")
+    for run, dst in ((pack, "single"), (pack_sharded, "sh")):
+        shards = {"shards": 2} if run is pack_sharded else {}
+        with pytest.warns(SkippedFilesWarning, match="1 source file could not be packed .*class1/zz_cut.jpg"):
+            result = run(small_tree, tmp_path / dst, update=True, progress=False, **shards)
+        assert result.skipped == [("class1/zz_cut.jpg", result.skipped[0][1])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing changed: nothing new to say
+            assert run(small_tree, tmp_path / dst, update=True, progress=False, **shards).already_packed
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("skipped_count", [1]),
+        ("skipped_count", "3"),
+        ("payload_bytes", "abc"),
+        ("encodings", {"jpeg": "x"}),
+        ("encodings", ["jpeg"]),
+    ],
+)
+def test_index_refuses_a_shard_whose_manifest_fields_it_sums_have_the_wrong_type(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: object
+) -> None:
+    # write_index sums the shards' skipped_count, payload_bytes and encodings: a list or
+    # a string there crashed it with a TypeError traceback (or, "3", was counted).
+    pack_sharded(small_tree, tmp_path / "sh", shards=2, progress=False)
+    os.unlink(tmp_path / "sh" / SHARD_INDEX_FILE)
+    shard = tmp_path / "sh" / shard_name("train", 1, 2)
+    forge_meta(shard, **{field: value})
+    assert main(["index", str(tmp_path / "sh")]) == EXIT_CODES["not a pack"]
+    err = capsys.readouterr().err
+    assert shard.name in err and field in err and "Traceback" not in err
+    assert not (tmp_path / "sh" / SHARD_INDEX_FILE).exists()
+
+
+def test_index_does_not_replace_the_index_of_another_split(
+    small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two splits' shards in one DST: `index --prefix val` silently replaced train's
+    # index.json with val's (and carried train's history into it).
+    other = make_small_tree(tmp_path / "other", classes=2, per_class=3, seed=3)
+    for i in (0, 1):
+        pack_sharded(small_tree, tmp_path / "sh", shards=2, shard_index=i, progress=False)
+        pack_sharded(other, tmp_path / "sh", shards=2, shard_index=i, prefix="val", progress=False)
+    assert main(["index", str(tmp_path / "sh"), "--prefix", "train"]) == 0
+    before = (tmp_path / "sh" / SHARD_INDEX_FILE).read_bytes()
+    capsys.readouterr()
+    assert main(["index", str(tmp_path / "sh"), "--prefix", "val"]) == EXIT_CODES["output exists"]
+    err = capsys.readouterr().err
+    assert "train-*" in err and "val-*" in err and "own folder" in err
+    assert (tmp_path / "sh" / SHARD_INDEX_FILE).read_bytes() == before
+    assert main(["index", str(tmp_path / "sh"), "--prefix", "train"]) == 0  # its own split: written again

@@ -135,13 +135,24 @@ def _fifo_pack(packed: Path) -> Path:
     return packed
 
 
-@pytest.mark.parametrize("command", ["info", "verify", "copy", "show"])
+@pytest.mark.parametrize("command", ["info", "verify", "copy", "show", "warm"])
 def test_a_fifo_as_data_mdb_is_refused_not_waited_on(packed: Path, tmp_path: Path, command: str) -> None:
     _fifo_pack(packed)
     extra = {"copy": [str(tmp_path / "copy")], "show": ["-o", str(tmp_path / "s.png")]}.get(command, [])
     proc = _cli_child(command, str(packed), *extra)
     assert proc.returncode == EXIT_CODES["not a pack"], proc.stderr
     assert "data.mdb (it is a FIFO, not a regular file)" in proc.stderr
+
+
+def test_warm_refuses_a_fifo_as_a_shards_data_mdb(small_tree: Path, tmp_path: Path) -> None:
+    # warm opened every data.mdb as it found it: a FIFO waited for a writer for ever.
+    from lmdbfolder.write.shards import pack_sharded
+
+    pack_sharded(small_tree, tmp_path / "s", shards=2, progress=False)
+    _fifo_pack(tmp_path / "s" / "train-00001-of-00002.lmdb")
+    proc = _cli_child("warm", str(tmp_path / "s"), "--no-progress")
+    assert proc.returncode == EXIT_CODES["not a pack"], proc.stderr
+    assert "train-00001-of-00002.lmdb" in proc.stderr and "data.mdb (it is a FIFO, not a regular file)" in proc.stderr
 
 
 def test_a_fifo_as_data_mdb_is_refused_by_the_dataset(packed: Path) -> None:

@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any, Callable, TextIO
 
+from lmdbfolder.text import printable
+
 __all__ = ["Progress", "LINE_INTERVALS", "in_notebook", "duration"]
 
 #: Seconds between two progress lines (the last one repeats): a short job
@@ -146,7 +148,11 @@ class Progress:
             self._set_rate(now)
 
     def write(self, message: str) -> None:
-        """Print a line without breaking the bar (in the log form: as a line of its own)."""
+        """Print a line without breaking the bar (in the log form: as a line of its own).
+
+        Control characters other than newlines are escaped: messages name files
+        and packs that are anyone's (``text.skipped_line`` escapes newlines too)."""
+        message = printable(message, None, newlines=True)
         if self._bar is not None:
             self._bar.write(message, file=self._stream)
         elif self._next_line is not None:

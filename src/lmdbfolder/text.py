@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-__all__ = ["plural", "megabytes", "escape_field", "printable", "MAX_FIELD", "describe_changes"]
+__all__ = ["plural", "megabytes", "escape_field", "printable", "MAX_FIELD", "describe_changes", "skipped_line"]
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:
@@ -67,6 +67,12 @@ def printable(text: object, limit: int | None = MAX_FIELD, *, newlines: bool = F
     if limit is not None and len(text) > limit:
         text = f"{text[:limit]}... ({len(text) - limit:,} more characters)"
     return (_UNPRINTABLE_LINES if newlines else _UNPRINTABLE).sub(_escape, text)
+
+
+def skipped_line(path: str, reason: str) -> str:
+    """The live ``skipped PATH: REASON`` line of a pack: the file name is anyone's, so
+    its control characters (an escape sequence, a carriage return) are escaped."""
+    return f"skipped {printable(path, 1000)}: {printable(reason)}"
 
 
 def describe_changes(entry: Mapping[str, Any]) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-__all__ = ["write_chart", "chart_available"]
+__all__ = ["write_chart", "chart_available", "chart_problem"]
 
 
 def chart_available() -> bool:
@@ -14,6 +15,28 @@ def chart_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def chart_problem(path: str) -> str | None:
+    """Why a chart cannot be written at ``path`` (None: it can, as far as can be told
+    before drawing it): a missing or unwritable folder, a folder in its place, a file
+    type matplotlib does not write. Checked before the bench measures, so that a
+    typo does not cost the minutes of measuring."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    full = os.path.abspath(os.path.expanduser(path))
+    folder = os.path.dirname(full)
+    kind = os.path.splitext(full)[1][1:].lower()
+    types = FigureCanvasBase.get_supported_filetypes()
+    if kind and kind not in types:
+        return f"matplotlib cannot write a .{kind} file; name it .png (or {', '.join('.' + t for t in sorted(types))})"
+    if not os.path.isdir(folder):
+        return f"the folder {folder} does not exist; create it first"
+    if os.path.isdir(full):
+        return f"{full} is a folder; name a file"
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(full) and not os.access(full, os.W_OK)):
+        return f"{full} cannot be written here (permission denied)"
+    return None
 
 
 def write_chart(result: Any, path: str) -> None:

@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 
 from lmdbfolder import packdir
 from lmdbfolder.bench.timing import (
+    CpuMeter,
     Measurement,
     fast_resize,
     fast_train_transform,
@@ -62,8 +63,8 @@ from lmdbfolder.bench.timing import (
     time_sequential,
     train_transform,
 )
-from lmdbfolder.errors import SkippedFilesWarning, SourceError
-from lmdbfolder.text import plural
+from lmdbfolder.errors import SkippedFilesWarning, SourceError, SourceNotFoundError
+from lmdbfolder.text import plural, printable
 from lmdbfolder.tools.cache import EvictReport, can_evict, evict, warm
 
 __all__ = [
@@ -243,13 +244,31 @@ def _torch_available() -> bool:
     return True
 
 
+#: What to do with a SRC that torchvision's ImageFolder (one of the contestants) cannot read.
+IMAGEFOLDER_TREE_HINT = (
+    "bench compares torchvision's ImageFolder on SRC with the pack, so SRC must be an ImageFolder tree: "
+    "SRC/<class>/<image>, every class folder holding at least one image Pillow reads (.jpg, .png, ...); "
+    "move the images into class folders, remove the folders without one, or bench another tree"
+)
+
+
 def run_bench(cfg: BenchConfig) -> BenchResult:
     """Measure files against the pack as described in the module docstring."""
     from lmdbfolder.read.capabilities import resolve_decoder_name
     from lmdbfolder.write.sources import scan
 
     say = cfg.say
-    sources = scan(cfg.src)
+    try:
+        sources = scan(cfg.src)
+    except SourceNotFoundError as exc:
+        if packdir.inspect(cfg.src).is_pack:
+            exc.hint = (
+                f"{cfg.src} is a pack: bench takes the image folder first and its pack second "
+                f"(`lmdbfolder bench TREE {cfg.src}`)"
+            )
+        elif os.path.isdir(cfg.src):  # a tree, but not one ImageFolder reads (pack's hint names its flags)
+            exc.hint = IMAGEFOLDER_TREE_HINT
+        raise
     workdir = cfg.workdir or tempfile.mkdtemp(prefix="lmdbfolder-bench-")
     made_workdir = cfg.workdir is None
     if made_workdir and (cfg.packed is None or cfg.max_size):
@@ -369,11 +388,17 @@ def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
         packed = os.path.join(workdir, "pack")
         with warnings.catch_warnings():  # said below, with what it means for the bench
             warnings.simplefilter("ignore", SkippedFilesWarning)
-            result = pack(cfg.src, packed, progress=cfg.progress)
+            try:
+                result = pack(cfg.src, packed, progress=cfg.progress)
+            except SourceError as exc:
+                if not exc.hint:  # every file skipped: none is an image ImageFolder could read either
+                    exc.hint = IMAGEFOLDER_TREE_HINT
+                raise
         pack_info.update(packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second))
         say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")
         more = "; ..." if len(result.skipped) > 3 else ""
-        skipped_note = "; ".join(f"{p}: {r}" for p, r in result.skipped[:3]) + more
+        # file names are anyone's: escaped, as pack's own lines are
+        skipped_note = "; ".join(f"{printable(p, 1000)}: {printable(r)}" for p, r in result.skipped[:3]) + more
     pack_info.update(path=os.path.abspath(packed), size=packdir.pack_size(packed))
     resized = None
     if cfg.max_size:
@@ -686,7 +711,14 @@ def _others(runs: list[Measurement], cpus: int) -> dict[str, Any]:
     that makes this a shared machine's measurement (``BUSY_SHARE`` of the CPUs)."""
     known = [m.others_cpus for m in runs if m.others_cpus is not None]
     if not known:
-        return {"measured": False, "mean_cpus": None, "max_cpus": None, "busy": False}
+        if runs and all(m.cpu_wall_seconds is not None and m.cpu_wall_seconds < CpuMeter.MIN_WALL for m in runs):
+            why = (
+                f"every run took less than {CpuMeter.MIN_WALL} s, too short to tell from the kernel's CPU ticks "
+                "(a larger --limit or --raw-limit makes the runs longer)"
+            )
+        else:
+            why = "/proc/stat cannot be read here"
+        return {"measured": False, "mean_cpus": None, "max_cpus": None, "busy": False, "why": why}
     worst = max(known)
     return {
         "measured": True,
@@ -879,7 +911,7 @@ def _trust_lines(s: dict[str, Any], cpus: int) -> list[str]:
             "so the ratios are only directional"
         )
     elif not others.get("measured", True):
-        lines.append("other processes' CPU use is unknown here (no /proc/stat)")
+        lines.append(f"other processes' CPU use is unknown: {others.get('why') or '/proc/stat cannot be read here'}")
     wide = [d for d in s.get("spread") or [] if d["spread"] is not None and d["spread"] >= SPREAD_WARNING]
     for d in wide[:10]:
         if all(c is None for c in d["others_cpus"]):

@@ -7,8 +7,9 @@ import os
 import sys
 from typing import Any
 
-from lmdbfolder.cli.common import count, positive_int, print_json, quality
+from lmdbfolder.cli.common import EXIT_CODES, MAX_MESSAGE, count, positive_int, print_json, quality, usage
 from lmdbfolder.errors import install_hint
+from lmdbfolder.text import printable
 
 __all__ = ["add_parser", "run"]
 
@@ -66,7 +67,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``lmdbfolder bench``: measure, then print the report (or JSON) and draw the chart."""
-    from lmdbfolder.bench.chart import chart_available, write_chart
+    from lmdbfolder.bench.chart import chart_available, chart_problem, write_chart
     from lmdbfolder.bench.run import BenchConfig, format_report, run_bench
 
     def say(text: str) -> None:
@@ -76,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"lmdbfolder bench: error: {problem}", file=sys.stderr)
         return 2
+    draw = not args.no_chart and chart_available()
+    # matplotlib adds .png to a name without a type: say the name it writes.
+    png = os.path.abspath(os.path.expanduser(args.chart if os.path.splitext(args.chart)[1] else args.chart + ".png"))
+    if draw:
+        problem = chart_problem(args.chart) or chart_problem(png)  # a folder named as given, then the file
+        if problem:
+            return usage("bench", f"--chart {args.chart}: {problem} (or pass --no-chart)")
     cpus = os.cpu_count() or 1
     cfg = BenchConfig(
         src=args.src,
@@ -95,13 +103,17 @@ def run(args: argparse.Namespace) -> int:
         say=say,
     )
     result = run_bench(cfg)
-    chart = None
-    if not args.no_chart:
-        if chart_available():
-            write_chart(result, args.chart)
-            chart = os.path.abspath(args.chart)
-        else:
-            say("chart skipped: matplotlib is not installed (`pip install matplotlib`)")
+    chart = chart_error = None
+    if draw:
+        try:
+            write_chart(result, png)
+            chart = png
+        # Whatever stops the drawing (a full disk, matplotlib), the measurements are
+        # minutes of work: they are still printed below, and the exit code says it.
+        except Exception as exc:  # noqa: BLE001
+            chart_error = f"{type(exc).__name__}: {exc}"
+    elif not args.no_chart:
+        say("chart skipped: matplotlib is not installed (`pip install matplotlib`)")
     if args.json:
         print_json(dict(result.as_dict(), chart=chart))
     else:
@@ -109,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(result))
         if chart:
             print(f"chart: {chart}")
+    if chart_error is not None:
+        text = printable(f"the chart {png} was not written ({chart_error})", MAX_MESSAGE)
+        print(
+            f"lmdbfolder bench: error: {text}\n  hint: the measurements above are complete; "
+            "pass another --chart (or --no-chart) next time",
+            file=sys.stderr,
+        )
+        return EXIT_CODES["other error"]
     return 0
 
 

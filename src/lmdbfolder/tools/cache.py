@@ -22,6 +22,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from lmdbfolder import packdir
+from lmdbfolder.errors import NotAPackError
+from lmdbfolder.format import DATA_FILE
+from lmdbfolder.pagefile import open_regular
 from lmdbfolder.progress import Progress
 
 __all__ = ["EvictReport", "WarmReport", "can_evict", "evict", "resident_fraction", "warm"]
@@ -69,7 +72,7 @@ def evict(paths: Sequence[str], *, check_sample: int = 200, always_check: Sequen
     failed = 0
     for path in paths:
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path)  # never blocks on a FIFO
         except OSError:
             failed += 1
             continue
@@ -111,7 +114,8 @@ def resident_fraction(path: str) -> float | None:
         size = os.path.getsize(path)
         if size == 0:
             return 1.0
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+        # Only a regular file: opening a FIFO waits for a writer.
+        with open(open_regular(path), "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
             view = np.frombuffer(mm, np.uint8)
             page = mmap.PAGESIZE
             vec = np.zeros((size + page - 1) // page, np.uint8)
@@ -169,26 +173,68 @@ def warm(pack: str | os.PathLike[str], *, progress: bool | None = None) -> WarmR
     """
     found = packdir.require_pack(pack)
     files = packdir.data_files(found.path)
-    sizes = [os.path.getsize(f) for f in files]
-    before = _weighted([resident_fraction(f) for f in files], sizes)
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    done = 0
-    start = time.perf_counter()
-    with Progress(sum(sizes), "warm", enabled=progress, unit="B") as bar:
-        for path in files:
-            with open(path, "rb", buffering=0) as f:
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                while True:
-                    n = f.readinto(view)
-                    if not n:
-                        break
-                    done += n
-                    bar.update(n, n)
-    seconds = time.perf_counter() - start
+    fds = _open_data_files(found, files)
+    try:
+        sizes = [os.fstat(fd).st_size for fd in fds]
+        before = _weighted([resident_fraction(f) for f in files], sizes)
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        done = 0
+        start = time.perf_counter()
+        with Progress(sum(sizes), "warm", enabled=progress, unit="B") as bar:
+            for fd in fds:
+                with open(fd, "rb", buffering=0, closefd=False) as f:
+                    if hasattr(os, "posix_fadvise"):
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                    while True:
+                        n = f.readinto(view)
+                        if not n:
+                            break
+                        done += n
+                        bar.update(n, n)
+        seconds = time.perf_counter() - start
+    finally:
+        for fd in fds:
+            os.close(fd)
     after = _weighted([resident_fraction(f) for f in files], sizes)
     return WarmReport(found.path, done, seconds, before, after, _mem_available())
+
+
+def _open_data_files(found: packdir.Found, files: list[str]) -> list[int]:
+    """A descriptor of each ``data.mdb`` (every shard's), all opened before any is read;
+    NotAPackError naming the missing shards, or the shard whose data.mdb is no
+    regular file (a FIFO would block the read for ever)."""
+    sharded = found.kind is packdir.Kind.SHARDED
+    missing = [os.path.basename(os.path.dirname(f)) for f in files if sharded and not os.path.isdir(os.path.dirname(f))]
+    if missing:
+        raise NotAPackError(
+            found.path,
+            f"{len(missing)} of {len(files)} shards {'is' if len(missing) == 1 else 'are'} missing: "
+            f"{', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""),
+            "copy the missing shard directories next to index.json (or repack them with "
+            "`lmdbfolder pack ... --shard-index I`)",
+        )
+    fds: list[int] = []
+    try:
+        for path in files:
+            where = os.path.dirname(path)
+            try:
+                fds.append(open_regular(path))
+            except FileNotFoundError:
+                raise NotAPackError(
+                    where,
+                    f"its {DATA_FILE} is missing",
+                    "copy the shard again from a good copy of the pack (or repack it)"
+                    if sharded
+                    else "copy the pack again from a good copy (or repack it)",
+                ) from None
+            except OSError as exc:
+                raise NotAPackError(where, f"cannot read {DATA_FILE} ({exc.strerror})") from None
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
 
 
 def _weighted(fractions: list[float | None], sizes: list[int]) -> float | None:

@@ -55,7 +55,7 @@ from lmdbfolder.format import (
     new_pack_id,
 )
 from lmdbfolder.progress import Progress
-from lmdbfolder.text import disk_size
+from lmdbfolder.text import disk_size, skipped_line
 from lmdbfolder.write.compact import LabelList, PathList
 from lmdbfolder.write.options import PackOptions
 from lmdbfolder.write.processes import ProcessReader, processes_available
@@ -332,7 +332,7 @@ class _Run:
                     state.skipped.append((s, result.reason))
                     if result.mtime_ns != UNKNOWN_MTIME:
                         state.skipped_stats[s] = (result.size, result.mtime_ns)
-                    bar.write(f"skipped {self.sources.relpaths[s]}: {result.reason}")
+                    bar.write(skipped_line(self.sources.relpaths[s], result.reason))
                     bar.update(1)  # the bar counts source files: a skipped one is done too
                 else:
                     value = bind_record(result.value, state.binding, state.next_index)

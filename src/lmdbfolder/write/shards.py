@@ -33,6 +33,7 @@ import json
 import math
 import os
 import re
+import reprlib
 import shutil
 import struct
 import time
@@ -44,6 +45,7 @@ from lmdbfolder._version import __version__
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, SourceError
 from lmdbfolder.format import (
     COPYING_SUFFIX,
+    DAMAGED_HINT,
     DATA_FILE,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
@@ -51,14 +53,16 @@ from lmdbfolder.format import (
     ShardEntry,
     ShardIndex,
     ShardSplit,
+    check_paths,
     decode_meta,
+    invalid_fields,
     parse_shard_name,
     shard_identity,
     shard_name,
     tables_digest,
 )
 from lmdbfolder.progress import Progress
-from lmdbfolder.text import printable
+from lmdbfolder.text import printable, skipped_line
 from lmdbfolder.write import sizing
 from lmdbfolder.write.compact import PathList
 from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
@@ -609,7 +613,10 @@ def pack_sharded(
         raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
     if opts.update:
         if packdir.inspect(dst).kind is packdir.Kind.SHARDED:
-            return update_sharded(sources, dst, opts, shards=shards, shard_index=shard_index, prefix=prefix)
+            updated = update_sharded(sources, dst, opts, shards=shards, shard_index=shard_index, prefix=prefix)
+            if not updated.already_packed:  # as pack(update=True) warns
+                warn_skipped(updated.skipped, "each shard's skipped.txt")
+            return updated
         # Nothing to update: pack it (or finish the shards packed so far).
         opts = opts.replace(update=False, check="header" if opts.check == CONTENT_CHECK else opts.check)
     done = finished_sharded_pack(sources, dst, opts, shards, shard_size, shard_index, prefix, start_time)
@@ -638,7 +645,7 @@ def pack_sharded(
             )
             bar.update(hi - lo - reported[0])
             for path, reason in result.skipped:
-                bar.write(f"skipped {path}: {reason}")
+                bar.write(skipped_line(path, reason))
             results.append(result)
     if shard_index is not None:
         out = ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, opts.store)
@@ -729,7 +736,7 @@ def update_sharded(
             bar.update(hi - lo - reported[0])
             for path, reason in result.skipped:
                 if result.changes is not None:
-                    bar.write(f"skipped {path}: {reason}")
+                    bar.write(skipped_line(path, reason))
             if result.changes is not None:
                 for key in ("added", "removed", "changed", "relabelled", "read", "unchanged"):
                     setattr(changes, key, getattr(changes, key) + getattr(result.changes, key))
@@ -898,7 +905,9 @@ def write_index(
     options (--store, --check, --max-size, --quality, --resize-side, --format) and tile it
     without gaps. Missing or unfinished shards are named in the error.
     ``prefix`` selects the shards named ``<prefix>-*`` when several splits
-    share ``dst``. The index is written atomically (a temporary file renamed).
+    share ``dst``; an ``index.json`` of another split already there is not
+    replaced (OutputExistsError: a directory holds one index). The index is
+    written atomically (a temporary file renamed).
     ``history``: the sharded pack's history (``pack --update`` passes it);
     None keeps the history of the index being replaced, if any.
 
@@ -925,6 +934,7 @@ def write_index(
             "then run `lmdbfolder index` again",
         )
     if history is None:
+        _check_same_split(dst, found_prefix, total)
         history = _index_history(dst)
     entries: list[ShardEntry] = []
     first: dict[str, Any] = {}
@@ -938,10 +948,23 @@ def write_index(
         meta_blob, labels_blob, paths_blob = environments.read_tables(path)
         meta = decode_meta(meta_blob, where=path)
         count = int(meta["count"])
+        _check_table_counts(path, count, labels_blob, paths_blob)
         where = f"{name} in {dst}"
         info = meta.get(SHARD_FIELD)
-        if not isinstance(info, dict):
+        if info is None:
             raise NotAPackError(path, "it is a complete pack but was not packed as a shard (no `shard` field)")
+        problem = _shard_field_problem(info)
+        wrong_type = [key for key in invalid_fields(meta) if key in _SUMMED_FIELDS]
+        if wrong_type and not problem:
+            fields = ", ".join(f"{key}={reprlib.repr(meta[key])}" for key in wrong_type)
+            problem = f"{fields} {'is not of its' if len(wrong_type) == 1 else 'are not of their'} FORMAT.md type"
+        if problem:
+            raise NotAPackError(
+                path,
+                f"its manifest is invalid: {problem}",
+                "it is damaged, or was not written by lmdbfolder: repack this shard "
+                "(`lmdbfolder pack ... --shard-index`), then run `lmdbfolder index` again",
+            )
         if not first:
             first = meta
         expected_info = {"prefix": found_prefix, "index": i, "num_shards": total, "split": SPLIT_METHOD}
@@ -1020,6 +1043,77 @@ def write_index(
     )
     packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
     return index.to_dict()
+
+
+#: Bytes a sample takes in the label table (an int32, FORMAT.md).
+_LABEL_BYTES = struct.calcsize("<i")
+
+
+def _check_table_counts(path: str, count: int, labels: bytes, paths: bytes) -> None:
+    """NotAPackError unless the shard's label and path tables hold the ``count`` samples
+    its manifest claims: the index sums these counts, and a reader finds samples by them."""
+    held = len(labels) // _LABEL_BYTES
+    if len(labels) != count * _LABEL_BYTES:
+        raise NotAPackError(
+            path,
+            f"its manifest says count={count}, its tables hold {held} samples"
+            + ("" if len(labels) % _LABEL_BYTES == 0 else f" ({len(labels)} bytes of labels)"),
+            DAMAGED_HINT,
+        )
+    check_paths(paths, count, where=path)
+
+
+#: The informational manifest fields the index is built from (summed or copied).
+_SUMMED_FIELDS = ("encodings", "payload_bytes", "skipped_count", "skipped", "source")
+
+
+#: The ``shard`` manifest field's members (FORMAT.md) and their types.
+_SHARD_FIELD_TYPES: dict[str, type] = {
+    "split": str,
+    "prefix": str,
+    "index": int,
+    "num_shards": int,
+    "first_source": int,
+    "sources": int,
+    "total_sources": int,
+    "sources_sha256": str,
+}
+
+
+def _shard_field_problem(info: Any) -> str | None:
+    """What is wrong with a shard's ``shard`` manifest field (None: each member has its type)."""
+    if not isinstance(info, dict):
+        return f"the `shard` field is not an object ({reprlib.repr(info)})"
+    for key, kind in _SHARD_FIELD_TYPES.items():
+        value = info.get(key)
+        # type() rather than isinstance: True is no shard index, and a count must be one.
+        ok = (type(value) is int and value >= 0) if kind is int else isinstance(value, kind)
+        if not ok:
+            what = "a non-negative integer" if kind is int else "a string"
+            return f"shard.{key}={reprlib.repr(value)} is not {what}"
+    return None
+
+
+def _check_same_split(dst: str, prefix: str, total: int) -> None:
+    """OutputExistsError when ``dst/index.json`` indexes another split than ``prefix``-*
+    of ``total`` shards: a directory has one index, and replacing another split's
+    would lose that split (and hand its history to this one)."""
+    try:
+        _, old = packdir.load_index(dst)
+    except NotAPackError:
+        return  # none, or unreadable: nothing of value to keep
+    named = parse_shard_name(old["shards"][0]["name"])
+    if named is None or named[0] == prefix and named[2] == total:
+        return
+    old_split = shard_name(named[0], 0, named[2]).replace("-00000-", "-*-")
+    new_split = shard_name(prefix, 0, total).replace("-00000-", "-*-")
+    raise OutputExistsError(
+        dst,
+        f"already has an {SHARD_INDEX_FILE} of the split {old_split}; "
+        f"writing the index of {new_split} would replace it",
+        f"keep each split in its own folder (move the {prefix}-* shards), or remove {SHARD_INDEX_FILE} first "
+        f"to index {new_split} here",
+    )
 
 
 def _index_history(dst: str) -> list[dict[str, Any]] | None:

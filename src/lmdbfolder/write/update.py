@@ -80,7 +80,7 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.pagefile import PageFile
 from lmdbfolder.progress import Progress
-from lmdbfolder.text import describe_changes, disk_size, escape_field, plural
+from lmdbfolder.text import describe_changes, disk_size, escape_field, plural, skipped_line
 from lmdbfolder.write import resume
 from lmdbfolder.write.compact import LabelList, PathList
 from lmdbfolder.write.loop import (
@@ -407,7 +407,7 @@ class _StageRun(_Run):
                     value = _STAGED.pack(_SKIPPED, result.size, result.mtime_ns) + result.reason.encode(
                         "utf-8", "surrogateescape"
                     )
-                    bar.write(f"skipped {self.sources.relpaths[j]}: {result.reason}")
+                    bar.write(skipped_line(self.sources.relpaths[j], result.reason))
                 else:
                     self.input_bytes += result.source_bytes
                     bar.update(1, result.source_bytes)

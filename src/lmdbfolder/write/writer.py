@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 from lmdbfolder import packdir
 from lmdbfolder.errors import OptionError, SkippedFilesWarning
 from lmdbfolder.format import SKIPPED_REPORT, encode_meta
+from lmdbfolder.text import printable
 from lmdbfolder.write import output, resume, sizing, update
 from lmdbfolder.write.lock import writer_lock
 from lmdbfolder.write.loop import Job, _Run, check_manifest_size
@@ -228,7 +229,9 @@ def warn_skipped(skipped: Sequence[tuple[str, str]], listed_in: str, *, stacklev
     if not skipped:
         return
     n = len(skipped)
-    first = "; ".join(f"{path}: {reason}" for path, reason in skipped[:3]) + ("; ..." if n > 3 else "")
+    # A warning reaches a terminal: file names (anyone's) with their control characters escaped.
+    first = "; ".join(f"{printable(path, 1000)}: {printable(reason)}" for path, reason in skipped[:3])
+    first += "; ..." if n > 3 else ""
     warnings.warn(
         f"{n:,} source file{'s' if n != 1 else ''} could not be packed and {'were' if n != 1 else 'was'} skipped "
         f"({first}); listed in {listed_in} and in the result's .skipped (strict=True stops at the first instead)",

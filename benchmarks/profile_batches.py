@@ -202,8 +202,10 @@ def through_loader(args: argparse.Namespace) -> int:
     spent = {"getitems": 0.0, "run": 0.0}
     if args.loader == "threads":
         # The main thread's CPU inside __getitems__ and inside the parallel decode
-        # (ReadPlan.run): the difference is the work only the main thread does.
-        from lmdbfolder.read.plan import ReadPlan
+        # (ReadPlan.run; NativeRun.finish for resize="native", whose C threads start
+        # while the main thread still adds jobs): the difference is the work only the
+        # main thread does.
+        from lmdbfolder.read.plan import NativeRun, ReadPlan
 
         def timed(cls: type, name: str, key: str) -> None:
             real = getattr(cls, name)
@@ -219,6 +221,7 @@ def through_loader(args: argparse.Namespace) -> int:
 
         timed(LMDBFolder, "__getitems__", "getitems")
         timed(ReadPlan, "run", "run")
+        timed(NativeRun, "finish", "run")
         ds = LMDBFolder(args.pack, transform=_transform(args.mode, args.resize), threads=args.n)
         loader = DataLoader(ds, num_workers=0, collate_fn=collate, **kw)  # type: ignore[arg-type]
     else:
@@ -259,9 +262,13 @@ def through_loader(args: argparse.Namespace) -> int:
         used = sorted(((threads1[t] - threads0.get(t, 0.0), t) for t in threads1), reverse=True)
         main_tid = str(me)
         per = {t: 1e6 * c / n for c, t in used if c > 0}
+        # The native batch's threads live for one batch each: what they used is the
+        # process's CPU less that of the threads still there.
+        gone = 1e6 * main_cpu / n - sum(per.values())
         print(
             "  CPU per image by thread: "
             + ", ".join(f"{'main' if t == main_tid else 'thread'} {v:,.0f} us" for t, v in per.items())
+            + (f", threads of the native batches {gone:,.0f} us" if gone > 0.05 * 1e6 * main_cpu / n else "")
         )
         serial = 1e6 * (spent["getitems"] - spent["run"]) / n
         outside = 1e6 * (main_thread - spent["getitems"]) / n

@@ -18,8 +18,10 @@ scaling, libjpeg's scaled IDCT does part of the downsampling (a box-like
 filter in the DCT domain) and the crop box is mapped to the smaller image
 with sub-pixel precision before the bilinear resize; ``resize="opencv"``
 uses ``cv2.resize`` (INTER_AREA when shrinking 2x or more, INTER_LINEAR otherwise, box
-rounded to whole pixels). Both change pixel values slightly (a few grey
-levels on average on photos), not the geometry.
+rounded to whole pixels); ``resize="native"`` lmdbfolder's compiled bilinear (OpenCV's
+INTER_LINEAR geometry and box rounding, within one grey level of it), with which a
+batch's JPEGs are decoded and resized in C without the GIL. All change pixel values
+slightly (a few grey levels on average on photos), not the geometry.
 """
 
 from __future__ import annotations

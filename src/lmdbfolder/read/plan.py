@@ -11,8 +11,8 @@ transform and process:
 * whether crops are decoded by region (the compiled helper, where it
   reproduces Pillow here, and never for the ``pillow`` decoder);
 * the resize: Pillow's bilinear arithmetic in the compiled module (with the
-  installed Pillow's pass order) where it applies, else Pillow, or OpenCV for
-  ``resize="opencv"``;
+  installed Pillow's pass order) where it applies, else Pillow; OpenCV for
+  ``resize="opencv"``; the compiled bilinear of ``resize="native"``;
 * the output: the crop size, and at each ``run`` whether the batch is planar
   (``N x 3 x H x W``, the tensors' layout) or ``N x H x W x 3`` (a PIL image's).
 
@@ -39,7 +39,10 @@ the record. A record's bytes pass through ``run`` like this::
       -> out[k]            (planes of the batch array, or H x W x 3)
 
 ``run`` with ``threads > 1`` splits a batch over a thread pool: the decoders,
-the compiled helper and OpenCV release the GIL.
+the compiled helper and OpenCV release the GIL. With ``resize="native"`` a
+batch's JPEGs are made in C instead (``start`` -> ``NativeRun``: decode, resize,
+flip and planes in one call per image, on threads of the batch's own that
+never hold the GIL), and only the other images take the thread pool.
 """
 
 from __future__ import annotations

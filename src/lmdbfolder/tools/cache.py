@@ -26,6 +26,7 @@ from lmdbfolder.errors import NotAPackError
 from lmdbfolder.format import DATA_FILE
 from lmdbfolder.pagefile import open_regular
 from lmdbfolder.progress import Progress
+from lmdbfolder.read.sharded import missing_shards
 
 __all__ = ["EvictReport", "WarmReport", "can_evict", "evict", "resident_fraction", "warm"]
 
@@ -207,13 +208,7 @@ def _open_data_files(found: packdir.Found, files: list[str]) -> list[int]:
     sharded = found.kind is packdir.Kind.SHARDED
     missing = [os.path.basename(os.path.dirname(f)) for f in files if sharded and not os.path.isdir(os.path.dirname(f))]
     if missing:
-        raise NotAPackError(
-            found.path,
-            f"{len(missing)} of {len(files)} shards {'is' if len(missing) == 1 else 'are'} missing: "
-            f"{', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""),
-            "copy the missing shard directories next to index.json (or repack them with "
-            "`lmdbfolder pack ... --shard-index I`)",
-        )
+        raise missing_shards(found.path, missing, len(files))
     fds: list[int] = []
     try:
         for path in files:

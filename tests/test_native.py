@@ -173,3 +173,13 @@ def test_the_dataset_says_native_and_refuses_it_without_the_helper(tmp_path: Pat
     capabilities(compiled=None)
     with pytest.raises(ImportError, match="libjpeg-dev.*reinstall lmdbfolder"):
         fused.RandomResizedCrop(32, resize="native")
+
+
+def test_an_empty_batch_is_made_as_with_the_other_resizes() -> None:
+    from lmdbfolder.read.plan import CropSpec, ReadPlan
+
+    caps = current()
+    for resize in ("pil", "native"):
+        plan = ReadPlan(caps.decoder("auto"), crop=CropSpec((8, 8), resize), threads=2)
+        plan.run([], np.empty((0, 3, 8, 8), np.uint8))  # Batch refuses a capacity of 0: never asked for one
+        assert plan.start(np.empty((0, 3, 8, 8), np.uint8)) is None

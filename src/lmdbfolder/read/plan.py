@@ -221,7 +221,7 @@ class ReadPlan:
             raise ValueError(f"{n} jobs for an output of {len(out)} images")
         if self.crop is None:
             raise ValueError("this plan makes no crop (crop=None)")
-        started = self.start(out) if planar else None
+        started = self.start(out) if planar and n else None
         if started is not None:
             for k, job in enumerate(jobs):
                 started.add(k, job)
@@ -234,7 +234,7 @@ class ReadPlan:
         ``out`` whose threads start now, so the caller can ``add`` each job as soon as it
         has made it and ``finish`` when all are added (``run``'s result, for jobs made
         over time); else None."""
-        if self.native is None or self.regions is None:
+        if self.native is None or self.regions is None or not len(out):
             return None
         return NativeRun(self, out)
 

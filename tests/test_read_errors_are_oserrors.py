@@ -209,6 +209,7 @@ def test_a_worker_error_arrives_as_its_type_and_an_oserror(damaged: tuple[Path, 
             list(loader)
         assert type(info.value) is error and isinstance(info.value, LmdbFolderError)
         assert "worker process 0" in str(info.value) and ds.filenames()[index] in str(info.value)
+        assert info.value.index is None and info.value.path is None  # only the text crossed: read, not raised
         clone = pickle.loads(pickle.dumps(info.value))
         assert type(clone) is error and str(clone) == str(info.value)
 
@@ -257,3 +258,37 @@ def test_cli_exit_codes_on_the_damaged_pack_are_unchanged(
     assert f"record {CORRUPT} (b/b5_gone.jpg)" in err and "is corrupt" in err and "hint: run `lmdbfolder verify`" in err
     assert "the system refused" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_error_made_from_a_workers_text_has_every_attribute_of_its_kind() -> None:
+    # torch's DataLoader rebuilds a worker's error from its text alone (errors._FromText):
+    # code that reads ``error.kind`` or ``error.index`` got an AttributeError instead.
+    from lmdbfolder import errors
+
+    made_normally = [
+        errors.NotAPackError("/p", "why"),
+        errors.PackNotFoundError("/p", "why"),
+        errors.NoSamplesError("/src", ["a"], "why"),
+        errors.FormatVersionError("/p", 9, 2),
+        errors.PackChangedError("/p", "why"),
+        errors.CorruptRecordError(3, "why", "a/x.jpg", "/p", kind="checksum"),
+        errors.SourceError("/src", "why"),
+        errors.SourceNotFoundError("/src", "why"),
+        errors.ListFileError("/list", 4, "a.jpg x", "why"),
+        errors.UnsafePickleError("/old", "why"),
+        errors.OutputExistsError("/p"),
+        errors.DecodeError(3, "a/x.jpg", "why"),
+        errors.PackError("why"),
+        errors.DecoderUnavailableError("simplejpeg", "why"),
+        errors.OptionError("why"),
+        errors.MissingDependencyError("this", "fast"),
+        errors.RemoteError("s3://b/p", "why", kind="missing"),
+    ]
+    for error in made_normally:
+        cls = type(error)
+        made = cls(message=f"Caught {cls.__name__} in DataLoader worker process 0.")
+        assert type(made) is cls and str(made).startswith("Caught")
+        for name in vars(error):
+            assert hasattr(made, name), f"{cls.__name__}.{name}"
+    assert errors.RemoteError(message="t").kind == "other" and errors.RemoteError(message="t").url == ""
+    assert errors.DecodeError(message="t").index is None and errors.CorruptRecordError(message="t").path is None

@@ -152,7 +152,8 @@ class _FromText(type):
     so without this every one of them arrived as a RuntimeError, and ``except
     DecodeError`` around a loop with ``num_workers > 0`` caught nothing, where
     ImageFolder's errors keep their type. Made so, an error holds torch's text (which
-    names the worker, the record and the hint) and none of the structured attributes.
+    names the worker, the record and the hint); its structured attributes read as the
+    class's defaults (None or empty: ``error.index``, ``error.kind``, ... never raise).
     """
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -210,6 +211,8 @@ class NotAPackError(LmdbFolderError):
     """The path is not a (finished) lmdbfolder pack."""
 
     hint = "pass the directory written by `lmdbfolder pack` (it holds data.mdb)"
+    #: The pack's path ("" in an error rebuilt from a worker's text: see ``_FromText``).
+    path: str = ""
 
     def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
         self.path = str(path)
@@ -255,6 +258,8 @@ class NoSamplesError(LmdbFolderError, FileNotFoundError):
     """
 
     hint = "pass allow_empty=True to keep classes without samples, or change the filter"
+    where: str = ""
+    classes: list[str] = []  # noqa: RUF012 (read only: an error rebuilt from text has none)
 
     def __init__(self, where: str, classes: list[str], why: str, hint: str | None = None) -> None:
         self.where = where
@@ -268,6 +273,9 @@ class NoSamplesError(LmdbFolderError, FileNotFoundError):
 
 class FormatVersionError(NotAPackError):
     """The pack was written in a format version this reader does not know."""
+
+    found: int | str | None = None
+    expected: int = 0
 
     def __init__(self, path: Any, found: Any, expected: int, readable: tuple[int, ...] | None = None) -> None:
         self.found = found if isinstance(found, (int, str, type(None))) else type(found).__name__
@@ -313,6 +321,11 @@ class CorruptRecordError(LmdbFolderError, OSError):
     """
 
     hint = "run `lmdbfolder verify` on the pack to list every damaged record, then repack"
+    index: int | None = None
+    path: str | None = None
+    pack: str | None = None
+    why: str = ""
+    kind: str = "header"
 
     def __init__(
         self, index: int | None, why: str, path: str | None = None, pack: str | None = None, *, kind: str = "header"
@@ -343,6 +356,8 @@ class CorruptRecordError(LmdbFolderError, OSError):
 class SourceError(LmdbFolderError):
     """The source images cannot be used as given (missing, unreadable, empty)."""
 
+    path: str = ""
+
     def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
         self.path = str(path)
         super().__init__(f"{self.path}: {why}", hint)
@@ -372,6 +387,8 @@ class ListFileError(SourceError):
         "each line must be `relative/path label`, the label a class index or a class name, each path once; "
         "blank lines and # comments are allowed"
     )
+    lineno: int = 0
+    line: str = ""
 
     def __init__(self, path: Any, lineno: int, line: str, why: str) -> None:
         self.lineno = lineno
@@ -393,6 +410,7 @@ class OutputExistsError(LmdbFolderError):
     """The output path exists and overwriting was not requested."""
 
     hint = "choose another output path, or pass --overwrite to replace it"
+    path: str = ""
 
     def __init__(self, path: Any, why: str = "already exists", hint: str | None = None) -> None:
         self.path = str(path)
@@ -408,6 +426,8 @@ class DecodeError(LmdbFolderError, OSError):
     """
 
     hint = "run `lmdbfolder verify --decode` to find every undecodable image; repack with a fixed source file"
+    index: int | None = None
+    path: str | None = None
 
     def __init__(self, index: int, path: str | None, why: str, hint: str | None = None) -> None:
         self.index = index
@@ -434,6 +454,9 @@ class PackError(LmdbFolderError):
 
 class DecoderUnavailableError(LmdbFolderError, ValueError):
     """The requested image decoder is not installed (or cannot load its library)."""
+
+    name: str = ""
+    why: str = ""
 
     def __init__(self, name: str, why: str, hint: str | None = None) -> None:
         self.name = name
@@ -466,6 +489,9 @@ class MissingDependencyError(LmdbFolderError, ImportError):
     ImportError is its ``__cause__``.
     """
 
+    what: str = ""
+    extra: str = ""
+
     def __init__(self, what: str, extra: str, libraries: str | None = None) -> None:
         self.what = what
         self.extra = extra
@@ -482,6 +508,9 @@ class RemoteError(LmdbFolderError):
     them) or ``"other"``. Nothing half-copied is ever published; rerunning
     resumes.
     """
+
+    url: str = ""
+    kind: str = "other"
 
     def __init__(self, url: str, why: str, hint: str | None = None, *, kind: str = "other") -> None:
         self.url = str(url)

@@ -434,3 +434,18 @@ def test_index_does_not_replace_the_index_of_another_split(
     assert "train-*" in err and "val-*" in err and "own folder" in err
     assert (tmp_path / "sh" / SHARD_INDEX_FILE).read_bytes() == before
     assert main(["index", str(tmp_path / "sh"), "--prefix", "train"]) == 0  # its own split: written again
+
+
+def test_an_index_that_lists_shards_out_of_their_order_is_refused(small_tree: Path, tmp_path: Path) -> None:
+    # Swapping two entries of index.json (each still matching its shard's digests) read the
+    # samples in another order without a word; each shard records its place in the split.
+    result = pack_sharded(small_tree, tmp_path / "s", shards=3, progress=False)
+    index_file = tmp_path / "s" / SHARD_INDEX_FILE
+    index = json.loads(index_file.read_text())
+    first, second = index["shards"][0], index["shards"][1]
+    index["shards"][0], index["shards"][1] = second, first
+    index_file.write_text(json.dumps(index))  # the totals stay consistent: only the order is forged
+    with pytest.raises(NotAPackError, match=r"packed as shard 1 of 3 of its split, the index lists it as shard 0 of 3"):
+        ShardedReader(tmp_path / "s").get(0)
+    assert main(["verify", str(tmp_path / "s")]) != EXIT_CODES["ok"]
+    assert result.count == sum(s["count"] for s in index["shards"])

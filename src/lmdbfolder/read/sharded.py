@@ -25,7 +25,7 @@ from lmdbfolder.format import SHARD_INDEX_FILE, shard_matches
 from lmdbfolder.read.reader import PackAPI, Reader, Record
 from lmdbfolder.read.staging import StagedPack
 
-__all__ = ["ShardedReader", "missing_shards"]
+__all__ = ["ShardedReader", "missing_shards", "out_of_place"]
 
 #: Shards of a staged pack one process keeps mapped at most (the least recently
 #: opened is closed): evicted shards free their disk space once no map holds them.
@@ -189,6 +189,9 @@ class ShardedReader(PackAPI):
             for key in ("classes", "class_to_idx", "store"):
                 if reader.meta[key] != self.meta[key]:
                     raise NotAPackError(path, f"its {key} differ from the index's ({where})", hint)
+            misplaced = out_of_place(reader.meta, k, len(self._names))
+            if misplaced:
+                raise NotAPackError(path, f"{misplaced}, the index lists it as {where}", hint)
             if "pack_id" not in entry and not shard_matches(entry, *reader.tables()):
                 # Version-1 shards: the stored manifest's hash and the tables' lengths
                 # (format.shard_matches): microseconds, where hashing the tables took
@@ -313,3 +316,14 @@ def missing_shards(path: str, missing: list[str], total: int) -> NotAPackError:
         "copy the missing shard directories next to index.json (or repack them with "
         "`lmdbfolder pack ... --shard-index I`)",
     )
+
+
+def out_of_place(meta: dict[str, Any], k: int, num_shards: int) -> str | None:
+    """What is wrong when a shard whose manifest is ``meta`` is listed as shard ``k`` of
+    ``num_shards`` in an index (an index whose entries were reordered, or shards of
+    another split), or None: a shard records its place in the split (the ``shard``
+    manifest field; a shard packed before it existed records none)."""
+    place = meta.get("shard")
+    if not isinstance(place, dict) or (place.get("index"), place.get("num_shards")) == (k, num_shards):
+        return None
+    return f"it was packed as shard {str(place.get('index'))[:20]} of {str(place.get('num_shards'))[:20]} of its split"

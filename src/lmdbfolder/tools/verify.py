@@ -76,7 +76,7 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
 from lmdbfolder.progress import Progress
-from lmdbfolder.read.sharded import ShardedReader
+from lmdbfolder.read.sharded import ShardedReader, out_of_place
 from lmdbfolder.text import plural, printable
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
@@ -761,7 +761,7 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
     root, index = packdir.load_index(path)
     report = VerifyReport(root, index["count"], decoded=decode)
     offset = 0
-    for entry in index["shards"]:
+    for k, entry in enumerate(index["shards"]):
         name = entry["name"]
         shard_path = os.path.join(root, name)
         first = offset
@@ -814,6 +814,9 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         for key in ("classes", "class_to_idx", "store"):
             if meta[key] != index[key]:
                 report.problems.append(Problem("shard", f"shard {name}: its {key} differ from the index's"))
+        misplaced = out_of_place(meta, k, len(index["shards"]))
+        if misplaced:
+            report.problems.append(Problem("shard", f"shard {name}: {misplaced}, the index lists it as shard {k}"))
         report.checked += sub.checked
         report.payload_bytes += sub.payload_bytes
     report.seconds = time.perf_counter() - start

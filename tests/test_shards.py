@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from conftest import forge_meta, make_small_tree, write
 from lmdbfolder import ShardedReader, open_pack, pack, pack_info, pack_sources, verify
 from lmdbfolder.cli import EXIT_CODES, main
-from lmdbfolder.errors import NotAPackError, OutputExistsError, SkippedFilesWarning, SourceError
+from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, SkippedFilesWarning, SourceError
 from lmdbfolder.format import SHARD_INDEX_FILE, parse_shard_name, shard_name
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.tools.copy import copy_pack
@@ -449,3 +449,13 @@ def test_an_index_that_lists_shards_out_of_their_order_is_refused(small_tree: Pa
         ShardedReader(tmp_path / "s").get(0)
     assert main(["verify", str(tmp_path / "s")]) != EXIT_CODES["ok"]
     assert result.count == sum(s["count"] for s in index["shards"])
+
+
+def test_a_staging_path_that_is_a_file_is_refused_before_packing(small_tree: Path, tmp_path: Path) -> None:
+    # Every shard's build failed with the system's "File exists" and a hint about disks.
+    (tmp_path / "stage").write_text("a file, not a folder")
+    code = main(["pack", str(small_tree), str(tmp_path / "s"), "--shards", "2", "--staging", str(tmp_path / "stage")])
+    assert code == EXIT_CODES["usage"] and not (tmp_path / "s").exists()
+    with pytest.raises(OptionError, match=r"staging .*stage is not a folder"):
+        pack_sharded(small_tree, tmp_path / "s", shards=2, staging=tmp_path / "stage", progress=False)
+    assert (tmp_path / "stage").read_text() == "a file, not a folder"

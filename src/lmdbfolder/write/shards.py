@@ -605,6 +605,12 @@ def pack_sharded(
     check_outside_source(src, dst)
     if staging is not None:
         check_outside_source(src, staging)
+        where = os.path.abspath(os.path.expanduser(os.fspath(staging)))
+        if os.path.lexists(where) and not os.path.isdir(where):
+            # Found before any shard is packed: else every shard's makedirs failed with "File exists".
+            raise OptionError(
+                f"--staging {where} is not a folder", "pass a folder on a local disk (it is made if it is missing)"
+            )
     spec = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
     if opts.update:
         spec = update_spec(spec, dst)  # the pack's own layout and file filters

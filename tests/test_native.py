@@ -183,3 +183,13 @@ def test_an_empty_batch_is_made_as_with_the_other_resizes() -> None:
         plan = ReadPlan(caps.decoder("auto"), crop=CropSpec((8, 8), resize), threads=2)
         plan.run([], np.empty((0, 3, 8, 8), np.uint8))  # Batch refuses a capacity of 0: never asked for one
         assert plan.start(np.empty((0, 3, 8, 8), np.uint8)) is None
+
+
+def test_more_threads_than_a_batch_starts_are_capped_not_refused(tmp_path: Path) -> None:
+    # threads=300 (a large machine's core count) with a batch of more than 256 images:
+    # the C batch refuses more than 256 threads, and every batch failed with its ValueError.
+    write(tmp_path / "src" / "a" / "0.jpg", photo_jpeg(24, 16))
+    pack(tmp_path / "src", tmp_path / "p", progress=False)
+    crop = fused.RandomResizedCrop(4, resize="native", output="tensor")
+    ds = LMDBFolder(tmp_path / "p", transform=crop, threads=300)
+    assert ds.__getitems__([0] * 260).images.shape == (260, 3, 4, 4)

@@ -451,6 +451,11 @@ class ReadPlan:
         }
 
 
+#: The most threads one ``_crops.Batch`` takes (it refuses more): a dataset's ``threads``
+#: may be larger (it also sizes the Python pool), so a native batch is capped here.
+NATIVE_MAX_THREADS = 256
+
+
 class NativeRun:
     """One batch of ``resize="native"`` (``ReadPlan.start``): every JPEG the region decoder
     takes is made in C by the batch's own threads, none holding the GIL
@@ -461,7 +466,7 @@ class NativeRun:
         out_h, out_w = plan.crop.size  # type: ignore[union-attr]
         self.plan = plan
         self.out = out
-        self.batch = plan.native.Batch(out, out_h, out_w, len(out), min(plan.threads, len(out)))
+        self.batch = plan.native.Batch(out, out_h, out_w, len(out), min(plan.threads, len(out), NATIVE_MAX_THREADS))
         self.rest: list[int] = []
 
     def add(self, k: int, job: CropJob) -> None:

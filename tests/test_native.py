@@ -193,3 +193,20 @@ def test_more_threads_than_a_batch_starts_are_capped_not_refused(tmp_path: Path)
     crop = fused.RandomResizedCrop(4, resize="native", output="tensor")
     ds = LMDBFolder(tmp_path / "p", transform=crop, threads=300)
     assert ds.__getitems__([0] * 260).images.shape == (260, 3, 4, 4)
+
+
+def test_a_refused_batch_lets_go_of_its_output() -> None:
+    # Batch took its out buffer before checking the sizes and kept the export when it
+    # refused them: the caller's buffer stayed pinned (a bytearray could not be resized).
+    out = bytearray(3 * 4 * 4)
+    for args in ((out, 4, 4, 2, 1), (out, 4, 4, 1, 0), (out, 4, 4, 1, 257)):
+        with pytest.raises(ValueError, match="capacity x 3 x out_h x out_w"):
+            native.Batch(*args)
+        out.append(0)  # no export left
+        del out[-1]
+    batch = native.Batch.__new__(native.Batch)
+    with pytest.raises(ValueError):
+        batch.__init__(out, 4, 4, 2, 1)
+    batch.__init__(out, 4, 4, 1, 1)  # a second try after a refusal: one export, let go by finish
+    batch.finish()
+    out.append(0)

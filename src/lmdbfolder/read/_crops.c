@@ -743,7 +743,7 @@ static void native_close(BatchObject *b) {
 
 /* With the GIL, once no thread of the batch runs: let go of every buffer it holds. */
 static void release_buffers(BatchObject *b) {
-    for (int k = 0; k < b->added; k++)
+    for (int k = 0; b->payloads && k < b->added; k++)
         if (b->payloads[k].obj != NULL)
             PyBuffer_Release(&b->payloads[k]);
     if (b->have_out) {
@@ -758,8 +758,7 @@ static void Batch_dealloc(BatchObject *b) {
         native_close(b);
         Py_END_ALLOW_THREADS
     }
-    if (b->payloads)
-        release_buffers(b);
+    release_buffers(b); /* also the out of a Batch whose __init__ refused it */
     if (b->jobs) {
         pthread_mutex_destroy(&b->lock);
         pthread_cond_destroy(&b->more);
@@ -778,19 +777,26 @@ static int Batch_init(BatchObject *b, PyObject *args, PyObject *kwds) {
                                      &b->threads))
         return -1;
     b->have_out = 1;
+    /* A refused __init__ lets go of what it took (the caller's buffer stays free, and a
+     * second __init__ starts from nothing); `jobs` is set last: it means "made". */
     if (b->out_h <= 0 || b->out_w <= 0 || b->capacity <= 0 || b->threads <= 0 || b->threads > 256 ||
         !PyBuffer_IsContiguous(&b->out, 'C') ||
         (size_t)b->out.len < (size_t)b->capacity * 3 * (size_t)b->out_h * (size_t)b->out_w) {
         PyErr_SetString(PyExc_ValueError, "Batch: out must be a contiguous capacity x 3 x out_h x out_w buffer, threads 1..256");
+        PyBuffer_Release(&b->out), b->have_out = 0;
         return -1;
     }
-    b->jobs = calloc((size_t)b->capacity, sizeof(native_job));
+    native_job *jobs = calloc((size_t)b->capacity, sizeof(native_job));
     b->payloads = calloc((size_t)b->capacity, sizeof(Py_buffer));
     b->workers = calloc((size_t)b->threads, sizeof(pthread_t));
-    if (!b->jobs || !b->payloads || !b->workers) {
+    if (!jobs || !b->payloads || !b->workers) {
+        free(jobs), free(b->payloads), free(b->workers);
+        b->payloads = NULL, b->workers = NULL;
+        PyBuffer_Release(&b->out), b->have_out = 0;
         PyErr_NoMemory();
         return -1;
     }
+    b->jobs = jobs;
     pthread_mutex_init(&b->lock, NULL);
     pthread_cond_init(&b->more, NULL);
     for (int t = 0; t < b->threads - 1; t++) {

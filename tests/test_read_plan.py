@@ -11,6 +11,7 @@ every way of making a sample goes through the one executor (``ReadPlan.run``).
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -175,3 +176,27 @@ def test_each_encoding_is_looked_up_in_one_registry() -> None:
     assert raw.fusable(3) and encoding_of("webp").fusable(3) and not encoding_of("png").fusable(4)
     with pytest.raises(ValueError, match="raw pixels"):
         raw.pixels(b"\x00" * 5, 2, 1, 3, None, 1, None)
+
+
+def test_an_interrupt_returns_only_once_every_thread_has_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C in the main thread's share of a batch left the pool's threads writing into
+    # the batch buffer, which the next batch reuses. (The Python path: not only native.)
+    from lmdbfolder.read.plan import CropJob, CropSpec, ReadPlan
+
+    plan = ReadPlan(current().decoder("pillow"), crop=CropSpec((4, 4), "pil"), threads=2)
+    main = threading.get_ident()
+    go, made = threading.Event(), []
+
+    def one(job: CropJob, dst: np.ndarray, local: Any, planar: bool) -> None:
+        if threading.get_ident() == main:
+            go.set()
+            raise KeyboardInterrupt
+        go.wait()
+        dst[...] = 1
+        made.append(job)
+
+    monkeypatch.setattr(plan, "_one", one)
+    out = np.zeros((40, 3, 4, 4), np.uint8)
+    with pytest.raises(KeyboardInterrupt):
+        plan.run([None] * 40, out)  # type: ignore[list-item]
+    assert len(made) == 39 and int(out.sum()) == 39 * 48  # all the other thread's images, before it returned

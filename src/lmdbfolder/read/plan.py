@@ -256,8 +256,11 @@ class ReadPlan:
             self._claim(jobs, out, which, claims, planar)
         except BatchItemError as exc:
             error = exc
-        for future in futures:  # wait for every thread: ``out`` must not be written after we return
-            failed = future.exception()
+        finally:
+            # Every thread has finished before this returns or raises, even on an interrupt
+            # (Ctrl-C here): ``out`` is a reused batch buffer, never written after.
+            failures = [future.exception() for future in futures]
+        for failed in failures:
             if failed is not None and (error is None or getattr(failed, "position", n) < getattr(error, "position", n)):
                 error = failed
         if error is not None:

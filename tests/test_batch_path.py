@@ -336,3 +336,52 @@ def test_damaged_jpegs_end_as_imagefolder_ends(tmp_path: Path, monkeypatch: pyte
         torch.manual_seed(i)
         c = ours.__getitems__([i]).images[0]
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("resize", ["pil", "native"])
+def test_a_dataset_shared_by_threads_makes_every_batch(mixed: Path, resize: str) -> None:
+    # Two bulk draws at once put torch's generator state back under each other:
+    # ArithmeticError ("the generator's numbers are not what the bulk draw expects").
+    import threading
+
+    transform = T.Compose([fused.RandomResizedCrop(40, resize=resize, output="tensor"), T.RandomHorizontalFlip()])
+    ds = LMDBFolder(mixed / "p", transform=transform)
+    ds.__getitems__([0])  # the plan, made once
+    failures: list[BaseException] = []
+    made = []
+
+    def work() -> None:
+        try:
+            for _ in range(60):
+                batch = ds.__getitems__(list(range(18)))
+                made.append(batch.images.shape)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[0]
+    assert made == [(18, 3, 40, 40)] * 180
+
+
+def test_a_bulk_draw_disturbed_by_other_code_falls_back_to_the_per_sample_draws(
+    mixed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Other code drawing from torch's generator during a bulk draw: that batch is drawn
+    # sample by sample, the same boxes and flips as ds[i] (no ArithmeticError).
+    def disturbed(*args: Any, **kwargs: Any) -> Any:
+        raise ArithmeticError("the generator's numbers are not what the bulk draw expects")
+
+    transform = T.Compose([fused.RandomResizedCrop(40, output="tensor"), T.RandomHorizontalFlip()])
+    ds = LMDBFolder(mixed / "p", transform=transform)
+    order = [5, 0, 17, 3, 11]
+    monkeypatch.setattr(fused, "_draw_boxes", disturbed)
+    torch.manual_seed(3)
+    batch = ds.__getitems__(order)
+    torch.manual_seed(3)
+    xs, _ = _per_sample(ds, order)
+    for k, x in enumerate(xs):
+        assert torch.equal(batch.images[k], x)

@@ -159,7 +159,19 @@ class RandomResizedCrop(T.RandomResizedCrop):
         log_ratio = _log_ratio(ratio)
 
         def draw_many(sizes: Sequence[tuple[int, int]], flip: float | None) -> tuple[list[Box], list[bool]]:
-            return _draw_boxes(sizes, flip, scale, ratio, log_ratio)
+            # One bulk draw at a time: it puts torch's generator state back between its
+            # passes, so two at once (a dataset shared by threads) read each other's numbers.
+            with _BULK_DRAWS:
+                try:
+                    return _draw_boxes(sizes, flip, scale, ratio, log_ratio)
+                except ArithmeticError:
+                    # Other code drew from the generator meanwhile: this batch is drawn
+                    # sample by sample (the generator's state is as before the bulk draw).
+                    boxes, flips = [], []
+                    for width, height in sizes:
+                        boxes.append(_draw_box(width, height, scale, ratio, log_ratio))
+                        flips.append(flip is not None and bool(torch.rand(1) < flip))
+                    return boxes, flips
 
         return draw_many
 
@@ -354,6 +366,10 @@ def _scan_boxes(
         else:
             flipped.append(False)
     return boxes, flipped, j
+
+
+#: Held by each bulk draw of boxes (``RandomResizedCrop.batch_drawer``).
+_BULK_DRAWS = threading.Lock()
 
 
 def _raw(low31: int, mod3: int) -> int:

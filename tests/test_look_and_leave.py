@@ -91,6 +91,37 @@ def test_contact_sheet_marks_what_does_not_decode(tmp_path: Path) -> None:
     assert result.undecodable == [1] and result.indices == [0, 1]
 
 
+def test_show_never_writes_over_the_pack_or_a_file_that_is_not_a_sheet(
+    small_pack: Path, small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = small_pack / "data.mdb"
+    before = data.read_bytes()
+    assert main(["show", str(small_pack), "-o", str(data)]) == EXIT_CODES["usage"]
+    assert "inside the pack" in capsys.readouterr().err
+    assert main(["show", str(small_pack), "-o", str(small_pack / "x.png")]) == EXIT_CODES["usage"]
+    assert data.read_bytes() == before and sorted(os.listdir(small_pack)) == ["data.mdb"]
+    image = small_tree / "class0" / "img0.jpg"
+    photo = image.read_bytes()
+    assert main(["show", str(small_pack), "-o", str(image)]) == EXIT_CODES["output exists"]
+    err = capsys.readouterr().err
+    assert str(image) in err and "not a PNG" in err and "hint:" in err
+    assert image.read_bytes() == photo
+    sheet = tmp_path / "sheet.png"
+    assert main(["show", str(small_pack), "-o", str(sheet), "--size", "16"]) == 0
+    assert main(["show", str(small_pack), "-o", str(sheet)]) == 0  # an earlier sheet is replaced
+    assert Image.open(sheet).size[0] > 200 and sorted(p.name for p in tmp_path.glob("sheet*")) == ["sheet.png"]
+
+
+def test_show_refuses_a_sheet_too_large_to_draw(
+    small_pack: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 12 tiles of 100,000 px would take ~360 GB of memory: refused before drawing, not killed by the system.
+    assert main(["show", str(small_pack), "-o", str(tmp_path / "s.png"), "--size", "100000"]) == EXIT_CODES["usage"]
+    err = capsys.readouterr().err
+    assert "--size" in err and "pixels" in err
+    assert not (tmp_path / "s.png").exists()
+
+
 # -- info -------------------------------------------------------------------------------------
 def test_info_counts_per_class_and_sizes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = make_colour_tree(tmp_path / "src", classes=3, per_class=3)

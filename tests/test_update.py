@@ -340,6 +340,21 @@ def test_update_of_a_missing_pack_packs_it(small_tree: Path, tmp_path: Path) -> 
     assert result.changes is None and not result.already_packed and result.count == 12
 
 
+def test_an_update_that_would_leave_no_image_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tree(tmp_path / "src", classes=("cat", "dog"), per_class=1)
+    pack(src, tmp_path / "p", progress=False)
+    before = contents(tmp_path / "p")
+    for image in src.rglob("*.jpg"):
+        image.unlink()
+    argv = ["pack", str(src), str(tmp_path / "p"), "--update", "--allow-empty", "--no-progress"]
+    assert main(argv) == EXIT_CODES["source error"]
+    err = capsys.readouterr().err
+    assert str(src) in err and "holds no image" in err and "hint:" in err
+    assert contents(tmp_path / "p") == before
+
+
 # -- interrupted updates --------------------------------------------------------------------
 _CHILD = """
 import os, signal, sys

@@ -92,6 +92,7 @@ from lmdbfolder.write.loop import (
     _write_error,
     check_manifest_size,
     history_entry,
+    nothing_to_pack,
     skipped_entries,
 )
 from lmdbfolder.write.options import CHECKS, CONTENT_CHECK, PackOptions
@@ -609,7 +610,7 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
                 changes.added += 1
     samples = np.flatnonzero(is_sample)
     if not len(samples):
-        raise SourceError(sources.root, "every source file was skipped; nothing to pack")
+        raise nothing_to_pack(sources.root, len(sources))
     out.keys, out.sizes, out.mtimes = keys[samples], sizes[samples], mtimes[samples]
     out.skipped = sorted(skipped)
     # Records no sample uses any more: files removed, replaced or relabelled.

@@ -17,7 +17,7 @@ import lmdb
 import pytest
 
 from conftest import make_small_tree, write
-from lmdbfolder import copy_pack, pack, pack_sharded
+from lmdbfolder import copy_pack, pack, pack_sharded, verify
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import NotAPackError, OutputExistsError
 from lmdbfolder.packdir import Kind, inspect, require_pack, why_not_replaceable
@@ -127,6 +127,19 @@ def test_copy_keeps_a_dot_copying_that_is_not_ours(small_pack: Path, tmp_path: P
     write(stranger / "data.mdb", b"half a copy")
     assert copy_pack(small_pack, tmp_path / "dst").count == 12
     assert not stranger.exists()
+
+
+def test_a_pack_and_a_copy_at_a_path_that_is_not_utf8(small_tree: Path, small_pack: Path, tmp_path: Path) -> None:
+    # A file name of bytes that are not UTF-8 (os.fsdecode gives lone surrogates): LMDB
+    # took the path as UTF-8 text, and copy, pack and update there ended in a UnicodeEncodeError.
+    copied = tmp_path / os.fsdecode(b"copy-\xff")
+    assert copy_pack(small_pack, copied).count == 12
+    packed = tmp_path / os.fsdecode(b"pack-\xfe")
+    assert pack(small_tree, packed, progress=False).count == 12
+    write(small_tree / "class0" / "extra.jpg", (small_tree / "class1" / "img0.jpg").read_bytes())
+    assert pack(small_tree, packed, update=True, progress=False).count == 13
+    for path in (copied, packed):
+        assert verify(path, progress=False).ok
 
 
 def test_every_command_works_on_a_sharded_pack(

@@ -763,7 +763,7 @@ def _commit(
         raise PackError(*os_refusal(exc, "cannot update", old.path)) from None
     try:
         env = lmdb.open(
-            old.path,
+            os.fsencode(old.path),
             map_size=map_size,
             subdir=True,
             readahead=False,

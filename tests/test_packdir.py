@@ -142,6 +142,26 @@ def test_a_pack_and_a_copy_at_a_path_that_is_not_utf8(small_tree: Path, small_pa
         assert verify(path, progress=False).ok
 
 
+def test_commands_print_a_path_that_is_not_utf8(
+    small_pack: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Under a UTF-8 locale stdout is strict: a name with a lone surrogate raised
+    # UnicodeEncodeError in the summary line, after the work was done.
+    copied = tmp_path / os.fsdecode(b"copy-\xff")
+    assert main(["copy", str(small_pack), str(copied), "--no-progress"]) == 0
+    assert main(["export", str(copied), str(tmp_path / os.fsdecode(b"files-\xfe")), "--no-progress"]) == 0
+    assert main(["show", str(copied), "-o", str(tmp_path / os.fsdecode(b"sheet-\xfd.png"))]) == 0
+    out = capsys.readouterr().out
+    assert "copy-\\udcff" in out and "files-\\udcfe" in out and "sheet-\\udcfd.png" in out
+    assert sorted(os.listdir(os.fsencode(tmp_path))) == [
+        b"copy-\xff",
+        b"files-\xfe",
+        b"sheet-\xfd.png",
+        b"small",
+        b"small.lmdb",
+    ]
+
+
 def test_every_command_works_on_a_sharded_pack(
     small_tree: Path, sharded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -113,6 +113,19 @@ def test_single_pack_round_trip(s3: S3, tmp_path: Path) -> None:
         open_pack(s3.url("single"), cache_dir=tmp_path / "cache")
 
 
+def test_an_interrupted_download_says_a_rerun_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import lmdbfolder.tools.copy as copy_module
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) half way
+
+    monkeypatch.setattr(copy_module, "_download", interrupted)
+    assert main(["copy", "s3://bucket/train", str(tmp_path / "dst")]) == EXIT_CODES["interrupted"]
+    assert "interrupted; run the same command again to resume" in capsys.readouterr().err
+
+
 def _journal_bytes(copying: Path, names: list[str], part: int) -> int:
     """Bytes the interrupted copy had on disk: published shards whole, plus the journaled parts."""
     done = 0

@@ -101,7 +101,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"lmdbfolder {args.command}: error: {text}", file=sys.stderr)
         return EXIT_CODES["pack failed"] if args.command in WRITING_COMMANDS else EXIT_CODES["other error"]
     except KeyboardInterrupt:
-        hint = "; run the same command again to resume" if args.command == "pack" else ""
+        hint = "; run the same command again to resume" if _resumes(args) else ""
         print(f"lmdbfolder {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_CODES["interrupted"]
     finally:
@@ -126,6 +126,18 @@ def _escape_unencodable(stream: Any) -> str | None:
     except (AttributeError, ValueError, OSError):  # a stream that cannot change
         return None
     return "strict"
+
+
+def _resumes(args: argparse.Namespace) -> bool:
+    """Whether running the interrupted command again resumes it: a pack, and a
+    download (its parts are journaled in ``DST.copying``)."""
+    if args.command == "pack":
+        return True
+    if args.command == "copy":
+        from lmdbfolder.remote import is_url
+
+        return is_url(args.src) and not is_url(args.dst)
+    return False
 
 
 def _reader_gone(stream: Any) -> bool:

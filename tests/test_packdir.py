@@ -162,6 +162,22 @@ def test_commands_print_a_path_that_is_not_utf8(
     ]
 
 
+def test_a_destination_below_a_file_is_named_with_what_to_do(
+    small_pack: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # makedirs says 'File exists' (EEXIST) when a folder on the way is a file: the hint
+    # was 'check that the disk is present and healthy'.
+    file = write(tmp_path / "notes.txt", b"mine")
+    for argv, code in (
+        (["copy", str(small_pack), str(file / "copy")], EXIT_CODES["pack failed"]),
+        (["show", str(small_pack), "-o", str(file / "sheet.png")], EXIT_CODES["other error"]),
+    ):
+        assert main(argv) == code
+        err = capsys.readouterr().err
+        assert str(file) in err and "a file is already there" in err and "healthy" not in err
+    assert file.read_bytes() == b"mine"
+
+
 def test_every_command_works_on_a_sharded_pack(
     small_tree: Path, sharded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,7 +20,7 @@ from lmdbfolder.errors import ListFileError, OptionError, OutputExistsError
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.tools.export import export, webdataset_key
 from lmdbfolder.tools.info import pack_statistics
-from lmdbfolder.tools.show import PAD, contact_sheet
+from lmdbfolder.tools.show import MAX_TILES, PAD, choose_samples, contact_sheet
 from lmdbfolder.write.shards import pack_sharded
 from lmdbfolder.write.sources import read_list_file
 from lmdbfolder.write.writer import pack
@@ -79,6 +79,19 @@ def test_contact_sheet_selections_and_the_command(
     capsys.readouterr()
     assert main(["show", str(small_pack), "-o", str(tmp_path / "f.png"), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["boxes"]) == 12
+
+
+def test_show_by_default_fits_a_pack_of_many_classes_on_one_sheet() -> None:
+    # `lmdbfolder show DST` (what pack suggests next) refused a pack of 300 classes: 4 per class is 1,200 tiles.
+    labels = [c for c in range(300) for _ in range(5)]
+    chosen, columns = choose_samples(labels, 300)
+    assert columns == MAX_TILES // 300 and len(chosen) == 300 * columns
+    assert sorted({labels[i] for i in chosen}) == list(range(300))  # every class shown
+    labels = [c for c in range(MAX_TILES + 1) for _ in range(2)]
+    chosen, _ = choose_samples(labels, MAX_TILES + 1)
+    assert 0 < len(chosen) <= MAX_TILES  # more classes than a sheet holds: random samples
+    with pytest.raises(OptionError, match="tiles"):
+        choose_samples(labels, MAX_TILES + 1, per_class=1)  # asked for: still refused
 
 
 def test_contact_sheet_marks_what_does_not_decode(tmp_path: Path) -> None:

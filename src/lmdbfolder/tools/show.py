@@ -6,7 +6,7 @@ decoded exactly as ImageFolder loads it (``Reader.image``), shrunk to fit a
 square of ``size`` pixels (aspect ratio kept, centred), with a caption: its
 index and class name. Three selections:
 
-* ``per_class=K`` (the default, K=4): a row per class, its first, middle
+* ``per_class=K`` (the default, K=4, fewer for many classes): a row per class, its first, middle
   and last samples evenly spread (so a class that is wrong somewhere in the
   middle shows it);
 * ``random=N``: N samples drawn at random (``seed``);
@@ -96,7 +96,9 @@ def choose_samples(
     """The sample indices to show and the number of columns of the grid.
 
     At most one of ``per_class``, ``random`` and ``indices``; none means
-    ``per_class=DEFAULT_PER_CLASS`` (or 16 random samples for an unlabelled pack).
+    ``per_class=DEFAULT_PER_CLASS``, fewer when the classes would pass
+    ``MAX_TILES`` (one each for 1,000 classes), or 16 random samples for an
+    unlabelled pack or one of more classes than a sheet holds.
     """
     n = len(labels)
     if sum(x is not None for x in (per_class, random, indices)) > 1:
@@ -111,10 +113,11 @@ def choose_samples(
             raise OptionError("give at least one index")
         return _checked(chosen), _columns(len(chosen))
     if per_class is None and random is None:
-        if num_classes == 0 or all(label == NO_LABEL for label in labels):
+        present = len(set(labels))  # the rows: classes kept without images have none
+        if num_classes == 0 or all(label == NO_LABEL for label in labels) or present > MAX_TILES:
             random = 16
         else:
-            per_class = DEFAULT_PER_CLASS
+            per_class = max(1, min(DEFAULT_PER_CLASS, MAX_TILES // max(1, present)))
     if random is not None:
         if random < 1:
             raise OptionError(f"random must be at least 1, got {random}")

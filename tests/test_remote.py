@@ -583,6 +583,26 @@ def test_overwriting_a_sharded_upload_with_a_single_pack_leaves_no_stale_index(
     assert filecmp.cmp(single / DATA_FILE, back / DATA_FILE, shallow=False)
 
 
+def test_overwrite_never_replaces_objects_that_are_not_a_pack(
+    s3: S3, sharded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --overwrite deleted (or wrote over) a data.mdb or index.json at the URL that was no pack.
+    single = tmp_path / "single.lmdb"
+    pack(noise_tree(tmp_path / "tree", classes=2, per_class=3), single, progress=False)
+    client = s3.client()
+    for name, blob in ((DATA_FILE, b"my own notes, not a database"), (SHARD_INDEX_FILE, b'{"mine": true}')):
+        url = s3.url(f"stranger-{name}")
+        client.pipe(f"{s3.bucket}/stranger-{name}/{name}", blob)
+        for src in (single, sharded):
+            assert main(["copy", str(src), url, "--overwrite", "--no-progress"]) == EXIT_CODES["output exists"]
+            err = capsys.readouterr().err
+            assert f"{url}/{name}" in err and "not" in err and "hint:" in err
+        assert client.find(f"{s3.bucket}/stranger-{name}") == [f"{s3.bucket}/stranger-{name}/{name}"]
+        assert client.cat(f"{s3.bucket}/stranger-{name}/{name}") == blob
+    copy_pack(single, s3.url("ours"))  # a pack of ours is still replaced
+    assert main(["copy", str(sharded), s3.url("ours"), "--overwrite", "--no-progress"]) == 0
+
+
 def test_overwriting_a_single_upload_leaves_no_stale_skipped_report(s3: S3, tmp_path: Path) -> None:
     url = s3.url("single")
     tree = noise_tree(tmp_path / "tree", classes=2, per_class=3)

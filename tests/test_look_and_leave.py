@@ -20,7 +20,7 @@ from lmdbfolder.errors import ListFileError, OptionError, OutputExistsError
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.tools.export import export, webdataset_key
 from lmdbfolder.tools.info import pack_statistics
-from lmdbfolder.tools.show import PAD, contact_sheet
+from lmdbfolder.tools.show import MAX_TILES, PAD, choose_samples, contact_sheet
 from lmdbfolder.write.shards import pack_sharded
 from lmdbfolder.write.sources import read_list_file
 from lmdbfolder.write.writer import pack
@@ -81,6 +81,19 @@ def test_contact_sheet_selections_and_the_command(
     assert len(json.loads(capsys.readouterr().out)["boxes"]) == 12
 
 
+def test_show_by_default_fits_a_pack_of_many_classes_on_one_sheet() -> None:
+    # `lmdbfolder show DST` (what pack suggests next) refused a pack of 300 classes: 4 per class is 1,200 tiles.
+    labels = [c for c in range(300) for _ in range(5)]
+    chosen, columns = choose_samples(labels, 300)
+    assert columns == MAX_TILES // 300 and len(chosen) == 300 * columns
+    assert sorted({labels[i] for i in chosen}) == list(range(300))  # every class shown
+    labels = [c for c in range(MAX_TILES + 1) for _ in range(2)]
+    chosen, _ = choose_samples(labels, MAX_TILES + 1)
+    assert 0 < len(chosen) <= MAX_TILES  # more classes than a sheet holds: random samples
+    with pytest.raises(OptionError, match="tiles"):
+        choose_samples(labels, MAX_TILES + 1, per_class=1)  # asked for: still refused
+
+
 def test_contact_sheet_marks_what_does_not_decode(tmp_path: Path) -> None:
     src = make_small_tree(tmp_path / "src", classes=1, per_class=2)
     data = (src / "class0" / "img1.jpg").read_bytes()
@@ -89,6 +102,37 @@ def test_contact_sheet_marks_what_does_not_decode(tmp_path: Path) -> None:
     pack(src, tmp_path / "p", progress=False)
     result = contact_sheet(tmp_path / "p", tmp_path / "s.png")
     assert result.undecodable == [1] and result.indices == [0, 1]
+
+
+def test_show_never_writes_over_the_pack_or_a_file_that_is_not_a_sheet(
+    small_pack: Path, small_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = small_pack / "data.mdb"
+    before = data.read_bytes()
+    assert main(["show", str(small_pack), "-o", str(data)]) == EXIT_CODES["usage"]
+    assert "inside the pack" in capsys.readouterr().err
+    assert main(["show", str(small_pack), "-o", str(small_pack / "x.png")]) == EXIT_CODES["usage"]
+    assert data.read_bytes() == before and sorted(os.listdir(small_pack)) == ["data.mdb"]
+    image = small_tree / "class0" / "img0.jpg"
+    photo = image.read_bytes()
+    assert main(["show", str(small_pack), "-o", str(image)]) == EXIT_CODES["output exists"]
+    err = capsys.readouterr().err
+    assert str(image) in err and "not a PNG" in err and "hint:" in err
+    assert image.read_bytes() == photo
+    sheet = tmp_path / "sheet.png"
+    assert main(["show", str(small_pack), "-o", str(sheet), "--size", "16"]) == 0
+    assert main(["show", str(small_pack), "-o", str(sheet)]) == 0  # an earlier sheet is replaced
+    assert Image.open(sheet).size[0] > 200 and sorted(p.name for p in tmp_path.glob("sheet*")) == ["sheet.png"]
+
+
+def test_show_refuses_a_sheet_too_large_to_draw(
+    small_pack: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 12 tiles of 100,000 px would take ~360 GB of memory: refused before drawing, not killed by the system.
+    assert main(["show", str(small_pack), "-o", str(tmp_path / "s.png"), "--size", "100000"]) == EXIT_CODES["usage"]
+    err = capsys.readouterr().err
+    assert "--size" in err and "pixels" in err
+    assert not (tmp_path / "s.png").exists()
 
 
 # -- info -------------------------------------------------------------------------------------

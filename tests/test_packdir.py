@@ -17,7 +17,7 @@ import lmdb
 import pytest
 
 from conftest import make_small_tree, write
-from lmdbfolder import copy_pack, pack, pack_sharded
+from lmdbfolder import copy_pack, pack, pack_sharded, verify
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import NotAPackError, OutputExistsError
 from lmdbfolder.packdir import Kind, inspect, require_pack, why_not_replaceable
@@ -127,6 +127,55 @@ def test_copy_keeps_a_dot_copying_that_is_not_ours(small_pack: Path, tmp_path: P
     write(stranger / "data.mdb", b"half a copy")
     assert copy_pack(small_pack, tmp_path / "dst").count == 12
     assert not stranger.exists()
+
+
+def test_a_pack_and_a_copy_at_a_path_that_is_not_utf8(small_tree: Path, small_pack: Path, tmp_path: Path) -> None:
+    # A file name of bytes that are not UTF-8 (os.fsdecode gives lone surrogates): LMDB
+    # took the path as UTF-8 text, and copy, pack and update there ended in a UnicodeEncodeError.
+    copied = tmp_path / os.fsdecode(b"copy-\xff")
+    assert copy_pack(small_pack, copied).count == 12
+    packed = tmp_path / os.fsdecode(b"pack-\xfe")
+    assert pack(small_tree, packed, progress=False).count == 12
+    write(small_tree / "class0" / "extra.jpg", (small_tree / "class1" / "img0.jpg").read_bytes())
+    assert pack(small_tree, packed, update=True, progress=False).count == 13
+    for path in (copied, packed):
+        assert verify(path, progress=False).ok
+
+
+def test_commands_print_a_path_that_is_not_utf8(
+    small_pack: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Under a UTF-8 locale stdout is strict: a name with a lone surrogate raised
+    # UnicodeEncodeError in the summary line, after the work was done.
+    copied = tmp_path / os.fsdecode(b"copy-\xff")
+    assert main(["copy", str(small_pack), str(copied), "--no-progress"]) == 0
+    assert main(["export", str(copied), str(tmp_path / os.fsdecode(b"files-\xfe")), "--no-progress"]) == 0
+    assert main(["show", str(copied), "-o", str(tmp_path / os.fsdecode(b"sheet-\xfd.png"))]) == 0
+    out = capsys.readouterr().out
+    assert "copy-\\udcff" in out and "files-\\udcfe" in out and "sheet-\\udcfd.png" in out
+    assert sorted(os.listdir(os.fsencode(tmp_path))) == [
+        b"copy-\xff",
+        b"files-\xfe",
+        b"sheet-\xfd.png",
+        b"small",
+        b"small.lmdb",
+    ]
+
+
+def test_a_destination_below_a_file_is_named_with_what_to_do(
+    small_pack: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # makedirs says 'File exists' (EEXIST) when a folder on the way is a file: the hint
+    # was 'check that the disk is present and healthy'.
+    file = write(tmp_path / "notes.txt", b"mine")
+    for argv, code in (
+        (["copy", str(small_pack), str(file / "copy")], EXIT_CODES["pack failed"]),
+        (["show", str(small_pack), "-o", str(file / "sheet.png")], EXIT_CODES["other error"]),
+    ):
+        assert main(argv) == code
+        err = capsys.readouterr().err
+        assert str(file) in err and "a file is already there" in err and "healthy" not in err
+    assert file.read_bytes() == b"mine"
 
 
 def test_every_command_works_on_a_sharded_pack(

@@ -113,6 +113,19 @@ def test_single_pack_round_trip(s3: S3, tmp_path: Path) -> None:
         open_pack(s3.url("single"), cache_dir=tmp_path / "cache")
 
 
+def test_an_interrupted_download_says_a_rerun_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import lmdbfolder.tools.copy as copy_module
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # Ctrl-C (or SIGTERM) half way
+
+    monkeypatch.setattr(copy_module, "_download", interrupted)
+    assert main(["copy", "s3://bucket/train", str(tmp_path / "dst")]) == EXIT_CODES["interrupted"]
+    assert "interrupted; run the same command again to resume" in capsys.readouterr().err
+
+
 def _journal_bytes(copying: Path, names: list[str], part: int) -> int:
     """Bytes the interrupted copy had on disk: published shards whole, plus the journaled parts."""
     done = 0
@@ -568,6 +581,26 @@ def test_overwriting_a_sharded_upload_with_a_single_pack_leaves_no_stale_index(
     result = copy_pack(url, back, part_size=PART)
     assert (result.count, result.shards) == (6, 1)
     assert filecmp.cmp(single / DATA_FILE, back / DATA_FILE, shallow=False)
+
+
+def test_overwrite_never_replaces_objects_that_are_not_a_pack(
+    s3: S3, sharded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --overwrite deleted (or wrote over) a data.mdb or index.json at the URL that was no pack.
+    single = tmp_path / "single.lmdb"
+    pack(noise_tree(tmp_path / "tree", classes=2, per_class=3), single, progress=False)
+    client = s3.client()
+    for name, blob in ((DATA_FILE, b"my own notes, not a database"), (SHARD_INDEX_FILE, b'{"mine": true}')):
+        url = s3.url(f"stranger-{name}")
+        client.pipe(f"{s3.bucket}/stranger-{name}/{name}", blob)
+        for src in (single, sharded):
+            assert main(["copy", str(src), url, "--overwrite", "--no-progress"]) == EXIT_CODES["output exists"]
+            err = capsys.readouterr().err
+            assert f"{url}/{name}" in err and "not" in err and "hint:" in err
+        assert client.find(f"{s3.bucket}/stranger-{name}") == [f"{s3.bucket}/stranger-{name}/{name}"]
+        assert client.cat(f"{s3.bucket}/stranger-{name}/{name}") == blob
+    copy_pack(single, s3.url("ours"))  # a pack of ours is still replaced
+    assert main(["copy", str(sharded), s3.url("ours"), "--overwrite", "--no-progress"]) == 0
 
 
 def test_overwriting_a_single_upload_leaves_no_stale_skipped_report(s3: S3, tmp_path: Path) -> None:

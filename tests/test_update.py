@@ -340,6 +340,21 @@ def test_update_of_a_missing_pack_packs_it(small_tree: Path, tmp_path: Path) -> 
     assert result.changes is None and not result.already_packed and result.count == 12
 
 
+def test_an_update_that_would_leave_no_image_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tree(tmp_path / "src", classes=("cat", "dog"), per_class=1)
+    pack(src, tmp_path / "p", progress=False)
+    before = contents(tmp_path / "p")
+    for image in src.rglob("*.jpg"):
+        image.unlink()
+    argv = ["pack", str(src), str(tmp_path / "p"), "--update", "--allow-empty", "--no-progress"]
+    assert main(argv) == EXIT_CODES["source error"]
+    err = capsys.readouterr().err
+    assert str(src) in err and "holds no image" in err and "hint:" in err
+    assert contents(tmp_path / "p") == before
+
+
 # -- interrupted updates --------------------------------------------------------------------
 _CHILD = """
 import os, signal, sys
@@ -641,6 +656,20 @@ def test_sharded_update_rewrites_only_the_changed_shards(tmp_path: Path) -> None
     assert_imagefolder(src, dst)
     assert verify(dst, progress=False).ok
     assert pack_sharded(src, dst, update=True, progress=False).already_packed
+
+
+def test_sharded_update_names_the_missing_shards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tree(tmp_path / "src", classes=("a", "b", "c"), per_class=2)
+    dst = tmp_path / "sh"
+    pack_sharded(src, dst, shards=3, progress=False)
+    names = [e["name"] for e in json.loads((dst / "index.json").read_text())["shards"]]
+    os.rename(dst / names[1], tmp_path / "elsewhere")
+    new_image(src / "a" / "img00b.jpg", 70)
+    before = contents(dst / names[0])
+    assert main(["pack", str(src), str(dst), "--update", "--no-progress"]) == EXIT_CODES["not a pack"]
+    err = capsys.readouterr().err
+    assert f"1 of 3 shards is missing: {names[1]}" in err and "copy the missing shard" in err
+    assert contents(dst / names[0]) == before and sorted(os.listdir(dst)) == sorted([names[0], names[2], "index.json"])
 
 
 def test_sharded_update_killed_before_the_index_reads_as_the_old_version(tmp_path: Path) -> None:

@@ -543,6 +543,8 @@ _OS_HINTS: dict[int, str] = {
     errno.EROFS: "that file system is mounted read-only: choose a path on a writable one",
     errno.EISDIR: "a folder is where a file was expected: choose another path, or remove the folder",
     errno.ENOTDIR: "a file is where a folder was expected: check the path",
+    # makedirs, when a folder on the way is a file (creating a file that exists, too)
+    errno.EEXIST: "a file is already there, where a folder (or a new file) was to be made: check the path",
     errno.ENAMETOOLONG: "the name is longer than this file system allows: choose a shorter path",
     errno.ENOENT: "check the path: a folder on the way may be missing",
 }

@@ -577,7 +577,9 @@ def _copy_items(pf: PageFile, src: str, out: str, binding: bytes | None) -> None
     map_size = pf.size + pf.size // 4 + (64 << 20)
     try:
         reserve_lock_file(out)  # a full disk: ENOSPC here, not SIGBUS inside lmdb.open
-        env = lmdb.open(out, map_size=map_size, subdir=True, readahead=False, meminit=False, sync=False, max_dbs=0)
+        env = lmdb.open(
+            os.fsencode(out), map_size=map_size, subdir=True, readahead=False, meminit=False, sync=False, max_dbs=0
+        )
     except lmdb.Error as exc:
         raise PackError(f"cannot create the copy of {src} in {out}: {exc}", "check the destination") from None
     try:

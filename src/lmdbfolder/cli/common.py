@@ -76,6 +76,8 @@ def run_command(args: argparse.Namespace) -> int:
     (and SIGTERM) and a closed pipe into one message on stderr and an exit code."""
     run: Callable[[argparse.Namespace], int] = args.run
     previous = _terminate_as_interrupt()
+    stdout = sys.stdout
+    errors = _escape_unencodable(stdout)
     try:
         return run(args)
     # Before OSError: some of ours are OSErrors too (DecodeError, CorruptRecordError,
@@ -99,12 +101,43 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"lmdbfolder {args.command}: error: {text}", file=sys.stderr)
         return EXIT_CODES["pack failed"] if args.command in WRITING_COMMANDS else EXIT_CODES["other error"]
     except KeyboardInterrupt:
-        hint = "; run the same command again to resume" if args.command == "pack" else ""
+        hint = "; run the same command again to resume" if _resumes(args) else ""
         print(f"lmdbfolder {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_CODES["interrupted"]
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if errors is not None:
+            stdout.reconfigure(errors=errors)  # type: ignore[union-attr]
+
+
+def _escape_unencodable(stream: Any) -> str | None:
+    """Let ``stream`` write what its encoding cannot as ``\\udcff`` escapes; return its
+    previous error handler to restore (None when unchanged).
+
+    A file name that is not UTF-8 is a str with lone surrogates (``os.fsdecode``),
+    and a strict stdout (a UTF-8 locale) raised UnicodeEncodeError on it in a
+    summary line, after the work was done."""
+    errors = getattr(stream, "errors", None)
+    if errors != "strict" or not hasattr(stream, "reconfigure"):
+        return None
+    try:
+        stream.reconfigure(errors="backslashreplace")
+    except (AttributeError, ValueError, OSError):  # a stream that cannot change
+        return None
+    return "strict"
+
+
+def _resumes(args: argparse.Namespace) -> bool:
+    """Whether running the interrupted command again resumes it: a pack, and a
+    download (its parts are journaled in ``DST.copying``)."""
+    if args.command == "pack":
+        return True
+    if args.command == "copy":
+        from lmdbfolder.remote import is_url
+
+        return is_url(args.src) and not is_url(args.dst)
+    return False
 
 
 def _reader_gone(stream: Any) -> bool:

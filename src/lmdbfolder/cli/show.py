@@ -18,9 +18,9 @@ def add_parser(sub: Any) -> None:
         "show",
         help="draw samples of a pack as a PNG contact sheet, to check it by eye",
         description="Write a PNG grid of samples of the pack DST, decoded as ImageFolder loads them, each "
-        "captioned with its index and class: a few per class (default 4, a row per class), a random sample, "
-        "or the given indices. A sample that does not decode (or whose record is damaged) is drawn as a red "
-        "tile and makes the exit code 1, as `lmdbfolder verify` does.",
+        "captioned with its index and class: a few per class (default 4, fewer for many classes; a row per "
+        "class), a random sample, or the given indices. A sample that does not decode (or whose record is "
+        "damaged) is drawn as a red tile and makes the exit code 1, as `lmdbfolder verify` does.",
     )
     p.add_argument("pack", metavar="DST", help="pack directory")
     p.add_argument("-o", "--output", metavar="PNG", help="the sheet to write (default: <pack name>-sheet.png here)")

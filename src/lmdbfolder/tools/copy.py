@@ -36,21 +36,31 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
+import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from lmdbfolder import packdir
-from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, RemoteError
+from lmdbfolder.errors import (
+    FormatVersionError,
+    NotAPackError,
+    OptionError,
+    OutputExistsError,
+    PackError,
+    RemoteError,
+)
 from lmdbfolder.format import (
     COPYING_SUFFIX,
     DATA_FILE,
+    MAX_INDEX_FILE_BYTES,
     SHARD_INDEX_FILE,
     SKIPPED_REPORT,
     decode_shard_index,
     encode_shard_index,
 )
+from lmdbfolder.pagefile import MDB_MAGIC, PAGEHDRSZ
 from lmdbfolder.progress import Progress
 from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Remote, download, file_sha256, is_url
 from lmdbfolder.text import plural
@@ -110,7 +120,8 @@ def copy_pack(
     built in ``<dst>.copying`` and renamed to ``dst`` when complete.
     ``dst`` must not exist unless ``overwrite``, and then it must be provably
     an lmdbfolder pack (never a directory holding anything else, never a
-    symbolic link); it must not overlap ``src``. ``verify=True`` checks every
+    symbolic link; at a URL, never an ``index.json`` that is not a pack's index or a
+    ``data.mdb`` that is not an LMDB database); it must not overlap ``src``. ``verify=True`` checks every
     record of the copy (``lmdbfolder.verify``) before it is published.
 
     Example:
@@ -357,6 +368,33 @@ def _fetch_report(remote: Remote, local_dir: str) -> None:
     packdir.write_atomically(local_dir, SKIPPED_REPORT, pieces, f".{SKIPPED_REPORT}.tmp")
 
 
+def _check_remote_replaceable(remote: Remote) -> None:
+    """OutputExistsError unless what ``--overwrite`` would replace at ``remote`` is a
+    pack: an ``index.json`` that reads as a sharded pack's index, a ``data.mdb`` that
+    starts with an LMDB meta page. The objects at a URL may be anyone's."""
+    index = remote.child(SHARD_INDEX_FILE)
+    if index.exists():
+        try:
+            decode_shard_index(index.read_at_most(MAX_INDEX_FILE_BYTES + 1), where=index.url)
+        except FormatVersionError:
+            pass  # a pack of another format version: a pack all the same
+        except NotAPackError as exc:
+            raise OutputExistsError(
+                index.url,
+                f"is not the index of an lmdbfolder pack ({exc.message}); refusing to replace it",
+                "remove it yourself, or choose another URL",
+            ) from None
+    data = remote.child(DATA_FILE)
+    if data.exists():
+        head = data.read_at_most(PAGEHDRSZ + 4)
+        if len(head) < PAGEHDRSZ + 4 or struct.unpack_from("<I", head, PAGEHDRSZ)[0] != MDB_MAGIC:
+            raise OutputExistsError(
+                data.url,
+                "is not an LMDB database (no LMDB meta page at its start); refusing to replace it",
+                "remove it yourself, or choose another URL",
+            )
+
+
 def _upload(
     src: str | os.PathLike[str],
     dst: str,
@@ -389,6 +427,7 @@ def _upload(
         for entry in index["shards"]:
             packdir.check_single(os.path.join(found.path, entry["name"]))
     if overwrite:
+        _check_remote_replaceable(remote)
         # The old pack's index first: until the new one lands this is an unfinished upload, never
         # the old index naming shards half replaced (or, under a single pack, the old pack itself).
         remote.child(SHARD_INDEX_FILE).remove()

@@ -6,7 +6,7 @@ decoded exactly as ImageFolder loads it (``Reader.image``), shrunk to fit a
 square of ``size`` pixels (aspect ratio kept, centred), with a caption: its
 index and class name. Three selections:
 
-* ``per_class=K`` (the default, K=4): a row per class, its first, middle
+* ``per_class=K`` (the default, K=4, fewer for many classes): a row per class, its first, middle
   and last samples evenly spread (so a class that is wrong somewhere in the
   middle shows it);
 * ``random=N``: N samples drawn at random (``seed``);
@@ -14,6 +14,11 @@ index and class name. Three selections:
 
 A sample that does not decode (or whose record is damaged) becomes a red
 tile saying so, instead of stopping the sheet.
+
+The sheet is written to a temporary file beside ``out`` and renamed over it
+when complete. ``out`` may be an earlier sheet (a PNG file), never a path
+inside the pack nor any other file: nothing we did not make is overwritten.
+A sheet of more than ``MAX_SHEET_PIXELS`` is refused before it is drawn.
 """
 
 from __future__ import annotations
@@ -21,20 +26,35 @@ from __future__ import annotations
 import math
 import os
 import random as _random
+import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
-from lmdbfolder.errors import CorruptRecordError, DecodeError, OptionError
-from lmdbfolder.format import NO_LABEL
+from lmdbfolder import packdir
+from lmdbfolder.errors import CorruptRecordError, DecodeError, OptionError, OutputExistsError
+from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.text import printable
 
-__all__ = ["SheetResult", "contact_sheet", "choose_samples", "MAX_TILES", "DEFAULT_PER_CLASS", "PAD", "CAPTION"]
+__all__ = [
+    "SheetResult",
+    "contact_sheet",
+    "choose_samples",
+    "MAX_TILES",
+    "MAX_SHEET_PIXELS",
+    "DEFAULT_PER_CLASS",
+    "PAD",
+    "CAPTION",
+]
 
 #: The most tiles one sheet holds (a 1,000-class pack shows one sample per class).
 MAX_TILES = 1024
+#: The most pixels of one sheet (3 bytes each in memory): 1,024 tiles of 128 px take 20 million.
+MAX_SHEET_PIXELS = 200_000_000
+#: The first bytes of every PNG file: an existing ``out`` that starts otherwise is not a sheet.
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DEFAULT_PER_CLASS = 4
 #: Pixels between tiles, and the height of the caption strip under each tile.
 PAD = 4
@@ -76,7 +96,9 @@ def choose_samples(
     """The sample indices to show and the number of columns of the grid.
 
     At most one of ``per_class``, ``random`` and ``indices``; none means
-    ``per_class=DEFAULT_PER_CLASS`` (or 16 random samples for an unlabelled pack).
+    ``per_class=DEFAULT_PER_CLASS``, fewer when the classes would pass
+    ``MAX_TILES`` (one each for 1,000 classes), or 16 random samples for an
+    unlabelled pack or one of more classes than a sheet holds.
     """
     n = len(labels)
     if sum(x is not None for x in (per_class, random, indices)) > 1:
@@ -91,10 +113,11 @@ def choose_samples(
             raise OptionError("give at least one index")
         return _checked(chosen), _columns(len(chosen))
     if per_class is None and random is None:
-        if num_classes == 0 or all(label == NO_LABEL for label in labels):
+        present = len(set(labels))  # the rows: classes kept without images have none
+        if num_classes == 0 or all(label == NO_LABEL for label in labels) or present > MAX_TILES:
             random = 16
         else:
-            per_class = DEFAULT_PER_CLASS
+            per_class = max(1, min(DEFAULT_PER_CLASS, MAX_TILES // max(1, present)))
     if random is not None:
         if random < 1:
             raise OptionError(f"random must be at least 1, got {random}")
@@ -131,6 +154,36 @@ def _checked(chosen: list[int]) -> list[int]:
             "show fewer samples (--per-class 1, --random N or --indices I ...)",
         )
     return chosen
+
+
+def _check_output(out: str, pack_path: str) -> None:
+    """Refuse an ``out`` inside the pack, or that exists and is not an earlier sheet (a PNG file)."""
+    if packdir.overlap(out, pack_path):
+        raise OptionError(
+            f"cannot write the sheet {out}: it is inside the pack {pack_path} (or is the pack)",
+            "choose an -o outside the pack",
+        )
+    if not os.path.lexists(out):
+        return
+    if os.path.islink(out) or not os.path.isfile(out):
+        raise OutputExistsError(out, "exists and is not a file; show never writes over it", "choose another -o")
+    try:
+        with open(out, "rb") as f:
+            head = f.read(len(_PNG_SIGNATURE))
+    except OSError as exc:
+        raise OutputExistsError(out, f"exists and cannot be read ({exc.strerror})", "choose another -o") from None
+    if head != _PNG_SIGNATURE:
+        raise OutputExistsError(
+            out,
+            "exists and is not a PNG image (an earlier sheet); show never writes over other files",
+            "choose another -o, or remove the file yourself",
+        )
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _font() -> Any:
@@ -181,13 +234,22 @@ def contact_sheet(
     if size < 16:
         raise OptionError(f"size must be at least 16 pixels, got {size}")
     out = os.path.abspath(os.fspath(out))
-    with open_pack(path) as reader:
+    found = packdir.require_pack(path)
+    _check_output(out, found.path)
+    with open_pack(found.path) as reader:
         classes = reader.classes
         chosen, columns = choose_samples(
             reader.labels, len(classes), per_class=per_class, random=random, indices=indices, seed=seed
         )
         rows = max(1, math.ceil(len(chosen) / columns))
         cell_w, cell_h = size + PAD, size + CAPTION + PAD
+        width, height = PAD + columns * cell_w, PAD + rows * cell_h
+        if width * height > MAX_SHEET_PIXELS:
+            raise OptionError(
+                f"a sheet of {len(chosen):,} tiles of {size:,} pixels would be {width:,}x{height:,} pixels; "
+                f"one sheet holds at most {MAX_SHEET_PIXELS:,} pixels",
+                "choose a smaller --size (tile size) or show fewer samples",
+            )
         sheet = Image.new("RGB", (PAD + columns * cell_w, PAD + rows * cell_h), _BACKGROUND)
         draw = ImageDraw.Draw(sheet)
         font = _font()
@@ -217,6 +279,18 @@ def contact_sheet(
             draw.text((x, y + size + 1), caption, fill=_TEXT, font=font)
             boxes.append(box)
             shown.append(index)
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    sheet.save(out, "PNG")
+    folder = os.path.dirname(out)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)[:100]}.", suffix=PARTIAL_SUFFIX, dir=folder)
+    except OSError as exc:  # name the sheet asked for, not the temporary name
+        raise OSError(exc.errno, exc.strerror, out) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            sheet.save(f, "PNG")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)  # made by this call
+        raise
     return SheetResult(out, sheet.width, sheet.height, columns, rows, size, shown, boxes, broken)

@@ -55,7 +55,7 @@ from lmdbfolder.format import (
     new_pack_id,
 )
 from lmdbfolder.progress import Progress
-from lmdbfolder.text import disk_size, skipped_line
+from lmdbfolder.text import disk_size, plural, skipped_line
 from lmdbfolder.write.compact import LabelList, PathList
 from lmdbfolder.write.options import PackOptions
 from lmdbfolder.write.processes import ProcessReader, processes_available
@@ -71,6 +71,7 @@ __all__ = [
     "batch_bytes",
     "sync_latency",
     "check_manifest_size",
+    "nothing_to_pack",
 ]
 
 #: The most bytes a batch holds before it commits (unless commit_bytes says).
@@ -364,7 +365,7 @@ class _Run:
                 "start over with --restart",
             )
         if not kept:
-            raise SourceError(self.sources.root, "every source file was skipped; nothing to pack")
+            raise nothing_to_pack(self.sources.root, len(self.sources))
         # Straight from the compact sample list: no Python object per sample.
         manifest = self._manifest()
         tables = {
@@ -441,6 +442,21 @@ def skipped_entries(
             entry["size"], entry["mtime_ns"] = stats[s]
         out.append(entry)
     return out
+
+
+def nothing_to_pack(root: Any, sources: int) -> SourceError:
+    """The error of a pack (or update) left with no image: none found, or every one skipped."""
+    if not sources:
+        return SourceError(
+            root,
+            "it holds no image file (its class folders are empty); a pack needs at least one image",
+            "add images to it (an update cannot empty a pack: remove the pack yourself if that is what you want)",
+        )
+    return SourceError(
+        root,
+        f"every one of its {plural(sources, 'source file')} was skipped; nothing to pack",
+        "`lmdbfolder pack SRC DST --dry-run` lists each skipped file and why: fix or replace those files",
+    )
 
 
 def history_entry(event: str, at: str, pack_id: str, count: int, **changes: Any) -> dict[str, Any]:

@@ -113,7 +113,7 @@ def _compact_if_needed(partial: str, *, force: bool = False, free_fraction: floa
     ``force``. The copy replaces the file by a rename: a process that has the
     old file mapped keeps reading it (``pack --update`` compacts a published
     pack this way)."""
-    env = lmdb.open(partial, readonly=True, lock=False, subdir=True)
+    env = lmdb.open(os.fsencode(partial), readonly=True, lock=False, subdir=True)
     try:
         limit = _COMPACT_FREE_FRACTION if free_fraction is None else free_fraction
         if not force and _free_fraction(env) < limit:
@@ -122,7 +122,8 @@ def _compact_if_needed(partial: str, *, force: bool = False, free_fraction: floa
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp)
         try:
-            env.copy(tmp, compact=True)
+            # bytes (py-lmdb takes them; its stubs say str): a str is encoded as UTF-8.
+            env.copy(os.fsencode(tmp), compact=True)  # type: ignore[arg-type]
         except lmdb.Error:
             # No room for the compacted copy (it needs as much space as the
             # pack): publish the pack as it is; it is complete, just not dense.

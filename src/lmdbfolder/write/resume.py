@@ -134,7 +134,7 @@ def _open_env(partial: str, map_size: int) -> lmdb.Environment:
         raise PackError(*os_refusal(exc, "cannot write", partial)) from None
     try:
         return lmdb.open(
-            partial,
+            os.fsencode(partial),  # bytes: LMDB takes a str as UTF-8, and a name need not be
             map_size=map_size,  # sizing.plan's, which holds room on top of the estimate
             subdir=True,
             readahead=False,

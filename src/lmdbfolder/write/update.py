@@ -92,6 +92,7 @@ from lmdbfolder.write.loop import (
     _write_error,
     check_manifest_size,
     history_entry,
+    nothing_to_pack,
     skipped_entries,
 )
 from lmdbfolder.write.options import CHECKS, CONTENT_CHECK, PackOptions
@@ -609,7 +610,7 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
                 changes.added += 1
     samples = np.flatnonzero(is_sample)
     if not len(samples):
-        raise SourceError(sources.root, "every source file was skipped; nothing to pack")
+        raise nothing_to_pack(sources.root, len(sources))
     out.keys, out.sizes, out.mtimes = keys[samples], sizes[samples], mtimes[samples]
     out.skipped = sorted(skipped)
     # Records no sample uses any more: files removed, replaced or relabelled.
@@ -762,7 +763,7 @@ def _commit(
         raise PackError(*os_refusal(exc, "cannot update", old.path)) from None
     try:
         env = lmdb.open(
-            old.path,
+            os.fsencode(old.path),
             map_size=map_size,
             subdir=True,
             readahead=False,

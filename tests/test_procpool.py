@@ -7,6 +7,7 @@ inline), and through `pack`, whose three pipelines must write the same pack.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -40,6 +41,12 @@ def test_processes_are_used_only_without_other_threads() -> None:
     if sys.platform != "linux":
         assert not processes_available()
         return
+    # A thread pool of an earlier test's dataset (threads=N) ends once the dataset is
+    # collected: collect it and wait for its threads, which then end by themselves.
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and thread.name.startswith(("lmdbfolder-batch", "ThreadPool")):
+            thread.join()
     assert processes_available(), f"a thread was left running: {threading.enumerate()}"
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)

@@ -83,6 +83,7 @@ __all__ = [
     "pack_size",
     "dir_size",
     "shard_entries",
+    "missing_shards",
     "overlap",
     "why_not_replaceable",
     "check_replaceable",
@@ -631,3 +632,15 @@ def write_atomically(directory: str, name: str, data: bytes | Iterable[bytes], t
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, name))
     fsync_path(directory)
+
+
+def missing_shards(path: str, missing: list[str], total: int) -> NotAPackError:
+    """The error for a sharded pack at ``path`` whose shard folders ``missing`` (of
+    ``total``) are not there: it names them (the first ten) and says what to do."""
+    return NotAPackError(
+        path,
+        f"{len(missing)} of {total} shards {'is' if len(missing) == 1 else 'are'} missing: "
+        f"{', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""),
+        "copy the missing shard directories next to index.json (or repack them with "
+        "`lmdbfolder pack ... --shard-index I`)",
+    )

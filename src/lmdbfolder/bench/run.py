@@ -391,8 +391,9 @@ def _make_packs(cfg: BenchConfig, workdir: str) -> _Packs:
             try:
                 result = pack(cfg.src, packed, progress=cfg.progress)
             except SourceError as exc:
-                if not exc.hint:  # every file skipped: none is an image ImageFolder could read either
-                    exc.hint = IMAGEFOLDER_TREE_HINT
+                # Every file skipped: none is an image ImageFolder could read either (pack's
+                # own hint, how to list them, after bench's).
+                exc.hint = IMAGEFOLDER_TREE_HINT + (f"; {exc.hint}" if exc.hint else "")
                 raise
         pack_info.update(packed_in_seconds=round(result.seconds, 2), images_per_second=round(result.images_per_second))
         say(f"packed {result.count:,} images into {packed} in {result.seconds:.1f} s")

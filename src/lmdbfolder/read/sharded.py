@@ -25,7 +25,7 @@ from lmdbfolder.format import SHARD_INDEX_FILE, shard_matches
 from lmdbfolder.read.reader import PackAPI, Reader, Record
 from lmdbfolder.read.staging import StagedPack
 
-__all__ = ["ShardedReader", "missing_shards", "out_of_place"]
+__all__ = ["ShardedReader", "out_of_place"]
 
 #: Shards of a staged pack one process keeps mapped at most (the least recently
 #: opened is closed): evicted shards free their disk space once no map holds them.
@@ -78,7 +78,7 @@ class ShardedReader(PackAPI):
         self._count: int = self.meta["count"]
         missing = [] if staging else [n for n in self._names if not os.path.isdir(os.path.join(self.path, n))]
         if missing:
-            raise missing_shards(self.path, missing, len(self._names))
+            raise packdir.missing_shards(self.path, missing, len(self._names))
         self._reset_shards()
 
     def _reset_shards(self) -> None:
@@ -304,18 +304,6 @@ class ShardedReader(PackAPI):
             f"ShardedReader({self.path!r}, count={self._count}, shards={len(self._names)}, "
             f"classes={len(self.meta['classes'])}, store={self.store!r})"
         )
-
-
-def missing_shards(path: str, missing: list[str], total: int) -> NotAPackError:
-    """The error for a sharded pack at ``path`` whose shard folders ``missing`` (of
-    ``total``) are not there: it names them (the first ten) and says what to do."""
-    return NotAPackError(
-        path,
-        f"{len(missing)} of {total} shards {'is' if len(missing) == 1 else 'are'} missing: "
-        f"{', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""),
-        "copy the missing shard directories next to index.json (or repack them with "
-        "`lmdbfolder pack ... --shard-index I`)",
-    )
 
 
 def out_of_place(meta: dict[str, Any], k: int, num_shards: int) -> str | None:

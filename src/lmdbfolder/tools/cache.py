@@ -26,7 +26,6 @@ from lmdbfolder.errors import NotAPackError
 from lmdbfolder.format import DATA_FILE
 from lmdbfolder.pagefile import open_regular
 from lmdbfolder.progress import Progress
-from lmdbfolder.read.sharded import missing_shards
 
 __all__ = ["EvictReport", "WarmReport", "can_evict", "evict", "resident_fraction", "warm"]
 
@@ -208,7 +207,7 @@ def _open_data_files(found: packdir.Found, files: list[str]) -> list[int]:
     sharded = found.kind is packdir.Kind.SHARDED
     missing = [os.path.basename(os.path.dirname(f)) for f in files if sharded and not os.path.isdir(os.path.dirname(f))]
     if missing:
-        raise missing_shards(found.path, missing, len(files))
+        raise packdir.missing_shards(found.path, missing, len(files))
     fds: list[int] = []
     try:
         for path in files:

@@ -703,9 +703,7 @@ def update_sharded(
         raise OptionError(f"{root} holds shards named {found_prefix[0]}-*, not {prefix}-*")
     missing = [e["name"] for e in entries if not os.path.isdir(os.path.join(root, e["name"]))]
     if missing:  # as readers say it, before any shard is read
-        from lmdbfolder.read.sharded import missing_shards
-
-        raise missing_shards(root, missing, num)
+        raise packdir.missing_shards(root, missing, num)
     owner: dict[bytes, int] = {}
     for k, entry in enumerate(entries):
         path = os.path.join(root, entry["name"])

@@ -234,7 +234,10 @@ def test_the_tree_cpu_includes_child_processes() -> None:
     code = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.3: pass"
     subprocess.run([sys.executable, "-c", code], check=True)  # reaped: its CPU time is this tree's now
     after = proc_cpu_sample()
-    assert after[1] - before[1] >= 0.3
+    # The kernel accounts a child's CPU in clock ticks, sampled, and the difference of two
+    # float sums is not exact: 0.3 s of work read 31.83 - 31.53 = 0.2999... in a clean
+    # checkout's run. Without the children it reads ~0.
+    assert after[1] - before[1] >= 0.2
     if before[0] is not None:
         # /proc/stat's totals are sampled at each timer tick, not accounted exactly as a
         # process's own time is: on a VM 0.3 s of work can show as 0.28 s there

@@ -138,6 +138,31 @@ static enum outcome read_region(j_decompress_ptr cinfo, int left, int top, int w
     return DONE;
 }
 
+/* The region decode of a JPEG in memory: libjpeg set up with this module's error
+ * handling, the header read, read_region, the decompressor destroyed (which aborts:
+ * the rows below the crop are never read). `err` says what libjpeg said. Needs no GIL. */
+static enum outcome decode_into(const JOCTET *data, size_t len, int left, int top, int width, int height,
+                                Py_buffer *out, int expect_w, int expect_h, JDIMENSION *x0, JDIMENSION *w0,
+                                error_mgr *err) {
+    struct jpeg_decompress_struct cinfo;
+    memset(&cinfo, 0, sizeof(cinfo)); /* jpeg_destroy of a never-created object is then a no-op */
+    memset(err, 0, sizeof(*err));
+    cinfo.err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_message;
+    volatile enum outcome result = DONE; /* volatile: set after a longjmp */
+    if (setjmp(err->jump)) {
+        result = LIBJPEG_ERROR;
+    } else {
+        jpeg_create_decompress(&cinfo);
+        jpeg_mem_src(&cinfo, data, (unsigned long)len);
+        jpeg_read_header(&cinfo, TRUE);
+        result = read_region(&cinfo, left, top, width, height, out, expect_w, expect_h, x0, w0);
+    }
+    jpeg_destroy_decompress(&cinfo);
+    return result;
+}
+
 PyDoc_STRVAR(decode_region_doc,
 "decode_region(data, left, top, width, height, out, image_width=0, image_height=0) -> (x0, w0)\n\n"
 "Decode rows top .. top+height-1 of the JPEG ``data`` as RGB into the writable\n"
@@ -154,26 +179,12 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
     int left, top, width, height, expect_w = 0, expect_h = 0;
     if (!PyArg_ParseTuple(args, "y*iiiiw*|ii", &data, &left, &top, &width, &height, &out, &expect_w, &expect_h))
         return NULL;
-    struct jpeg_decompress_struct cinfo;
     error_mgr err;
-    memset(&cinfo, 0, sizeof(cinfo)); /* jpeg_destroy of a never-created object is then a no-op */
-    memset(&err, 0, sizeof(err));
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
-    volatile enum outcome result = DONE; /* volatile: set after a longjmp */
-    JDIMENSION x0 = 0, w0 = 0;           /* read only when no longjmp happened */
+    enum outcome result;
+    JDIMENSION x0 = 0, w0 = 0; /* read only when the decode is DONE */
     Py_BEGIN_ALLOW_THREADS
-    if (setjmp(err.jump)) {
-        result = LIBJPEG_ERROR;
-    } else {
-        jpeg_create_decompress(&cinfo);
-        jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
-        jpeg_read_header(&cinfo, TRUE);
-        result = read_region(&cinfo, left, top, width, height, &out, expect_w, expect_h, &x0, &w0);
-    }
-    /* jpeg_destroy also aborts: the rows below the crop are never read. */
-    jpeg_destroy_decompress(&cinfo);
+    result = decode_into((const JOCTET *)data.buf, (size_t)data.len, left, top, width, height, &out, expect_w, expect_h,
+                         &x0, &w0, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
@@ -669,27 +680,13 @@ static void native_run_job(BatchObject *b, native_job *j, native_scratch *s) {
         snprintf(j->error, sizeof j->error, "no memory for the region");
         return;
     }
-    struct jpeg_decompress_struct cinfo;
     error_mgr err;
-    memset(&cinfo, 0, sizeof(cinfo));
-    memset(&err, 0, sizeof(err));
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = on_error;
-    err.pub.emit_message = on_message;
     Py_buffer out;
     memset(&out, 0, sizeof(out));
     out.buf = s->region, out.len = (Py_ssize_t)need;
-    volatile enum outcome result = DONE;
     JDIMENSION x0 = 0, w0 = 0;
-    if (setjmp(err.jump)) {
-        result = LIBJPEG_ERROR;
-    } else {
-        jpeg_create_decompress(&cinfo);
-        jpeg_mem_src(&cinfo, j->data, (unsigned long)j->len);
-        jpeg_read_header(&cinfo, TRUE);
-        result = read_region(&cinfo, j->left, j->top, j->width, j->height, &out, j->image_w, j->image_h, &x0, &w0);
-    }
-    jpeg_destroy_decompress(&cinfo);
+    enum outcome result = decode_into(j->data, (size_t)j->len, j->left, j->top, j->width, j->height, &out, j->image_w,
+                                      j->image_h, &x0, &w0, &err);
     if (result != DONE || err.warned) {
         j->failed = 1;
         snprintf(j->error, sizeof j->error, "region decode: %s", result == LIBJPEG_ERROR || err.warned ? err.message : "not a case it takes");

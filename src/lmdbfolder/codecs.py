@@ -237,6 +237,11 @@ class Encoding:
         size is checked against the claim (``expect``)."""
         return self.expect(np.asarray(self.decode_rgb(payload, width, height)), width, height)
 
+    def regionable(self, payload: bytes | memoryview, channels: int) -> bool:
+        """Whether the compiled region decoder may decode this record (``region``; the
+        native batch): else it is decoded whole."""
+        return False
+
     def region(
         self,
         payload: bytes | memoryview,
@@ -374,9 +379,7 @@ class Jpeg(_Parsed):
         buffer: np.ndarray,
         height: int = 0,
     ) -> tuple[np.ndarray, tuple[int, int, int, int]] | None:
-        # Only a file that ends with its end-of-image marker: a truncated one is
-        # decoded whole, so it fails (or is decoded past) as in ImageFolder.
-        if channels not in (1, 3) or not self.ends_with_eoi(payload):
+        if not self.regionable(payload, channels):
             return None
         top, left, rows, cols = box
         need = 3 * width * rows  # the region's rows are at most the image's width
@@ -390,6 +393,11 @@ class Jpeg(_Parsed):
         check_bomb(width, height)  # Pillow's warning, as in ``pixels``
         offset = left - x0
         return buffer[: 3 * w0 * rows].reshape(rows, w0, 3), (offset, 0, offset + cols, rows)
+
+    def regionable(self, payload: bytes | memoryview, channels: int) -> bool:
+        # Only a file that ends with its end-of-image marker: a truncated one is
+        # decoded whole, so it fails (or is decoded past) as in ImageFolder.
+        return channels in (1, 3) and self.ends_with_eoi(payload)
 
     @staticmethod
     def ends_with_eoi(payload: bytes | memoryview, slack: int = 0) -> bool:

@@ -57,7 +57,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 from PIL import Image
 
-from lmdbfolder.codecs import Encoding, Jpeg, check_bomb, encoding_of
+from lmdbfolder.codecs import Encoding, check_bomb, encoding_of
 from lmdbfolder.read import crops
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import (
@@ -475,7 +475,7 @@ class NativeRun:
     def add(self, k: int, job: CropJob) -> None:
         """Queue image ``k`` (its slot of ``out``): a thread of the batch may start on it at once."""
         enc = job.encoding
-        if job.denom == 1 and enc.name == "jpeg" and job.channels in (1, 3) and Jpeg.ends_with_eoi(job.payload):
+        if job.denom == 1 and enc.regionable(job.payload, job.channels):
             top, left, height, width = job.box
             check_bomb(job.width, job.height)  # Pillow's warning, as the other paths give it
             self.batch.add(k, job.payload, left, top, width, height, job.width, job.height, job.flip)

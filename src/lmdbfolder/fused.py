@@ -649,14 +649,16 @@ class TransformPlan:
         images = pool().take((len(records), 3, out_h, out_w))
         bulk = draw_many is not None and torch.get_default_dtype() == torch.float32
         started = self.read.start(images.numpy()) if bulk else None
-        if started is not None:
-            # resize="native": the batch's threads start on the first images while this
-            # thread claims, draws and adds the next ones (NATIVE_CHUNK at a time: the same
-            # boxes and flips as one bulk draw, which consumes exactly what it used).
+        if bulk:
+            # Every claim of a part before any of its boxes is drawn. resize="native": the
+            # batch's threads start on the first images while this thread claims, draws and
+            # adds the next ones (NATIVE_CHUNK at a time: the same boxes and flips as one
+            # bulk draw, which consumes exactly what it used); else the batch is one part.
+            part_size = NATIVE_CHUNK if started is not None else max(1, len(records))
             jobs: list[CropJob] = []
             try:
-                for lo in range(0, len(records), NATIVE_CHUNK):
-                    part = records[lo : lo + NATIVE_CHUNK]
+                for lo in range(0, len(records), part_size):
+                    part = records[lo : lo + part_size]
                     encodings = []
                     for k, rec in enumerate(part, lo):
                         try:
@@ -666,25 +668,16 @@ class TransformPlan:
                     boxes, flips = draw_many([(rec.width, rec.height) for rec in part], flip)  # type: ignore[misc]
                     for rec, enc, box, flipped in zip(part, encodings, boxes, flips):
                         made = job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped)
-                        started.add(len(jobs), made)
+                        if started is not None:
+                            started.add(len(jobs), made)
                         jobs.append(made)
             except BaseException:
-                started.close()  # its threads end now, not when the traceback is let go
+                if started is not None:
+                    started.close()  # its threads end now, not when the traceback is let go
                 raise
-            started.finish(jobs)
-            return images
-        if bulk:
-            encodings = []
-            for k, rec in enumerate(records):  # every claim before any box is drawn
-                try:
-                    encodings.append(claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
-                except Exception as exc:  # Pillow raises many exception types for bad data
-                    raise BatchItemError(k, exc) from exc
-            boxes, flips = draw_many([(rec.width, rec.height) for rec in records], flip)  # type: ignore[misc]
-            jobs = [
-                job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped)
-                for rec, enc, box, flipped in zip(records, encodings, boxes, flips)
-            ]
+            if started is not None:
+                started.finish(jobs)
+                return images
         else:
             draw, rand = self._draw, torch.rand
             jobs = []

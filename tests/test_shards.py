@@ -459,3 +459,11 @@ def test_a_staging_path_that_is_a_file_is_refused_before_packing(small_tree: Pat
     with pytest.raises(OptionError, match=r"staging .*stage is not a folder"):
         pack_sharded(small_tree, tmp_path / "s", shards=2, staging=tmp_path / "stage", progress=False)
     assert (tmp_path / "stage").read_text() == "a file, not a folder"
+
+
+def test_a_forged_place_in_the_split_is_printed_escaped_and_bounded() -> None:
+    from lmdbfolder.read.sharded import out_of_place
+
+    said = out_of_place({"shard": {"index": "\x1b[2J" + "9" * 500, "num_shards": 3}}, 0, 3)
+    assert said is not None and "\x1b" not in said and len(said) < 120
+    assert out_of_place({"shard": {"index": 0, "num_shards": 3}}, 0, 3) is None

@@ -24,6 +24,7 @@ from lmdbfolder.errors import NotAPackError, PackChangedError
 from lmdbfolder.format import SHARD_INDEX_FILE, shard_matches
 from lmdbfolder.read.reader import PackAPI, Reader, Record
 from lmdbfolder.read.staging import StagedPack
+from lmdbfolder.text import printable
 
 __all__ = ["ShardedReader", "out_of_place"]
 
@@ -314,4 +315,6 @@ def out_of_place(meta: dict[str, Any], k: int, num_shards: int) -> str | None:
     place = meta.get("shard")
     if not isinstance(place, dict) or (place.get("index"), place.get("num_shards")) == (k, num_shards):
         return None
-    return f"it was packed as shard {str(place.get('index'))[:20]} of {str(place.get('num_shards'))[:20]} of its split"
+    # Read from a pack: escaped and bounded before it is printed.
+    index, num = printable(place.get("index"), 20), printable(place.get("num_shards"), 20)
+    return f"it was packed as shard {index} of {num} of its split"

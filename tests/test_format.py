@@ -596,7 +596,7 @@ def test_paths_round_trip(paths) -> None:
 
 
 def test_format_md_matches_constants() -> None:
-    """FORMAT.md quotes the struct strings and keys; keep it in step with format.py."""
+    """FORMAT.md quotes the struct strings and keys; keep it in step with the format package."""
     with open(os.path.join(os.path.dirname(__file__), "..", "FORMAT.md"), encoding="utf-8") as f:
         doc = f.read()
     assert fmt.RECORD_HEADER.format in doc
@@ -636,7 +636,7 @@ def test_an_ordinary_manifest_is_not_scanned_by_regular_expression(monkeypatch: 
 
     meta = {"classes": [f"c[{i}" for i in range(5)], "class_to_idx": {f"c[{i}": i for i in range(5)}, "x": {"y": [1]}}
     raw = fmt.encode_meta(meta)
-    monkeypatch.setattr(fmt, "_JSON_STRINGS", Refuse())
+    monkeypatch.setattr(fmt.manifest, "_JSON_STRINGS", Refuse())
     assert fmt.loads_json(raw, where="x", what="m", max_bytes=1 << 20) == meta
     with pytest.raises(AssertionError, match="scanned"):  # many brackets: the full scan runs
         fmt.loads_json(b"[" * 17 + b"]" * 17, where="x", what="m", max_bytes=100)

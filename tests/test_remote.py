@@ -657,11 +657,11 @@ def test_an_oversized_remote_index_is_refused_without_reading_it_whole(
 ) -> None:
     # A local index.json above MAX_INDEX_FILE_BYTES is refused before it is read; a remote one
     # was fetched whole into memory first (anyone's object at the URL: gigabytes).
-    import lmdbfolder.format
+    import lmdbfolder.format.shards
     import lmdbfolder.read.staging
 
     limit = 64 << 10
-    monkeypatch.setattr(lmdbfolder.format, "MAX_INDEX_FILE_BYTES", limit)
+    monkeypatch.setattr(lmdbfolder.format.shards, "MAX_INDEX_FILE_BYTES", limit)
     monkeypatch.setattr(lmdbfolder.read.staging, "MAX_INDEX_FILE_BYTES", limit)
     s3.client().pipe_file(f"{s3.bucket}/big/{SHARD_INDEX_FILE}", b" " * (1 << 20))
     proxy.reset()

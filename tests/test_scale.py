@@ -365,7 +365,7 @@ def test_shard_check_hashes_the_manifest_not_the_tables(tmp_path: Path, monkeypa
     def no_table_hash(*args: Any) -> str:
         raise AssertionError("the tables were hashed on open")
 
-    monkeypatch.setattr(fmt, "tables_digest", no_table_hash)
+    monkeypatch.setattr(fmt.shards, "tables_digest", no_table_hash)
     reader = open_pack(dst)
     assert [reader.get(i).index for i in reader.shard_offsets[:-1]] == reader.shard_offsets[:-1]
 

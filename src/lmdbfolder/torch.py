@@ -50,7 +50,7 @@ from lmdbfolder.read.selection import (
     select,
     source_root_of,
 )
-from lmdbfolder.read.stored_file import StoredFile, stored_file
+from lmdbfolder.read.stored_file import StoredFile, lend
 
 __all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
 
@@ -80,13 +80,16 @@ class LMDBDatasetFolder(DatasetFolder):
             exactly as ``pil_loader`` does (and with ``decoder``, ``size_hint``
             and the fused crop). Any other callable is called as ImageFolder
             calls it, with a path: a ``str`` naming a file that holds exactly
-            the packed bytes of the sample (in memory on Linux), whose
-            ``.source`` is the sample's path in ``samples``. So loaders that
+            the packed bytes of the sample, ending in the original file's
+            extension, whose ``.source`` is the sample's path in ``samples``.
+            It stays valid while the loader's result (or what the transform
+            made of it) lives, so a lazy ``Image.open``'s ``.filename`` can be
+            read again later (``lmdbfolder.read.stored_file``). So loaders that
             open a path work unchanged (``accimage_loader``,
             ``torchvision.io.decode_image``/``read_image``, ``cv2.imread``,
             ``Image.open``, ``np.load``, copies of ``pil_loader``); one that
-            parses the name should read ``path.source``. Needs a pack that
-            stores the files (not ``--store raw``).
+            parses the folder names should read ``path.source``. Needs a pack
+            that stores the files (not ``--store raw``).
         extensions: keep only the packed samples whose path ends with one of
             these (case-insensitive; a string or a tuple). Default: every
             packed sample (the pack applied its own extensions when it was
@@ -400,15 +403,17 @@ class LMDBDatasetFolder(DatasetFolder):
         if encoding_of(rec.encoding).stores_pixels:
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
         source = sample_path(self.source_root, self.reader.path_of(rec.index))
-        with stored_file(rec.payload, source, rec.index) as path:
+        with lend(rec.payload, source, rec.index) as lease:
             try:
-                sample = self._loader(path)
+                sample = self._loader(lease.path)
             except Exception as exc:
                 if hasattr(exc, "add_note"):  # Python 3.11+
                     exc.add_note(f"lmdbfolder: loader {self._loader!r} failed on record {rec.index} ({source})")
                 raise
+            lease.hold(sample)  # a lazy image reads the file (and its .filename names it) as long as it lives
             if self.transform is not None:
-                sample = self.transform(sample)  # inside the block: a lazy loader may still read the file
+                sample = self.transform(sample)
+                lease.hold(sample)
         return sample
 
     @property
@@ -690,8 +695,10 @@ class PackLoader:
             return decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
         if encoding_of(rec.encoding).stores_pixels:
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
-        with stored_file(rec.payload, sample_path(ds.source_root, ds.reader.path_of(index)), index) as stored:
-            return loader(stored)
+        with lend(rec.payload, sample_path(ds.source_root, ds.reader.path_of(index)), index) as lease:
+            loaded = loader(lease.path)
+            lease.hold(loaded)
+            return loaded
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PackLoader):

@@ -39,6 +39,7 @@ except ImportError as exc:  # a core-only install: say what to install
 from lmdbfolder import fused, transport
 from lmdbfolder.codecs import decode_hint, decode_rgb, encoding_of
 from lmdbfolder.read.capabilities import current
+from lmdbfolder.read.class_order import check_class_order, ordered_classes
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.plan import BatchItemError
 from lmdbfolder.read.reader import Record
@@ -143,6 +144,12 @@ class LMDBDatasetFolder(DatasetFolder):
             download per shard per node; ``lmdbfolder.read.staging``).
         cache_limit: for a URL ``root``: bytes of staged shards to keep at
             most; shards no rank of the node needs any more are evicted first.
+        class_order: how classes are numbered: ``"sorted"`` (default: the
+            pack's numbering, torchvision's sorted class names) or ``"timm"``
+            (timm's folder dataset's natural order, ``cat, class2, class10,
+            Dog``; ``lmdbfolder.read.class_order``), for a model trained
+            through ``timm.data.ImageDataset``. ``classes``, ``class_to_idx``,
+            ``targets``, ``samples`` and every label returned follow it.
 
     The batch fast path: when ``transform`` is
     ``lmdbfolder.fused.RandomResizedCrop(..., output="tensor")`` followed by at
@@ -200,6 +207,7 @@ class LMDBDatasetFolder(DatasetFolder):
         torch_threads: int | None = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
+        class_order: str = "sorted",
     ) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise OptionError(f"threads must be a whole number of at least 1, got {threads!r}")
@@ -207,6 +215,7 @@ class LMDBDatasetFolder(DatasetFolder):
             raise OptionError(f"torch_threads must be None or at least 1, got {torch_threads!r}")
         self.threads = threads
         self.torch_threads = torch_threads
+        self.class_order = check_class_order(class_order)  # before find_classes, which applies it
         self._plan_cache: fused.TransformPlan | None = None
         self._plan_key: tuple[Any, ...] = ()
         self._decoder_name: str | None = None
@@ -280,9 +289,11 @@ class LMDBDatasetFolder(DatasetFolder):
         ``FileNotFoundError``, as ImageFolder's "Couldn't find any class folder").
         """
         if _same_path(directory, self.root):
-            return list(self.reader.classes), dict(self.reader.class_to_idx)
-        with open_pack(directory) as other:
-            return list(other.classes), dict(other.class_to_idx)
+            classes, class_to_idx = self.reader.classes, self.reader.class_to_idx
+        else:
+            with open_pack(directory) as other:
+                classes, class_to_idx = other.classes, other.class_to_idx
+        return ordered_classes(list(classes), class_to_idx, getattr(self, "class_order", "sorted"))
 
     @staticmethod
     def make_dataset(  # type: ignore[override]
@@ -585,6 +596,8 @@ class LMDBDatasetFolder(DatasetFolder):
         ]
         if self._selection.indices is not None:
             lines.append(f"Selected: {len(self)} of {len(self.reader)} packed samples")
+        if self.class_order != "sorted":
+            lines.append(f"Class order: {self.class_order}")
         if not _decodes_itself(self._loader):
             lines.append(f"Loader: {self._loader!r}")
         return "\n".join(lines)
@@ -597,8 +610,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
     allow_empty)``: ImageFolder's arguments, in its order, with its meaning
     (see ``LMDBDatasetFolder`` for each, and for ``extensions``,
     ``source_root``, ``decoder``, ``size_hint``, ``readahead``,
-    ``verify_checksums``, ``prefetch``, ``cache_dir`` and ``cache_limit``,
-    which are keyword-only here). Code
+    ``verify_checksums``, ``prefetch``, ``cache_dir``, ``cache_limit`` and
+    ``class_order``, which are keyword-only here). Code
     written with DatasetFolder's order ``(root, loader, extensions, ...)``
     should use ``LMDBDatasetFolder``; a torchvision loader passed where the
     transform goes is refused with that advice.
@@ -635,6 +648,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         torch_threads: int | None = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
+        class_order: str = "sorted",
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(
@@ -655,6 +669,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
             torch_threads=torch_threads,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
+            class_order=class_order,
         )
 
 

@@ -171,7 +171,10 @@ class LMDBDatasetFolder(DatasetFolder):
         targets: the class index of every sample (-1 for unlabelled packs).
             Assigning a list replaces what ``targets`` returns and, as in
             ImageFolder, not the targets the samples are loaded with.
-        root: the pack directory. ``source_root``: see above.
+        root: the pack directory (a ``pathlib.Path`` if one was given). Sample
+            paths are *not* under it: ``os.path.relpath(path, ds.root)`` gives
+            ``../..``-paths; use ``ds.source_root`` or ``ds.filenames()``.
+            ``source_root``: see above.
         loader, extensions, transform, target_transform, transforms.
 
     Subclasses: override ``__getitem__`` to change what a sample is; the
@@ -233,7 +236,9 @@ class LMDBDatasetFolder(DatasetFolder):
             root, readahead=readahead, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit
         )
         self._selection = Selection.of(None, None, len(self.reader))
-        VisionDataset.__init__(self, self.reader.path, transform=transform, target_transform=target_transform)
+        VisionDataset.__init__(
+            self, _root_as_given(root, self.reader.path), transform=transform, target_transform=target_transform
+        )
         self.recorded_root = source_root_of(self.reader.meta)
         self.source_root = self.recorded_root
         if source_root is not None:
@@ -891,6 +896,15 @@ def _refuse_datasetfolder_order(transform: Any, target_transform: Any) -> None:
             f"target_transform must be callable, got {target_transform!r}; for DatasetFolder's order "
             "(root, loader, extensions, ...) use LMDBDatasetFolder"
         )
+
+
+def _root_as_given(given: Any, path: str) -> Any:
+    # ``root`` keeps the type it was given (a ``pathlib.Path`` stays one, as in
+    # ImageFolder); its value is the pack's directory.
+    if isinstance(given, os.PathLike) and not isinstance(given, str):
+        with contextlib.suppress(Exception):
+            return type(given)(path)
+    return path
 
 
 def _same_path(a: Any, b: Any) -> bool:

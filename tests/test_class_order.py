@@ -83,6 +83,7 @@ def test_every_label_follows_timms_order(named: tuple[Path, Path, Path], which: 
     batches = DataLoader(ds, batch_size=4, num_workers=1)
     assert [int(t) for _, targets in batches for t in targets] == ds.targets
     ds.transform = None
+
     # a find_classes override starting from super() gets timm's numbers
     class Keep(LMDBFolder):
         def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:

@@ -175,6 +175,34 @@ def test_dataloader_workers_read_each_samples_own_bytes(mixed: tuple[Path, Path]
     assert dead == []
 
 
+def _as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_an_image_from_a_worker_names_a_file_of_the_main_process(mixed: tuple[Path, Path], context: str) -> None:
+    # Pillow pickles a lazily opened image with its pixels and its .filename: in the
+    # main process that name must hold the sample's bytes too (a writer fed from a
+    # DataLoader reads it there), for as long as the image lives there.
+    _, packed = mixed
+    ds = LMDBFolder(packed, loader=Image.open)
+    ds[0]
+    gc.collect()
+    files = _lent_files()
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context, collate_fn=_as_list)
+    images = [img for batch in loader for img, _ in batch]
+    del loader
+    gc.collect()
+    assert len(_lent_files()) == len(files) + len(ds)
+    for i, img in enumerate(images):
+        assert os.path.dirname(img.filename) == stored_file.folder()
+        assert _filename_bytes(img) == _original(ds, i)
+        assert img.filename.source == ds.samples[i][0]
+    del images, img
+    gc.collect()
+    assert _lent_files() == files
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pathlib
 import sys
 import warnings
 from typing import Any, Callable, Sequence
@@ -901,10 +902,7 @@ def _refuse_datasetfolder_order(transform: Any, target_transform: Any) -> None:
 def _root_as_given(given: Any, path: str) -> Any:
     # ``root`` keeps the type it was given (a ``pathlib.Path`` stays one, as in
     # ImageFolder); its value is the pack's directory.
-    if isinstance(given, os.PathLike) and not isinstance(given, str):
-        with contextlib.suppress(Exception):
-            return type(given)(path)
-    return path
+    return type(given)(path) if isinstance(given, pathlib.PurePath) else path
 
 
 def _same_path(a: Any, b: Any) -> bool:

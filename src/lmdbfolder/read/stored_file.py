@@ -13,12 +13,16 @@ What a loader returns may keep using that path after the sample is made:
 image's bytes (LitData's ``optimize``, MosaicML's ``MDSWriter``, Hugging Face
 ``datasets``) read ``.filename`` again later, as they would read the original
 file of an ImageFolder sample. So the file is *lent* (``lend``): it lives as
-long as the caller's block and every object handed to ``Lease.hold`` (the
-loader's result, what the transform made of it), and is removed when the last
-of them is garbage-collected. Its name is ``<n><ext>``: ``n`` counts up and is
-never reused in the process (a name never comes to mean another sample), and
-``ext`` is the original file's extension, so loaders that branch on it
-(``.png`` vs ``.jpg``) take the same branch as for the original.
+long as the caller's block, the ``StoredFile`` itself and every object handed
+to ``Lease.hold`` (the loader's result, what the transform made of it), and is
+removed when the last of them is garbage-collected. A lent ``StoredFile``
+pickles with the file's bytes: a lazy image made in a DataLoader worker
+(Pillow pickles its ``.filename``) names a file of the main process there.
+
+Its name is ``<n><ext>``: ``n`` counts up and is never reused in the process
+(a name never comes to mean another sample), and ``ext`` is the original
+file's extension, so loaders that branch on it (``.png`` vs ``.jpg``) take the
+same branch as for the original.
 
 The files live in one private folder per process (``folder()``, mode 0700),
 made on first use under ``/dev/shm`` when it is a memory file system with
@@ -61,7 +65,13 @@ _SHM_MIN_FREE = 1 << 30
 
 class StoredFile(str):
     """The path given to a custom loader: a file holding the stored bytes of record
-    ``pack_index``, packed from ``source`` (the path ``samples`` shows for it)."""
+    ``pack_index``, packed from ``source`` (the path ``samples`` shows for it).
+
+    One made by ``lend`` keeps its file while it lives (so does whatever keeps
+    it: a lazy image's ``.filename``), and pickles with the file's bytes: where
+    it is unpickled (the main process, for a sample made in a DataLoader worker)
+    it names a file of that process holding them, kept while it lives there.
+    """
 
     source: str
     pack_index: int
@@ -74,6 +84,23 @@ class StoredFile(str):
 
     def __getnewargs__(self) -> tuple[str, str, int]:  # type: ignore[override]
         return (str(self), self.source, self.pack_index)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.__dict__.get("_token") is not None:
+            try:
+                with open(self, "rb") as f:
+                    return (_adopt, (f.read(), self.source, self.pack_index))
+            except OSError:
+                pass  # then as a plain name
+        return (StoredFile, self.__getnewargs__())
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return self.__reduce__()
+
+
+def _adopt(payload: bytes, source: str, index: int) -> StoredFile:
+    """A pickled lent ``StoredFile``, unpickled: a file of this process with its bytes."""
+    return _lend_file(payload, source, index)[0]
 
 
 class _Folder:
@@ -209,17 +236,62 @@ def _write_all(fd: int, payload: Any) -> None:
         view = view[written:]
 
 
+class _Count:
+    """How many holds a lent file has; the last one dropped removes it."""
+
+    __slots__ = ("name", "pid", "holds", "lock", "__weakref__")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pid = os.getpid()
+        self.holds = 0
+        self.lock = threading.RLock()  # a finalizer may run inside hold(), in the same thread
+
+    def add(self) -> None:
+        with self.lock:
+            self.holds += 1
+
+    def drop(self) -> None:
+        with self.lock:
+            self.holds -= 1
+            last = self.holds == 0
+        # A forked child's copies of the parent's objects do not own the parent's files.
+        if last and os.getpid() == self.pid:
+            with contextlib.suppress(OSError):
+                os.unlink(self.name)
+
+
+class _Token:
+    """The hold of a ``StoredFile`` on its file (dropped when the path is collected)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: _Count) -> None:
+        count.add()
+        self.count = count
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # also at interpreter shutdown
+            self.count.drop()
+
+
 class Lease:
-    """A lent file (``lend``): ``path`` holds the sample's bytes while the lease is
-    held, by the ``with`` block that made it and by every object given to ``hold``."""
+    """A lent file (``lend``): ``path`` (a ``StoredFile``) names a file holding the
+    sample's bytes while the block runs, while ``path`` itself lives, and while
+    every object given to ``hold`` lives."""
 
-    __slots__ = ("path", "_pid", "_holds", "_lock", "__weakref__")
+    __slots__ = ("_path", "_count")
 
-    def __init__(self, path: StoredFile) -> None:
-        self.path = path
-        self._pid = os.getpid()
-        self._holds = 1  # the block's own
-        self._lock = threading.RLock()  # a finalizer may run inside hold(), in the same thread
+    def __init__(self, path: StoredFile, count: _Count) -> None:
+        self._path: StoredFile | None = path
+        self._count = count
+
+    @property
+    def path(self) -> StoredFile:
+        """The file's path, for the loader (inside the block)."""
+        if self._path is None:
+            raise RuntimeError("Lease.path is for use inside its block; keep the path itself to keep the file")
+        return self._path
 
     def hold(self, obj: Any) -> None:
         """Keep the file while ``obj`` lives: ``obj`` itself, or for a tuple, list or
@@ -229,28 +301,18 @@ class Lease:
         watched = _watchable(obj)
         if watched is None:
             items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
-            watched = [w for w in map(_watchable, items) if w is not None]
+            targets = [w for w in map(_watchable, items) if w is not None]
         else:
-            watched = [watched]
-        for target in watched:
-            with self._lock:
-                self._holds += 1
-            weakref.finalize(target, self._drop).atexit = False  # the folder goes at exit anyway
-
-    def _drop(self) -> None:
-        with self._lock:
-            self._holds -= 1
-            last = self._holds == 0
-        # A forked child's copies of the parent's objects do not own the parent's files.
-        if last and os.getpid() == self._pid:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
+            targets = [watched]
+        for target in targets:
+            self._count.add()
+            weakref.finalize(target, self._count.drop).atexit = False  # the folder goes at exit anyway
 
     def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._drop()
+        self._path = None  # the block's hold: what still holds the path keeps the file
 
 
 def _watchable(obj: Any) -> Any:
@@ -261,7 +323,7 @@ def _watchable(obj: Any) -> Any:
     return obj
 
 
-def lend(payload: Any, source: str, index: int, *, _retry: bool = True) -> Lease:
+def lend(payload: Any, source: str, index: int) -> Lease:
     """A ``Lease`` on a new file holding ``payload`` (the bytes of record ``index``,
     packed from ``source``), named ``<n><ext of source>`` in ``folder()``.
 
@@ -272,17 +334,22 @@ def lend(payload: Any, source: str, index: int, *, _retry: bool = True) -> Lease
             sample = loader(lease.path)
             lease.hold(sample)
     """
+    path, count = _lend_file(payload, source, index)
+    return Lease(path, count)
+
+
+def _lend_file(payload: Any, source: str, index: int, *, retry: bool = True) -> tuple[StoredFile, _Count]:
     place = _folder()
     name = os.path.join(place.path, f"{next(place.names)}{_extension(source)}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(name, flags, 0o600)
     except FileNotFoundError:
-        if not _retry:
+        if not retry:
             raise
         # The folder was removed under us (a cleaner of the temporary directory): make another.
         _forget(place)
-        return lend(payload, source, index, _retry=False)
+        return _lend_file(payload, source, index, retry=False)
     try:
         _write_all(fd, payload)
     except BaseException:
@@ -291,7 +358,10 @@ def lend(payload: Any, source: str, index: int, *, _retry: bool = True) -> Lease
             os.unlink(name)
         raise
     os.close(fd)
-    return Lease(StoredFile(name, source, index))
+    count = _Count(name)
+    path = StoredFile(name, source, index)
+    path._token = _Token(count)  # type: ignore[attr-defined]
+    return path, count
 
 
 @contextlib.contextmanager

@@ -257,6 +257,33 @@ def test_home_is_expanded_everywhere(tree: Path, tmp_path: Path, monkeypatch: py
     assert len(LMDBFolder("~/sharded")) == 5
 
 
+def test_a_path_root_stays_a_path(tree: Path, packed: Path, tmp_path: Path) -> None:
+    # ImageFolder keeps the root it was given: a pathlib.Path stays one (code joins it with /).
+    assert isinstance(ImageFolder(tree).root, Path)
+    pack_sharded(tree, tmp_path / "sharded", shards=2, progress=False)
+    for where in (packed, tmp_path / "sharded"):
+        ours = LMDBFolder(Path(where))
+        assert isinstance(ours.root, Path) and ours.root == where.absolute()
+        assert isinstance(LMDBDatasetFolder(Path(where), pil_loader).root, Path)
+        assert isinstance(LMDBFolder(str(where)).root, str)
+        assert ours.classes == ImageFolder(tree).classes and len(ours) == len(ImageFolder(tree))
+        again = pickle.loads(pickle.dumps(ours))
+        assert again.root == ours.root and again[0][1] == ours[0][1]
+        assert f"Root location: {ours.root}" in repr(ours)
+        assert LMDBFolder.make_dataset(ours.root, ours.class_to_idx) == ours.samples
+
+
+def test_sample_paths_are_relative_to_source_root_not_root(tree: Path, packed: Path) -> None:
+    # As documented: the pack is not the folder the samples' paths start with, so
+    # relpath(path, root) climbs out of the pack; relpath(path, source_root) and
+    # filenames() give what ImageFolder's relpath(path, root) gives.
+    theirs, ours = ImageFolder(str(tree)), LMDBFolder(packed)
+    expected = [os.path.relpath(p, theirs.root) for p, _ in theirs.samples]
+    assert [os.path.relpath(p, ours.source_root) for p, _ in ours.samples] == expected
+    assert ours.filenames() == expected == [ours.filename(i) for i in range(len(ours))]
+    assert os.path.relpath(ours.samples[0][0], ours.root).startswith("..")
+
+
 # -- allow_empty ----------------------------------------------------------------------------------------
 def test_allow_empty(tmp_path: Path) -> None:
     src = make_mixed_tree(tmp_path / "src", empty_class=True)

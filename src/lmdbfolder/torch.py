@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pathlib
 import sys
 import warnings
 from typing import Any, Callable, Sequence
@@ -39,6 +40,7 @@ except ImportError as exc:  # a core-only install: say what to install
 from lmdbfolder import fused, transport
 from lmdbfolder.codecs import decode_hint, decode_rgb, encoding_of
 from lmdbfolder.read.capabilities import current
+from lmdbfolder.read.class_order import check_class_order, ordered_classes
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.plan import BatchItemError
 from lmdbfolder.read.reader import Record
@@ -50,7 +52,7 @@ from lmdbfolder.read.selection import (
     select,
     source_root_of,
 )
-from lmdbfolder.read.stored_file import StoredFile, stored_file
+from lmdbfolder.read.stored_file import StoredFile, lend
 
 __all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
 
@@ -80,13 +82,16 @@ class LMDBDatasetFolder(DatasetFolder):
             exactly as ``pil_loader`` does (and with ``decoder``, ``size_hint``
             and the fused crop). Any other callable is called as ImageFolder
             calls it, with a path: a ``str`` naming a file that holds exactly
-            the packed bytes of the sample (in memory on Linux), whose
-            ``.source`` is the sample's path in ``samples``. So loaders that
+            the packed bytes of the sample, ending in the original file's
+            extension, whose ``.source`` is the sample's path in ``samples``.
+            It stays valid while the loader's result (or what the transform
+            made of it) lives, so a lazy ``Image.open``'s ``.filename`` can be
+            read again later (``lmdbfolder.read.stored_file``). So loaders that
             open a path work unchanged (``accimage_loader``,
             ``torchvision.io.decode_image``/``read_image``, ``cv2.imread``,
             ``Image.open``, ``np.load``, copies of ``pil_loader``); one that
-            parses the name should read ``path.source``. Needs a pack that
-            stores the files (not ``--store raw``).
+            parses the folder names should read ``path.source``. Needs a pack
+            that stores the files (not ``--store raw``).
         extensions: keep only the packed samples whose path ends with one of
             these (case-insensitive; a string or a tuple). Default: every
             packed sample (the pack applied its own extensions when it was
@@ -140,6 +145,12 @@ class LMDBDatasetFolder(DatasetFolder):
             download per shard per node; ``lmdbfolder.read.staging``).
         cache_limit: for a URL ``root``: bytes of staged shards to keep at
             most; shards no rank of the node needs any more are evicted first.
+        class_order: how classes are numbered: ``"sorted"`` (default: the
+            pack's numbering, torchvision's sorted class names) or ``"timm"``
+            (timm's folder dataset's natural order, ``cat, class2, class10,
+            Dog``; ``lmdbfolder.read.class_order``), for a model trained
+            through ``timm.data.ImageDataset``. ``classes``, ``class_to_idx``,
+            ``targets``, ``samples`` and every label returned follow it.
 
     The batch fast path: when ``transform`` is
     ``lmdbfolder.fused.RandomResizedCrop(..., output="tensor")`` followed by at
@@ -161,7 +172,10 @@ class LMDBDatasetFolder(DatasetFolder):
         targets: the class index of every sample (-1 for unlabelled packs).
             Assigning a list replaces what ``targets`` returns and, as in
             ImageFolder, not the targets the samples are loaded with.
-        root: the pack directory. ``source_root``: see above.
+        root: the pack directory (a ``pathlib.Path`` if one was given). Sample
+            paths are *not* under it: ``os.path.relpath(path, ds.root)`` gives
+            ``../..``-paths; use ``ds.source_root`` or ``ds.filenames()``.
+            ``source_root``: see above.
         loader, extensions, transform, target_transform, transforms.
 
     Subclasses: override ``__getitem__`` to change what a sample is; the
@@ -197,6 +211,7 @@ class LMDBDatasetFolder(DatasetFolder):
         torch_threads: int | None = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
+        class_order: str = "sorted",
     ) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise OptionError(f"threads must be a whole number of at least 1, got {threads!r}")
@@ -204,6 +219,7 @@ class LMDBDatasetFolder(DatasetFolder):
             raise OptionError(f"torch_threads must be None or at least 1, got {torch_threads!r}")
         self.threads = threads
         self.torch_threads = torch_threads
+        self.class_order = check_class_order(class_order)  # before find_classes, which applies it
         self._plan_cache: fused.TransformPlan | None = None
         self._plan_key: tuple[Any, ...] = ()
         self._decoder_name: str | None = None
@@ -221,7 +237,9 @@ class LMDBDatasetFolder(DatasetFolder):
             root, readahead=readahead, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit
         )
         self._selection = Selection.of(None, None, len(self.reader))
-        VisionDataset.__init__(self, self.reader.path, transform=transform, target_transform=target_transform)
+        VisionDataset.__init__(
+            self, _root_as_given(root, self.reader.path), transform=transform, target_transform=target_transform
+        )
         self.recorded_root = source_root_of(self.reader.meta)
         self.source_root = self.recorded_root
         if source_root is not None:
@@ -277,9 +295,11 @@ class LMDBDatasetFolder(DatasetFolder):
         ``FileNotFoundError``, as ImageFolder's "Couldn't find any class folder").
         """
         if _same_path(directory, self.root):
-            return list(self.reader.classes), dict(self.reader.class_to_idx)
-        with open_pack(directory) as other:
-            return list(other.classes), dict(other.class_to_idx)
+            classes, class_to_idx = self.reader.classes, self.reader.class_to_idx
+        else:
+            with open_pack(directory) as other:
+                classes, class_to_idx = other.classes, other.class_to_idx
+        return ordered_classes(list(classes), class_to_idx, getattr(self, "class_order", "sorted"))
 
     @staticmethod
     def make_dataset(  # type: ignore[override]
@@ -400,15 +420,17 @@ class LMDBDatasetFolder(DatasetFolder):
         if encoding_of(rec.encoding).stores_pixels:
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
         source = sample_path(self.source_root, self.reader.path_of(rec.index))
-        with stored_file(rec.payload, source, rec.index) as path:
+        with lend(rec.payload, source, rec.index) as lease:
             try:
-                sample = self._loader(path)
+                sample = self._loader(lease.path)
             except Exception as exc:
                 if hasattr(exc, "add_note"):  # Python 3.11+
                     exc.add_note(f"lmdbfolder: loader {self._loader!r} failed on record {rec.index} ({source})")
                 raise
+            lease.hold(sample)  # a lazy image reads the file (and its .filename names it) as long as it lives
             if self.transform is not None:
-                sample = self.transform(sample)  # inside the block: a lazy loader may still read the file
+                sample = self.transform(sample)
+                lease.hold(sample)
         return sample
 
     @property
@@ -580,6 +602,8 @@ class LMDBDatasetFolder(DatasetFolder):
         ]
         if self._selection.indices is not None:
             lines.append(f"Selected: {len(self)} of {len(self.reader)} packed samples")
+        if self.class_order != "sorted":
+            lines.append(f"Class order: {self.class_order}")
         if not _decodes_itself(self._loader):
             lines.append(f"Loader: {self._loader!r}")
         return "\n".join(lines)
@@ -592,8 +616,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
     allow_empty)``: ImageFolder's arguments, in its order, with its meaning
     (see ``LMDBDatasetFolder`` for each, and for ``extensions``,
     ``source_root``, ``decoder``, ``size_hint``, ``readahead``,
-    ``verify_checksums``, ``prefetch``, ``cache_dir`` and ``cache_limit``,
-    which are keyword-only here). Code
+    ``verify_checksums``, ``prefetch``, ``cache_dir``, ``cache_limit`` and
+    ``class_order``, which are keyword-only here). Code
     written with DatasetFolder's order ``(root, loader, extensions, ...)``
     should use ``LMDBDatasetFolder``; a torchvision loader passed where the
     transform goes is refused with that advice.
@@ -630,6 +654,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         torch_threads: int | None = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
+        class_order: str = "sorted",
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(
@@ -650,6 +675,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
             torch_threads=torch_threads,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
+            class_order=class_order,
         )
 
 
@@ -690,8 +716,10 @@ class PackLoader:
             return decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
         if encoding_of(rec.encoding).stores_pixels:
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
-        with stored_file(rec.payload, sample_path(ds.source_root, ds.reader.path_of(index)), index) as stored:
-            return loader(stored)
+        with lend(rec.payload, sample_path(ds.source_root, ds.reader.path_of(index)), index) as lease:
+            loaded = loader(lease.path)
+            lease.hold(loaded)
+            return loaded
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PackLoader):
@@ -869,6 +897,12 @@ def _refuse_datasetfolder_order(transform: Any, target_transform: Any) -> None:
             f"target_transform must be callable, got {target_transform!r}; for DatasetFolder's order "
             "(root, loader, extensions, ...) use LMDBDatasetFolder"
         )
+
+
+def _root_as_given(given: Any, path: str) -> Any:
+    # ``root`` keeps the type it was given (a ``pathlib.Path`` stays one, as in
+    # ImageFolder); its value is the pack's directory.
+    return type(given)(path) if isinstance(given, pathlib.PurePath) else path
 
 
 def _same_path(a: Any, b: Any) -> bool:

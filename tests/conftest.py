@@ -216,6 +216,18 @@ def photo_jpeg(w: int = 161, h: int = 121, *, mode: str = "RGB", seed: int = 0, 
     return out.getvalue()
 
 
+def make_photo_sources(folder: Path, count: int, size: tuple[int, int] = (640, 480)) -> Path:
+    """Stand-ins for benchmarks/photolike.py's source photographs (which come from Debian
+    wallpaper packages that ``make test`` does not install): ``00.jpg`` ... of ``count``
+    photo-like JPEGs, different ones, in ``folder``, the layout of ``PHOTOLIKE_SOURCES``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    w, h = size
+    for k in range(count):
+        shape = (w, h) if k % 3 else (h, w)  # some portrait ones, as among the photographs
+        write(folder / f"{k:02d}.jpg", photo_jpeg(*shape, seed=100 + k))
+    return folder
+
+
 def make_photo_tree(root: Path) -> Path:
     """An ImageFolder tree of 12 photo-like JPEGs in 3 classes, six sizes from
     64x48 to 500x375, landscape and portrait, every fourth one grayscale."""

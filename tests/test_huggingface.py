@@ -24,10 +24,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 datasets = pytest.importorskip("datasets")  # pinned in requirements-test.txt: always there under `make test`
 
-from conftest import image_bytes, write  # noqa: E402
+from conftest import forge_meta, image_bytes, write  # noqa: E402
 from lmdbfolder import pack, pack_dataset  # noqa: E402
 from lmdbfolder.cli import EXIT_CODES, main  # noqa: E402
-from lmdbfolder.errors import OptionError  # noqa: E402
+from lmdbfolder.errors import OptionError, SourceError  # noqa: E402
 from lmdbfolder.read.reader import Reader  # noqa: E402
 from lmdbfolder.tools.export import export  # noqa: E402
 
@@ -210,3 +210,33 @@ def test_pack_dataset_refuses_what_it_cannot_keep(tmp_path: Path) -> None:
     with pytest.raises(OptionError, match="ClassLabel names"):
         pack_dataset(images, tmp_path / "d.lmdb", classes=["a"])
     assert not any((tmp_path / name).exists() for name in ("a.lmdb", "b.lmdb", "c.lmdb", "d.lmdb"))
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["line\nbreak", "tab\there", 'back\\slash "q"', "#hash", "- dash", "😀 \x7f\x85", "yes", "null", "1e3"],
+        ["ok", "not utf-8 \udcff"],
+    ],
+    ids=["yaml-hazards", "undecodable"],
+)
+def test_class_names_reach_the_class_label_exactly_or_are_refused(tmp_path: Path, names: list[str]) -> None:
+    rng = np.random.default_rng(5)
+    for k, _ in enumerate(names):
+        write(tmp_path / "tree" / f"c{k:02d}" / "a.jpg", image_bytes("rgb_jpeg", rng)[0])
+    pack(tmp_path / "tree", tmp_path / "p.lmdb", progress=False)
+    forge_meta(tmp_path / "p.lmdb", classes=names, class_to_idx={n: i for i, n in enumerate(names)})
+    if any("\udcff" in n for n in names):
+        with pytest.raises(SourceError, match="not valid Unicode"):
+            export(tmp_path / "p.lmdb", tmp_path / "hf", format="huggingface", progress=False)
+        assert not (tmp_path / "hf").exists() and not (tmp_path / "hf.partial").exists()
+        return
+    export(tmp_path / "p.lmdb", tmp_path / "hf", format="huggingface", progress=False)
+    ds = load(tmp_path / "hf", tmp_path)
+    assert ds.features["label"].names == names
+    # the card alone declares them too (load_dataset reads it first)
+    from huggingface_hub import DatasetCard  # installed with datasets
+
+    card = DatasetCard.load(str(tmp_path / "hf" / "README.md"))
+    declared = card.data.dataset_info["features"][1]["dtype"]["class_label"]["names"]
+    assert [declared[str(i)] for i in range(len(names))] == names

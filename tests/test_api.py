@@ -47,6 +47,7 @@ def test_public_api_snapshot() -> None:
         "import_legacy",
         "open_pack",
         "pack",
+        "pack_dataset",
         "pack_info",
         "pack_shard",
         "pack_sharded",
@@ -65,8 +66,9 @@ def test_core_import_does_not_import_torch_or_tqdm() -> None:
     code = (
         "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.write.shards, lmdbfolder.read.sharded\n"
         "import lmdbfolder.tools.copy, lmdbfolder.write.ray, lmdbfolder.read.staging, lmdbfolder.remote\n"
-        "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata', 'fsspec', 's3fs', 'botocore')"
-        " if m in sys.modules))"
+        "import lmdbfolder.tools.export, lmdbfolder.write.from_dataset\n"
+        "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata', 'fsspec', 's3fs', 'botocore',"
+        " 'pyarrow', 'datasets') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -90,6 +92,8 @@ def test_new_modules_declare_their_api() -> None:
     import lmdbfolder.read.sharded
     import lmdbfolder.sampler
     import lmdbfolder.tools.copy
+    import lmdbfolder.tools.huggingface
+    import lmdbfolder.write.from_dataset
     import lmdbfolder.write.options
     import lmdbfolder.write.ray
     import lmdbfolder.write.shards
@@ -104,6 +108,8 @@ def test_new_modules_declare_their_api() -> None:
         lmdbfolder.packdir,
         lmdbfolder.write.ray,
         lmdbfolder.sampler,
+        lmdbfolder.write.from_dataset,
+        lmdbfolder.tools.huggingface,
     )
     for module in modules:
         for name in module.__all__:

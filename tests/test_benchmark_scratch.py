@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from conftest import make_photo_sources
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 
@@ -62,8 +64,8 @@ def tiny_tree(root: Path, classes: int = 3, per_class: int = 10) -> Path:
     return root
 
 
-def run_bench(script: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+def run_bench(script: str, *args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), *map(str, args)], capture_output=True, text=True, env=env, timeout=280
     )
@@ -158,6 +160,22 @@ def test_check_map_model_leaves_the_work_folder_as_it_found_it(tmp_path: Path) -
     assert snapshot(work) == before
 
 
+def photolike_sources(tmp_path: Path) -> dict[str, str]:
+    """The environment that makes benchmarks/photolike.py take generated stand-ins for its
+    source photographs: the Debian wallpaper packages they come from are not installed by
+    ``make test`` (a fresh machine has none), and a test uses only what it installs."""
+    spec = importlib.util.spec_from_file_location("bench_photolike", BENCH / "photolike.py")
+    assert spec is not None and spec.loader is not None
+    photolike = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = photolike  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(photolike)
+    finally:
+        del sys.modules[spec.name]
+    folder = make_photo_sources(tmp_path / "photo-sources", len(photolike.SOURCES))
+    return {"PHOTOLIKE_SOURCES": str(folder)}
+
+
 def test_bench_scale_keeps_only_its_tree_in_the_data_folder(tmp_path: Path) -> None:
     data = users_folder(tmp_path / "data", ["packs", "packs/0-1000.lmdb"])
     before = snapshot(data)
@@ -165,6 +183,7 @@ def test_bench_scale_keeps_only_its_tree_in_the_data_folder(tmp_path: Path) -> N
         "bench_scale.py",
         *("--sizes", "1000", "--repeat", "1", "--data", data, "--json", tmp_path / "r.json"),
         *("--skip", "tar", "open", "workers", "read", "sharded"),
+        env=photolike_sources(tmp_path),
     )
     after = snapshot(data)
     assert {k: v for k, v in after.items() if not k.startswith("small-1000")} == before

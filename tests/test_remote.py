@@ -1,6 +1,8 @@
 """`lmdbfolder copy` to and from object storage, against a real S3 API on 127.0.0.1.
 
-moto's S3 server runs in this process (the session fixture ``s3_server``);
+moto's S3 server runs in this process (the session fixture ``moto_server``);
+the round trips and the kill-and-resume copy also run against SeaweedFS, a
+real object store that the tests start on 127.0.0.1 (``seaweedfs_server``);
 the client is the real one (fsspec/s3fs -> aiobotocore -> botocore). Faults
 are real too: a proxy in front of the server that stops mid-transfer, a
 ``kill -9`` of the `lmdbfolder copy` process, a tampered object, a missing
@@ -26,7 +28,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import S3, S3_ENV, Proxy, free_port, write
+from conftest import S3, S3_ENV, Proxy, free_port, on_every_s3_server, write
 from lmdbfolder import copy_pack, verify
 from lmdbfolder.cli import EXIT_CODES, main
 from lmdbfolder.errors import MissingDependencyError, OutputExistsError, RemoteError
@@ -72,6 +74,7 @@ def same_shards(a: Path, b: Path) -> None:
         assert filecmp.cmp(a / name / DATA_FILE, b / name / DATA_FILE, shallow=False), name
 
 
+@on_every_s3_server
 def test_round_trip_local_s3_local_byte_for_byte(s3: S3, sharded: Path, tmp_path: Path) -> None:
     url = s3.url("datasets/train")
     up = copy_pack(sharded, url)
@@ -97,6 +100,7 @@ def test_round_trip_local_s3_local_byte_for_byte(s3: S3, sharded: Path, tmp_path
         copy_pack(sharded, url)  # a pack is there: not replaced without overwrite
 
 
+@on_every_s3_server
 def test_single_pack_round_trip(s3: S3, tmp_path: Path) -> None:
     single = tmp_path / "single.lmdb"
     pack(noise_tree(tmp_path / "tree", classes=2, per_class=5), single, progress=False)
@@ -151,6 +155,7 @@ def _wait_for(condition: Any, what: str, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
+@on_every_s3_server
 def test_kill_9_mid_download_resumes_fetching_only_the_missing_parts(
     s3: S3, proxy: Proxy, sharded: Path, tmp_path: Path
 ) -> None:

@@ -1,4 +1,5 @@
-"""Staged reading: LMDBFolder("s3://...", cache_dir=...) on a real S3 API (moto's server on 127.0.0.1).
+"""Staged reading: LMDBFolder("s3://...", cache_dir=...) on a real S3 API (moto's server on 127.0.0.1;
+the main cases also on SeaweedFS, a real object store the tests start on 127.0.0.1).
 
 Shards are fetched into the cache as the sampler will read them, so the first
 batch comes when the first shards have landed, not all of them; the epoch is
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import S3, Proxy, free_port
+from conftest import S3, Proxy, free_port, on_every_s3_server
 from lmdbfolder import copy_pack
 from lmdbfolder.errors import NotAPackError, RemoteError
 from lmdbfolder.format import DATA_FILE, ROOM_LOCK, SHARD_INDEX_FILE
@@ -90,7 +91,10 @@ def assert_one_download_per_shard(proxy: Proxy, sizes: dict[str, int]) -> None:
         assert n <= sizes[name] + 1024 * requests[name], (name, n, sizes[name])  # once, plus headers
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+# Both worker start methods on moto; SeaweedFS with fork only (spawn tests the workers, not the server).
+@pytest.mark.parametrize(
+    ("s3_server", "context"), [("moto", "fork"), ("moto", "spawn"), ("seaweedfs", "fork")], indirect=["s3_server"]
+)
 def test_first_batch_before_every_shard_landed_and_the_epoch_is_the_local_packs(
     s3: S3, proxy: Proxy, uploaded: tuple[Path, str], tmp_path: Path, context: str
 ) -> None:
@@ -120,6 +124,7 @@ def test_first_batch_before_every_shard_landed_and_the_epoch_is_the_local_packs(
     assert_one_download_per_shard(proxy, shard_sizes(local))
 
 
+@on_every_s3_server
 def test_a_cache_limit_evicts_what_no_rank_needs_any_more(
     s3: S3, proxy: Proxy, uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:
@@ -383,6 +388,7 @@ def test_a_process_forked_while_a_lock_is_held_does_not_keep_it(
         os.waitpid(child, 0)
 
 
+@on_every_s3_server
 def test_a_tampered_shard_is_never_opened(s3: S3, uploaded: tuple[Path, str], tmp_path: Path) -> None:
     local, url = uploaded
     name = sorted(shard_sizes(local))[3]
@@ -399,6 +405,7 @@ def test_a_tampered_shard_is_never_opened(s3: S3, uploaded: tuple[Path, str], tm
     assert 3 not in staging.staged() and not os.path.exists(staging.path(3))
 
 
+@on_every_s3_server
 def test_a_pack_replaced_under_a_reader_is_said_so_and_opened_again_reads_the_new_one(
     s3: S3, uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:

@@ -19,6 +19,7 @@ Example:
     >>> from lmdbfolder.torch import LMDBFolder
     >>> ds = LMDBFolder("train.lmdb")  # doctest: +SKIP
     >>> lmdbfolder.pack_sharded("imagenet/train", "train-sharded", shard_size="4GB")  # doctest: +SKIP
+    >>> lmdbfolder.pack_dataset(hf_dataset, "train.lmdb")  # a Hugging Face dataset  # doctest: +SKIP
 """
 
 from lmdbfolder._version import __version__
@@ -51,6 +52,7 @@ from lmdbfolder.tools.copy import CopyResult, copy_pack
 from lmdbfolder.tools.importing import import_legacy
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.tools.verify import Problem, VerifyReport, verify
+from lmdbfolder.write.from_dataset import pack_dataset
 from lmdbfolder.write.options import PackOptions, Resize
 from lmdbfolder.write.shards import ShardedPackResult, pack_shard, pack_sharded, write_index
 from lmdbfolder.write.sources import IMG_EXTENSIONS, SourceList, scan
@@ -93,6 +95,7 @@ __all__ = [
     "import_legacy",
     "open_pack",
     "pack",
+    "pack_dataset",
     "pack_info",
     "pack_shard",
     "pack_sharded",

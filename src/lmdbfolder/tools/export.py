@@ -1,4 +1,4 @@
-"""``export``: leave the format freely, as files or as WebDataset tar shards.
+"""``export``: leave the format freely, as files, as WebDataset tar shards or as a Hugging Face dataset.
 
 * ``format="files"`` writes the tree the pack came from, the file bytes
   exactly as packed, at the same relative paths: an ImageFolder tree
@@ -19,7 +19,15 @@
   taken too). Members: the image (``.jpg``, ``.png``, ... by its encoding,
   the stored bytes; raw pixels as a lossless ``.png``) and ``.cls`` (the
   class index as text; none for unlabelled samples). ``OUT/classes.txt``
-  names the classes, one per line, line = index.
+  names the classes, one per line, line = index. (This is the layout of the
+  ``webdataset`` library; Hugging Face ``datasets`` does not load it as a
+  classification dataset, its class names and mixed encodings: use ``huggingface``.)
+* ``format="huggingface"`` writes a folder that Hugging Face ``datasets``
+  loads as it is (``load_dataset(OUT)``): Parquet files of about
+  ``shard_size`` bytes (``OUT/data/<split>-00000-of-0000N.parquet``) with the
+  features ``image`` (the stored bytes) and ``label`` (a ``ClassLabel`` of the
+  pack's classes), and a dataset card ``OUT/README.md`` declaring them; see
+  ``lmdbfolder.tools.huggingface``. ``split`` names the split (``train``).
 
 ``OUT`` must not exist (or be an empty directory): nothing is overwritten.
 The export is written to ``OUT.partial`` and renamed to ``OUT`` when
@@ -60,11 +68,12 @@ from lmdbfolder.progress import Progress
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.text import plural, printable
+from lmdbfolder.tools import huggingface
 from lmdbfolder.write.shards import parse_size
 
 __all__ = ["ExportResult", "export", "FORMATS", "DEFAULT_SHARD_SIZE", "webdataset_key", "EXTENSIONS"]
 
-FORMATS = ("files", "webdataset")
+FORMATS = ("files", "webdataset", "huggingface")
 DEFAULT_SHARD_SIZE = "1GB"
 #: WebDataset member extension of each stored encoding (``pnm`` and ``other``: the file's own).
 EXTENSIONS = {
@@ -104,16 +113,20 @@ def export(
     format: str = "files",
     shard_size: int | str = DEFAULT_SHARD_SIZE,
     progress: bool | None = None,
+    split: str = huggingface.DEFAULT_SPLIT,
 ) -> ExportResult:
     """Write the samples of the pack at ``path`` into the new directory ``out``; see the module docstring.
 
     Example:
         >>> export("train.lmdb", "train-files")  # doctest: +SKIP
         >>> export("train.lmdb", "train-wds", format="webdataset", shard_size="500MB")  # doctest: +SKIP
+        >>> export("val.lmdb", "val-hf", format="huggingface", split="validation")  # doctest: +SKIP
     """
     if format not in FORMATS:
         raise OptionError(f"format must be one of {FORMATS}, got {format!r}")
-    limit = parse_size(shard_size) if format == "webdataset" else 0
+    limit = parse_size(shard_size) if format != "files" else 0
+    if format == "huggingface":
+        huggingface.check_split(split)
     start = time.perf_counter()
     out = os.path.abspath(os.fspath(out))
     found = packdir.require_pack(path)
@@ -135,6 +148,11 @@ def export(
             if format == "files":
                 count, nbytes, list_file = _write_files(reader, tmp, out, progress)
                 shards: list[str] = []
+            elif format == "huggingface":
+                count, nbytes, shards = huggingface.write_huggingface(
+                    reader, tmp, limit, progress, split, found.path, _member
+                )
+                list_file = None
             else:
                 count, nbytes, shards = _write_webdataset(reader, tmp, limit, progress)
                 list_file = None

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 from PIL import Image
 
-from lmdbfolder.codecs import sniff
+from lmdbfolder.encodings import RAW, sniff
 from lmdbfolder.errors import NotAPackError, OptionError, SourceError, UnsafePickleError, os_hint
 from lmdbfolder.format import DATA_FILE, encode_record
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, open_regular, read_regular
@@ -557,7 +557,7 @@ def _basicsr_store(pf: PageFile, layout: LegacyLayout, old: str) -> str:
     first = _get(pf, layout.keys[0], old)
     if first is None:
         raise SourceError(layout.names[0], "is listed in meta_info but missing from the LMDB")
-    return "encoded" if sniff(first).encoding != "other" else "raw"
+    return "encoded" if sniff(first).recognised else "raw"
 
 
 def _basicsr_loader(
@@ -570,9 +570,9 @@ def _basicsr_loader(
         if value is None:
             return Skipped("listed in meta_info but missing from the LMDB")
         info = sniff(value)
-        if (info.encoding != "other") != (store == "encoded"):
+        if info.recognised != (store == "encoded"):
             return Skipped(f"mixes encoded images and raw arrays; this pack stores {store} values")
-        if info.encoding != "other":
+        if info.recognised:
             return load_bytes(value, -1, check="header", max_pixels=Image.MAX_IMAGE_PIXELS)
         shape = layout.shapes[i]
         if shape is None:
@@ -588,6 +588,7 @@ def _basicsr_loader(
         if channel_order == "bgr" and c != 1:
             pixels = pixels[:, :, ::-1]
         rgb = np.ascontiguousarray(pixels).tobytes()
-        return Loaded(encode_record(rgb, label=-1, encoding="raw", width=w, height=h, channels=3), "raw", len(value))
+        record = encode_record(rgb, label=-1, encoding=RAW.name, width=w, height=h, channels=3)
+        return Loaded(record, RAW.name, len(value))
 
     return load

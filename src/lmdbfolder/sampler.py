@@ -49,8 +49,8 @@ attributes), because frameworks that manage samplers look for one: PyTorch
 Lightning's Trainer replaces any other sampler of a distributed job with its own
 wrapper, which would split this sampler's part between the ranks once more
 (every rank trained on half of its share). Hugging Face Accelerate's
-``prepare(loader)`` shards any loader's batches again: see README
-"Multi-GPU and multi-node".
+``prepare(loader)`` shards any loader's batches again: see
+docs/distributed.md, "With PyTorch Lightning or Accelerate".
 
 Ranks need no communication: the order is a function of (seed, epoch,
 dataset size, shard offsets, number of ranks), computed identically in every

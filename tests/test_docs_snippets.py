@@ -76,7 +76,9 @@ _ONE_RANK = """
 import os
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
 """
-_TRANSFORM = "from torchvision import transforms as T\ntrain_transform = T.Compose([T.RandomResizedCrop(32), T.PILToTensor()])\n"
+_TRANSFORM = (
+    "from torchvision import transforms as T\ntrain_transform = T.Compose([T.RandomResizedCrop(32), T.PILToTensor()])\n"
+)
 
 
 @dataclass

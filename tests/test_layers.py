@@ -29,7 +29,18 @@ import pytest
 import lmdbfolder
 
 PACKAGE = Path(lmdbfolder.__file__).parent
-CORE = {"_version", "errors", "format", "encodings", "progress", "pagefile", "environments", "packdir", "text", "remote"}
+CORE = {
+    "_version",
+    "errors",
+    "format",
+    "encodings",
+    "progress",
+    "pagefile",
+    "environments",
+    "packdir",
+    "text",
+    "remote",
+}
 TORCH = {"torch", "fused", "sampler", "gpu", "transport"}
 TOP = {"", "__main__", "cli"}
 TESTS = Path(__file__).parent

@@ -115,14 +115,7 @@ def check_pickle(data: bytes | memoryview, *, where: str, max_bytes: int = MAX_P
             name = op.name
             if isinstance(arg, str):
                 names = (names + [arg])[-2:]
-            if name in _GLOBALS or name in _PERSISTENT:
-                what = arg if name == "GLOBAL" and isinstance(arg, str) else ".".join(names) if names else "a global"
-                if name in _PERSISTENT:
-                    raise UnsafePickleError(where, "the pickle uses persistent ids; refused")
-                raise UnsafePickleError(
-                    where,
-                    f"the pickle asks for {str(what).replace(' ', '.')[:120]}; refused (loading it could run code)",
-                )
+            _refuse_globals(name, arg, names, where)
             if name in _MEMO_PUT:
                 if not stack or stack[-1] is _MARK:
                     raise ValueError("memo put with nothing on the stack")
@@ -138,44 +131,72 @@ def check_pickle(data: bytes | memoryview, *, where: str, max_bytes: int = MAX_P
             if name == "MARK":
                 stack.append(_MARK)
                 continue
-            before = op.stack_before
-            items: list[list[int]] = []
-            if _MARK in before:
-                while stack and stack[-1] is not _MARK:
-                    items.append(stack.pop())
-                if not stack:
-                    raise ValueError("no mark on the stack")
-                stack.pop()
-                below = before.index(_MARK)
-            else:
-                below = len(before)
-            under = [stack.pop() for _ in range(below)] if len(stack) >= below else None
-            if under is None or any(entry is _MARK for entry in under):
-                raise ValueError(f"{name} finds too few items on the stack")
-            if name in _EXTEND:
-                container = under[-1]
-                items += under[:-1]
-                container[0] += sum(entry[0] for entry in items)
-                container[1] = max([container[1]] + [1 + entry[1] for entry in items])
-                stack.append(container)
-                entry = container
-            elif name == "DUP":
-                stack += [under[0], under[0]]
-                continue
-            else:
-                items += under
-                entry = [1 + sum(e[0] for e in items), 1 + max((e[1] for e in items), default=0)]
-                stack += [entry] * len(op.stack_after)
-            if entry[0] > max_objects:
-                raise UnsafePickleError(
-                    where, f"the pickle expands into more than {max_objects:,} objects (shared references); refused"
-                )
-            if entry[1] > MAX_PICKLE_DEPTH:
-                raise UnsafePickleError(where, f"the pickle is nested more than {MAX_PICKLE_DEPTH} levels deep")
+            entry = _apply_op(op, stack)
+            if entry is not None:
+                _check_size(entry, max_objects, where)
     except UnsafePickleError:
         raise
     except Exception as exc:  # genops raises ValueError (and others) for malformed input
         raise SourceError(where, f"not a readable pickle ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _refuse_globals(name: str, arg: Any, names: list[str], where: str) -> None:
+    """UnsafePickleError for an opcode that imports a global or asks for a persistent id
+    (``names``: the last two strings pushed, which a STACK_GLOBAL names)."""
+    if name not in _GLOBALS and name not in _PERSISTENT:
+        return
+    if name in _PERSISTENT:
+        raise UnsafePickleError(where, "the pickle uses persistent ids; refused")
+    what = arg if name == "GLOBAL" and isinstance(arg, str) else ".".join(names) if names else "a global"
+    raise UnsafePickleError(
+        where,
+        f"the pickle asks for {str(what).replace(' ', '.')[:120]}; refused (loading it could run code)",
+    )
+
+
+def _apply_op(op: Any, stack: list[Any]) -> list[int] | None:
+    """Apply one opcode (not a memo, mark or global one) to the stack of ``[objects, depth]``
+    entries; the entry it leaves on top, to hold to the bounds (None for a DUP). Raises
+    ValueError for a stack the opcode cannot work on (a malformed pickle)."""
+    name = op.name
+    before = op.stack_before
+    items: list[list[int]] = []
+    if _MARK in before:
+        while stack and stack[-1] is not _MARK:
+            items.append(stack.pop())
+        if not stack:
+            raise ValueError("no mark on the stack")
+        stack.pop()
+        below = before.index(_MARK)
+    else:
+        below = len(before)
+    under = [stack.pop() for _ in range(below)] if len(stack) >= below else None
+    if under is None or any(entry is _MARK for entry in under):
+        raise ValueError(f"{name} finds too few items on the stack")
+    if name in _EXTEND:
+        container = under[-1]
+        items += under[:-1]
+        container[0] += sum(entry[0] for entry in items)
+        container[1] = max([container[1]] + [1 + entry[1] for entry in items])
+        stack.append(container)
+        return container
+    if name == "DUP":
+        stack += [under[0], under[0]]
+        return None
+    items += under
+    entry = [1 + sum(e[0] for e in items), 1 + max((e[1] for e in items), default=0)]
+    stack += [entry] * len(op.stack_after)
+    return entry
+
+
+def _check_size(entry: list[int], max_objects: int, where: str) -> None:
+    """UnsafePickleError for an object that expands beyond ``max_objects`` or ``MAX_PICKLE_DEPTH``."""
+    if entry[0] > max_objects:
+        raise UnsafePickleError(
+            where, f"the pickle expands into more than {max_objects:,} objects (shared references); refused"
+        )
+    if entry[1] > MAX_PICKLE_DEPTH:
+        raise UnsafePickleError(where, f"the pickle is nested more than {MAX_PICKLE_DEPTH} levels deep")
 
 
 class RestrictedUnpickler(pickle.Unpickler):

@@ -19,7 +19,7 @@ import time
 import torch
 
 from lmdbfolder.bench.synthetic import SyntheticSpec, make_imagefolder
-from lmdbfolder.codecs import sniff
+from lmdbfolder.encodings import sniff
 from lmdbfolder.read.capabilities import available_decoders, get_decoder
 from lmdbfolder.read.decoders import decode_payload
 

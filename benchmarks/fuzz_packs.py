@@ -478,7 +478,7 @@ def _other_size(rng: random.Random, size: int) -> int:
 def forge(kind: str, pack_dir: str, rng: random.Random) -> str:
     """Rewrite one record of the pack at ``pack_dir`` in one way (``FORGE_KINDS``), every
     checksum valid; returns what was done."""
-    from lmdbfolder.codecs import sniff
+    from lmdbfolder.encodings import sniff
     from lmdbfolder.format import ENCODINGS, KEY, decode_record, encode_record, pack_binding
     from lmdbfolder.read.reader import Reader
 

@@ -116,7 +116,7 @@ _ORIGINAL: dict[str, object] = {}
 def _header_check(on: bool) -> None:
     """Switch the header-vs-payload check (``ReadPlan.claim``'s check, ``Encoding.expect``)
     on or off in this process, for ``--header-check``."""
-    from lmdbfolder.codecs import Encoding, encoding_of
+    from lmdbfolder.encodings import Encoding, encoding_of
     from lmdbfolder.read.plan import ReadPlan
 
     if not _ORIGINAL:

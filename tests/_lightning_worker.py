@@ -3,7 +3,7 @@
 Run under torchrun (``python -m torch.distributed.run --nproc_per_node 2
 _lightning_worker.py PACK OUT_DIR``), as a Lightning DDP job on a cluster is: the
 Trainer finds torchrun's environment and launches nothing itself. The DataLoader
-is built as README "Multi-GPU and multi-node" says, with ExactDistributedSampler,
+is built as docs/distributed.md says, with ExactDistributedSampler,
 and the Trainer keeps its default ``use_distributed_sampler=True``. Each rank
 writes which samples its training steps saw, per epoch, and which the sampler
 planned for it, to ``OUT_DIR/rank-<r>.json``.

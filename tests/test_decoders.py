@@ -96,7 +96,7 @@ def test_odd_images_fall_back_to_pillow(name: str) -> None:
     rng = np.random.default_rng(3)
     for kind in ODD_KINDS:
         data, _ = image_bytes(kind, rng)
-        from lmdbfolder.codecs import sniff
+        from lmdbfolder.encodings import sniff
 
         info = sniff(data)
         out = to_pil(decode_payload(data, info.encoding, info.width, info.height, info.channels, dec))

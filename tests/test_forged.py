@@ -29,7 +29,7 @@ from torchvision.datasets import ImageFolder
 
 from conftest import built, forge_record, image_bytes, make_photo_tree, photo_jpeg, write
 from lmdbfolder import fused
-from lmdbfolder.codecs import ENCODINGS, PayloadMismatch, check_bomb, encoding_of, sniff
+from lmdbfolder.encodings import ENCODINGS, PayloadMismatch, check_bomb, encoding_of, sniff
 from lmdbfolder.errors import DecodeError
 from lmdbfolder.gpu import DeviceRandomResizedCrop, RecordBytes
 from lmdbfolder.read.capabilities import current

@@ -30,7 +30,7 @@ from PIL import Image
 
 from conftest import make_small_tree
 from lmdbfolder.cli import EXIT_CODES, main
-from lmdbfolder.codecs import decode_rgb
+from lmdbfolder.encodings import decode_rgb
 from lmdbfolder.errors import (
     CorruptRecordError,
     NotAPackError,

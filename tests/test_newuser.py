@@ -106,7 +106,7 @@ def test_rerunning_a_sharded_pack_is_a_noop(
 
 
 def test_the_readme_snippet_runs_twice(small_tree: Path, tmp_path: Path) -> None:
-    # README "Usage": `lmdbfolder.pack(...)  # once; resumable`, then LMDBFolder; twice in a row.
+    # README "Example": `lmdbfolder.pack(...)  # resumable`, then LMDBFolder; twice in a row.
     code = (
         "import lmdbfolder\nfrom lmdbfolder.torch import LMDBFolder\n"
         f"lmdbfolder.pack({str(small_tree)!r}, {str(tmp_path / 'train.lmdb')!r})\n"
@@ -166,7 +166,8 @@ def test_missing_ray_has_its_own_error_and_exit_code(small_tree: Path, tmp_path:
     assert "packing on a Ray cluster (--ray) needs Ray (not installed)" in proc.stderr
     assert 'pip install ".[ray]"' in proc.stderr and "every node" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert "| 8 " in (REPO / "README.md").read_text() or "8 missing dependency" in (REPO / "README.md").read_text()
+    exit_codes = (REPO / "docs" / "cli.md").read_text()  # the exit codes, moved from the README
+    assert "| 8 " in exit_codes or "8 missing dependency" in exit_codes
 
 
 # -- 3. truncated JPEGs and PNGs --------------------------------------------------------
@@ -271,8 +272,9 @@ def test_hints_name_flags_on_the_command_line_and_keywords_in_python(
 def test_install_hints_say_how_to_install_from_source_quoted() -> None:
     hint = install_hint("fast")
     assert '`pip install ".[fast]"`' in hint and '"lmdbfolder[fast] @ file:///' in hint
-    # Every install hint in the package and the README: brackets only inside double quotes.
+    # Every install hint in the package, the README and the docs: brackets only inside double quotes.
     texts = [p.read_text() for p in (REPO / "src" / "lmdbfolder").rglob("*.py")] + [(REPO / "README.md").read_text()]
+    texts += [p.read_text() for p in (REPO / "docs").glob("*.md")]
     for text in texts:
         for line in re.findall(r"pip install [^\n`]*\[[^\n`]*", text):
             assert re.search(r'pip install (-U )?"[^"]*\[', line) or "{" in line, line
@@ -346,8 +348,8 @@ def test_every_subcommand_has_a_description_and_V_is_version(capsys: pytest.Capt
     assert capsys.readouterr().out.strip() == f"lmdbfolder {lmdbfolder.__version__}"
 
 
-def test_every_option_is_in_the_readme() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_every_option_is_in_the_cli_reference() -> None:
+    readme = (REPO / "docs" / "cli.md").read_text()  # the README's command-line reference moved there
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     missing = []
@@ -358,7 +360,7 @@ def test_every_option_is_in_the_readme() -> None:
             flags = [f for f in action.option_strings if f.startswith("--") and f != "--help"]
             if flags and not any(f in readme for f in flags):
                 missing.append(f"{name} {flags[0]}")
-    assert not missing, f"not in the README: {missing}"
+    assert not missing, f"not in docs/cli.md: {missing}"
 
 
 def test_plurals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,7 +25,7 @@ from torchvision.datasets import ImageFolder
 
 from conftest import image_bytes, photo_jpeg, write
 from lmdbfolder import fused, pack
-from lmdbfolder.codecs import ENCODINGS, encoding_of
+from lmdbfolder.encodings import ENCODINGS, encoding_of
 from lmdbfolder.read import regions
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.plan import ReadPlan

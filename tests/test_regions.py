@@ -19,7 +19,7 @@ from torchvision.datasets import ImageFolder
 
 from conftest import assert_imagefolders_samples, built, make_photo_tree, photo_jpeg, write
 from lmdbfolder import pack
-from lmdbfolder.codecs import JPEG
+from lmdbfolder.encodings import JPEG
 from lmdbfolder.errors import DecodeError
 from lmdbfolder.read import capabilities as caps_module
 from lmdbfolder.read import regions

@@ -220,7 +220,7 @@ def test_the_random_order_resumes_on_a_sharded_copy_of_the_pack() -> None:
 
 
 def test_the_plain_dataloader_recipe_resumes_at_every_step() -> None:
-    # README's recipe for a plain DataLoader, at every step of an epoch whose last
+    # docs/distributed.md's recipe for a plain DataLoader, at every step of an epoch whose last
     # batch is short (7 indices per rank, batches of 2), the end included.
     from torch.utils.data import DataLoader
 

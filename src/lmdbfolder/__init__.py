@@ -4,7 +4,7 @@ The core (this package) needs only lmdb, numpy and Pillow. The PyTorch
 Dataset lives in ``lmdbfolder.torch`` (the ``torch`` extra: ``pip install ".[torch]"``).
 
 The package is layered (docs/design.md, "Module boundaries"): the format and
-the pack directory at the bottom (``format``, ``errors``, ``codecs``,
+the pack directory at the bottom (``format``, ``errors``, ``encodings``,
 ``environments``, ``packdir``), the read side (``lmdbfolder.read``) and the
 write side (``lmdbfolder.write``) above it, sharing only that core, the tools
 (``lmdbfolder.tools``: info, verify, show, export, copy, warm, import) above

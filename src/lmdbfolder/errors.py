@@ -436,7 +436,7 @@ class DecodeError(LmdbFolderError, OSError):
         super().__init__(f"{where} cannot be decoded: {why}", hint)
 
 
-#: The hint of a record whose header its payload contradicts (``codecs.PayloadMismatch``).
+#: The hint of a record whose header its payload contradicts (``encodings.PayloadMismatch``).
 FORGED_HINT = (
     "the record's header disagrees with the image it holds: the pack is damaged or was not written by "
     "lmdbfolder; run `lmdbfolder verify` on it, and repack it from the source images"

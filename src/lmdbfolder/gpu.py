@@ -77,7 +77,7 @@ import torch.utils.data
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from lmdbfolder.codecs import JPEG, decode_hint, encoding_of
+from lmdbfolder.encodings import JPEG, decode_hint, encoding_of
 from lmdbfolder.errors import DecodeError
 from lmdbfolder.fused import RandomResizedCrop as _FusedCrop
 from lmdbfolder.read.capabilities import current

@@ -49,8 +49,8 @@ attributes), because frameworks that manage samplers look for one: PyTorch
 Lightning's Trainer replaces any other sampler of a distributed job with its own
 wrapper, which would split this sampler's part between the ranks once more
 (every rank trained on half of its share). Hugging Face Accelerate's
-``prepare(loader)`` shards any loader's batches again: see README
-"Multi-GPU and multi-node".
+``prepare(loader)`` shards any loader's batches again: see
+docs/distributed.md, "With PyTorch Lightning or Accelerate".
 
 Ranks need no communication: the order is a function of (seed, epoch,
 dataset size, shard offsets, number of ranks), computed identically in every
@@ -63,7 +63,8 @@ import hashlib
 import itertools
 import math
 import os
-from typing import Any, Iterator, Sequence, Sized
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, Sized, TypedDict
 
 from lmdbfolder.errors import MissingDependencyError
 
@@ -73,6 +74,9 @@ try:
     from torch.utils.data import DistributedSampler
 except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.sampler (ExactDistributedSampler)", "torch", "torch") from exc
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ExactDistributedSampler", "ORDERS"]
 
@@ -84,12 +88,84 @@ _SETTINGS = ("num_replicas", "dataset_len", "shuffle", "seed", "drop_last", "ord
 _SETTING_DEFAULTS = {"nodes": 1}
 
 
+class _OrderKeywords(TypedDict, total=False):
+    """The keywords of ``ExactDistributedSampler`` that say the order (``SampleOrder``'s fields)."""
+
+    order: str
+    shards_at_once: int
+    window: int | None
+    shard_offsets: Sequence[int] | None
+    nodes: int | None
+
+
+@dataclass(frozen=True)
+class SampleOrder:
+    """How ``ExactDistributedSampler`` orders an epoch and lays it over the ranks: its
+    keyword arguments, as one value (see the class for each field)."""
+
+    order: str = "random"
+    shards_at_once: int = 2
+    window: int | None = None
+    shard_offsets: Sequence[int] | None = None
+    nodes: int | None = None
+
+    @classmethod
+    def from_keywords(cls, keywords: dict[str, Any]) -> SampleOrder:
+        """The order the keywords ask for; TypeError for a keyword that is none of the fields."""
+        known = {f.name for f in fields(cls)}
+        for name in keywords:
+            if name not in known:
+                raise TypeError(f"ExactDistributedSampler() got an unexpected keyword argument {name!r}")
+        return cls(**keywords)
+
+
 def _shard_offsets_of(dataset: Sized) -> list[int] | None:
     for obj in (dataset, getattr(dataset, "reader", None)):
         offsets = getattr(obj, "shard_offsets", None)
         if offsets is not None:
             return [int(x) for x in offsets]
     return None
+
+
+def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """``(num_replicas, rank)``, from ``torch.distributed`` where not given; ValueError when
+    they cannot be known or do not fit together."""
+    if num_replicas is None or rank is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("pass num_replicas and rank, or initialise torch.distributed first")
+        num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+        rank = dist.get_rank() if rank is None else rank
+    if num_replicas < 1 or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be in 0..num_replicas-1, got rank={rank}, num_replicas={num_replicas}")
+    return num_replicas, rank
+
+
+def _checked_offsets(dataset: Sized, shard_offsets: Sequence[int] | None, n: int) -> list[int]:
+    """The first index of each shard, then ``n``: as given, else the dataset's, else one shard."""
+    offsets = list(shard_offsets) if shard_offsets is not None else _shard_offsets_of(dataset)
+    if offsets is None:
+        offsets = [0, n]
+    if offsets[0] != 0 or offsets[-1] != n or any(a > b for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"shard_offsets must rise from 0 to len(dataset)={n}, got {offsets[:3]}...{offsets[-2:]}")
+    return offsets
+
+
+def _resolve_nodes(order: str, nodes: int | None, num_replicas: int) -> int | None:
+    """The number of nodes of ``order="nodes"`` (from ``LOCAL_WORLD_SIZE`` when not given),
+    checked; for the other orders ``nodes`` as given (None or 1)."""
+    if order == "nodes":
+        if nodes is None:
+            local = os.environ.get("LOCAL_WORLD_SIZE", "")
+            if not local.isdigit() or int(local) < 1:
+                raise ValueError("order='nodes' needs nodes=N (or LOCAL_WORLD_SIZE, which torchrun sets)")
+            nodes = max(1, num_replicas // int(local))
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or num_replicas % nodes:
+            raise ValueError(
+                f"nodes must divide num_replicas={num_replicas} (every node runs as many ranks), got {nodes!r}"
+            )
+    elif nodes not in (None, 1):
+        raise ValueError(f"nodes is for order='nodes', not order={order!r}")
+    return nodes
 
 
 def _staging_of(dataset: Sized) -> Any:
@@ -151,44 +227,22 @@ class ExactDistributedSampler(DistributedSampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        *,
-        order: str = "random",
-        shards_at_once: int = 2,
-        window: int | None = None,
-        shard_offsets: Sequence[int] | None = None,
-        nodes: int | None = None,
+        **order_keywords: Unpack[_OrderKeywords],
     ) -> None:
-        if num_replicas is None or rank is None:
-            if not (dist.is_available() and dist.is_initialized()):
-                raise ValueError("pass num_replicas and rank, or initialise torch.distributed first")
-            num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
-            rank = dist.get_rank() if rank is None else rank
-        if num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in 0..num_replicas-1, got rank={rank}, num_replicas={num_replicas}")
+        # The keyword-only arguments (order, shards_at_once, window, shard_offsets,
+        # nodes) are one value, SampleOrder: the settings of the order travel together.
+        layout = SampleOrder.from_keywords(dict(order_keywords))
+        order, shards_at_once, window = layout.order, layout.shards_at_once, layout.window
+        num_replicas, rank = _resolve_ranks(num_replicas, rank)
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         n = len(dataset)
         if n < 1:
             raise ValueError("the dataset is empty")
-        offsets = list(shard_offsets) if shard_offsets is not None else _shard_offsets_of(dataset)
-        if offsets is None:
-            offsets = [0, n]
-        if offsets[0] != 0 or offsets[-1] != n or any(a > b for a, b in zip(offsets, offsets[1:])):
-            raise ValueError(f"shard_offsets must rise from 0 to len(dataset)={n}, got {offsets[:3]}...{offsets[-2:]}")
+        offsets = _checked_offsets(dataset, layout.shard_offsets, n)
         if shards_at_once < 1 or (window is not None and window < 1):
             raise ValueError("shards_at_once and window must be positive")
-        if order == "nodes":
-            if nodes is None:
-                local = os.environ.get("LOCAL_WORLD_SIZE", "")
-                if not local.isdigit() or int(local) < 1:
-                    raise ValueError("order='nodes' needs nodes=N (or LOCAL_WORLD_SIZE, which torchrun sets)")
-                nodes = max(1, num_replicas // int(local))
-            if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or num_replicas % nodes:
-                raise ValueError(
-                    f"nodes must divide num_replicas={num_replicas} (every node runs as many ranks), got {nodes!r}"
-                )
-        elif nodes not in (None, 1):
-            raise ValueError(f"nodes is for order='nodes', not order={order!r}")
+        nodes = _resolve_nodes(order, layout.nodes, num_replicas)
         # torch's own attributes first (ours below are the same names, set our way): it only
         # takes len() of the dataset, and its arguments are resolved and checked above.
         super().__init__(dataset, num_replicas, rank, shuffle, seed, drop_last)  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder import fused, transport
-from lmdbfolder.codecs import decode_hint, decode_rgb, encoding_of
+from lmdbfolder.encodings import decode_hint, decode_rgb, encoding_of
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.class_order import check_class_order, ordered_classes
 from lmdbfolder.read.opening import AnyReader, open_pack

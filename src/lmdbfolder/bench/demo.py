@@ -51,21 +51,50 @@ def run_demo(
         f"2. packed them into {dst}: {result.input_bytes / 1e6:,.1f} MB in {result.seconds:.2f} s "
         f"({result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s)",
     )
+    report = _verify_step(dst, as_json)
+    if not report.ok:
+        return 1
+    same = _compare_step(src, dst, n, as_json)
+    if same is None:
+        return 0  # no torch: the DataLoader part is left out
+    if not same:
+        return 1
+    bench = _bench_step(src, dst, workdir, workers, max_size, as_json)
+    if as_json:
+        summary = {
+            "images": n,
+            "pack_seconds": result.seconds,
+            "verified": report.ok,
+            "same_as_imagefolder": same,
+            "bench": bench.as_dict(),
+        }
+        json.dump(summary, sys.stdout, indent=2)
+        print()
+    else:
+        _print_report(bench)
+    return 0
 
+
+def _verify_step(dst: str, as_json: bool) -> Any:
+    """Step 3: verify the pack, decoding every image; its problems go to stderr."""
     report = verify(dst, decode=True, progress=False)
     _say(as_json, f"3. verified {report.checked:,} records (checksums and decoding): {'OK' if report.ok else 'FAILED'}")
     if not report.ok:
         for problem in report.problems:
             print(problem, file=sys.stderr)
-        return 1
+    return report
 
+
+def _compare_step(src: str, dst: str, n: int, as_json: bool) -> bool | None:
+    """Step 4: whether LMDBFolder gives ImageFolder's classes, targets and pixels; None
+    when torch or torchvision is not installed (said, with what to install)."""
     try:
         from torchvision.datasets import ImageFolder
 
         from lmdbfolder.torch import LMDBFolder
     except ImportError:
         _say(as_json, f"torch/torchvision are not installed: the DataLoader part is left out; {install_hint('torch')}")
-        return 0
+        return None
 
     files_ds = ImageFolder(src)
     packed_ds = LMDBFolder(dst)
@@ -75,16 +104,18 @@ def run_demo(
         as_json,
         f"4. LMDBFolder == ImageFolder (classes, targets, pixels of {min(50, n)} samples): {'yes' if same else 'NO'}",
     )
-    if not same:
-        return 1
+    return same
 
-    from lmdbfolder.bench.run import BenchConfig, format_report, run_bench
+
+def _bench_step(src: str, dst: str, workdir: str, workers: Sequence[int], max_size: bool, as_json: bool) -> Any:
+    """Step 5: ``lmdbfolder bench`` of the files against the pack, each measurement said as it is made."""
+    from lmdbfolder.bench.run import BenchConfig, run_bench
 
     _say(
         as_json,
         "5. benchmarking plain files against the pack (lmdbfolder bench; each measurement is printed as it is made)",
     )
-    bench = run_bench(
+    return run_bench(
         BenchConfig(
             src=src,
             packed=dst,
@@ -97,29 +128,20 @@ def run_demo(
             say=lambda text: _say(as_json, text),
         )
     )
-    if as_json:
-        json.dump(
-            {
-                "images": n,
-                "pack_seconds": result.seconds,
-                "verified": report.ok,
-                "same_as_imagefolder": same,
-                "bench": bench.as_dict(),
-            },
-            sys.stdout,
-            indent=2,
-        )
-        print()
-    else:
-        print()
-        print(format_report(bench))
-        print(
-            "\nraw read = bytes only, random order; train pipeline = decode + RandomResizedCrop(224) + flip + "
-            "to tensor through a DataLoader.\nOn a small warm dataset decoding dominates; packing pays off on "
-            "cold caches, slow or network disks, million-image datasets, and with the fast settings.\n"
-            "Run `lmdbfolder bench YOUR_TREE` for your own data (--json, chart)."
-        )
-    return 0
+
+
+def _print_report(bench: Any) -> None:
+    """The bench table, and what its rows mean."""
+    from lmdbfolder.bench.run import format_report
+
+    print()
+    print(format_report(bench))
+    print(
+        "\nraw read = bytes only, random order; train pipeline = decode + RandomResizedCrop(224) + flip + "
+        "to tensor through a DataLoader.\nOn a small warm dataset decoding dominates; packing pays off on "
+        "cold caches, slow or network disks, million-image datasets, and with the fast settings.\n"
+        "Run `lmdbfolder bench YOUR_TREE` for your own data (--json, chart)."
+    )
 
 
 def leave_out_skipped(files_ds: Any, packed_ds: Any) -> int:

@@ -932,6 +932,47 @@ def _trust_lines(s: dict[str, Any], cpus: int) -> list[str]:
 
 def format_report(result: BenchResult) -> str:
     """The human-readable table, the target ratios and the recommendation."""
+    cfg = result.config
+    runs = "one run per contestant" if cfg["repeat"] == 1 else f"the fastest of {cfg['repeat']} alternated runs"
+    lines = [
+        f"{result.images:,} images, {result.source_bytes / 1e6:,.0f} MB; pack {result.pack.get('size', 0) / 1e6:,.0f} "
+        f"MB; {plural(result.machine.get('cpus') or 0, 'CPU')}; {runs}; pipeline = "
+        f"RandomResizedCrop({cfg['size']}) + flip + to tensor, batch {cfg['batch_size']}, "
+        f"{cfg['limit']:,} images/run",
+        *(f"{name} = {text}" for name, text in (cfg.get("settings") or {}).items()),
+        cfg.get("in_process_threads", ""),
+        result.eviction,
+        "",
+        "CPU ms/img: CPU time of this process and its DataLoader workers per image; others: CPUs that other "
+        "processes kept busy meanwhile (from /proc/stat); spread: fastest run / slowest run",
+        "",
+        _format_table(
+            ["workload", "workers", "contestant", "img/s", "MB/s", "vs files", "CPU ms/img", "others", "spread"],
+            _report_rows(result),
+        ),
+        "",
+    ]
+    s = result.summary
+    lines.extend(_trust_lines(s, result.machine.get("cpus") or 1))
+    lines.extend(_ratio_lines(s))
+    if "read_path" in s:
+        rp = s["read_path"]
+        lines.append(
+            f"read path overhead (warm): {rp['get_us']:.1f} us/record = {rp['share']:.2%} of a Pillow decode "
+            f"({rp['pillow_decode_us']:,.0f} us)"
+        )
+    for name, by_w in s.get("loader_efficiency", {}).items():
+        text = ", ".join(f"{plural(int(w), 'worker')} {e:.0%}" for w, e in by_w.items())
+        lines.append(f"loader efficiency (img/s / (workers x one-process rate)), {name}: {text}")
+    if "device" in s:
+        lines.extend(_device_lines(s["device"], max(cfg["workers"])))
+    lines.append("")
+    lines.append("Recommendation: " + result.recommendation)
+    return "\n".join(lines)
+
+
+def _report_rows(result: BenchResult) -> list[list[Any]]:
+    """The table's rows: raw reads first, then the pipeline, cold before warm, by workers and contestant."""
     rows = []
     order = {FILES: 1, DD: 0, RAW_GET: 2, RAW_BATCH: 3, DEFAULT: 2, FUSED: 3, RESIZED: 4, RESIZED_RAW: 5, RECIPE: 6}
     ms = sorted(
@@ -964,27 +1005,12 @@ def format_report(result: BenchResult) -> str:
                 (f"{spread:.2f}x" + (" !" if spread >= SPREAD_WARNING else "")) if spread is not None else "-",
             ]
         )
-    cfg = result.config
-    runs = "one run per contestant" if cfg["repeat"] == 1 else f"the fastest of {cfg['repeat']} alternated runs"
-    lines = [
-        f"{result.images:,} images, {result.source_bytes / 1e6:,.0f} MB; pack {result.pack.get('size', 0) / 1e6:,.0f} "
-        f"MB; {plural(result.machine.get('cpus') or 0, 'CPU')}; {runs}; pipeline = "
-        f"RandomResizedCrop({cfg['size']}) + flip + to tensor, batch {cfg['batch_size']}, "
-        f"{cfg['limit']:,} images/run",
-        *(f"{name} = {text}" for name, text in (cfg.get("settings") or {}).items()),
-        cfg.get("in_process_threads", ""),
-        result.eviction,
-        "",
-        "CPU ms/img: CPU time of this process and its DataLoader workers per image; others: CPUs that other "
-        "processes kept busy meanwhile (from /proc/stat); spread: fastest run / slowest run",
-        "",
-        _format_table(
-            ["workload", "workers", "contestant", "img/s", "MB/s", "vs files", "CPU ms/img", "others", "spread"], rows
-        ),
-        "",
-    ]
-    s = result.summary
-    lines.extend(_trust_lines(s, result.machine.get("cpus") or 1))
+    return rows
+
+
+def _ratio_lines(s: dict[str, Any]) -> list[str]:
+    """The summary's ratios in words: raw reads against the files and dd, each pipeline against ImageFolder."""
+    lines = []
     for cache in ("cold", "warm"):
         if f"raw_{cache}_batched_vs_dd" in s:
             dd = s[f"raw_{cache}_batched_vs_dd"]
@@ -1004,17 +1030,4 @@ def format_report(result: BenchResult) -> str:
                 f"train pipeline, {cache}, {plural(int(workers.rstrip('w')), 'worker')}: "
                 f"{label} is {versus(value, 'ImageFolder')}"
             )
-    if "read_path" in s:
-        rp = s["read_path"]
-        lines.append(
-            f"read path overhead (warm): {rp['get_us']:.1f} us/record = {rp['share']:.2%} of a Pillow decode "
-            f"({rp['pillow_decode_us']:,.0f} us)"
-        )
-    for name, by_w in s.get("loader_efficiency", {}).items():
-        text = ", ".join(f"{plural(int(w), 'worker')} {e:.0%}" for w, e in by_w.items())
-        lines.append(f"loader efficiency (img/s / (workers x one-process rate)), {name}: {text}")
-    if "device" in s:
-        lines.extend(_device_lines(s["device"], max(cfg["workers"])))
-    lines.append("")
-    lines.append("Recommendation: " + result.recommendation)
-    return "\n".join(lines)
+    return lines

@@ -373,7 +373,7 @@ def time_loader(
 def read_path_overhead(path: str, *, samples: int = 2000, decodes: int = 100) -> dict[str, float]:
     """Microseconds per record of the read path (key encode, get, header parse,
     Record) with a warm cache, and per full Pillow decode of the same records."""
-    from lmdbfolder.codecs import decode_rgb
+    from lmdbfolder.encodings import decode_rgb
 
     reader = open_pack(path)
     try:

@@ -48,7 +48,7 @@ __all__ = [
 WRITING_COMMANDS = frozenset({"pack", "import", "copy", "export", "index"})
 #: The most characters of an error message printed (a path read from a pack may be huge).
 MAX_MESSAGE = 4000
-#: Exit status of each outcome; documented in the README.
+#: Exit status of each outcome; documented in docs/cli.md ("Exit codes").
 EXIT_CODES = {
     "ok": 0,
     "problems found": 1,

@@ -19,6 +19,7 @@ from lmdbfolder.cli.common import (
     show_progress,
     usage,
 )
+from lmdbfolder.encodings import DEFAULT_RESIZE_FORMAT, RESIZE_FORMATS
 from lmdbfolder.errors import OptionError, SkippedFilesWarning
 from lmdbfolder.format import SKIPPED_REPORT
 from lmdbfolder.text import megabytes, plural, printable
@@ -79,7 +80,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--format",
-        choices=("jpeg", "webp"),
+        choices=RESIZE_FORMATS,
         default=None,
         dest="resize_format",
         help="with --max-size: re-encode resized images as jpeg (default) or webp",
@@ -192,7 +193,7 @@ def _pack_options(args: argparse.Namespace) -> Any:
     resize = None
     if args.max_size is not None:
         level = 90 if args.quality is None else args.quality
-        resize = Resize(args.max_size, level, args.resize_side or "longer", args.resize_format or "jpeg")
+        resize = Resize(args.max_size, level, args.resize_side or "longer", args.resize_format or DEFAULT_RESIZE_FORMAT)
     elif args.quality is not None:
         raise OptionError("--quality needs --max-size")
     elif args.resize_format is not None:

@@ -44,7 +44,7 @@ from typing import Callable, Union
 import numpy as np
 from PIL import Image
 
-from lmdbfolder.codecs import encoding_of, sniff
+from lmdbfolder.encodings import encoding_of, sniff
 from lmdbfolder.errors import DecoderUnavailableError
 
 __all__ = [
@@ -352,7 +352,7 @@ def decode_payload(
     JPEGs with 1 or 3 components go to ``decoder`` (at ``1/denom`` scale
     when it supports that); raw payloads become an array view; every other
     image goes through Pillow's ``convert("RGB")``, exactly like ImageFolder
-    (``lmdbfolder.codecs``: what each encoding does).
+    (``lmdbfolder.encodings``: what each encoding does).
     """
     return encoding_of(encoding).pixels(payload, width, height, channels, decoder, denom, None)
 

@@ -17,7 +17,7 @@ transform and process:
   (``N x 3 x H x W``, the tensors' layout) or ``N x H x W x 3`` (a PIL image's).
 
 What stays per image is only what the image itself decides: its encoding
-(``lmdbfolder.codecs``: each encoding owns its decode and region decode), its
+(``lmdbfolder.encodings``: each encoding owns its decode and region decode), its
 crop box and flip (drawn by the caller, with torchvision's random numbers), and
 whether a damaged file has to be decoded whole.
 
@@ -28,7 +28,7 @@ limits against the payload's size, before the caller draws a crop box from the
 size or anything is allocated for it; ``image`` and ``pixels`` ask it
 themselves; and every decode checks the decoded size against the claim again
 (``Encoding.expect``; the region decoder holds libjpeg's size to it). A header
-that lies raises ``codecs.PayloadMismatch``, which the dataset reports naming
+that lies raises ``encodings.PayloadMismatch``, which the dataset reports naming
 the record. A record's bytes pass through ``run`` like this::
 
     claim (header vs payload header, bomb limits)  -> the caller draws the box
@@ -57,7 +57,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 from PIL import Image
 
-from lmdbfolder.codecs import Encoding, check_bomb, encoding_of
+from lmdbfolder.encodings import Encoding, check_bomb, encoding_of
 from lmdbfolder.read import crops
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import (
@@ -179,7 +179,7 @@ class ReadPlan:
         """The record's ``Encoding``, once its header's claim is found true of the payload
         (``Encoding.check``): call it before drawing a crop box from ``width`` x ``height``.
 
-        Raises ``codecs.PayloadMismatch`` for a header the payload contradicts,
+        Raises ``encodings.PayloadMismatch`` for a header the payload contradicts,
         ``PIL.Image.DecompressionBombError`` above Pillow's limit (and warns as
         Pillow does between the limit and twice it), and what Pillow raises for a
         file it cannot open, where its open is asked; nothing is decoded.

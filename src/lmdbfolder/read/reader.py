@@ -46,7 +46,7 @@ import numpy as np
 from PIL import Image
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.codecs import decode_hint, encoding_of
+from lmdbfolder.encodings import decode_hint, encoding_of
 from lmdbfolder.errors import CorruptRecordError, DecodeError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     KEY,

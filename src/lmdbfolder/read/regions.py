@@ -16,7 +16,7 @@ cropped, bit for bit (``matches_pillow``). If one does not, or the helper is
 not built, every image is decoded whole, as before. The question is asked
 once per process by ``lmdbfolder.read.capabilities`` (``region_decoder``,
 and ``why_no_regions`` says why not); the per-record decode is
-``lmdbfolder.codecs.Jpeg.region``.
+``lmdbfolder.encodings.Jpeg.region``.
 
 ``LMDBFOLDER_REGIONS=0`` in the environment turns region decoding off (for
 troubleshooting, and to measure what it saves: ``benchmarks/bench_peers.py``
@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from lmdbfolder.codecs import JPEG, sniff
+from lmdbfolder.encodings import JPEG, sniff
 from lmdbfolder.read.crops import Box
 
 __all__ = ["ENV_SWITCH", "matches_pillow", "probe_boxes"]

@@ -59,9 +59,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
-from PIL import Image
-
 from lmdbfolder import packdir
+from lmdbfolder.encodings import ENCODINGS, encoding_of
 from lmdbfolder.errors import OptionError, OutputExistsError, SourceError
 from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, informational
 from lmdbfolder.progress import Progress
@@ -75,16 +74,9 @@ __all__ = ["ExportResult", "export", "FORMATS", "DEFAULT_SHARD_SIZE", "webdatase
 
 FORMATS = ("files", "webdataset", "huggingface")
 DEFAULT_SHARD_SIZE = "1GB"
-#: WebDataset member extension of each stored encoding (``pnm`` and ``other``: the file's own).
-EXTENSIONS = {
-    "jpeg": "jpg",
-    "png": "png",
-    "webp": "webp",
-    "bmp": "bmp",
-    "tiff": "tiff",
-    "gif": "gif",
-    "raw": "png",
-}
+#: WebDataset member extension of each stored encoding (``pnm`` and ``other``: the file's own),
+#: as each ``Encoding`` says (``raw`` pixels become PNG files).
+EXTENSIONS = {enc.name: enc.extension for enc in ENCODINGS.values() if enc.extension}
 
 
 @dataclass
@@ -413,12 +405,10 @@ def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) 
 
 def _member(record: Any, relpath: str) -> tuple[bytes, str]:
     """The bytes and the extension of a sample's image member."""
-    if record.encoding == "raw":
-        image = Image.frombytes("RGB", (record.width, record.height), record.payload)
-        out = io.BytesIO()
-        image.save(out, "PNG")
-        return out.getvalue(), "png"
-    ext = EXTENSIONS.get(record.encoding) or os.path.splitext(relpath)[1].lstrip(".").lower()
+    enc = encoding_of(record.encoding)
+    if enc.stores_pixels:
+        return bytes(enc.file_bytes(record.payload, record.width, record.height)), str(enc.extension)
+    ext = enc.extension or os.path.splitext(relpath)[1].lstrip(".").lower()
     if not (ext.isascii() and ext.isalnum() and len(ext) <= 10):
         ext = "bin"  # the stored path's own extension, when it is a plain one
     return bytes(record.payload), ext

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 from PIL import Image
 
-from lmdbfolder.codecs import sniff
+from lmdbfolder.encodings import RAW, sniff
 from lmdbfolder.errors import NotAPackError, OptionError, SourceError, UnsafePickleError, os_hint
 from lmdbfolder.format import DATA_FILE, encode_record
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, open_regular, read_regular
@@ -115,14 +115,7 @@ def check_pickle(data: bytes | memoryview, *, where: str, max_bytes: int = MAX_P
             name = op.name
             if isinstance(arg, str):
                 names = (names + [arg])[-2:]
-            if name in _GLOBALS or name in _PERSISTENT:
-                what = arg if name == "GLOBAL" and isinstance(arg, str) else ".".join(names) if names else "a global"
-                if name in _PERSISTENT:
-                    raise UnsafePickleError(where, "the pickle uses persistent ids; refused")
-                raise UnsafePickleError(
-                    where,
-                    f"the pickle asks for {str(what).replace(' ', '.')[:120]}; refused (loading it could run code)",
-                )
+            _refuse_globals(name, arg, names, where)
             if name in _MEMO_PUT:
                 if not stack or stack[-1] is _MARK:
                     raise ValueError("memo put with nothing on the stack")
@@ -138,44 +131,72 @@ def check_pickle(data: bytes | memoryview, *, where: str, max_bytes: int = MAX_P
             if name == "MARK":
                 stack.append(_MARK)
                 continue
-            before = op.stack_before
-            items: list[list[int]] = []
-            if _MARK in before:
-                while stack and stack[-1] is not _MARK:
-                    items.append(stack.pop())
-                if not stack:
-                    raise ValueError("no mark on the stack")
-                stack.pop()
-                below = before.index(_MARK)
-            else:
-                below = len(before)
-            under = [stack.pop() for _ in range(below)] if len(stack) >= below else None
-            if under is None or any(entry is _MARK for entry in under):
-                raise ValueError(f"{name} finds too few items on the stack")
-            if name in _EXTEND:
-                container = under[-1]
-                items += under[:-1]
-                container[0] += sum(entry[0] for entry in items)
-                container[1] = max([container[1]] + [1 + entry[1] for entry in items])
-                stack.append(container)
-                entry = container
-            elif name == "DUP":
-                stack += [under[0], under[0]]
-                continue
-            else:
-                items += under
-                entry = [1 + sum(e[0] for e in items), 1 + max((e[1] for e in items), default=0)]
-                stack += [entry] * len(op.stack_after)
-            if entry[0] > max_objects:
-                raise UnsafePickleError(
-                    where, f"the pickle expands into more than {max_objects:,} objects (shared references); refused"
-                )
-            if entry[1] > MAX_PICKLE_DEPTH:
-                raise UnsafePickleError(where, f"the pickle is nested more than {MAX_PICKLE_DEPTH} levels deep")
+            entry = _apply_op(op, stack)
+            if entry is not None:
+                _check_size(entry, max_objects, where)
     except UnsafePickleError:
         raise
     except Exception as exc:  # genops raises ValueError (and others) for malformed input
         raise SourceError(where, f"not a readable pickle ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _refuse_globals(name: str, arg: Any, names: list[str], where: str) -> None:
+    """UnsafePickleError for an opcode that imports a global or asks for a persistent id
+    (``names``: the last two strings pushed, which a STACK_GLOBAL names)."""
+    if name not in _GLOBALS and name not in _PERSISTENT:
+        return
+    if name in _PERSISTENT:
+        raise UnsafePickleError(where, "the pickle uses persistent ids; refused")
+    what = arg if name == "GLOBAL" and isinstance(arg, str) else ".".join(names) if names else "a global"
+    raise UnsafePickleError(
+        where,
+        f"the pickle asks for {str(what).replace(' ', '.')[:120]}; refused (loading it could run code)",
+    )
+
+
+def _apply_op(op: Any, stack: list[Any]) -> list[int] | None:
+    """Apply one opcode (not a memo, mark or global one) to the stack of ``[objects, depth]``
+    entries; the entry it leaves on top, to hold to the bounds (None for a DUP). Raises
+    ValueError for a stack the opcode cannot work on (a malformed pickle)."""
+    name = op.name
+    before = op.stack_before
+    items: list[list[int]] = []
+    if _MARK in before:
+        while stack and stack[-1] is not _MARK:
+            items.append(stack.pop())
+        if not stack:
+            raise ValueError("no mark on the stack")
+        stack.pop()
+        below = before.index(_MARK)
+    else:
+        below = len(before)
+    under = [stack.pop() for _ in range(below)] if len(stack) >= below else None
+    if under is None or any(entry is _MARK for entry in under):
+        raise ValueError(f"{name} finds too few items on the stack")
+    if name in _EXTEND:
+        container = under[-1]
+        items += under[:-1]
+        container[0] += sum(entry[0] for entry in items)
+        container[1] = max([container[1]] + [1 + entry[1] for entry in items])
+        stack.append(container)
+        return container
+    if name == "DUP":
+        stack += [under[0], under[0]]
+        return None
+    items += under
+    entry = [1 + sum(e[0] for e in items), 1 + max((e[1] for e in items), default=0)]
+    stack += [entry] * len(op.stack_after)
+    return entry
+
+
+def _check_size(entry: list[int], max_objects: int, where: str) -> None:
+    """UnsafePickleError for an object that expands beyond ``max_objects`` or ``MAX_PICKLE_DEPTH``."""
+    if entry[0] > max_objects:
+        raise UnsafePickleError(
+            where, f"the pickle expands into more than {max_objects:,} objects (shared references); refused"
+        )
+    if entry[1] > MAX_PICKLE_DEPTH:
+        raise UnsafePickleError(where, f"the pickle is nested more than {MAX_PICKLE_DEPTH} levels deep")
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -557,7 +578,7 @@ def _basicsr_store(pf: PageFile, layout: LegacyLayout, old: str) -> str:
     first = _get(pf, layout.keys[0], old)
     if first is None:
         raise SourceError(layout.names[0], "is listed in meta_info but missing from the LMDB")
-    return "encoded" if sniff(first).encoding != "other" else "raw"
+    return "encoded" if sniff(first).recognised else "raw"
 
 
 def _basicsr_loader(
@@ -570,9 +591,9 @@ def _basicsr_loader(
         if value is None:
             return Skipped("listed in meta_info but missing from the LMDB")
         info = sniff(value)
-        if (info.encoding != "other") != (store == "encoded"):
+        if info.recognised != (store == "encoded"):
             return Skipped(f"mixes encoded images and raw arrays; this pack stores {store} values")
-        if info.encoding != "other":
+        if info.recognised:
             return load_bytes(value, -1, check="header", max_pixels=Image.MAX_IMAGE_PIXELS)
         shape = layout.shapes[i]
         if shape is None:
@@ -588,6 +609,7 @@ def _basicsr_loader(
         if channel_order == "bgr" and c != 1:
             pixels = pixels[:, :, ::-1]
         rgb = np.ascontiguousarray(pixels).tobytes()
-        return Loaded(encode_record(rgb, label=-1, encoding="raw", width=w, height=h, channels=3), "raw", len(value))
+        record = encode_record(rgb, label=-1, encoding=RAW.name, width=w, height=h, channels=3)
+        return Loaded(record, RAW.name, len(value))
 
     return load

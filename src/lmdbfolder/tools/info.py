@@ -201,49 +201,8 @@ def format_info(info: dict[str, Any], skipped_shown: int = 20) -> str:
     """
     # Every string here may come from a pack someone else wrote: printable() escapes
     # terminal control sequences in it and bounds its length.
-    classes = info["classes"]
-    shown = ", ".join(printable(c, 60) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
-    encodings = info["encodings"]
-    encodings = (
-        ", ".join(f"{printable(k, 20)} {v:,} ({info['encoding_shares'].get(k, 0):.0%})" for k, v in encodings.items())
-        or "-"
-        if isinstance(encodings, dict)
-        else encodings
-    )
-    payload = info["payload_bytes"]
-    source = info.get("source") or {}
-    source_text = (
-        printable(f"{source.get('layout', '?')} {source.get('list_file') or source.get('root', '')}{_filters(source)}")
-        if isinstance(source, dict)
-        else str(source)
-    )
     skipped = info["skipped"] if isinstance(info["skipped"], list) else []
-    version = f"{info['format']} version {info['format_version']}"
-    if info.get("pack_id"):
-        version += f" (pack {info['pack_id']})"
-    rows = [
-        ("pack", printable(info["path"], None)),
-        ("format", version + (f"; {info['note']}" if info.get("note") else "")),
-        ("samples", f"{info['count']:,}"),
-        ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
-        ("store", info["store"]),
-        ("encodings", encodings),
-        ("payload", megabytes(payload) if isinstance(payload, int) else str(payload)),
-        ("size on disk", megabytes(info["size_on_disk"])),
-        ("source", source_text),
-        ("created", f"{printable(info.get('created_at'), 40)} by {printable(info.get('created_by'), 80)}"),
-        (
-            "skipped",
-            plural(len(skipped), "source file")
-            + (
-                (" (listed below)" if len(skipped) <= skipped_shown else f" (the first {skipped_shown:,} below)")
-                if skipped
-                else ""
-            )
-            if isinstance(info["skipped"], list)
-            else str(info["skipped"]),
-        ),
-    ]
+    rows = _main_rows(info, skipped, skipped_shown)
     if "shards" in info:
         names = [printable(s["name"], 80) for s in info["shards"]]
         shown_shards = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
@@ -252,23 +211,81 @@ def format_info(info: dict[str, Any], skipped_shown: int = 20) -> str:
     rows[after_classes:after_classes] = _class_rows(info)
     sizes_info = info.get("image_sizes")
     if sizes_info and sizes_info["width"]:
-        w, h = sizes_info["width"], sizes_info["height"]
-        rows.insert(  # before "skipped", whose list follows the rows
-            [k for k, _ in rows].index("skipped"),
-            (
-                "image sizes",
-                f"width {w['min']:,}..{w['max']:,} (median {w['median']:,g}), "
-                f"height {h['min']:,}..{h['max']:,} (median {h['median']:,g}) px, "
-                f"from {sizes_info['sampled']:,} of {plural(sizes_info['of'], 'record header')}"
-                + (f" ({sizes_info['unknown']:,} without a size)" if sizes_info["unknown"] else "")
-                + (f" ({sizes_info['unreadable']:,} damaged)" if sizes_info.get("unreadable") else ""),
-            ),
-        )
+        # before "skipped", whose list follows the rows
+        rows.insert([k for k, _ in rows].index("skipped"), ("image sizes", _image_sizes_text(sizes_info)))
     created = [k for k, _ in rows].index("created") + 1
     rows[created:created] = _history_rows(info.get("history") or [])
     width = max(len(k) for k, _ in rows)
     lines = [f"{key + ':' if key else '':<{width + 2}}{value}" for key, value in rows]
-    lines += [
+    return "\n".join(lines + _skipped_lines(skipped, skipped_shown, sharded="shards" in info))
+
+
+def _main_rows(info: dict[str, Any], skipped: list[Any], skipped_shown: int) -> list[tuple[str, str]]:
+    """The rows of ``format_info`` that every pack has, in their order."""
+    classes = info["classes"]
+    shown = ", ".join(printable(c, 60) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
+    payload = info["payload_bytes"]
+    version = f"{info['format']} version {info['format_version']}"
+    if info.get("pack_id"):
+        version += f" (pack {info['pack_id']})"
+    return [
+        ("pack", printable(info["path"], None)),
+        ("format", version + (f"; {info['note']}" if info.get("note") else "")),
+        ("samples", f"{info['count']:,}"),
+        ("classes", f"{info['num_classes']:,}" + (f" ({shown})" if classes else "")),
+        ("store", info["store"]),
+        ("encodings", _encodings_text(info)),
+        ("payload", megabytes(payload) if isinstance(payload, int) else str(payload)),
+        ("size on disk", megabytes(info["size_on_disk"])),
+        ("source", _source_text(info.get("source") or {})),
+        ("created", f"{printable(info.get('created_at'), 40)} by {printable(info.get('created_by'), 80)}"),
+        ("skipped", _skipped_text(info["skipped"], skipped, skipped_shown)),
+    ]
+
+
+def _encodings_text(info: dict[str, Any]) -> str:
+    """``jpeg 990 (99%), png 10 (1%)``: each encoding's count and share (or the invalid marker)."""
+    encodings = info["encodings"]
+    if not isinstance(encodings, dict):
+        return str(encodings)
+    shares = info["encoding_shares"]
+    return ", ".join(f"{printable(k, 20)} {v:,} ({shares.get(k, 0):.0%})" for k, v in encodings.items()) or "-"
+
+
+def _source_text(source: Any) -> str:
+    """The source line: layout, root or list file, and the file filters."""
+    if not isinstance(source, dict):
+        return str(source)
+    where = source.get("list_file") or source.get("root", "")
+    return printable(f"{source.get('layout', '?')} {where}{_filters(source)}")
+
+
+def _skipped_text(recorded: Any, skipped: list[Any], skipped_shown: int) -> str:
+    """The ``skipped`` row: how many, and whether all are listed below (``recorded``: the
+    field as the pack has it, shown as it is when it is not a list)."""
+    if not isinstance(recorded, list):
+        return str(recorded)
+    if not skipped:
+        return plural(0, "source file")
+    below = " (listed below)" if len(skipped) <= skipped_shown else f" (the first {skipped_shown:,} below)"
+    return plural(len(skipped), "source file") + below
+
+
+def _image_sizes_text(sizes: dict[str, Any]) -> str:
+    """The ``image sizes`` row: the spread of the widths and heights sampled from record headers."""
+    w, h = sizes["width"], sizes["height"]
+    return (
+        f"width {w['min']:,}..{w['max']:,} (median {w['median']:,g}), "
+        f"height {h['min']:,}..{h['max']:,} (median {h['median']:,g}) px, "
+        f"from {sizes['sampled']:,} of {plural(sizes['of'], 'record header')}"
+        + (f" ({sizes['unknown']:,} without a size)" if sizes["unknown"] else "")
+        + (f" ({sizes['unreadable']:,} damaged)" if sizes.get("unreadable") else "")
+    )
+
+
+def _skipped_lines(skipped: list[Any], skipped_shown: int, *, sharded: bool) -> list[str]:
+    """The first ``skipped_shown`` skipped files, one a line, and how many more there are."""
+    lines = [
         f"  {printable(item.get('path'), 1000)}: {printable(item.get('reason'))}"
         if isinstance(item, dict)
         else f"  {INVALID}"
@@ -276,11 +293,11 @@ def format_info(info: dict[str, Any], skipped_shown: int = 20) -> str:
     ]
     if len(skipped) > skipped_shown:
         # A pack of a million files can have skipped tens of thousands: a terminal's worth, not all.
-        listed = "each shard's skipped.txt" if "shards" in info else "the pack's skipped.txt"
+        listed = "each shard's skipped.txt" if sharded else "the pack's skipped.txt"
         lines.append(
             f"  ... and {len(skipped) - skipped_shown:,} more (`lmdbfolder info --json` and {listed} list them all)"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def _history_rows(history: list[dict[str, Any]], shown: int = 10) -> list[tuple[str, str]]:

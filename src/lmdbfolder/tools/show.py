@@ -262,23 +262,44 @@ def contact_sheet(
             x, y = PAD + (k % columns) * cell_w, PAD + (k // columns) * cell_h
             label = reader.labels[index]
             name = classes[label] if 0 <= label < len(classes) else ""
-            try:
-                image = reader.image(index)
-            except (DecodeError, CorruptRecordError) as exc:  # undecodable, or a damaged record
-                broken.append(index)
-                draw.rectangle((x, y, x + size - 1, y + size - 1), fill=_BROKEN)
-                why = "damaged" if isinstance(exc, CorruptRecordError) else "cannot decode"
-                draw.text((x + 3, y + 3), why, fill=_TEXT, font=font)
-                box = (x, y, x + size, y + size)
-            else:
-                image.thumbnail((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
-                left, top = x + (size - image.width) // 2, y + (size - image.height) // 2
-                sheet.paste(image, (left, top))
-                box = (left, top, left + image.width, top + image.height)
+            box = _draw_tile(reader, index, sheet, draw, font, (x, y), size, broken)
             caption = _fit(printable(f"{index} {name}".strip(), None), draw, font, size)
             draw.text((x, y + size + 1), caption, fill=_TEXT, font=font)
             boxes.append(box)
             shown.append(index)
+    _save_png(sheet, out)
+    return SheetResult(out, sheet.width, sheet.height, columns, rows, size, shown, boxes, broken)
+
+
+def _draw_tile(
+    reader: Any,
+    index: int,
+    sheet: Image.Image,
+    draw: ImageDraw.ImageDraw,
+    font: Any,
+    at: tuple[int, int],
+    size: int,
+    broken: list[int],
+) -> tuple[int, int, int, int]:
+    """Draw sample ``index`` in the tile at ``at`` (its thumbnail, centred; a red tile that
+    says why for a sample that does not decode, appended to ``broken``); the box drawn."""
+    x, y = at
+    try:
+        image = reader.image(index)
+    except (DecodeError, CorruptRecordError) as exc:  # undecodable, or a damaged record
+        broken.append(index)
+        draw.rectangle((x, y, x + size - 1, y + size - 1), fill=_BROKEN)
+        why = "damaged" if isinstance(exc, CorruptRecordError) else "cannot decode"
+        draw.text((x + 3, y + 3), why, fill=_TEXT, font=font)
+        return (x, y, x + size, y + size)
+    image.thumbnail((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
+    left, top = x + (size - image.width) // 2, y + (size - image.height) // 2
+    sheet.paste(image, (left, top))
+    return (left, top, left + image.width, top + image.height)
+
+
+def _save_png(sheet: Image.Image, out: str) -> None:
+    """Write ``sheet`` to ``out`` as a PNG, whole or not at all (a temporary file, renamed)."""
     folder = os.path.dirname(out)
     os.makedirs(folder, exist_ok=True)
     try:
@@ -293,4 +314,3 @@ def contact_sheet(
     except BaseException:
         os.unlink(tmp)  # made by this call
         raise
-    return SheetResult(out, sheet.width, sheet.height, columns, rows, size, shown, boxes, broken)

@@ -37,7 +37,7 @@ from typing import Any
 from PIL import Image
 
 from lmdbfolder import environments, packdir
-from lmdbfolder.codecs import PayloadMismatch, encoding_of, raw_rgb, truncation
+from lmdbfolder.encodings import PayloadMismatch, encoding_of, raw_rgb, truncation
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
     CHECK_KEY,
@@ -662,7 +662,7 @@ def _check_one(
         report.problems.append(
             Problem("label", f"label {header.label} is not a class index (0..{n_classes - 1})", index, path)
         )
-    if store is not None and (header.encoding == "raw") != (store == "raw"):
+    if store is not None and encoding_of(header.encoding).stores_pixels != (store == "raw"):
         report.problems.append(
             Problem("header", f"a {header.encoding} record in a pack of {store} images", index, path)
         )

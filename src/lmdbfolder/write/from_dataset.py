@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from PIL import Image
 
-from lmdbfolder.codecs import sniff
+from lmdbfolder.encodings import sniff
 from lmdbfolder.errors import OptionError, SourceError
 from lmdbfolder.format import NO_LABEL, SKIPPED_REPORT
 from lmdbfolder.write.options import PackOptions, pack_options

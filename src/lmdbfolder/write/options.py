@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from lmdbfolder.encodings import DEFAULT_RESIZE_FORMAT, RESIZE_FORMATS
 from lmdbfolder.errors import OptionError
 
 __all__ = [
@@ -40,7 +41,6 @@ CHECKS = ("none", "header", "decode")
 #: (the files are still checked as the pack's own ``check`` says).
 CONTENT_CHECK = "content"
 RESIZE_SIDES = ("longer", "shorter")
-RESIZE_FORMATS = ("jpeg", "webp")
 DEFAULT_COMMIT_EVERY = 2000
 
 
@@ -60,9 +60,9 @@ class Resize:
     max_size: int
     quality: int = 90
     side: str = "longer"
-    #: ``"jpeg"`` or ``"webp"``: how a resized image is re-encoded (WebP is
-    #: smaller at the same quality; see docs/design.md for its decode cost).
-    format: str = "jpeg"
+    #: ``"jpeg"`` or ``"webp"`` (``RESIZE_FORMATS``): how a resized image is re-encoded
+    #: (WebP is smaller at the same quality; see docs/design.md for its decode cost).
+    format: str = DEFAULT_RESIZE_FORMAT
 
     def __post_init__(self) -> None:
         if isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or self.max_size < 1:
@@ -85,7 +85,7 @@ class Resize:
     def params(self) -> dict[str, Any]:
         """The manifest ``params`` entries of this resize (``resize_format`` only when not JPEG)."""
         out: dict[str, Any] = {"max_size": self.max_size, "quality": self.quality, "resize_side": self.side}
-        if self.format != "jpeg":
+        if self.format != DEFAULT_RESIZE_FORMAT:
             out["resize_format"] = self.format
         return out
 
@@ -93,7 +93,7 @@ class Resize:
         """This resize in the resume fingerprint (the format only when not JPEG, so
         packs started before the format option existed still resume)."""
         out: list[Any] = [self.max_size, self.quality, self.side]
-        return out + [self.format] if self.format != "jpeg" else out
+        return out + [self.format] if self.format != DEFAULT_RESIZE_FORMAT else out
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Resize | None:
@@ -104,7 +104,7 @@ class Resize:
             int(params["max_size"]),
             int(params.get("quality", 90)),
             str(params.get("resize_side", "longer")),
-            str(params.get("resize_format", "jpeg")),
+            str(params.get("resize_format", DEFAULT_RESIZE_FORMAT)),
         )
 
 

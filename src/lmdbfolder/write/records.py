@@ -13,12 +13,12 @@ Checks (``check=``):
 * ``"header"`` (default): the header is read as Pillow's open reads it
   (format, size), and the pixel count must be within Pillow's
   ``Image.MAX_IMAGE_PIXELS`` (decompression-bomb limit). No pixels decoded.
-  JPEGs and PNGs whose header ``codecs.clean_header`` vouches for (every
+  JPEGs and PNGs whose header ``encodings.clean_header`` vouches for (every
   segment well formed and of a kind Pillow accepts without parsing it) are
   accepted without calling Pillow (~3 us instead of ~40 us a file); every
   other file, and every file that might be refused, goes to Pillow, so what
   is skipped, and why, is Pillow's call.
-  JPEGs and PNGs must also end with their end marker (``codecs.truncation``:
+  JPEGs and PNGs must also end with their end marker (``encodings.truncation``:
   a look at the file's last bytes), which catches files cut short.
 * ``"decode"``: the image is fully decoded once (catches corrupt data too).
 * ``"none"``: trust the input; only unreadable and zero-byte files are skipped.
@@ -34,7 +34,7 @@ from typing import Callable
 
 from PIL import Image, UnidentifiedImageError
 
-from lmdbfolder.codecs import clean_header, sniff, truncation, vouch_jpeg
+from lmdbfolder.encodings import OTHER, RAW, clean_header, encoding_of, sniff, truncation, vouch_jpeg
 from lmdbfolder.format import RECORD_HEADER, UNKNOWN_MTIME, encode_header_into, encode_record
 from lmdbfolder.pagefile import NotRegularFileError, open_regular
 from lmdbfolder.write.options import Resize
@@ -135,7 +135,7 @@ def _read_file(path: str, alloc: Alloc | None = None) -> tuple[bytearray | memor
 
 
 def _open_checked(
-    buf: bytearray | memoryview, max_pixels: int | None, *, header_only: bool, encoding: str = "other"
+    buf: bytearray | memoryview, max_pixels: int | None, *, header_only: bool, encoding: str = OTHER.name
 ) -> Image.Image | Skipped:
     """Open the image in ``buf`` with Pillow and apply the header checks.
 
@@ -169,8 +169,8 @@ def _open_checked(
 def _open_image(buf: bytearray | memoryview, encoding: str) -> Image.Image:
     end = min(len(buf), _HEAD + _HEADER_PREFIX)
     head = bytes(memoryview(buf)[_HEAD:end])
-    formats = _PILLOW_FORMATS.get(encoding)
-    if formats is not None:
+    formats = encoding_of(encoding).pillow_formats
+    if formats:
         # Only the plugin that would have been chosen anyway (no other one
         # accepts these magic bytes): skips the others' checks. Any failure
         # takes the ordinary path below, so errors read exactly as before.
@@ -184,9 +184,6 @@ def _open_image(buf: bytearray | memoryview, encoding: str) -> Image.Image:
         if end == len(buf):
             raise
     return Image.open(io.BytesIO(bytes(memoryview(buf)[_HEAD:])))
-
-
-_PILLOW_FORMATS = {"jpeg": ("JPEG",), "png": ("PNG",)}
 
 
 def load_sample(
@@ -252,8 +249,9 @@ def _load(
     vouched = (
         header_check
         and (max_pixels is None or info.width * info.height <= max_pixels)
-        # For a JPEG the walk above was clean_header already.
-        and (walked is not None if info.encoding == "jpeg" else clean_header(data, info))
+        # For an ordinary JPEG the walk above was clean_header already (a JPEG it
+        # did not vouch for, clean_header does not either).
+        and (walked is not None or clean_header(data, info))
     )
     if (check == "none" or vouched) and store == "encoded":
         # Not checked, or a JPEG/PNG header our parser vouches for: Pillow's
@@ -270,15 +268,15 @@ def _load(
         bands = len(img.getbands())
         try:
             if store == "raw":
-                pixels = img.convert("RGB").tobytes()
+                pixels = RAW.encode(img.convert("RGB"))
             elif check == "decode":
                 img.load()
         except Exception as exc:  # truncated or corrupt data; Pillow raises OSError, SyntaxError, ...
             return Skipped(f"cannot be decoded: {type(exc).__name__}: {exc}")
     if store == "raw":
-        value = encode_record(pixels, label=label, encoding="raw", width=width, height=height, channels=3)
-        return Loaded(value, "raw", size)
-    channels = info.channels if info.encoding != "other" else bands
+        value = encode_record(pixels, label=label, encoding=RAW.name, width=width, height=height, channels=3)
+        return Loaded(value, RAW.name, size)
+    channels = info.channels if info.recognised else bands
     encode_header_into(buf, label=label, encoding=info.encoding, width=width, height=height, channels=channels)
     return Loaded(buf, info.encoding, size)
 
@@ -305,13 +303,7 @@ def _load_resized(
         except Exception as exc:  # truncated or corrupt data
             return Skipped(f"cannot be decoded: {type(exc).__name__}: {exc}")
     width, height = rgb.size
-    if store == "raw":
-        value = encode_record(rgb.tobytes(), label=label, encoding="raw", width=width, height=height, channels=3)
-        return Loaded(value, "raw", size)
-    out = io.BytesIO()
-    if resize.format == "webp":
-        rgb.save(out, "WEBP", quality=resize.quality, method=4)
-    else:
-        rgb.save(out, "JPEG", quality=resize.quality)
-    value = encode_record(out.getbuffer(), label=label, encoding=resize.format, width=width, height=height, channels=3)
-    return Loaded(value, resize.format, size)
+    target_encoding = RAW if store == "raw" else encoding_of(resize.format)
+    payload = target_encoding.encode(rgb, resize.quality)
+    value = encode_record(payload, label=label, encoding=target_encoding.name, width=width, height=height, channels=3)
+    return Loaded(value, target_encoding.name, size)

@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from lmdbfolder import environments, packdir
 from lmdbfolder._version import __version__
+from lmdbfolder.encodings import DEFAULT_RESIZE_FORMAT
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, SourceError
 from lmdbfolder.format import (
     COPYING_SUFFIX,
@@ -886,7 +887,7 @@ def _option_difference(meta: Mapping[str, Any], first: Mapping[str, Any], first_
         out = {"--store": m.get("store")}
         out.update({flag: params.get(key) for key, flag in _SHARED_OPTIONS.items()})
         if out["--max-size"] is not None and out["--format"] is None:
-            out["--format"] = "jpeg"  # recorded only when not the default
+            out["--format"] = DEFAULT_RESIZE_FORMAT  # recorded only when not the default
         return out
 
     mine, theirs = options(meta), options(first)

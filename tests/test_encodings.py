@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from conftest import ODD_KINDS, image_bytes
-from lmdbfolder.codecs import decode_rgb, raw_rgb, sniff
+from lmdbfolder.encodings import decode_rgb, raw_rgb, sniff
 
 EXPECTED_ENCODING = {
     "rgb_jpeg": "jpeg",
@@ -115,7 +115,7 @@ def test_clean_header_vouches_only_for_what_pillow_opens_the_same() -> None:
     import random
 
     from conftest import ODD_KINDS, image_bytes
-    from lmdbfolder.codecs import clean_header
+    from lmdbfolder.encodings import clean_header
 
     rng = np.random.default_rng(0)
     vouched = {"jpeg": 0, "png": 0}
@@ -156,7 +156,7 @@ def test_vouch_jpeg_is_sniff_clean_header_and_data_start_in_one_walk() -> None:
     import random
 
     from conftest import ODD_KINDS, image_bytes
-    from lmdbfolder.codecs import _jpeg_data_start, clean_header, vouch_jpeg
+    from lmdbfolder.encodings import _jpeg_data_start, clean_header, vouch_jpeg
 
     rng = np.random.default_rng(3)
     originals = [image_bytes(kind, rng, w=17 + 4 * k, h=11 + 5 * k)[0] for kind in ODD_KINDS for k in range(3)]
@@ -179,3 +179,34 @@ def test_vouch_jpeg_is_sniff_clean_header_and_data_start_in_one_walk() -> None:
         assert vouch_jpeg(memoryview(raw)) == separately
         agreed += separately is not None
     assert agreed > 1000
+
+
+def test_every_header_id_has_one_encoding_and_back() -> None:
+    # The format defines the ids; the encodings module gives each its meaning.
+    from lmdbfolder.encodings import ENCODINGS, OTHER, encoding_by_id, encoding_of
+    from lmdbfolder.format import ENCODINGS as HEADER_IDS
+
+    assert set(ENCODINGS) == set(HEADER_IDS.values())
+    for ident, name in HEADER_IDS.items():
+        assert encoding_by_id(ident) is ENCODINGS[name] and ENCODINGS[name].id == ident
+    assert encoding_by_id(254) is None
+    assert encoding_of("no such kind") is OTHER and not sniff(b"nothing").recognised
+
+
+def test_each_encoding_encodes_what_it_decodes() -> None:
+    from lmdbfolder.encodings import DEFAULT_RESIZE_FORMAT, ENCODINGS, JPEG, PNG, RAW, RESIZE_FORMATS
+
+    assert RESIZE_FORMATS == ("jpeg", "webp") and DEFAULT_RESIZE_FORMAT == "jpeg"
+    image = Image.fromarray(np.arange(6 * 5 * 3, dtype=np.uint8).reshape(6, 5, 3))
+    for name in (*RESIZE_FORMATS, "png"):
+        enc = ENCODINGS[name]
+        payload = bytes(enc.encode(image, 90))
+        assert sniff(payload)[:3] == (name, 5, 6)
+        assert enc.decode_rgb(payload, 5, 6).size == (5, 6)
+    assert bytes(PNG.encode(image)) == bytes(PNG.file_bytes(PNG.encode(image), 5, 6))  # a file as it is
+    pixels = RAW.encode(image)
+    assert pixels == image.tobytes() and RAW.encode(image.convert("L")) == image.convert("L").convert("RGB").tobytes()
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(RAW.file_bytes(pixels, 5, 6)))), np.asarray(image))
+    assert JPEG.pillow_formats == ("JPEG",) and JPEG.extension == "jpg" and RAW.extension == "png"
+    with pytest.raises(NotImplementedError):
+        ENCODINGS["gif"].encode(image)

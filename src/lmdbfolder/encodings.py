@@ -1,15 +1,21 @@
-"""The stored encodings, each in one place: how it is recognised, checked and decoded.
+"""The stored encodings, each in one place: how it is recognised, encoded, checked and decoded.
 
 A pack stores every image as the original file's bytes (``jpeg``, ``png``,
 ``webp``, ``gif``, ...) or as decoded pixels (``raw``); the record header names
-which. Everything that depends on that name lives in one ``Encoding`` object
-per kind, looked up once per record with ``encoding_of`` (MosaicML's
-``mds/encodings.py``, FFCV's ``Field``): how its header gives the size
-(``sniff``), whether the header is one this module can vouch for without Pillow
-(``clean_header``), whether a file is cut short (``truncation``), ImageFolder's
-RGB conversion (``decode_rgb``), and for the read path the pixels a fast decoder
-or the memory map gives (``pixels``), the DCT scales it decodes at, and the crop
-region decode (``region``).
+which, by the numeric id the format defines (``lmdbfolder.format.ENCODINGS``,
+FORMAT.md). Everything that depends on that name lives in one ``Encoding``
+object per kind, looked up once per record with ``encoding_of`` (MosaicML's
+``mds/encodings.py``, FFCV's ``Field``); no other module compares encoding
+names. An ``Encoding`` owns its name and its id in the record header
+(``id``); for the write side how its header gives the size (``sniff``),
+whether the header is one this module can vouch for without Pillow
+(``clean_header``), whether a file is cut short (``truncation``), which Pillow
+plugin opens it (``pillow_formats``), and how pixels are encoded to it
+(``encode``: the raw pixels of ``store="raw"``, the JPEG or WebP of a
+pack-time resize, ``RESIZE_FORMATS``); for the read side ImageFolder's RGB
+conversion (``decode_rgb``), the pixels a fast decoder or the memory map gives
+(``pixels``), the DCT scales it decodes at, and the crop region decode
+(``region``); for export the file it becomes (``file_bytes``, ``extension``).
 
 The payload is the truth, the record header is a claim: a pack may come from
 anyone, and a CRC-32 proves nothing about who wrote it. ``Encoding.check``
@@ -42,6 +48,7 @@ import numpy as np
 from PIL import Image
 
 from lmdbfolder.errors import BOMB_HINT, FORGED_HINT
+from lmdbfolder.format import ENCODINGS as _HEADER_IDS
 
 __all__ = [
     "ImageInfo",
@@ -51,6 +58,14 @@ __all__ = [
     "Encoding",
     "ENCODINGS",
     "encoding_of",
+    "encoding_by_id",
+    "JPEG",
+    "PNG",
+    "WEBP",
+    "RAW",
+    "OTHER",
+    "RESIZE_FORMATS",
+    "DEFAULT_RESIZE_FORMAT",
     "sniff",
     "clean_header",
     "vouch_jpeg",
@@ -69,8 +84,16 @@ class ImageInfo(NamedTuple):
     height: int
     channels: int
 
+    @property
+    def recognised(self) -> bool:
+        """Whether ``sniff`` recognised the format (else it is ``other``: Pillow's to identify)."""
+        return self.encoding != _OTHER_NAME
 
-_UNKNOWN = ImageInfo("other", 0, 0, 0)
+
+_OTHER_NAME = "other"
+_UNKNOWN = ImageInfo(_OTHER_NAME, 0, 0, 0)
+#: The record header's id of each encoding name: the format defines the ids (FORMAT.md).
+_ID_OF: dict[str, int] = {name: i for i, name in _HEADER_IDS.items()}
 # SOFn markers that carry the frame size (not DHT=C4, JPG=C8, DAC=CC).
 _JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _JPEG_STANDALONE = frozenset({0x01, 0xD8, *range(0xD0, 0xD8)})
@@ -153,11 +176,35 @@ class Encoding:
     BMP, TIFF, PNM, anything unrecognised): no header of ours, no end marker,
     no fast decoder, the crop left to torchvision's own transform."""
 
-    name = "other"
+    name = _OTHER_NAME
     #: The file's first bytes, for ``sniff`` (empty: not recognised by magic).
     magic: tuple[bytes, ...] = ()
     #: Decoded pixels rather than an image file (no file to hand a loader, nothing to decode).
     stores_pixels = False
+    #: The Pillow plugins that open this kind, tried first when the writer checks a
+    #: header (empty: let Pillow identify the file). Only a plugin that Pillow would
+    #: choose anyway (no other one accepts the magic bytes).
+    pillow_formats: tuple[str, ...] = ()
+    #: The extension of this kind's file when exported (None: the source file's own).
+    extension: str | None = None
+    #: Whether a pack-time resize may re-encode images to this kind (``pack --format``).
+    resize_target = False
+
+    @property
+    def id(self) -> int:
+        """This encoding's id in the record header (``lmdbfolder.format.ENCODINGS``)."""
+        return _ID_OF[self.name]
+
+    def encode(self, image: Image.Image, quality: int = 90) -> bytes | memoryview:
+        """The payload of a record of this kind holding ``image`` (an RGB PIL image;
+        ``quality`` for the lossy kinds). Raises ``NotImplementedError`` for a kind
+        the writer never produces from pixels (it stores those files as they are)."""
+        raise NotImplementedError(f"the writer does not encode images as {self.name}")
+
+    def file_bytes(self, payload: bytes | memoryview, width: int, height: int) -> bytes | memoryview:
+        """The record as an image file of this kind's ``extension`` (export): the stored
+        file itself for the encoded kinds."""
+        return payload
 
     def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
         """The size and components the header gives (``head``: the first 64 bytes). May raise
@@ -326,6 +373,14 @@ class Jpeg(_Parsed):
 
     name = "jpeg"
     magic = (b"\xff\xd8\xff",)
+    pillow_formats = ("JPEG",)
+    extension = "jpg"
+    resize_target = True
+
+    def encode(self, image: Image.Image, quality: int = 90) -> bytes | memoryview:
+        out = io.BytesIO()
+        image.save(out, "JPEG", quality=quality)
+        return out.getbuffer()
 
     def recognises(self, head: bytes) -> bool:
         return head[:3] == b"\xff\xd8\xff"
@@ -414,6 +469,14 @@ class Png(_Parsed):
 
     name = "png"
     magic = (b"\x89PNG\r\n\x1a\n",)
+    pillow_formats = ("PNG",)
+    extension = "png"
+
+    def encode(self, image: Image.Image, quality: int = 90) -> bytes | memoryview:
+        # Lossless: ``quality`` does not apply.
+        out = io.BytesIO()
+        image.save(out, "PNG")
+        return out.getvalue()
 
     def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
         width, height = struct.unpack_from(">II", head, 16)
@@ -433,6 +496,13 @@ class Webp(_Parsed):
     fused crop crops and resizes them itself."""
 
     name = "webp"
+    extension = "webp"
+    resize_target = True
+
+    def encode(self, image: Image.Image, quality: int = 90) -> bytes | memoryview:
+        out = io.BytesIO()
+        image.save(out, "WEBP", quality=quality, method=4)
+        return out.getbuffer()
 
     def recognises(self, head: bytes) -> bool:
         return head[:4] == b"RIFF" and head[8:12] == b"WEBP"
@@ -449,6 +519,15 @@ class Raw(Encoding):
 
     name = "raw"
     stores_pixels = True
+    extension = "png"  # exported as a PNG file (``file_bytes``)
+
+    def encode(self, image: Image.Image, quality: int = 90) -> bytes | memoryview:
+        """The image's RGB pixels, row-major ``height x width x 3`` (``quality`` does not apply)."""
+        return (image if image.mode == "RGB" else image.convert("RGB")).tobytes()
+
+    def file_bytes(self, payload: bytes | memoryview, width: int, height: int) -> bytes | memoryview:
+        """The pixels as a PNG file (lossless)."""
+        return PNG.encode(self.decode_rgb(payload, width, height))
 
     def check(self, payload: bytes | memoryview, width: int, height: int, channels: int) -> None:
         """The pixels are the payload: the claim must describe exactly its bytes (RGB)."""
@@ -487,10 +566,17 @@ class Raw(Encoding):
 class _Named(Encoding):
     """An image file recognised by its magic, decoded by Pillow."""
 
-    def __init__(self, name: str, magic: tuple[bytes, ...], sniffer: Callable[[bytes], ImageInfo]) -> None:
+    def __init__(
+        self,
+        name: str,
+        magic: tuple[bytes, ...],
+        sniffer: Callable[[bytes], ImageInfo],
+        extension: str | None = None,
+    ) -> None:
         self.name = name
         self.magic = magic
         self._sniff = sniffer
+        self.extension = extension
 
     def sniff(self, data: bytes | memoryview, head: bytes) -> ImageInfo:
         return self._sniff(head)
@@ -510,19 +596,30 @@ ENCODINGS: dict[str, Encoding] = {
         PNG,
         WEBP,
         RAW,
-        _Named("bmp", (b"BM",), lambda head: _sniff_bmp(head)),
-        _Named("tiff", (b"II*\x00", b"MM\x00*"), lambda head: ImageInfo("tiff", 0, 0, 0)),
-        _Named("gif", (b"GIF87a", b"GIF89a"), _gif),
+        _Named("bmp", (b"BM",), lambda head: _sniff_bmp(head), "bmp"),
+        _Named("tiff", (b"II*\x00", b"MM\x00*"), lambda head: ImageInfo("tiff", 0, 0, 0), "tiff"),
+        _Named("gif", (b"GIF87a", b"GIF89a"), _gif, "gif"),
         _Named("pnm", (), lambda head: _sniff_pnm(head)),
         OTHER,
     )
 }
 _BY_MAGIC = [(m, e) for e in ENCODINGS.values() for m in e.magic]
+_BY_ID: dict[int, Encoding] = {_ID_OF[name]: enc for name, enc in ENCODINGS.items()}
+#: The encodings a pack-time resize may re-encode to (``Resize.format``, ``pack --format``).
+RESIZE_FORMATS: tuple[str, ...] = tuple(e.name for e in ENCODINGS.values() if e.resize_target)
+#: What a pack-time resize encodes to unless told otherwise.
+DEFAULT_RESIZE_FORMAT: str = JPEG.name
 
 
 def encoding_of(name: str) -> Encoding:
     """The ``Encoding`` a record header names (unknown names decode as an image file)."""
     return ENCODINGS.get(name, OTHER)
+
+
+def encoding_by_id(encoding_id: int) -> Encoding | None:
+    """The ``Encoding`` of a record header's encoding id, or None for an id the format
+    does not define."""
+    return _BY_ID.get(encoding_id)
 
 
 def _recognise(head: bytes) -> Encoding | None:

@@ -39,6 +39,8 @@ PAGES = (
     "docs/object-storage.md",
     "docs/sharding.md",
     "docs/troubleshooting.md",
+    "docs/hugging-face.md",
+    "docs/switching-from-imagefolder.md",
 )
 _FENCE = re.compile(r"^( *)```python\n(.*?)^\1```", re.M | re.S)
 
@@ -69,6 +71,13 @@ def _resized_pack(work: Path) -> None:
 
 def _sharded_pack(work: Path) -> None:
     pack_sharded(_tree(work), work / "train", shards=2, progress=False)
+
+
+def _exported(work: Path) -> None:
+    from lmdbfolder.tools.export import export
+
+    pack(_tree(work), work / "source.lmdb", progress=False)
+    export(work / "source.lmdb", work / "train-hf", format="huggingface", progress=False)
 
 
 #: One rank of a gloo job, as torchrun would set it up.
@@ -142,6 +151,30 @@ RUNNERS = [
         ray=True,
     ),
     Runner(
+        'ds = load_dataset("train-hf", split="train")',
+        _exported,
+        epilogue="assert len(ds) == 12 and ds.features['label'].names == ['class0', 'class1', 'class2']\n",
+        needs=("datasets",),
+    ),
+    Runner(
+        'lmdbfolder.pack_dataset(ds, "train.lmdb")',
+        _exported,
+        epilogue="r = lmdbfolder.open_pack('train.lmdb')\nassert len(r) == 12 and r.classes == ds.features['label'].names\n",  # noqa: E501
+        needs=("datasets",),
+    ),
+    Runner(
+        'ds = LMDBFolder(pack, class_order="timm")',
+        _train_pack,
+        prelude="from lmdbfolder.torch import LMDBFolder\npack = 'train.lmdb'\n",
+        epilogue="assert ds.classes == ['class0', 'class1', 'class2']\n",
+    ),
+    Runner(
+        "class WithoutBackground(LMDBFolder):",
+        _train_pack,
+        prelude="from lmdbfolder.torch import LMDBFolder\n",
+        epilogue="ds = WithoutBackground('train.lmdb')\nassert len(ds.classes) == 3 and len(ds) == 12\n",
+    ),
+    Runner(
         "class SkipBad(LMDBFolder):",
         _train_pack,
         prelude="from lmdbfolder.torch import LMDBFolder\n",
@@ -159,7 +192,7 @@ SNIPPETS = snippets()
 
 
 def test_every_snippet_has_a_runner() -> None:
-    assert len(SNIPPETS) >= 9  # README 2, the docs pages 7 (the fast settings twice)
+    assert len(SNIPPETS) >= 13  # README 2, the docs pages 11 (the fast settings twice)
     for page, n, code in SNIPPETS:
         assert runner_of(code) is not None, f"{page}, snippet {n + 1}: add a Runner to tests/test_docs_snippets.py"
     used = {runner_of(code).marker for _, _, code in SNIPPETS}  # type: ignore[union-attr]

@@ -210,3 +210,48 @@ def test_a_refused_batch_lets_go_of_its_output() -> None:
     batch.__init__(out, 4, 4, 1, 1)  # a second try after a refusal: one export, let go by finish
     batch.finish()
     out.append(0)
+
+
+def test_a_reduced_crop_keeps_torchvisions_box() -> None:
+    # With reduce=True a JPEG is decoded at 1/d of its size and torchvision's box
+    # (full-size pixels) falls between the decoded pixels. The output must sample
+    # the box itself: rounding it to whole decoded pixels moved the crop by up to
+    # a third of an output pixel. A linear ramp makes any shift show: bilinear
+    # interpolation of a ramp is the ramp, so the output must be the ramp at
+    # torchvision's sample points, up to 8-bit rounding.
+    from lmdbfolder.read.crops import native_resize_into, scaled_box
+
+    full_w, full_h, d = 1000, 800, 8
+    dec_w, dec_h = -(-full_w // d), -(-full_h // d)  # libjpeg's size at scale 1/d
+
+    def ramp(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.stack([0.2 * x, 0.25 * y, 0.1 * x + 0.1 * y], -1)
+
+    # decoded pixel i averages full pixels i*d .. i*d + d - 1: its centre is (i + 0.5) * d - 0.5
+    yy, xx = np.mgrid[0:dec_h, 0:dec_w]
+    decoded = np.round(ramp((xx + 0.5) * d - 0.5, (yy + 0.5) * d - 0.5)).astype(np.uint8)
+    worst = 0.0
+    for top, left, height, width in [(101, 101, 573, 573), (37, 250, 530, 690), (5, 13, 700, 515)]:
+        size = (64, 56)
+        box = (top, left, height, width)
+        out = np.empty((3, size[1], size[0]), np.uint8)
+        native_resize_into(
+            native.resize_native,
+            decoded,
+            scaled_box(box, (full_w, full_h), (dec_w, dec_h)),
+            size,
+            out,
+            planar=True,
+            flip=False,
+        )
+        # torchvision's sample points, in full-size pixel coordinates
+        ox = left + (np.arange(size[0]) + 0.5) * width / size[0] - 0.5
+        oy = top + (np.arange(size[1]) + 0.5) * height / size[1] - 0.5
+        gx, gy = np.meshgrid(ox, oy)
+        want = ramp(gx, gy).transpose(2, 0, 1)
+        # decoded pixels are rounded (0.5), and the image's scale is not exactly 1/d
+        # (ceil(1000 / 8) = 125 pixels hold 1000): allow for both, not for a shift
+        err = np.abs(out.astype(np.float64) - want)
+        worst = max(worst, float(err.mean()))
+        assert err.max() <= 1.5, f"box {box}: the output is off torchvision's box by {err.max():.2f} levels"
+    assert worst <= 0.5, f"mean error {worst:.2f} levels: the crop is shifted"

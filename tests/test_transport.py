@@ -80,19 +80,31 @@ def test_held_batches_are_never_overwritten_across_processes(photos: Path, conte
     for k, (images, targets) in enumerate(_epochs(_loader(ds, 2, context, collate_fn))):
         assert images.dtype == torch.uint8 and images.shape[1:] == (3, SIZE, SIZE)
         # Keep every batch in some form (more than a pool holds): the whole tensor,
-        # only a slice of it, only a numpy view, or only one sample's view.
-        kept = [images, images[1:3], images.numpy(), images[0]][k % 4]
+        # only a slice of it, only a numpy view, only one sample's view, or a numpy
+        # view taken before the tensor is moved to shared memory (as torch allows).
+        kept = _keep(images, k % 5)
         held.append((k, kept, targets))
         got += 1
     assert got == len(want) == 20
     for k, kept, targets in held:
         x, y = want[k]
         assert torch.equal(targets, y)
-        expected = [x, x[1:3], x.numpy(), x[0]][k % 4]
+        expected = [x, x[1:3], x.numpy(), x[0], x.numpy()][k % 5]
         if isinstance(kept, np.ndarray):
             assert np.array_equal(kept, expected), f"batch {k} changed after it was delivered"
         else:
             assert torch.equal(kept, expected), f"batch {k} changed after it was delivered"
+
+
+def _keep(images: torch.Tensor, how: int) -> Any:
+    """What a user keeps of a batch: the tensor, a slice, a numpy view, one sample's
+    view, or a numpy view taken before ``share_memory_()`` (which moves the tensor's
+    storage into shared memory: the numpy view must still see the batch, as with torch)."""
+    if how == 4:
+        arr = images.numpy()
+        images.share_memory_()
+        return arr
+    return [images, images[1:3], images.numpy(), images[0]][how]
 
 
 def copy_collate(batch: BatchSamples) -> list[Any]:
@@ -137,6 +149,52 @@ def test_held_batches_are_never_overwritten_in_threads_mode(photos: Path) -> Non
     held = [(x, x[2], x.numpy()) for x, _ in _epochs(_loader(ds, 0, None, None))]
     for (x, one, arr), (ref, _) in zip(held, want, strict=True):
         assert torch.equal(x, ref) and torch.equal(one, ref[2]) and np.array_equal(arr, ref.numpy())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_numpy_view_outlives_share_memory_in_the_main_process(photos: Path, threads: int) -> None:
+    # share_memory_() gives the tensor a new storage; the numpy view taken before it
+    # still points at the pooled buffer, which must not be reused while it lives.
+    # (Only the first batches are kept: a batch that found no free buffer is torch's
+    # own tensor, whose numpy view share_memory_() leaves dangling in torch itself.)
+    ds = _dataset(photos, threads=threads)
+    want = _reference(ds, 0, None)
+    torch.manual_seed(9)
+    held = []
+    for k, (x, _) in enumerate(_epochs(_loader(ds, 0, None, None))):
+        if k < transport.MAX_BUFFERS - 2:
+            held.append(_keep(x, 4))
+    assert len(held) == transport.MAX_BUFFERS - 2
+    for k, (arr, (ref, _)) in enumerate(zip(held, want)):
+        assert np.array_equal(arr, ref.numpy()), f"batch {k} changed after share_memory_()"
+
+
+def _child_checks(images: torch.Tensor, go: Any, result: Any) -> None:
+    before = images.clone()
+    go.wait(60)
+    result.put(bool(torch.equal(images, before)))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "memfd_create"), reason="pooled worker batches need memfd_create")
+def test_a_process_forked_while_a_batch_is_held_keeps_it(photos: Path) -> None:
+    # A child forked while the parent holds a worker's batch shares that memory: the
+    # parent dropping the batch must not let the worker write into it again.
+    ctx = multiprocessing.get_context("fork")
+    ds = _dataset(photos)
+    batches = iter(_epochs(_loader(ds, 2, "fork", collate), epochs=3))
+    images, _ = next(batches)
+    go, result = ctx.Event(), ctx.Queue()
+    child = ctx.Process(target=_child_checks, args=(images, go, result))
+    child.start()
+    try:
+        del images
+        for _ in batches:  # the rest of three epochs: every buffer is reused many times
+            pass
+    finally:
+        go.set()
+        same = result.get(timeout=60)
+        child.join(60)
+    assert same, "the forked child's batch changed after the parent dropped it"
 
 
 def test_threads_mode_reuses_a_buffer_once_the_batch_is_dropped(photos: Path) -> None:

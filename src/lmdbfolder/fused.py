@@ -16,12 +16,14 @@ Resampling difference: with ``reduce=False, resize="pil"`` and the Pillow
 decoder the output is pixel-identical to the unfused transform. With DCT
 scaling, libjpeg's scaled IDCT does part of the downsampling (a box-like
 filter in the DCT domain) and the crop box is mapped to the smaller image
-with sub-pixel precision before the bilinear resize; ``resize="opencv"``
-uses ``cv2.resize`` (INTER_AREA when shrinking 2x or more, INTER_LINEAR otherwise, box
-rounded to whole pixels); ``resize="native"`` lmdbfolder's compiled bilinear (OpenCV's
-INTER_LINEAR geometry and box rounding, within one grey level of it), with which a
-batch's JPEGs are decoded and resized in C without the GIL. All change pixel values
-slightly (a few grey levels on average on photos), not the geometry.
+with sub-pixel precision before the bilinear resize; ``resize="native"``
+lmdbfolder's compiled bilinear (OpenCV's INTER_LINEAR geometry, within one grey
+level of it, over the sub-pixel box), with which a batch's JPEGs are decoded and
+resized in C without the GIL. These change pixel values slightly (a few grey levels
+on average on photos), not the geometry. ``resize="opencv"`` uses ``cv2.resize``
+(INTER_AREA when shrinking 2x or more, INTER_LINEAR otherwise), which takes whole
+pixels only: at a reduced DCT scale its box is rounded to whole decoded pixels, which
+can move the crop by up to half a decoded pixel (a fraction of an output pixel).
 """
 
 from __future__ import annotations

@@ -13,7 +13,11 @@ last batch made in it:
   is made with ``torch.from_numpy`` over a fresh ndarray view of its buffer, and
   torch keeps that ndarray alive exactly as long as any tensor, view, slice or
   ``.numpy()`` of the batch is alive. A weak reference to the ndarray says when
-  it died. Nothing is overwritten while a user holds any part of a batch.
+  it died. ``share_memory_()`` (or ``set_()``) gives the tensors of a batch new
+  memory while a ``.numpy()`` taken before still points at the buffer: the
+  storage's own Python object, which torch keeps alive with the storage, is
+  watched too, and a buffer is free only when both died (``_Lifetime``).
+  Nothing is overwritten while a user holds any part of a batch.
 * **In a DataLoader worker** (Linux: ``memfd_create``) a buffer is shared memory
   of our own. ``collate`` (and torch's ``default_collate``, through
   ``default_collate_fn_map``) returns the batch as a ``PooledBatch``, which the
@@ -26,6 +30,9 @@ last batch made in it:
   any other way (a user's ``collate_fn`` returning it, ``share_memory_()``,
   ``torch.save``) is not memory torch shares, so torch copies it into shared memory
   of its own first (and the buffer is free again in the worker).
+* **A process forked while the main process holds a worker's batch** maps the
+  same shared memory: such a batch's buffer is never handed back to its worker
+  (``_shared_with_children``), which makes another (or allocates as torch would).
 * **In the main process** (``num_workers=0``, threads mode) the buffers are
   ordinary memory, reused the same way: a fresh batch no longer page-faults in.
 
@@ -64,6 +71,28 @@ _AT_RECEIVER = 1
 _HAS_MEMFD = hasattr(os, "memfd_create")
 
 
+class _Lifetime:
+    """Calls ``done`` once nothing can reach a batch's memory any more.
+
+    A batch tensor made with ``torch.from_numpy(view)`` keeps ``view`` alive through
+    its storage's memory; ``share_memory_()`` or ``set_()`` swap that memory for
+    other memory while the storage (and so every ``.numpy()`` of its tensors, whose
+    base is a tensor) lives on. So both are watched: the ndarray, and the storage's
+    Python object, which torch keeps alive as long as the storage itself.
+    """
+
+    __slots__ = ("refs", "done", "__weakref__")
+
+    def __init__(self, view: np.ndarray, tensor: torch.Tensor, done: Any) -> None:
+        self.done = done
+        self.refs = (weakref.ref(view, self._died), weakref.ref(tensor.untyped_storage(), self._died))
+
+    def _died(self, _: weakref.ref[Any]) -> None:
+        if self.done is not None and all(ref() is None for ref in self.refs):
+            done, self.done = self.done, None
+            done(self)
+
+
 class _Buffer:
     """One reusable batch buffer: ``nbytes`` of memory, shared (a memfd) or private."""
 
@@ -86,7 +115,7 @@ class _Buffer:
         else:
             self.array = np.empty(nbytes, np.uint8)
         self.held = False  # a tensor made in this process over the buffer is alive
-        self.watch: weakref.ref[np.ndarray] | None = None
+        self.watch: _Lifetime | None = None
         self.generation = 0
         self.fd_sent = False
 
@@ -102,11 +131,12 @@ class _Buffer:
         self.generation += 1
         if self.mm is not None:
             self.mm[8:16] = self.generation.to_bytes(8, "little")
-        self.watch = weakref.ref(view, self._dropped)
-        return torch.from_numpy(view)
+        tensor = torch.from_numpy(view)
+        self.watch = _Lifetime(view, tensor, self._dropped)
+        return tensor
 
-    def _dropped(self, ref: weakref.ref[np.ndarray]) -> None:
-        if ref is self.watch:
+    def _dropped(self, lifetime: _Lifetime) -> None:
+        if lifetime is self.watch:
             self.held = False
 
     def close(self) -> None:
@@ -288,21 +318,35 @@ def _receive(message: tuple[Any, ...], dropped: list[int]) -> list[Any]:
 
     key = next(_KEYS)
 
-    def release(_: Any, mm: mmap.mmap = mm) -> None:
+    def release(lifetime: _Lifetime, mm: mmap.mmap = mm) -> None:
         # Every view of the batch died here: the worker may write into the buffer again.
-        # (Not in a forked child, whose copies of the objects are not the batch it holds.)
+        # (Not in a forked child, whose copies of the objects are not the batch it holds,
+        # and not once a child was forked while the batch was held: it maps it too.)
         _KEEP.pop(key, None)
-        if os.getpid() == pid and not mm.closed:
+        if os.getpid() == pid and not mm.closed and lifetime not in _shared_with_children:
             mm[0] = 0
+        _shared_with_children.discard(lifetime)
 
-    _KEEP[key] = weakref.ref(view, release)
+    # The closure holds ``mm``: a batch whose storage moved (share_memory_) keeps the
+    # mapping its numpy views point into until the storage dies, even after its worker exited.
+    _KEEP[key] = _Lifetime(view, images, release)
     if int_targets is not None:
         targets = torch.tensor(int_targets, dtype=torch.int64)
     return [images, targets]
 
 
-_KEEP: dict[int, weakref.ref[np.ndarray]] = {}  # the weak references, alive until their batch dies
+_KEEP: dict[int, _Lifetime] = {}  # the watches of received batches, alive until their batch dies
 _KEYS = itertools.count()
+#: Received batches that were held when this process forked: a child maps them too.
+_shared_with_children: set[_Lifetime] = set()
+
+
+def _before_fork() -> None:
+    _shared_with_children.update(_KEEP.values())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
 
 
 def _forget_dead_pools(new_token: str) -> None:

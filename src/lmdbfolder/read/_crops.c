@@ -504,11 +504,14 @@ static int grow(void **p, size_t *have, size_t need) {
 /* Source index and weight of each output coordinate (8-bit weights summing to 256):
  * sample o is in[first[o]] * (256 - w1[o]) + in[first[o] + 1] * w1[o], and first[o] + 1
  * is always inside (the last sample is its left neighbour at weight 256), except when
- * in == 1 (then w1 is 0 and the same sample is read twice). */
-static void linear_taps(int in, int out, int *first, uint16_t *w1) {
-    double scale = (double)in / out;
+ * in == 1 (then w1 is 0 and the same sample is read twice). The output spans the
+ * source window [start, start + span) of the `in` samples (0 and `in` for the whole
+ * of them; a window in fractions of a sample when the image was decoded at a reduced
+ * DCT scale, so that the crop is torchvision's box, not that box rounded). */
+static void linear_taps(int in, int out, double start, double span, int *first, uint16_t *w1) {
+    double scale = span / out;
     for (int o = 0; o < out; o++) {
-        double f = (o + 0.5) * scale - 0.5;
+        double f = start + (o + 0.5) * scale - 0.5;
         int i = (int)(f + 1.0) - 1; /* floor (f > -1); no libm call: this runs per image */
         int w = (int)((f - i) * 256.0 + 0.5);
         if (i < 0)
@@ -618,8 +621,12 @@ static void native_vblend(const uint16_t *a, const uint16_t *b, unsigned w1, uin
 /* Resize the crop (rows of `stride` bytes, `src` at its first pixel, readable up to
  * `limit`) into the three planes at `dst` (out_h x out_w each), mirrored left-right
  * when `flip`. Returns 0 when scratch memory ran out. */
+typedef struct {
+    double x, y, w, h; /* the source window, in samples of the crop (0, 0, crop_w, crop_h: all of it) */
+} window;
+
 static int native_resize(const uint8_t *src, const uint8_t *limit, size_t stride, int crop_w, int crop_h, int out_w,
-                         int out_h, int flip, uint8_t *dst, native_scratch *s) {
+                         int out_h, int flip, uint8_t *dst, native_scratch *s, window win) {
     size_t taps = (size_t)(out_w > out_h ? out_w : out_h);
     size_t need = taps * (2 * sizeof(int) + 3 * sizeof(uint16_t) + sizeof(htap) + 8 * sizeof(int16_t)) + 16;
     if (!grow((void **)&s->xs, &s->xs_len, need))
@@ -628,8 +635,8 @@ static int native_resize(const uint8_t *src, const uint8_t *limit, size_t stride
     htap *t = (htap *)(ys + taps);
     int16_t *wvec = (int16_t *)(t + taps);
     uint16_t *xw = (uint16_t *)(wvec + 8 * taps), *yw = xw + taps, *w1s = yw + taps;
-    linear_taps(crop_w, out_w, xs, xw);
-    linear_taps(crop_h, out_h, ys, yw);
+    linear_taps(crop_w, out_w, win.x, win.w, xs, xw);
+    linear_taps(crop_h, out_h, win.y, win.h, ys, yw);
     int32_t rightmost = 0;
     for (int x = 0; x < out_w; x++) {
         int from = flip ? out_w - 1 - x : x; /* a flip is the taps read backwards */
@@ -695,7 +702,8 @@ static void native_run_job(BatchObject *b, native_job *j, native_scratch *s) {
     size_t stride = (size_t)w0 * 3;
     const uint8_t *src = s->region + (size_t)(j->left - (int)x0) * 3;
     uint8_t *dst = (uint8_t *)b->out.buf + (size_t)j->k * 3 * (size_t)b->out_h * (size_t)b->out_w;
-    if (!native_resize(src, s->region + need, stride, j->width, j->height, b->out_w, b->out_h, j->flip, dst, s)) {
+    window whole = {0.0, 0.0, (double)j->width, (double)j->height};
+    if (!native_resize(src, s->region + need, stride, j->width, j->height, b->out_w, b->out_h, j->flip, dst, s, whole)) {
         j->failed = 1;
         snprintf(j->error, sizeof j->error, "no memory for the resize");
     }
@@ -891,22 +899,31 @@ static PyTypeObject BatchType = {
 };
 
 PyDoc_STRVAR(resize_native_doc,
-"resize_native(src, row_pixels, left, width, height, out_w, out_h, dst, flip)\n\n"
-"The resize of Batch alone (for tests): columns left .. left+width-1 of rows\n"
-"0 .. height-1 of the RGB rows in ``src`` into the 3 x out_h x out_w planes of\n"
-"``dst``, mirrored when ``flip``.");
+"resize_native(src, row_pixels, left, width, height, out_w, out_h, dst, flip[, window])\n\n"
+"The resize of Batch alone: columns left .. left+width-1 of rows 0 .. height-1\n"
+"of the RGB rows in ``src`` into the 3 x out_h x out_w planes of ``dst``,\n"
+"mirrored when ``flip``. ``window`` = (x, y, w, h), in fractions of a pixel of\n"
+"that box, is the part the output covers (default: all of it, (0, 0, width,\n"
+"height)): a crop box scaled to an image decoded at a reduced DCT scale.");
 
 static PyObject *native_simd(PyObject *self, PyObject *unused) { return PyBool_FromLong(simd_ok > 0); }
 
 static PyObject *resize_native(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     int row_pixels, left, width, height, out_w, out_h, flip;
-    if (!PyArg_ParseTuple(args, "y*iiiiiiw*p", &src, &row_pixels, &left, &width, &height, &out_w, &out_h, &dst, &flip))
+    window win = {0.0, 0.0, -1.0, -1.0};
+    if (!PyArg_ParseTuple(args, "y*iiiiiiw*p|(dddd)", &src, &row_pixels, &left, &width, &height, &out_w, &out_h, &dst,
+                          &flip, &win.x, &win.y, &win.w, &win.h))
         return NULL;
+    if (win.w < 0)
+        win.w = width, win.h = height;
     const char *problem = NULL;
     if (width <= 0 || height <= 0 || out_w <= 0 || out_h <= 0 || left < 0 || row_pixels <= 0 ||
         (int64_t)left + width > row_pixels)
         problem = "the box is empty or outside the rows";
+    else if (!(win.x >= 0 && win.y >= 0 && win.w > 0 && win.h > 0 && win.x + win.w <= width + 1e-6 &&
+               win.y + win.h <= height + 1e-6))
+        problem = "the window is empty or outside the box";
     else if ((size_t)src.len < (size_t)row_pixels * 3 * (size_t)height)
         problem = "src is smaller than height rows";
     else if ((size_t)dst.len < (size_t)out_w * (size_t)out_h * 3)
@@ -917,7 +934,7 @@ static PyObject *resize_native(PyObject *self, PyObject *args) {
         memset(&s, 0, sizeof(s));
         Py_BEGIN_ALLOW_THREADS
         ok = native_resize((const uint8_t *)src.buf + (size_t)left * 3, (const uint8_t *)src.buf + src.len,
-                           (size_t)row_pixels * 3, width, height, out_w, out_h, flip, (uint8_t *)dst.buf, &s);
+                           (size_t)row_pixels * 3, width, height, out_w, out_h, flip, (uint8_t *)dst.buf, &s, win);
         Py_END_ALLOW_THREADS
         free(s.region), free(s.rows), free(s.xs);
     }

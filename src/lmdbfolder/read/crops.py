@@ -259,6 +259,25 @@ def whole_pixel_box(box: tuple[float, float, float, float], width: int, height: 
     return rx0, ry0, rx1, ry1
 
 
+def _covering_box(box: tuple[float, float, float, float], width: int, height: int) -> tuple[int, int, int, int]:
+    """The whole pixels that hold ``box`` (left, upper, right, lower), inside the image."""
+    x0, y0, x1, y1 = box
+    rx0, ry0 = min(max(0, math.floor(x0)), width - 1), min(max(0, math.floor(y0)), height - 1)
+    rx1, ry1 = max(rx0 + 1, min(width, math.ceil(x1))), max(ry0 + 1, min(height, math.ceil(y1)))
+    return rx0, ry0, rx1, ry1
+
+
+def _window(box: tuple[float, float, float, float], pixels: tuple[int, int, int, int]) -> tuple[float, ...]:
+    """``box`` as (x, y, width, height) inside the whole ``pixels`` that hold it, clipped to them."""
+    x0, y0, x1, y1 = box
+    px0, py0, px1, py1 = pixels
+    left, top = min(max(x0 - px0, 0.0), px1 - px0), min(max(y0 - py0, 0.0), py1 - py0)
+    right, bottom = min(max(x1 - px0, left), px1 - px0), min(max(y1 - py0, top), py1 - py0)
+    if right - left <= 0 or bottom - top <= 0:  # a box thinner than a pixel at the edge
+        return (0.0, 0.0, float(px1 - px0), float(py1 - py0))
+    return (float(left), float(top), float(right - left), float(bottom - top))
+
+
 def native_resize_into(
     fn: Callable[..., None],
     pixels: np.ndarray,
@@ -270,16 +289,21 @@ def native_resize_into(
     flip: bool,
     work: np.ndarray | None = None,
 ) -> None:
-    """The ``native`` resize backend for one image: ``box`` of the ``H x W x 3`` uint8
-    array ``pixels`` (rounded as ``whole_pixel_box``) resized to ``size`` = (width,
-    height) by the compiled bilinear ``fn`` (``_crops.resize_native``), mirrored with
-    ``flip``, into ``dst``: its ``3 x H x W`` planes with ``planar``, else ``H x W x 3``
-    through ``work`` (``3 x H x W`` scratch). The same pixels as ``_crops.Batch``."""
+    """The ``native`` resize backend for one image: ``box`` (left, upper, right, lower;
+    floats: a box scaled to an image decoded at a reduced DCT scale) of the ``H x W x
+    3`` uint8 array ``pixels`` resized to ``size`` = (width, height) by the compiled
+    bilinear ``fn`` (``_crops.resize_native``), mirrored with ``flip``, into ``dst``:
+    its ``3 x H x W`` planes with ``planar``, else ``H x W x 3`` through ``work``
+    (``3 x H x W`` scratch). The output covers the box itself, fractions of a pixel
+    included (torchvision's geometry; rounding it to whole pixels moved a reduced
+    crop by up to a third of an output pixel); for a whole-pixel box, the same
+    pixels as ``_crops.Batch``."""
     h, w = pixels.shape[:2]
-    x0, y0, x1, y1 = whole_pixel_box(box, w, h)
+    x0, y0, x1, y1 = _covering_box(box, w, h)
     rows = np.ascontiguousarray(pixels[y0:y1])
     out = dst if planar else (work if work is not None else np.empty((3, size[1], size[0]), np.uint8))
-    fn(rows, w, x0, x1 - x0, y1 - y0, size[0], size[1], out, flip)
+    window = _window(box, (x0, y0, x1, y1))
+    fn(rows, w, x0, x1 - x0, y1 - y0, size[0], size[1], out, flip, window)
     if not planar:
         np.copyto(dst, out.transpose(1, 2, 0))
 

@@ -30,7 +30,7 @@ import lmdbfolder
 
 PACKAGE = Path(lmdbfolder.__file__).parent
 CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text", "remote"}
-TORCH = {"torch", "fused", "sampler", "gpu", "transport"}
+TORCH = {"torch", "fused", "sampler", "gpu", "transport", "replay"}
 TOP = {"", "__main__", "cli"}
 TESTS = Path(__file__).parent
 

@@ -442,6 +442,14 @@ class ExactDistributedSampler(DistributedSampler[int]):
             self._position = 0
             self._earlier = []
         self.epoch = epoch
+        self._tell_dataset()
+
+    def _tell_dataset(self) -> None:
+        # A dataset with replayable augmentation (LMDBFolder(..., seed=S)) draws the
+        # epoch's random numbers: the sampler knows the epoch, so the user need not say it twice.
+        set_epoch = getattr(self._dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self.epoch)
 
     # -- resume ------------------------------------------------------------------------
     @property
@@ -525,6 +533,7 @@ class ExactDistributedSampler(DistributedSampler[int]):
             self._earlier = []
             return
         self.epoch = epoch
+        self._tell_dataset()
         if same_job:
             self._earlier = earlier
             self._resume_at = position

@@ -22,7 +22,7 @@ from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from conftest import photo_jpeg, write
+from conftest import free_port, photo_jpeg, write
 from lmdbfolder import fused, pack
 from lmdbfolder.replay import EpochCell, derive, stream
 from lmdbfolder.sampler import ExactDistributedSampler
@@ -225,3 +225,67 @@ def test_a_two_rank_epoch_resumed_on_other_ranks_keeps_every_samples_pixels(tree
             assert fp == uninterrupted[i], f"sample {i} got other pixels after the resume"
     assert sorted(set(resumed) | set(seen)) == list(range(N))
     assert not set(resumed) & set(seen), "a sample seen before the checkpoint was seen again"
+
+
+def _ranks(world: int, spec: dict[str, Any], tmp_path: Path) -> None:
+    """Run ``_elastic_worker.py`` as ``world`` gloo ranks, like torchrun."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parent
+    spec_file = tmp_path / f"spec-{spec['phase']}-{world}.json"
+    spec_file.write_text(json.dumps(spec))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), env.get("PYTHONPATH")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(here / "_elastic_worker.py"), str(spec_file)],
+            env=dict(env, RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=300)
+            outputs.append((p.returncode, out))
+    finally:  # a failed rank must not leave the others waiting
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    failed = [(rank, code, out[-3000:]) for rank, (code, out) in enumerate(outputs) if code != 0]
+    assert not failed, failed
+
+
+@pytest.mark.long("2 gloo ranks, then 3 and 1, each with a DataLoader worker: about a minute")
+def test_real_ranks_resume_elastically_with_the_same_pixels(tree: Path, tmp_path: Path) -> None:
+    # 2 gloo ranks, checkpointed after 2 batches of 4 (StatefulDataLoader, a worker
+    # process each), resumed on 3 ranks and on 1: every sample the 2 ranks had not
+    # consumed is read once more (plus the stated padding), with the uninterrupted
+    # 2-rank run's pixels.
+    import json
+
+    spec: dict[str, Any] = {"pack": str(tree / "p"), "seed": SEED, "epoch": 2, "stop": 2, "dir": str(tmp_path)}
+    _ranks(2, {**spec, "phase": "first"}, tmp_path)
+    first = [json.loads((tmp_path / f"first-2-{r}.json").read_text()) for r in range(2)]
+    full = {int(i): c for part in first for i, c in part["full"].items()}
+    head = {int(i): c for part in first for i, c in part["head"].items()}
+    assert len(full) == N and len(head) == 16 and all(full[i] == c for i, c in head.items())
+    for world in (3, 1):
+        _ranks(world, {**spec, "phase": "resume", "from_rank": 1}, tmp_path)
+        parts = [json.loads((tmp_path / f"resume-{world}-{r}.json").read_text()) for r in range(world)]
+        assert len({p["count"] for p in parts}) == 1  # the ranks move in lockstep
+        rest: dict[int, int] = {}
+        read = 0
+        for p in parts:
+            rest.update({int(i): c for i, c in p["rest"].items()})
+            read += p["count"]
+        assert set(rest) == set(range(N)) - set(head), f"{world} ranks: not exactly the samples left"
+        assert read == len(rest) + parts[0]["padded"], "only the stated padding is read twice"
+        assert all(full[i] == c for i, c in rest.items()), f"{world} ranks: a sample got other pixels"

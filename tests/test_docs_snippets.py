@@ -41,6 +41,7 @@ PAGES = (
     "docs/troubleshooting.md",
     "docs/hugging-face.md",
     "docs/switching-from-imagefolder.md",
+    "docs/replay.md",
 )
 _FENCE = re.compile(r"^( *)```python\n(.*?)^\1```", re.M | re.S)
 
@@ -175,6 +176,13 @@ RUNNERS = [
         epilogue="ds = WithoutBackground('train.lmdb')\nassert len(ds.classes) == 3 and len(ds) == 12\n",
     ),
     Runner(
+        'ds = LMDBFolder("train.lmdb", transform=tf, seed=0)',
+        _train_pack,
+        prelude=_ONE_RANK,
+        swaps={'backend="nccl"': 'backend="gloo"', "num_workers=8": "num_workers=2", "batch_size=256": "batch_size=4"},
+        epilogue="assert ds.epoch == 1 and images.shape[1:] == (3, 224, 224)\n",
+    ),
+    Runner(
         "class SkipBad(LMDBFolder):",
         _train_pack,
         prelude="from lmdbfolder.torch import LMDBFolder\n",
@@ -192,7 +200,7 @@ SNIPPETS = snippets()
 
 
 def test_every_snippet_has_a_runner() -> None:
-    assert len(SNIPPETS) >= 13  # README 2, the docs pages 11 (the fast settings twice)
+    assert len(SNIPPETS) >= 14  # README 2, the docs pages 12 (the fast settings twice)
     for page, n, code in SNIPPETS:
         assert runner_of(code) is not None, f"{page}, snippet {n + 1}: add a Runner to tests/test_docs_snippets.py"
     used = {runner_of(code).marker for _, _, code in SNIPPETS}  # type: ignore[union-attr]

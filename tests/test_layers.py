@@ -41,7 +41,7 @@ CORE = {
     "text",
     "remote",
 }
-TORCH = {"torch", "fused", "sampler", "gpu", "transport"}
+TORCH = {"torch", "fused", "sampler", "gpu", "transport", "replay"}
 TOP = {"", "__main__", "cli"}
 TESTS = Path(__file__).parent
 

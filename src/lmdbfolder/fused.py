@@ -28,6 +28,7 @@ can move the crop by up to half a decoded pixel (a fraction of an output pixel).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
@@ -51,6 +52,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import NATIVE_MISSING, RESIZE_BACKENDS, Box
 from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
+from lmdbfolder.replay import stream
 from lmdbfolder.transport import pool
 
 __all__ = [
@@ -638,18 +640,22 @@ class TransformPlan:
         read.run([job], out, planar=planar)
         return torch.from_numpy(out[0]) if planar else Image.fromarray(out[0], "RGB")
 
-    def batch(self, records: Sequence[Any]) -> torch.Tensor:
+    def batch(self, records: Sequence[Any], seeds: Sequence[int] | None = None) -> torch.Tensor:
         """Every record's box and flip, drawn in the per-sample order (a sample's box,
         then its flip), then the whole batch made into one uint8 ``N x 3 x H x W``
         tensor in a reused buffer (``lmdbfolder.transport``: shared memory in a
         DataLoader worker, which ``collate`` sends by reference). Raises
         BatchItemError for the first record that failed; a record whose header its
-        payload denies (``ReadPlan.claim``) fails before its box is drawn."""
+        payload denies (``ReadPlan.claim``) fails before its box is drawn.
+
+        ``seeds`` (``lmdbfolder.replay``): record ``k``'s box and flip are drawn
+        from torch's generator seeded with ``seeds[k]``, as the per-sample path
+        draws them under that seed."""
         claim, job, flip = self.read.claim, self.read.job, self.flip
         draw_many = self._draw_many
         out_h, out_w = self.crop.size  # type: ignore[union-attr]
         images = pool().take((len(records), 3, out_h, out_w))
-        bulk = draw_many is not None and torch.get_default_dtype() == torch.float32
+        bulk = draw_many is not None and seeds is None and torch.get_default_dtype() == torch.float32
         started = self.read.start(images.numpy()) if bulk else None
         if bulk:
             # Every claim of a part before any of its boxes is drawn. resize="native": the
@@ -688,8 +694,9 @@ class TransformPlan:
                     enc = claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
                 except Exception as exc:  # Pillow raises many exception types for bad data
                     raise BatchItemError(k, exc) from exc
-                box = draw(rec.width, rec.height)  # type: ignore[misc]
-                flipped = flip is not None and bool(rand(1) < flip)
+                with contextlib.nullcontext() if seeds is None else stream(seeds[k]):
+                    box = draw(rec.width, rec.height)  # type: ignore[misc]
+                    flipped = flip is not None and bool(rand(1) < flip)
                 jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
         self.read.run(jobs, images.numpy(), planar=True)
         return images

@@ -18,6 +18,13 @@ adds:
   very next index. ``torchdata.stateful_dataloader.StatefulDataLoader`` calls
   both itself, at the batch it last yielded, so its checkpoints resume
   exactly, with any number of workers.
+* **Elastic resume.** A state saved by any rank of a job of N ranks loads on
+  any rank of a job of M ranks: ranks move in lockstep, so one rank's position
+  says what every rank of the old job consumed, and the rest of the epoch is
+  exactly the samples not consumed yet, each once, split between the M ranks
+  (padded or cut to an equal share as ``drop_last`` says: ``resume_padded`` and
+  ``resume_dropped`` count them, ``describe()`` says them). A job resumed so
+  saves the jobs before it in its state, so it can be resumed elastically again.
 * **An optional shard-aware order** (``order="shards"``) for node-local disks
   and cold page caches: the epoch's sequence is the shards in a seeded random
   order, each rank takes a contiguous block of it, and shuffles it within
@@ -59,6 +66,7 @@ rank from torch's seeded CPU generator (the same torch version everywhere).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import math
@@ -82,6 +90,11 @@ __all__ = ["ExactDistributedSampler", "ORDERS"]
 
 ORDERS = ("random", "shards", "nodes")
 _STATE_VERSION = 1
+#: A state that carries the earlier jobs of its epoch (an elastic resume): older
+#: readers, which would ignore them, refuse it by its version.
+_ELASTIC_STATE_VERSION = 2
+#: Settings of the job that saved a state that may differ from the job that loads it.
+_JOB_SETTINGS = ("num_replicas", "nodes")
 #: Settings a saved state must share with the sampler that loads it.
 _SETTINGS = ("num_replicas", "dataset_len", "shuffle", "seed", "drop_last", "order", "window", "nodes")
 #: The value of a setting that states saved before it existed meant.
@@ -259,16 +272,16 @@ class ExactDistributedSampler(DistributedSampler[int]):
         self.shard_offsets = offsets
         num_shards = len(offsets) - 1
         self.window = window if window is not None else shards_at_once * math.ceil(n / num_shards)
-        if drop_last and n % num_replicas:
-            self.num_samples = n // num_replicas
-        else:
-            self.num_samples = math.ceil(n / num_replicas)
-        self.total_size = self.num_samples * num_replicas
+        self.num_samples, self.total_size = _split_sizes(n, num_replicas, drop_last)
         if self.num_samples < 1:
             raise ValueError(f"{n} samples cannot give each of {num_replicas} ranks one sample with drop_last=True")
         self.epoch = 0
         self._position = 0
         self._resume_at: int | None = None
+        #: The jobs that ran part of this epoch before this one (an elastic resume),
+        #: as saved in their states; empty: this job runs the epoch from its start.
+        self._earlier: list[dict[str, int]] = []
+        self._plan_cache: tuple[Any, list[int], int, int] | None = None
 
     # -- the policy, in numbers ----------------------------------------------------
     @property
@@ -295,7 +308,25 @@ class ExactDistributedSampler(DistributedSampler[int]):
             text += f", {self.num_dropped:,} sample{'s' if self.num_dropped > 1 else ''} left out each epoch"
         else:
             text += ", every sample exactly once"
-        return f"{text} (drop_last={self.drop_last})"
+        text = f"{text} (drop_last={self.drop_last})"
+        if self._earlier:
+            left = self._resumed_plan()
+            jobs = " then ".join(f"{job['num_replicas']} ranks" for job in self._earlier)
+            text += (
+                f"; epoch {self.epoch} resumed after {jobs}: {len(left):,} indices left for this rank"
+                f" ({self.resume_padded:,} repeated, {self.resume_dropped:,} left out across the ranks)"
+            )
+        return text
+
+    @property
+    def resume_padded(self) -> int:
+        """Samples repeated (across all ranks) to split the rest of an elastically resumed epoch evenly."""
+        return self._resumed_split()[1] if self._earlier else 0
+
+    @property
+    def resume_dropped(self) -> int:
+        """Samples left out of the rest of an elastically resumed epoch (``drop_last=True``)."""
+        return self._resumed_split()[2] if self._earlier else 0
 
     # -- the order -------------------------------------------------------------------
     def global_order(self, epoch: int | None = None) -> list[int]:
@@ -381,12 +412,42 @@ class ExactDistributedSampler(DistributedSampler[int]):
             out.extend(part[j] for j in torch.randperm(len(part), generator=g).tolist())
         return out
 
+    # -- elastic resume: the rest of an epoch that other jobs began -----------------
+    def _job(self, job: dict[str, int]) -> ExactDistributedSampler:
+        """This sampler as a rank of the job ``job`` (its number of ranks and nodes)."""
+        other = copy.copy(self)
+        other.num_replicas = job["num_replicas"]
+        other.nodes = job.get("nodes", 1)
+        other.ranks_per_node = other.num_replicas // other.nodes
+        other.num_samples, other.total_size = _split_sizes(self.dataset_len, other.num_replicas, self.drop_last)
+        other._earlier = []
+        return other
+
+    def _resumed_split(self) -> tuple[list[list[int]], int, int]:
+        """Every rank's indices for the rest of the epoch after ``self._earlier``, and
+        the samples repeated and left out to make the shares equal."""
+        key = (self.epoch, tuple(tuple(sorted(job.items())) for job in self._earlier))
+        if self._plan_cache is not None and self._plan_cache[0] == key:
+            return self._plan_cache[1:]  # type: ignore[return-value]
+        first = self._job(self._earlier[0])
+        shares = [first.indices(self.epoch, r) for r in range(first.num_replicas)]
+        padded = dropped = 0
+        for k, job in enumerate(self._earlier):
+            rest = _not_consumed(shares, job["position"])
+            ranks = self._earlier[k + 1]["num_replicas"] if k + 1 < len(self._earlier) else self.num_replicas
+            shares, padded, dropped = _share(rest, ranks, self.drop_last, strided=self.order == "random")
+        self._plan_cache = (key, shares, padded, dropped)
+        return shares, padded, dropped
+
+    def _resumed_plan(self) -> list[int]:
+        return self._resumed_split()[0][self.rank]
+
     # -- the Sampler protocol ----------------------------------------------------
     def __iter__(self) -> Iterator[int]:
         start = 0 if self._resume_at is None else self._resume_at
         self._resume_at = None
         self._position = start
-        indices = self.indices()
+        indices = self._resumed_plan() if self._earlier else self.indices()
         follower, events = self._follow(indices, start)
         for index in itertools.islice(indices, start, None):
             self._position += 1
@@ -433,7 +494,16 @@ class ExactDistributedSampler(DistributedSampler[int]):
         if epoch != self.epoch:
             self._resume_at = None
             self._position = 0
+            self._earlier = []
         self.epoch = epoch
+        self._tell_dataset()
+
+    def _tell_dataset(self) -> None:
+        # A dataset with replayable augmentation (LMDBFolder(..., seed=S)) draws the
+        # epoch's random numbers: the sampler knows the epoch, so the user need not say it twice.
+        set_epoch = getattr(self._dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self.epoch)
 
     # -- resume ------------------------------------------------------------------------
     @property
@@ -451,10 +521,18 @@ class ExactDistributedSampler(DistributedSampler[int]):
         """
         state: dict[str, Any] = {"version": _STATE_VERSION, "epoch": self.epoch, "position": self.position}
         state.update({name: getattr(self, name) for name in _SETTINGS})
+        if self._earlier:
+            state["version"] = _ELASTIC_STATE_VERSION
+            state["earlier_jobs"] = [dict(job) for job in self._earlier]
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue at ``state_dict``'s epoch and position (the next index is the one that was next).
+
+        The state may come from any rank of a job of another number of ranks
+        (or nodes): the rest of the epoch is then the samples that job had not
+        consumed, each once, split between this job's ranks (see the module
+        docs, "Elastic resume"); the next epoch is this job's own split.
 
         A state saved at the end of its epoch, loaded after ``set_epoch`` chose
         a later epoch, leaves that epoch to start at its beginning:
@@ -462,15 +540,20 @@ class ExactDistributedSampler(DistributedSampler[int]):
         loop's ``set_epoch``, so an end-of-epoch checkpoint saved with
         ``epoch + 1`` resumes with the next epoch.
 
-        Raises ValueError when the state was saved with other settings (world
-        size, dataset size, seed, shuffle, drop_last, order, and the window of
-        the shard-aware orders): with them
-        the remaining samples would not be the ones the interrupted run had left.
+        Raises ValueError when the state was saved with other settings (dataset
+        size, seed, shuffle, drop_last, order, and the window of the shard-aware
+        orders): with them the remaining samples would not be the ones the
+        interrupted run had left.
         """
-        if not isinstance(state_dict, dict) or state_dict.get("version") != _STATE_VERSION:
+        version = state_dict.get("version") if isinstance(state_dict, dict) else None
+        if version not in (_STATE_VERSION, _ELASTIC_STATE_VERSION):
             raise ValueError(f"not a state of ExactDistributedSampler (version {_STATE_VERSION}): {state_dict!r}")
         # The random order does not depend on the window (nor on the shards it is made of).
-        settings = [name for name in _SETTINGS if not (name == "window" and self.order == "random")]
+        settings = [
+            name
+            for name in _SETTINGS
+            if name not in _JOB_SETTINGS and not (name == "window" and self.order == "random")
+        ]
         differ = [
             f"{name} {state_dict.get(name, _SETTING_DEFAULTS.get(name))!r} -> {getattr(self, name)!r}"
             for name in settings
@@ -478,17 +561,101 @@ class ExactDistributedSampler(DistributedSampler[int]):
         ]
         if differ:
             raise ValueError("the saved sampler state does not fit this sampler: " + "; ".join(differ))
+        saved_job = _saved_job(state_dict)
+        earlier = _earlier_jobs(state_dict) if version == _ELASTIC_STATE_VERSION else []
         epoch, position = state_dict.get("epoch"), state_dict.get("position")
-        if not isinstance(epoch, int) or not isinstance(position, int) or not 0 <= position <= self.num_samples:
+        same_job = saved_job == {"num_replicas": self.num_replicas, "nodes": self.nodes}
+        # How many indices each rank of the saving job had in its part of the epoch.
+        saved = copy.copy(self)
+        saved._earlier = earlier
+        if not same_job:
+            saved = self._job(saved_job)
+            saved._earlier = earlier
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            saved.epoch = epoch
+        # (every rank of a job has a share of the same length)
+        share = len(saved._resumed_split()[0][0]) if earlier and isinstance(epoch, int) else saved.num_samples
+        if not isinstance(epoch, int) or not isinstance(position, int) or not 0 <= position <= share:
             raise ValueError(
                 f"bad epoch/position in the saved sampler state: epoch {epoch!r}, position {position!r} "
-                f"(a position counts the indices this rank has used in the epoch: 0..{self.num_samples})"
+                f"(a position counts the indices this rank has used in the epoch: 0..{share})"
             )
-        if position == self.num_samples and epoch < self.epoch:
+        if position == share and epoch < self.epoch:
             # Nothing of the saved epoch is left, and the epoch set since is after it.
             self._resume_at = None
             self._position = 0
+            self._earlier = []
             return
         self.epoch = epoch
-        self._resume_at = position
-        self._position = position
+        self._tell_dataset()
+        if same_job:
+            self._earlier = earlier
+            self._resume_at = position
+        else:
+            self._earlier = [*earlier, {**saved_job, "position": position}]
+            self._resume_at = 0
+        self._position = self._resume_at
+
+
+def _split_sizes(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
+    """(indices per rank, indices in all) of an epoch of ``n`` samples on ``num_replicas`` ranks."""
+    per_rank = n // num_replicas if drop_last and n % num_replicas else math.ceil(n / num_replicas)
+    return per_rank, per_rank * num_replicas
+
+
+def _saved_job(state: dict[str, Any]) -> dict[str, int]:
+    """The number of ranks and nodes of the job that saved ``state``."""
+    job = {name: state.get(name, _SETTING_DEFAULTS.get(name)) for name in _JOB_SETTINGS}
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in job.values()) or (
+        job["num_replicas"] % job["nodes"]
+    ):
+        raise ValueError(f"bad num_replicas/nodes in the saved sampler state: {job!r}")
+    return job
+
+
+def _earlier_jobs(state: dict[str, Any]) -> list[dict[str, int]]:
+    """The jobs that ran the saved epoch before the one that saved ``state``, checked."""
+    jobs = state.get("earlier_jobs")
+    if not isinstance(jobs, list) or not jobs or len(jobs) > 1000:
+        raise ValueError(f"bad earlier_jobs in the saved sampler state: {str(jobs)[:200]}")
+    out = []
+    for job in jobs:
+        if not isinstance(job, dict) or set(job) != {*_JOB_SETTINGS, "position"}:
+            raise ValueError(f"bad earlier_jobs in the saved sampler state: {str(job)[:200]}")
+        position = job["position"]
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"bad position in the saved sampler state's earlier_jobs: {position!r}")
+        out.append({**_saved_job(job), "position": position})
+    return out
+
+
+def _not_consumed(shares: list[list[int]], position: int) -> list[int]:
+    """The indices of ``shares`` (every rank's part of an epoch, in order) that no rank
+    had used at ``position`` (all ranks move in lockstep), each once, in the order the
+    ranks would have used them."""
+    seen = set()
+    for share in shares:
+        seen.update(share[:position])
+    rest = []
+    for k in range(position, max((len(s) for s in shares), default=0)):
+        for share in shares:
+            if k < len(share) and share[k] not in seen:
+                seen.add(share[k])
+                rest.append(share[k])
+    return rest
+
+
+def _share(rest: list[int], ranks: int, drop_last: bool, *, strided: bool) -> tuple[list[list[int]], int, int]:
+    """``rest`` split into ``ranks`` equal parts (every ``ranks``-th index for the random
+    order, contiguous blocks for the shard-aware ones, which keep a rank on few shards),
+    padded by repeating its first indices or cut as ``drop_last`` says; with the number
+    of indices repeated and left out."""
+    per_rank, total = _split_sizes(len(rest), ranks, drop_last) if rest else (0, 0)
+    if total <= len(rest):
+        seq, padded, dropped = rest[:total], 0, len(rest) - total
+    else:
+        padded = total - len(rest)
+        seq, dropped = rest + (rest * math.ceil(padded / len(rest)))[:padded], 0
+    if strided:
+        return [seq[r::ranks] for r in range(ranks)], padded, dropped
+    return [seq[r * per_rank : (r + 1) * per_rank] for r in range(ranks)], padded, dropped

@@ -53,6 +53,7 @@ from lmdbfolder.read.selection import (
     source_root_of,
 )
 from lmdbfolder.read.stored_file import StoredFile, lend
+from lmdbfolder.replay import Replay
 
 __all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
 
@@ -151,6 +152,14 @@ class LMDBDatasetFolder(DatasetFolder):
             Dog``; ``lmdbfolder.read.class_order``), for a model trained
             through ``timm.data.ImageDataset``. ``classes``, ``class_to_idx``,
             ``targets``, ``samples`` and every label returned follow it.
+        seed: replayable augmentation (``lmdbfolder.replay``): sample ``i`` of
+            epoch ``e`` draws its random numbers (torchvision's transforms, the
+            fused crop, the batch path) from ``(seed, e, i)`` only, so the same
+            sample of the same epoch gets the same pixels whatever the workers,
+            threads, batch size, resume point or number of ranks. The epoch comes
+            from ``ExactDistributedSampler.set_epoch``/``load_state_dict``, or
+            ``set_epoch(e)``. Default None: torchvision's own random numbers, as
+            ImageFolder's.
 
     The batch fast path: when ``transform`` is
     ``lmdbfolder.fused.RandomResizedCrop(..., output="tensor")`` followed by at
@@ -212,7 +221,9 @@ class LMDBDatasetFolder(DatasetFolder):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         class_order: str = "sorted",
+        seed: int | None = None,
     ) -> None:
+        self.replay: Replay | None = None if seed is None else Replay(seed)
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise OptionError(f"threads must be a whole number of at least 1, got {threads!r}")
         if torch_threads is not None and (isinstance(torch_threads, bool) or torch_threads < 1):
@@ -339,7 +350,40 @@ class LMDBDatasetFolder(DatasetFolder):
         plan = self._plan()
         with self._torch_threads(plan):
             rec, position = self._selection.fetch(self.reader, index)
-            return self._sample(plan, rec, position)
+            with self._seeded(index):
+                return self._sample(plan, rec, position)
+
+    def _seeded(self, index: int) -> Any:
+        """Sample ``index``'s own random stream with ``seed``; nothing without."""
+        return contextlib.nullcontext() if self.replay is None else self.replay.seeded(index)
+
+    @property
+    def seed(self) -> int | None:
+        """The augmentation seed (``seed=``), or None."""
+        return None if self.replay is None else self.replay.seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose random numbers the samples draw (with ``seed``; 0 until set)."""
+        return 0 if self.replay is None else self.replay.epoch.get()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the samples draw epoch ``epoch``'s random numbers (with ``seed``; else nothing).
+
+        ``ExactDistributedSampler.set_epoch`` calls it; with another sampler call
+        it before each epoch. DataLoader workers, persistent ones included, see it.
+        """
+        if self.replay is not None:
+            self.replay.epoch.set(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch": e}`` with ``seed`` (``StatefulDataLoader`` saves and restores it), else ``{}``."""
+        return {} if self.replay is None else {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved."""
+        if self.replay is not None and isinstance(state, dict) and "epoch" in state:
+            self.set_epoch(state["epoch"])
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A whole batch (the DataLoader calls this): the records are fetched
@@ -356,7 +400,14 @@ class LMDBDatasetFolder(DatasetFolder):
         with self._torch_threads(plan):
             records, positions = self._selection.fetch_many(self.reader, indices, self.prefetch)
             if plan.batches and records and all(r.width > 0 and r.height > 0 for r in records):
-                return self._fast_batch(plan, records, positions)
+                seeds = None if self.replay is None else [self.replay.sample_seed(i) for i in indices]
+                return self._fast_batch(plan, records, positions, seeds)
+            if self.replay is not None:
+                out = []
+                for index, rec, p in zip(indices, records, positions):
+                    with self.replay.seeded(index):
+                        out.append(self._sample(plan, rec, p))
+                return out
             return [self._sample(plan, rec, p) for rec, p in zip(records, positions)]
 
     def _plan(self) -> fused.TransformPlan:
@@ -389,11 +440,15 @@ class LMDBDatasetFolder(DatasetFolder):
         return target
 
     def _fast_batch(
-        self, plan: fused.TransformPlan, records: list[Record], positions: list[int | None]
+        self,
+        plan: fused.TransformPlan,
+        records: list[Record],
+        positions: list[int | None],
+        seeds: list[int] | None = None,
     ) -> BatchSamples:
         """The batch fast path: one tensor for the whole batch (``TransformPlan.batch``)."""
         try:
-            images = plan.batch(records)
+            images = plan.batch(records, seeds)
         except BatchItemError as exc:
             raise self._decode_error(records[exc.position], exc.cause) from exc.cause
         return BatchSamples(images, [self._target(rec, p) for rec, p in zip(records, positions)])
@@ -655,6 +710,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         class_order: str = "sorted",
+        seed: int | None = None,
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(
@@ -676,6 +732,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             class_order=class_order,
+            seed=seed,
         )
 
 

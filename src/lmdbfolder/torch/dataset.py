@@ -1,8 +1,7 @@
-"""PyTorch integration: ``LMDBFolder``, a drop-in for ``torchvision.datasets.ImageFolder``
-(and ``LMDBDatasetFolder``, the same with ``DatasetFolder``'s argument order).
+"""The two dataset classes: ``LMDBFolder``, a drop-in for ``torchvision.datasets.ImageFolder``,
+and ``LMDBDatasetFolder``, the same with ``DatasetFolder``'s argument order.
 
-This is the only module that imports torch (and torchvision, whose dataset
-classes these subclass). It is safe with DataLoader workers under fork,
+They subclass torchvision's dataset classes. They are safe with DataLoader workers under fork,
 spawn and forkserver, with ``persistent_workers`` and over many epochs: the
 pack is opened lazily in each worker process (see
 ``lmdbfolder.read.reader``), and the dataset pickles without any open handle.
@@ -16,7 +15,6 @@ docs/switching-from-imagefolder.md.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sys
 import warnings
@@ -28,16 +26,12 @@ from lmdbfolder.errors import DecodeError, MissingDependencyError, NoSamplesErro
 
 try:
     import torch
-    import torch.utils.data
-    from torch.utils.data._utils.collate import default_collate_fn_map
-    from torchvision import get_image_backend
     from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset
     from torchvision.datasets.folder import IMG_EXTENSIONS, accimage_loader, default_loader, pil_loader
 except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
-from lmdbfolder import fused, transport
-from lmdbfolder.codecs import decode_hint, decode_rgb, encoding_of
+from lmdbfolder.codecs import decode_hint, encoding_of
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.plan import BatchItemError
@@ -51,8 +45,11 @@ from lmdbfolder.read.selection import (
     source_root_of,
 )
 from lmdbfolder.read.stored_file import StoredFile, stored_file
+from lmdbfolder.torch.batches import BatchSamples
+from lmdbfolder.torch.loader import _RAW_LOADER, _RAW_LOADER_HINT, PackLoader, _decodes_itself
+from lmdbfolder.torch.plan import TransformPlan, plan_key
 
-__all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
+__all__ = ["LMDBFolder", "LMDBDatasetFolder"]
 
 
 class LMDBDatasetFolder(DatasetFolder):
@@ -204,7 +201,7 @@ class LMDBDatasetFolder(DatasetFolder):
             raise OptionError(f"torch_threads must be None or at least 1, got {torch_threads!r}")
         self.threads = threads
         self.torch_threads = torch_threads
-        self._plan_cache: fused.TransformPlan | None = None
+        self._plan_cache: TransformPlan | None = None
         self._plan_key: tuple[Any, ...] = ()
         self._decoder_name: str | None = None
         self.decoder = decoder
@@ -339,24 +336,24 @@ class LMDBDatasetFolder(DatasetFolder):
                 return self._fast_batch(plan, records, positions)
             return [self._sample(plan, rec, p) for rec, p in zip(records, positions)]
 
-    def _plan(self) -> fused.TransformPlan:
-        """How samples are made in this process (``fused.TransformPlan``), resolved once
+    def _plan(self) -> TransformPlan:
+        """How samples are made in this process (``TransformPlan``), resolved once
         per transform, loader, decoder, size hint and thread count, and per process."""
-        # The transform's steps and settings too (fused.plan_key): a change in place takes effect.
-        transform_key = fused.plan_key(self.transform)
+        # The transform's steps and settings too (plan_key): a change in place takes effect.
+        transform_key = plan_key(self.transform)
         key = (transform_key, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
         plan = self._plan_cache
         if plan is None or key != self._plan_key:
             decoder = current().decoder(self.decoder)  # resolves "auto": part of the key from now on
             key = (transform_key, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
             transform = self.transform if _decodes_itself(self._loader) else None
-            plan = fused.TransformPlan(transform, decoder=decoder, size_hint=self.size_hint, threads=self.threads)
+            plan = TransformPlan(transform, decoder=decoder, size_hint=self.size_hint, threads=self.threads)
             if not _decodes_itself(self._loader):
                 plan.batches = False  # the user's loader makes every sample
             self._plan_cache, self._plan_key = plan, key
         return plan
 
-    def _torch_threads(self, plan: fused.TransformPlan) -> Any:
+    def _torch_threads(self, plan: TransformPlan) -> Any:
         """One torch thread while a sample is made in the main process, like a DataLoader worker."""
         if self.torch_threads is None or plan.in_worker:
             return contextlib.nullcontext()
@@ -368,9 +365,7 @@ class LMDBDatasetFolder(DatasetFolder):
             target = self.target_transform(target)
         return target
 
-    def _fast_batch(
-        self, plan: fused.TransformPlan, records: list[Record], positions: list[int | None]
-    ) -> BatchSamples:
+    def _fast_batch(self, plan: TransformPlan, records: list[Record], positions: list[int | None]) -> BatchSamples:
         """The batch fast path: one tensor for the whole batch (``TransformPlan.batch``)."""
         try:
             images = plan.batch(records)
@@ -382,7 +377,7 @@ class LMDBDatasetFolder(DatasetFolder):
         hint = decode_hint(exc)
         return DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}", hint)
 
-    def _sample(self, plan: fused.TransformPlan, rec: Record, position: int | None) -> tuple[Any, Any]:
+    def _sample(self, plan: TransformPlan, rec: Record, position: int | None) -> tuple[Any, Any]:
         if not _decodes_itself(self._loader):
             return self._load_with_loader(rec), self._target(rec, position)
         try:
@@ -653,58 +648,6 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         )
 
 
-class PackLoader:
-    """``LMDBFolder.loader``: the given loader, bound to the pack (see that property).
-
-    Called with a path from ``samples``, it loads the sample from the pack:
-    torchvision's ``default_loader``/``pil_loader`` give ``pil_loader``'s RGB
-    image of the stored bytes, any other loader is called with a path to a
-    file holding them (``StoredFile``: ``.source`` is the original path).
-    """
-
-    __slots__ = ("_dataset", "__wrapped__")
-
-    def __init__(self, dataset: LMDBDatasetFolder, loader: Callable[[str], Any]) -> None:
-        self._dataset = dataset
-        self.__wrapped__ = loader
-
-    def __call__(self, path: Any) -> Any:
-        ds, loader = self._dataset, self.__wrapped__
-        if isinstance(path, StoredFile):  # a file of stored bytes already: the loader reads it
-            return loader(path)
-        index = ds._pack_index_of(path)
-        if index is None:
-            if isinstance(path, (str, os.PathLike)) and os.path.exists(path):
-                return loader(path)  # type: ignore[arg-type]  # a file of the user's own, not a sample of the pack
-            raise FileNotFoundError(
-                errno.ENOENT,
-                f"{os.fspath(path) if isinstance(path, (str, os.PathLike)) else path!r} is no sample of the pack "
-                f"{ds.root} (whose samples' paths start with {ds.source_root}) and no such file exists. "
-                "LMDBFolder reads its samples from the pack: in a __getitem__ override, "
-                "`sample, target = super().__getitem__(index)` gives sample `index` (transform applied), "
-                "`self.loader(self.samples[index][0])` its image",
-                os.fspath(path) if isinstance(path, (str, os.PathLike)) else None,
-            )
-        rec = ds.reader.get(index)
-        if _decodes_itself(loader):
-            return decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
-        if encoding_of(rec.encoding).stores_pixels:
-            raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
-        with stored_file(rec.payload, sample_path(ds.source_root, ds.reader.path_of(index)), index) as stored:
-            return loader(stored)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PackLoader):
-            return self._dataset is other._dataset and self.__wrapped__ == other.__wrapped__
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((id(self._dataset), self.__wrapped__))
-
-    def __repr__(self) -> str:
-        return f"PackLoader({self.__wrapped__!r} on {self._dataset.root})"
-
-
 def _no_classes_found(root: str, source_root: str) -> NoSamplesError:
     # ImageFolder's find_classes raises for a root without class folders; an override
     # that scans ``directory`` finds none in a pack, and 0 classes would silently be 0 samples.
@@ -741,89 +684,6 @@ def _warn_if_slow() -> None:
         )
 
 
-class Sample(tuple):  # type: ignore[type-arg]
-    """One ``(image, target)`` of a ``BatchSamples``: a tuple, whose type tells torch's
-    ``default_collate`` (through ``default_collate_fn_map``) that its batch can be
-    taken whole, as ``collate`` takes it."""
-
-    __slots__ = ()
-
-
-class BatchSamples(list):  # type: ignore[type-arg]
-    """A batch made by the fast path: a list of ``(image, target)`` like any other
-    (each image a view of one batch tensor, each pair a ``Sample``), which
-    ``collate``, and torch's ``default_collate`` too, turn into ``[images, targets]``
-    without copying ``images``."""
-
-    images: Any
-    targets: list[Any]
-
-    def __init__(self, images: Any, targets: list[Any]) -> None:
-        made = [Sample(pair) for pair in zip(images, targets)]
-        super().__init__(made)
-        self.images = images
-        self.targets = targets
-        self._made = made
-
-    def intact(self) -> bool:
-        """Whether the list still holds exactly the samples it was made with (then
-        ``images`` is the batch)."""
-        made = self._made
-        return len(self) == len(made) and all(a is b for a, b in zip(self, made))
-
-    @classmethod
-    def of(cls, samples: list[tuple[Any, Any]]) -> BatchSamples:
-        """A batch of samples made one by one (stacked here once)."""
-        return cls(torch.stack([x for x, _ in samples]), [t for _, t in samples])
-
-
-def collate(batch: Any) -> Any:
-    """``collate_fn`` for a DataLoader over an ``LMDBFolder``: a batch from the fast
-    path becomes ``[images, targets]`` as is (no copy; in a DataLoader worker the
-    images are sent to the main process by reference, see ``lmdbfolder.transport``);
-    anything else goes through torch's ``default_collate``.
-
-    Since the fast path's samples are ``Sample`` s, which torch's ``default_collate``
-    hands to this function, leaving ``collate_fn`` unset does the same.
-
-    Example:
-        >>> loader = DataLoader(ds, batch_size=256, shuffle=True, collate_fn=collate)  # doctest: +SKIP
-    """
-    if isinstance(batch, BatchSamples) and batch.intact():
-        targets = batch.targets
-        if all(type(t) is int for t in targets):
-            collated = torch.tensor(targets, dtype=torch.int64)
-        else:
-            # A tuple, as torch's collate hands each field of a batch of tuples on
-            # (a batch of strings stays that tuple, as ImageFolder's does).
-            collated = torch.utils.data.default_collate(tuple(targets))  # type: ignore[arg-type]
-        images = batch.images
-        pool = transport.pool()
-        buffer = pool.buffer_of(images)
-        if buffer is not None:
-            return transport.PooledBatch(images, collated, buffer, pool)
-        return [images, collated]
-    return torch.utils.data.default_collate(batch)
-
-
-def _collate_samples(batch: Any, *, collate_fn_map: Any = None) -> Any:
-    """torch's ``default_collate`` for a batch whose first element is a ``Sample``:
-    the fast path's batch whole (``collate``), else what it does with tuples."""
-    if isinstance(batch, BatchSamples) and batch.intact():
-        return collate(batch)
-    from torch.utils.data._utils.collate import collate as torch_collate
-
-    size = len(batch[0])
-    if any(len(elem) != size for elem in batch):
-        raise RuntimeError("each element in list of batch should be of equal size")
-    return [torch_collate(list(samples), collate_fn_map=collate_fn_map) for samples in zip(*batch)]
-
-
-# torch's documented way to extend default_collate (see its docstring): so that a
-# DataLoader left with its default collate_fn gets the batch without a copy too.
-default_collate_fn_map[Sample] = _collate_samples
-
-
 @contextlib.contextmanager
 def _torch_threads(n: int) -> Any:
     before = torch.get_num_threads()
@@ -835,18 +695,6 @@ def _torch_threads(n: int) -> Any:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-_RAW_LOADER = "loader= needs a pack that stores the image files, and this pack stores decoded pixels (--store raw)"
-_RAW_LOADER_HINT = (
-    "leave loader unset (the pixels need no loading) and do the rest in transform, or repack with --store encoded"
-)
-
-
-def _decodes_itself(loader: Any) -> bool:
-    # torchvision's own loaders are pil_loader underneath (with the PIL backend): the
-    # stored image is decoded here instead, to the same pixels, without a file.
-    return loader is None or loader is pil_loader or (loader is default_loader and get_image_backend() == "PIL")
 
 
 def _torchvision_readers() -> tuple[Any, ...]:

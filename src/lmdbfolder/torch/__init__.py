@@ -6,6 +6,7 @@ one job each (docs/design.md, "Module boundaries"):
 
 * ``dataset``: the two dataset classes (torchvision's ``ImageFolder`` /
   ``DatasetFolder`` subclasses: the adapter from a pack, a ``Selection`` and a plan);
+* ``options``: ``ReadOptions``, lmdbfolder's own settings of a dataset as one value;
 * ``loader``: ``PackLoader``, the dataset's ``loader`` bound to the pack;
 * ``batches``: the fast path's batch (``Sample``, ``BatchSamples``) and ``collate``;
 * ``plan``: ``TransformPlan``, how a transform is applied to a record, decided once;
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
     from lmdbfolder.torch.batches import BatchSamples, collate
     from lmdbfolder.torch.dataset import LMDBDatasetFolder, LMDBFolder
     from lmdbfolder.torch.loader import PackLoader
+    from lmdbfolder.torch.options import ReadOptions
 
-__all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
+__all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate", "ReadOptions"]
 
 # Where each public name lives (PEP 562: looked up on first use).
 _HOMES = {
@@ -44,6 +46,7 @@ _HOMES = {
     "PackLoader": "lmdbfolder.torch.loader",
     "BatchSamples": "lmdbfolder.torch.batches",
     "collate": "lmdbfolder.torch.batches",
+    "ReadOptions": "lmdbfolder.torch.options",
 }
 
 

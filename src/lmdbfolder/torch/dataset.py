@@ -47,9 +47,28 @@ from lmdbfolder.read.selection import (
 from lmdbfolder.read.stored_file import StoredFile, stored_file
 from lmdbfolder.torch.batches import BatchSamples
 from lmdbfolder.torch.loader import _RAW_LOADER, _RAW_LOADER_HINT, PackLoader, _decodes_itself
+from lmdbfolder.torch.options import ReadOptions, read_options
 from lmdbfolder.torch.plan import TransformPlan, plan_key
 
 __all__ = ["LMDBFolder", "LMDBDatasetFolder"]
+
+
+class _Setting:
+    """A dataset attribute that is a field of its ``options``: reading it reads the
+    field, assigning it replaces ``options`` by a copy with the new value (checked as
+    ``ReadOptions`` checks it; the transform plan sees the change at the next sample)."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.options, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.options = obj.options.replace(**{self.name: value})
 
 
 class LMDBDatasetFolder(DatasetFolder):
@@ -97,6 +116,14 @@ class LMDBDatasetFolder(DatasetFolder):
             ``NoSamplesError`` (a ``FileNotFoundError``, as ImageFolder) unless
             this is True; the same for a pack of an ImageFolder tree that kept
             empty class folders (``pack --allow-empty``).
+        options: lmdbfolder's own settings, as one ``ReadOptions`` (below).
+        **settings: the same settings as keywords (``threads=2``), which
+            replace those of ``options``. An unknown keyword is a TypeError.
+
+    lmdbfolder's settings (the fields of ``lmdbfolder.torch.ReadOptions``, checked
+    when it is made; ``ds.options`` is the dataset's, and ``ds.threads``,
+    ``ds.torch_threads``, ``ds.size_hint``, ``ds.prefetch`` read and assign its
+    fields, checked the same way):
         source_root: the folder that ``samples`` paths start with. Default:
             the folder the pack was made from, as recorded in its manifest
             (``lmdbfolder info`` shows it); pass another to re-root them (the
@@ -184,56 +211,51 @@ class LMDBDatasetFolder(DatasetFolder):
         is_valid_file: Callable[[str], bool] | None = None,
         allow_empty: bool = False,
         *,
-        source_root: str | os.PathLike[str] | None = None,
-        readahead: bool = True,
-        verify_checksums: bool = True,
-        decoder: str = "auto",
-        size_hint: int | None = None,
-        prefetch: bool = False,
-        threads: int = 1,
-        torch_threads: int | None = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | None = None,
+        options: ReadOptions | None = None,
+        **settings: Any,
     ) -> None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise OptionError(f"threads must be a whole number of at least 1, got {threads!r}")
-        if torch_threads is not None and (isinstance(torch_threads, bool) or torch_threads < 1):
-            raise OptionError(f"torch_threads must be None or at least 1, got {torch_threads!r}")
-        self.threads = threads
-        self.torch_threads = torch_threads
+        self.options: ReadOptions = read_options(options, settings, f"{type(self).__name__}.__init__")
+        if extensions is not None and is_valid_file is not None:
+            raise ValueError("Both extensions and is_valid_file cannot be not None at the same time")
         self._plan_cache: TransformPlan | None = None
         self._plan_key: tuple[Any, ...] = ()
         self._decoder_name: str | None = None
-        self.decoder = decoder
-        if size_hint is not None and size_hint < 1:
-            raise ValueError(f"size_hint must be a positive number of pixels, got {size_hint}")
-        if extensions is not None and is_valid_file is not None:
-            raise ValueError("Both extensions and is_valid_file cannot be not None at the same time")
-        self.size_hint = size_hint
-        self.prefetch = prefetch
+        self.decoder = self.options.decoder  # a missing decoder library fails here, not in a worker
         self._targets: list[Any] | None = None
         self._samples: list[tuple[str, Any]] | None = None
         self._assigned_targets: Any = None
-        self.reader: AnyReader = open_pack(
-            root, readahead=readahead, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit
-        )
+        self.reader: AnyReader = self._open(root)
         self._selection = Selection.of(None, None, len(self.reader))
         VisionDataset.__init__(self, self.reader.path, transform=transform, target_transform=target_transform)
         self.recorded_root = source_root_of(self.reader.meta)
-        self.source_root = self.recorded_root
-        if source_root is not None:
-            self.source_root = os.path.abspath(os.path.expanduser(os.fspath(source_root)))
+        self.source_root = _source_root(self.options.source_root, self.recorded_root)
         self.loader = default_loader if loader is None else loader
         if not _decodes_itself(self._loader) and self.reader.store == "raw":
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
-        source = self.reader.meta.get("source") or {}
-        if extensions is not None:
-            self.extensions: tuple[str, ...] | None = normalize_extensions(extensions)
-        elif is_valid_file is not None or source.get("is_valid_file"):
-            self.extensions = None  # a callable chose the files, as ImageFolder's None says
-        else:
-            self.extensions = tuple(source.get("extensions") or IMG_EXTENSIONS)
+        self.extensions: tuple[str, ...] | None = _extensions_shown(extensions, is_valid_file, self.reader.meta)
+        self._choose_samples(extensions, is_valid_file, allow_empty)
+        if self.options.decoder != "pillow":
+            _warn_if_slow()
 
+    def _open(self, root: str | os.PathLike[str]) -> AnyReader:
+        """The pack at ``root`` (a URL: staged into ``cache_dir``), opened as the options say."""
+        opts = self.options
+        return open_pack(
+            root,
+            readahead=opts.readahead,
+            verify_checksums=opts.verify_checksums,
+            cache_dir=opts.cache_dir,
+            cache_limit=opts.cache_limit,
+        )
+
+    def _choose_samples(
+        self,
+        extensions: str | tuple[str, ...] | None,
+        is_valid_file: Callable[[str], bool] | None,
+        allow_empty: bool,
+    ) -> None:
+        """ImageFolder's steps, once: ``find_classes``, then the samples: the list a
+        ``make_dataset`` override returns, else a ``Selection`` of the pack."""
         classes, class_to_idx = self.find_classes(self.root)
         if not classes and self.reader.classes:
             raise _no_classes_found(self.root, self.source_root)
@@ -257,8 +279,12 @@ class LMDBDatasetFolder(DatasetFolder):
             )
         self.classes: list[str] = classes
         self.class_to_idx: dict[str, int] = class_to_idx
-        if decoder != "pillow":
-            _warn_if_slow()
+
+    # -- lmdbfolder's settings: fields of ``options`` -------------------------------------------
+    threads = _Setting("threads that make one batch on the batch fast path (``ReadOptions.threads``)")
+    torch_threads = _Setting("torch's intra-op threads while a sample is made in the main process")
+    size_hint = _Setting("the training resolution for DCT-scaled decodes (``ReadOptions.size_hint``)")
+    prefetch = _Setting("whether a batch's records are asked of the kernel at once (``ReadOptions.prefetch``)")
 
     # -- ImageFolder's overridable steps ------------------------------------------------------
     def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
@@ -456,6 +482,8 @@ class LMDBDatasetFolder(DatasetFolder):
         else:
             self._decoder_name = caps.decoder_name(name)  # unknown names fail here
             caps.decoder(self._decoder_name)  # so does a missing library (with its install hint), not in a worker
+        if name != self.options.decoder:
+            self.options = self.options.replace(decoder=name)
         self._plan_cache = None
 
     # -- ImageFolder's lists --------------------------------------------------------------------
@@ -585,10 +613,10 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
 
     ``LMDBFolder(root, transform, target_transform, loader, is_valid_file,
     allow_empty)``: ImageFolder's arguments, in its order, with its meaning
-    (see ``LMDBDatasetFolder`` for each, and for ``extensions``,
-    ``source_root``, ``decoder``, ``size_hint``, ``readahead``,
-    ``verify_checksums``, ``prefetch``, ``cache_dir`` and ``cache_limit``,
-    which are keyword-only here). Code
+    (see ``LMDBDatasetFolder`` for each, and for ``extensions``, keyword-only
+    here), then lmdbfolder's own settings as ``options=ReadOptions(...)`` or as
+    keywords (``decoder``, ``size_hint``, ``threads``, ``source_root``, ...: the
+    fields of ``ReadOptions``). Code
     written with DatasetFolder's order ``(root, loader, extensions, ...)``
     should use ``LMDBDatasetFolder``; a torchvision loader passed where the
     transform goes is refused with that advice.
@@ -615,16 +643,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         allow_empty: bool = False,
         *,
         extensions: str | tuple[str, ...] | None = None,
-        source_root: str | os.PathLike[str] | None = None,
-        readahead: bool = True,
-        verify_checksums: bool = True,
-        decoder: str = "auto",
-        size_hint: int | None = None,
-        prefetch: bool = False,
-        threads: int = 1,
-        torch_threads: int | None = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | None = None,
+        options: ReadOptions | None = None,
+        **settings: Any,
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(
@@ -635,17 +655,27 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
             target_transform,
             is_valid_file,
             allow_empty,
-            source_root=source_root,
-            readahead=readahead,
-            verify_checksums=verify_checksums,
-            decoder=decoder,
-            size_hint=size_hint,
-            prefetch=prefetch,
-            threads=threads,
-            torch_threads=torch_threads,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
+            options=options,
+            **settings,
         )
+
+
+def _source_root(given: str | os.PathLike[str] | None, recorded: str) -> str:
+    """The folder ``samples`` paths start with: ``source_root`` when given, else the recorded one."""
+    return recorded if given is None else os.path.abspath(os.path.expanduser(os.fspath(given)))
+
+
+def _extensions_shown(
+    extensions: str | tuple[str, ...] | None, is_valid_file: Callable[[str], bool] | None, meta: dict[str, Any]
+) -> tuple[str, ...] | None:
+    """``extensions`` as ImageFolder shows it: the ones given, None when a callable chose
+    the files (here or when the pack was made), else those the pack was made with."""
+    source = meta.get("source") or {}
+    if extensions is not None:
+        return normalize_extensions(extensions)
+    if is_valid_file is not None or source.get("is_valid_file"):
+        return None  # a callable chose the files, as ImageFolder's None says
+    return tuple(source.get("extensions") or IMG_EXTENSIONS)
 
 
 def _no_classes_found(root: str, source_root: str) -> NoSamplesError:

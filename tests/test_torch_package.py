@@ -16,6 +16,7 @@ pytest.importorskip("torchvision")
 import lmdbfolder.torch  # noqa: E402
 from lmdbfolder.errors import OptionError  # noqa: E402
 from lmdbfolder.torch import LMDBDatasetFolder, LMDBFolder, ReadOptions  # noqa: E402
+from lmdbfolder.torch.options import FIELDS  # noqa: E402
 
 PACKAGE = Path(lmdbfolder.torch.__file__).parent
 
@@ -107,7 +108,10 @@ def test_the_signatures_are_torchvisions(small_pack: Path) -> None:
         tv = inspect.signature(theirs.__init__).parameters
         positional = [n for n, p in mine.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
         assert positional == [n for n, p in tv.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
-        assert "options" in mine and any(p.kind is p.VAR_KEYWORD for p in mine.values())
+        # then, keyword-only: extensions (LMDBFolder), options, and ReadOptions' fields as **settings
+        extra = [n for n, p in mine.items() if p.kind is p.KEYWORD_ONLY]
+        assert extra[-len(FIELDS) - 1 :] == ["options", *FIELDS]
+        assert [mine[n].default for n in FIELDS] == [getattr(ReadOptions(), n) for n in FIELDS]
 
 
 def test_settings_as_keywords_or_as_one_value(small_pack: Path) -> None:

@@ -47,7 +47,7 @@ from lmdbfolder.read.selection import (
 from lmdbfolder.read.stored_file import StoredFile, stored_file
 from lmdbfolder.torch.batches import BatchSamples
 from lmdbfolder.torch.loader import _RAW_LOADER, _RAW_LOADER_HINT, PackLoader, _decodes_itself
-from lmdbfolder.torch.options import ReadOptions, read_options
+from lmdbfolder.torch.options import ReadOptions, read_options, shows_settings
 from lmdbfolder.torch.plan import TransformPlan, plan_key
 
 __all__ = ["LMDBFolder", "LMDBDatasetFolder"]
@@ -201,6 +201,7 @@ class LMDBDatasetFolder(DatasetFolder):
     sent to worker processes; a selection is, as one number per sample.
     """
 
+    @shows_settings
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -633,6 +634,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         >>> loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=8)  # doctest: +SKIP
     """
 
+    @shows_settings
     def __init__(
         self,
         root: str | os.PathLike[str],

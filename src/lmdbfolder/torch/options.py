@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from lmdbfolder.errors import OptionError
 from lmdbfolder.read.decoders import check_decoder_name
 
-__all__ = ["ReadOptions", "read_options"]
+__all__ = ["ReadOptions", "read_options", "shows_settings"]
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,26 @@ def read_options(options: ReadOptions | None, settings: Mapping[str, Any], calle
                 f"(lmdbfolder's settings are ReadOptions' fields: {', '.join(FIELDS)})"
             )
     return base.replace(**settings)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def shows_settings(init: _F) -> _F:
+    """``init``, whose signature (``inspect.signature``, ``help``) shows ReadOptions'
+    fields, keyword-only with their defaults, in place of its ``**settings``.
+
+    That is what it accepts, and what the dataset classes showed before their
+    settings became one value. Harnesses that read the signature, such as
+    torchvision's dataset test cases (which follow a ``**kwargs`` up the base
+    classes and would find another class's parameters), see the same
+    parameters as before (tests/test_torchvision_cases.py).
+    """
+    signature = inspect.signature(init)
+    kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fields = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in dataclasses.fields(ReadOptions)
+    ]
+    init.__signature__ = signature.replace(parameters=kept + fields)  # type: ignore[attr-defined]
+    return init

@@ -14,8 +14,9 @@ one job each (docs/design.md, "Module boundaries"):
 * ``transport``: batch memory and its trip from a DataLoader worker;
 * ``gpu``: the GPU batch path; ``sampler``: ``ExactDistributedSampler``.
 
-The public paths of the last four stay ``lmdbfolder.fused``, ``lmdbfolder.transport``,
-``lmdbfolder.gpu`` and ``lmdbfolder.sampler`` (modules that re-export them).
+The public paths of ``crop`` (with ``plan``), ``transport``, ``gpu`` and ``sampler``
+stay ``lmdbfolder.fused``, ``lmdbfolder.transport``, ``lmdbfolder.gpu`` and
+``lmdbfolder.sampler``: modules that only re-export them.
 
 The names below are imported when first used (``from lmdbfolder.torch import
 LMDBFolder``), so that ``lmdbfolder.sampler`` and ``lmdbfolder.transport``,

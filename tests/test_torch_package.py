@@ -71,24 +71,24 @@ def test_no_function_of_the_layer_is_long_or_takes_many_arguments() -> None:
 
 
 # -- ReadOptions -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        ({"threads": 0}, "threads must be a whole number of at least 1, got 0"),
-        ({"threads": True}, "threads must be a whole number"),
-        ({"torch_threads": 0}, "torch_threads must be None or at least 1"),
-        ({"size_hint": 0}, "size_hint must be a positive number of pixels, got 0"),
-        ({"decoder": "nope"}, "unknown decoder 'nope'"),
-        ({"decoder": 3}, "decoder must be a decoder's name"),
-        ({"cache_limit": 0}, "cache_limit must be None or a positive number of bytes"),
-        ({"source_root": 3}, "source_root must be a path"),
-    ],
-)
-def test_read_options_are_checked_when_made(settings: dict[str, object], message: str) -> None:
-    with pytest.raises(OptionError, match=message):
-        ReadOptions(**settings)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=message):  # an OptionError is a ValueError, as before
-        ReadOptions().replace(**settings)
+BAD_SETTINGS: list[tuple[dict[str, object], str]] = [
+    ({"threads": 0}, "threads must be a whole number of at least 1, got 0"),
+    ({"threads": True}, "threads must be a whole number"),
+    ({"torch_threads": 0}, "torch_threads must be None or at least 1"),
+    ({"size_hint": 0}, "size_hint must be a positive number of pixels, got 0"),
+    ({"decoder": "nope"}, "unknown decoder 'nope'"),
+    ({"decoder": 3}, "decoder must be a decoder's name"),
+    ({"cache_limit": 0}, "cache_limit must be None or a positive number of bytes"),
+    ({"source_root": 3}, "source_root must be a path"),
+]
+
+
+def test_read_options_are_checked_when_made() -> None:
+    for settings, message in BAD_SETTINGS:
+        with pytest.raises(OptionError, match=message):
+            ReadOptions(**settings)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=message):  # an OptionError is a ValueError, as before
+            ReadOptions().replace(**settings)
 
 
 def test_read_options_are_one_frozen_value() -> None:
@@ -136,14 +136,12 @@ def test_assigning_a_setting_checks_it(small_pack: Path) -> None:
     assert ds.options.decoder == "pillow"
 
 
-@pytest.mark.parametrize("cls", [LMDBFolder, LMDBDatasetFolder])
-def test_an_unknown_keyword_is_a_type_error_naming_it(cls: type, small_pack: Path) -> None:
-    args = (small_pack,) if cls is LMDBFolder else (small_pack, None)
-    with pytest.raises(
-        TypeError,
-        match=rf"{cls.__name__}.__init__\(\) got an unexpected keyword argument 'thread'.*"
-        "did you mean threads",
-    ):
-        cls(*args, thread=2)
-    with pytest.raises(TypeError, match="options must be a lmdbfolder.torch.ReadOptions, got dict"):
-        cls(*args, options={"threads": 2})
+def test_an_unknown_keyword_is_a_type_error_naming_it(small_pack: Path) -> None:
+    for cls, args in ((LMDBFolder, (small_pack,)), (LMDBDatasetFolder, (small_pack, None))):
+        with pytest.raises(
+            TypeError,
+            match=rf"{cls.__name__}.__init__\(\) got an unexpected keyword argument 'thread'.*did you mean threads",
+        ):
+            cls(*args, thread=2)
+        with pytest.raises(TypeError, match="options must be a lmdbfolder.torch.ReadOptions, got dict"):
+            cls(*args, options={"threads": 2})

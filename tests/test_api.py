@@ -57,7 +57,14 @@ def test_public_api_snapshot() -> None:
         "warm",
         "write_index",
     ]
-    assert lmdbfolder.torch.__all__ == ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
+    assert lmdbfolder.torch.__all__ == [
+        "LMDBFolder",
+        "LMDBDatasetFolder",
+        "PackLoader",
+        "BatchSamples",
+        "collate",
+        "ReadOptions",
+    ]
     for name in lmdbfolder.__all__:
         assert hasattr(lmdbfolder, name)
 

@@ -24,7 +24,7 @@ from lmdbfolder import fused, pack
 from lmdbfolder.errors import CorruptRecordError, DecodeError
 from lmdbfolder.format import KEY, decode_record, encode_record
 from lmdbfolder.read.capabilities import get_decoder, matches_pillow, resolve_decoder_name
-from lmdbfolder.torch import BatchSamples, LMDBFolder, collate
+from lmdbfolder.torch import BatchSamples, LMDBFolder, collate, crop
 
 KINDS = ["rgb_jpeg", "gray_jpeg", "cmyk_jpeg", "rgba_png", "palette_png", "progressive_jpeg", "webp"]
 
@@ -378,7 +378,7 @@ def test_a_bulk_draw_disturbed_by_other_code_falls_back_to_the_per_sample_draws(
     transform = T.Compose([fused.RandomResizedCrop(40, output="tensor"), T.RandomHorizontalFlip()])
     ds = LMDBFolder(mixed / "p", transform=transform)
     order = [5, 0, 17, 3, 11]
-    monkeypatch.setattr(fused, "_draw_boxes", disturbed)
+    monkeypatch.setattr(crop, "_draw_boxes", disturbed)
     torch.manual_seed(3)
     batch = ds.__getitems__(order)
     torch.manual_seed(3)

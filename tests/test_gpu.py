@@ -31,12 +31,11 @@ from lmdbfolder.gpu import (
     DeviceRandomResizedCrop,
     RecordBatch,
     RecordBytes,
-    _vertical_first_never,
-    _vertical_first_new,
     collate_records,
 )
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.torch import LMDBFolder
+from lmdbfolder.torch.gpu import _vertical_first_never, _vertical_first_new
 from lmdbfolder.write.writer import pack
 
 SIZE = 40

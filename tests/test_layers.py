@@ -10,7 +10,10 @@ the bottom (docs/design.md, "Module boundaries"):
 1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
    which share only the core;
 2. the tools (``lmdbfolder.tools``);
-3. the PyTorch layer (``torch``, ``fused``, ``sampler``, ``gpu``, ``transport``);
+3. the PyTorch layer: the package ``lmdbfolder.torch`` (the dataset, its
+   options, loader, batches, transform plan, fused crop, transport, gpu,
+   sampler) and the public paths ``fused``, ``sampler``, ``gpu``, ``transport``
+   that re-export from it;
 4. the benchmarks and the demo (``lmdbfolder.bench``);
 5. the command line (``lmdbfolder.cli``) and the package's public surface.
 

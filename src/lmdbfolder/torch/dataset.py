@@ -1,8 +1,7 @@
-"""PyTorch integration: ``LMDBFolder``, a drop-in for ``torchvision.datasets.ImageFolder``
-(and ``LMDBDatasetFolder``, the same with ``DatasetFolder``'s argument order).
+"""The two dataset classes: ``LMDBFolder``, a drop-in for ``torchvision.datasets.ImageFolder``,
+and ``LMDBDatasetFolder``, the same with ``DatasetFolder``'s argument order.
 
-This is the only module that imports torch (and torchvision, whose dataset
-classes these subclass). It is safe with DataLoader workers under fork,
+They subclass torchvision's dataset classes. They are safe with DataLoader workers under fork,
 spawn and forkserver, with ``persistent_workers`` and over many epochs: the
 pack is opened lazily in each worker process (see
 ``lmdbfolder.read.reader``), and the dataset pickles without any open handle.
@@ -16,7 +15,6 @@ docs/switching-from-imagefolder.md.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import pathlib
 import sys
@@ -29,18 +27,14 @@ from lmdbfolder.errors import DecodeError, MissingDependencyError, NoSamplesErro
 
 try:
     import torch
-    import torch.utils.data
-    from torch.utils.data._utils.collate import default_collate_fn_map
-    from torchvision import get_image_backend
     from torchvision.datasets import DatasetFolder, ImageFolder, VisionDataset
     from torchvision.datasets.folder import IMG_EXTENSIONS, accimage_loader, default_loader, pil_loader
 except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
-from lmdbfolder import fused, transport
-from lmdbfolder.encodings import decode_hint, decode_rgb, encoding_of
+from lmdbfolder.encodings import decode_hint, encoding_of
 from lmdbfolder.read.capabilities import current
-from lmdbfolder.read.class_order import check_class_order, ordered_classes
+from lmdbfolder.read.class_order import ordered_classes
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.read.plan import BatchItemError
 from lmdbfolder.read.reader import Record
@@ -53,9 +47,31 @@ from lmdbfolder.read.selection import (
     source_root_of,
 )
 from lmdbfolder.read.stored_file import StoredFile, lend
-from lmdbfolder.replay import Replay
+from lmdbfolder.torch.batches import BatchSamples
+from lmdbfolder.torch.loader import _RAW_LOADER, _RAW_LOADER_HINT, PackLoader, _decodes_itself
+from lmdbfolder.torch.options import ReadOptions, read_options, shows_settings
+from lmdbfolder.torch.plan import TransformPlan, plan_key
+from lmdbfolder.torch.replay import Replay
 
-__all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate"]
+__all__ = ["LMDBFolder", "LMDBDatasetFolder"]
+
+
+class _Setting:
+    """A dataset attribute that is a field of its ``options``: reading it reads the
+    field, assigning it replaces ``options`` by a copy with the new value (checked as
+    ``ReadOptions`` checks it; the transform plan sees the change at the next sample)."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.options, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.options = obj.options.replace(**{self.name: value})
 
 
 class LMDBDatasetFolder(DatasetFolder):
@@ -106,6 +122,14 @@ class LMDBDatasetFolder(DatasetFolder):
             ``NoSamplesError`` (a ``FileNotFoundError``, as ImageFolder) unless
             this is True; the same for a pack of an ImageFolder tree that kept
             empty class folders (``pack --allow-empty``).
+        options: lmdbfolder's own settings, as one ``ReadOptions`` (below).
+        **settings: the same settings as keywords (``threads=2``), which
+            replace those of ``options``. An unknown keyword is a TypeError.
+
+    lmdbfolder's settings (the fields of ``lmdbfolder.torch.ReadOptions``, checked
+    when it is made; ``ds.options`` is the dataset's, and ``ds.threads``,
+    ``ds.torch_threads``, ``ds.size_hint``, ``ds.prefetch`` read and assign its
+    fields, checked the same way):
         source_root: the folder that ``samples`` paths start with. Default:
             the folder the pack was made from, as recorded in its manifest
             (``lmdbfolder info`` shows it); pass another to re-root them (the
@@ -200,6 +224,7 @@ class LMDBDatasetFolder(DatasetFolder):
     sent to worker processes; a selection is, as one number per sample.
     """
 
+    @shows_settings
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -210,62 +235,54 @@ class LMDBDatasetFolder(DatasetFolder):
         is_valid_file: Callable[[str], bool] | None = None,
         allow_empty: bool = False,
         *,
-        source_root: str | os.PathLike[str] | None = None,
-        readahead: bool = True,
-        verify_checksums: bool = True,
-        decoder: str = "auto",
-        size_hint: int | None = None,
-        prefetch: bool = False,
-        threads: int = 1,
-        torch_threads: int | None = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | None = None,
-        class_order: str = "sorted",
-        seed: int | None = None,
+        options: ReadOptions | None = None,
+        **settings: Any,
     ) -> None:
-        self.replay: Replay | None = None if seed is None else Replay(seed)
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise OptionError(f"threads must be a whole number of at least 1, got {threads!r}")
-        if torch_threads is not None and (isinstance(torch_threads, bool) or torch_threads < 1):
-            raise OptionError(f"torch_threads must be None or at least 1, got {torch_threads!r}")
-        self.threads = threads
-        self.torch_threads = torch_threads
-        self.class_order = check_class_order(class_order)  # before find_classes, which applies it
-        self._plan_cache: fused.TransformPlan | None = None
-        self._plan_key: tuple[Any, ...] = ()
-        self._decoder_name: str | None = None
-        self.decoder = decoder
-        if size_hint is not None and size_hint < 1:
-            raise ValueError(f"size_hint must be a positive number of pixels, got {size_hint}")
+        self.options: ReadOptions = read_options(options, settings, f"{type(self).__name__}.__init__")
+        self.replay: Replay | None = None if self.options.seed is None else Replay(self.options.seed)
         if extensions is not None and is_valid_file is not None:
             raise ValueError("Both extensions and is_valid_file cannot be not None at the same time")
-        self.size_hint = size_hint
-        self.prefetch = prefetch
+        self._plan_cache: TransformPlan | None = None
+        self._plan_key: tuple[Any, ...] = ()
+        self._decoder_name: str | None = None
+        self.decoder = self.options.decoder  # a missing decoder library fails here, not in a worker
         self._targets: list[Any] | None = None
         self._samples: list[tuple[str, Any]] | None = None
         self._assigned_targets: Any = None
-        self.reader: AnyReader = open_pack(
-            root, readahead=readahead, verify_checksums=verify_checksums, cache_dir=cache_dir, cache_limit=cache_limit
-        )
+        self.reader: AnyReader = self._open(root)
         self._selection = Selection.of(None, None, len(self.reader))
         VisionDataset.__init__(
             self, _root_as_given(root, self.reader.path), transform=transform, target_transform=target_transform
         )
         self.recorded_root = source_root_of(self.reader.meta)
-        self.source_root = self.recorded_root
-        if source_root is not None:
-            self.source_root = os.path.abspath(os.path.expanduser(os.fspath(source_root)))
+        self.source_root = _source_root(self.options.source_root, self.recorded_root)
         self.loader = default_loader if loader is None else loader
         if not _decodes_itself(self._loader) and self.reader.store == "raw":
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
-        source = self.reader.meta.get("source") or {}
-        if extensions is not None:
-            self.extensions: tuple[str, ...] | None = normalize_extensions(extensions)
-        elif is_valid_file is not None or source.get("is_valid_file"):
-            self.extensions = None  # a callable chose the files, as ImageFolder's None says
-        else:
-            self.extensions = tuple(source.get("extensions") or IMG_EXTENSIONS)
+        self.extensions: tuple[str, ...] | None = _extensions_shown(extensions, is_valid_file, self.reader.meta)
+        self._choose_samples(extensions, is_valid_file, allow_empty)
+        if self.options.decoder != "pillow":
+            _warn_if_slow()
 
+    def _open(self, root: str | os.PathLike[str]) -> AnyReader:
+        """The pack at ``root`` (a URL: staged into ``cache_dir``), opened as the options say."""
+        opts = self.options
+        return open_pack(
+            root,
+            readahead=opts.readahead,
+            verify_checksums=opts.verify_checksums,
+            cache_dir=opts.cache_dir,
+            cache_limit=opts.cache_limit,
+        )
+
+    def _choose_samples(
+        self,
+        extensions: str | tuple[str, ...] | None,
+        is_valid_file: Callable[[str], bool] | None,
+        allow_empty: bool,
+    ) -> None:
+        """ImageFolder's steps, once: ``find_classes``, then the samples: the list a
+        ``make_dataset`` override returns, else a ``Selection`` of the pack."""
         classes, class_to_idx = self.find_classes(self.root)
         if not classes and self.reader.classes:
             raise _no_classes_found(self.root, self.source_root)
@@ -289,8 +306,18 @@ class LMDBDatasetFolder(DatasetFolder):
             )
         self.classes: list[str] = classes
         self.class_to_idx: dict[str, int] = class_to_idx
-        if decoder != "pillow":
-            _warn_if_slow()
+
+    # -- lmdbfolder's settings: fields of ``options`` -------------------------------------------
+    threads = _Setting("threads that make one batch on the batch fast path (``ReadOptions.threads``)")
+    torch_threads = _Setting("torch's intra-op threads while a sample is made in the main process")
+    size_hint = _Setting("the training resolution for DCT-scaled decodes (``ReadOptions.size_hint``)")
+    prefetch = _Setting("whether a batch's records are asked of the kernel at once (``ReadOptions.prefetch``)")
+
+    @property
+    def class_order(self) -> str:
+        """How classes are numbered: ``"sorted"`` (torchvision's) or ``"timm"`` (``ReadOptions.class_order``)."""
+        options = self.__dict__.get("options")  # a subclass's find_classes may run before __init__ sets it
+        return "sorted" if options is None else options.class_order
 
     # -- ImageFolder's overridable steps ------------------------------------------------------
     def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
@@ -310,7 +337,7 @@ class LMDBDatasetFolder(DatasetFolder):
         else:
             with open_pack(directory) as other:
                 classes, class_to_idx = other.classes, other.class_to_idx
-        return ordered_classes(list(classes), class_to_idx, getattr(self, "class_order", "sorted"))
+        return ordered_classes(list(classes), class_to_idx, self.class_order)
 
     @staticmethod
     def make_dataset(  # type: ignore[override]
@@ -353,14 +380,15 @@ class LMDBDatasetFolder(DatasetFolder):
             with self._seeded(index):
                 return self._sample(plan, rec, position)
 
+    # -- replayable augmentation (``seed``: lmdbfolder.replay) ------------------------------------
     def _seeded(self, index: int) -> Any:
         """Sample ``index``'s own random stream with ``seed``; nothing without."""
         return contextlib.nullcontext() if self.replay is None else self.replay.seeded(index)
 
     @property
     def seed(self) -> int | None:
-        """The augmentation seed (``seed=``), or None."""
-        return None if self.replay is None else self.replay.seed
+        """The augmentation seed (``ReadOptions.seed``), or None."""
+        return self.options.seed
 
     @property
     def epoch(self) -> int:
@@ -410,24 +438,24 @@ class LMDBDatasetFolder(DatasetFolder):
                 return out
             return [self._sample(plan, rec, p) for rec, p in zip(records, positions)]
 
-    def _plan(self) -> fused.TransformPlan:
-        """How samples are made in this process (``fused.TransformPlan``), resolved once
+    def _plan(self) -> TransformPlan:
+        """How samples are made in this process (``TransformPlan``), resolved once
         per transform, loader, decoder, size hint and thread count, and per process."""
-        # The transform's steps and settings too (fused.plan_key): a change in place takes effect.
-        transform_key = fused.plan_key(self.transform)
+        # The transform's steps and settings too (plan_key): a change in place takes effect.
+        transform_key = plan_key(self.transform)
         key = (transform_key, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
         plan = self._plan_cache
         if plan is None or key != self._plan_key:
             decoder = current().decoder(self.decoder)  # resolves "auto": part of the key from now on
             key = (transform_key, self._loader, self._decoder_name, self.size_hint, self.threads, os.getpid())
             transform = self.transform if _decodes_itself(self._loader) else None
-            plan = fused.TransformPlan(transform, decoder=decoder, size_hint=self.size_hint, threads=self.threads)
+            plan = TransformPlan(transform, decoder=decoder, size_hint=self.size_hint, threads=self.threads)
             if not _decodes_itself(self._loader):
                 plan.batches = False  # the user's loader makes every sample
             self._plan_cache, self._plan_key = plan, key
         return plan
 
-    def _torch_threads(self, plan: fused.TransformPlan) -> Any:
+    def _torch_threads(self, plan: TransformPlan) -> Any:
         """One torch thread while a sample is made in the main process, like a DataLoader worker."""
         if self.torch_threads is None or plan.in_worker:
             return contextlib.nullcontext()
@@ -441,7 +469,7 @@ class LMDBDatasetFolder(DatasetFolder):
 
     def _fast_batch(
         self,
-        plan: fused.TransformPlan,
+        plan: TransformPlan,
         records: list[Record],
         positions: list[int | None],
         seeds: list[int] | None = None,
@@ -457,7 +485,7 @@ class LMDBDatasetFolder(DatasetFolder):
         hint = decode_hint(exc)
         return DecodeError(rec.index, self.reader.path_of(rec.index), f"{type(exc).__name__}: {exc}", hint)
 
-    def _sample(self, plan: fused.TransformPlan, rec: Record, position: int | None) -> tuple[Any, Any]:
+    def _sample(self, plan: TransformPlan, rec: Record, position: int | None) -> tuple[Any, Any]:
         if not _decodes_itself(self._loader):
             return self._load_with_loader(rec), self._target(rec, position)
         try:
@@ -538,6 +566,8 @@ class LMDBDatasetFolder(DatasetFolder):
         else:
             self._decoder_name = caps.decoder_name(name)  # unknown names fail here
             caps.decoder(self._decoder_name)  # so does a missing library (with its install hint), not in a worker
+        if name != self.options.decoder:
+            self.options = self.options.replace(decoder=name)
         self._plan_cache = None
 
     # -- ImageFolder's lists --------------------------------------------------------------------
@@ -669,10 +699,10 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
 
     ``LMDBFolder(root, transform, target_transform, loader, is_valid_file,
     allow_empty)``: ImageFolder's arguments, in its order, with its meaning
-    (see ``LMDBDatasetFolder`` for each, and for ``extensions``,
-    ``source_root``, ``decoder``, ``size_hint``, ``readahead``,
-    ``verify_checksums``, ``prefetch``, ``cache_dir``, ``cache_limit`` and
-    ``class_order``, which are keyword-only here). Code
+    (see ``LMDBDatasetFolder`` for each, and for ``extensions``, keyword-only
+    here), then lmdbfolder's own settings as ``options=ReadOptions(...)`` or as
+    keywords (``decoder``, ``size_hint``, ``threads``, ``source_root``, ...: the
+    fields of ``ReadOptions``). Code
     written with DatasetFolder's order ``(root, loader, extensions, ...)``
     should use ``LMDBDatasetFolder``; a torchvision loader passed where the
     transform goes is refused with that advice.
@@ -689,6 +719,7 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         >>> loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=8)  # doctest: +SKIP
     """
 
+    @shows_settings
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -699,18 +730,8 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
         allow_empty: bool = False,
         *,
         extensions: str | tuple[str, ...] | None = None,
-        source_root: str | os.PathLike[str] | None = None,
-        readahead: bool = True,
-        verify_checksums: bool = True,
-        decoder: str = "auto",
-        size_hint: int | None = None,
-        prefetch: bool = False,
-        threads: int = 1,
-        torch_threads: int | None = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | None = None,
-        class_order: str = "sorted",
-        seed: int | None = None,
+        options: ReadOptions | None = None,
+        **settings: Any,
     ) -> None:
         _refuse_datasetfolder_order(transform, target_transform)
         super().__init__(
@@ -721,73 +742,27 @@ class LMDBFolder(LMDBDatasetFolder, ImageFolder):
             target_transform,
             is_valid_file,
             allow_empty,
-            source_root=source_root,
-            readahead=readahead,
-            verify_checksums=verify_checksums,
-            decoder=decoder,
-            size_hint=size_hint,
-            prefetch=prefetch,
-            threads=threads,
-            torch_threads=torch_threads,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            class_order=class_order,
-            seed=seed,
+            options=options,
+            **settings,
         )
 
 
-class PackLoader:
-    """``LMDBFolder.loader``: the given loader, bound to the pack (see that property).
+def _source_root(given: str | os.PathLike[str] | None, recorded: str) -> str:
+    """The folder ``samples`` paths start with: ``source_root`` when given, else the recorded one."""
+    return recorded if given is None else os.path.abspath(os.path.expanduser(os.fspath(given)))
 
-    Called with a path from ``samples``, it loads the sample from the pack:
-    torchvision's ``default_loader``/``pil_loader`` give ``pil_loader``'s RGB
-    image of the stored bytes, any other loader is called with a path to a
-    file holding them (``StoredFile``: ``.source`` is the original path).
-    """
 
-    __slots__ = ("_dataset", "__wrapped__")
-
-    def __init__(self, dataset: LMDBDatasetFolder, loader: Callable[[str], Any]) -> None:
-        self._dataset = dataset
-        self.__wrapped__ = loader
-
-    def __call__(self, path: Any) -> Any:
-        ds, loader = self._dataset, self.__wrapped__
-        if isinstance(path, StoredFile):  # a file of stored bytes already: the loader reads it
-            return loader(path)
-        index = ds._pack_index_of(path)
-        if index is None:
-            if isinstance(path, (str, os.PathLike)) and os.path.exists(path):
-                return loader(path)  # type: ignore[arg-type]  # a file of the user's own, not a sample of the pack
-            raise FileNotFoundError(
-                errno.ENOENT,
-                f"{os.fspath(path) if isinstance(path, (str, os.PathLike)) else path!r} is no sample of the pack "
-                f"{ds.root} (whose samples' paths start with {ds.source_root}) and no such file exists. "
-                "LMDBFolder reads its samples from the pack: in a __getitem__ override, "
-                "`sample, target = super().__getitem__(index)` gives sample `index` (transform applied), "
-                "`self.loader(self.samples[index][0])` its image",
-                os.fspath(path) if isinstance(path, (str, os.PathLike)) else None,
-            )
-        rec = ds.reader.get(index)
-        if _decodes_itself(loader):
-            return decode_rgb(rec.payload, rec.encoding, rec.width, rec.height)
-        if encoding_of(rec.encoding).stores_pixels:
-            raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
-        with lend(rec.payload, sample_path(ds.source_root, ds.reader.path_of(index)), index) as lease:
-            loaded = loader(lease.path)
-            lease.hold(loaded)
-            return loaded
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PackLoader):
-            return self._dataset is other._dataset and self.__wrapped__ == other.__wrapped__
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((id(self._dataset), self.__wrapped__))
-
-    def __repr__(self) -> str:
-        return f"PackLoader({self.__wrapped__!r} on {self._dataset.root})"
+def _extensions_shown(
+    extensions: str | tuple[str, ...] | None, is_valid_file: Callable[[str], bool] | None, meta: dict[str, Any]
+) -> tuple[str, ...] | None:
+    """``extensions`` as ImageFolder shows it: the ones given, None when a callable chose
+    the files (here or when the pack was made), else those the pack was made with."""
+    source = meta.get("source") or {}
+    if extensions is not None:
+        return normalize_extensions(extensions)
+    if is_valid_file is not None or source.get("is_valid_file"):
+        return None  # a callable chose the files, as ImageFolder's None says
+    return tuple(source.get("extensions") or IMG_EXTENSIONS)
 
 
 def _no_classes_found(root: str, source_root: str) -> NoSamplesError:
@@ -826,89 +801,6 @@ def _warn_if_slow() -> None:
         )
 
 
-class Sample(tuple):  # type: ignore[type-arg]
-    """One ``(image, target)`` of a ``BatchSamples``: a tuple, whose type tells torch's
-    ``default_collate`` (through ``default_collate_fn_map``) that its batch can be
-    taken whole, as ``collate`` takes it."""
-
-    __slots__ = ()
-
-
-class BatchSamples(list):  # type: ignore[type-arg]
-    """A batch made by the fast path: a list of ``(image, target)`` like any other
-    (each image a view of one batch tensor, each pair a ``Sample``), which
-    ``collate``, and torch's ``default_collate`` too, turn into ``[images, targets]``
-    without copying ``images``."""
-
-    images: Any
-    targets: list[Any]
-
-    def __init__(self, images: Any, targets: list[Any]) -> None:
-        made = [Sample(pair) for pair in zip(images, targets)]
-        super().__init__(made)
-        self.images = images
-        self.targets = targets
-        self._made = made
-
-    def intact(self) -> bool:
-        """Whether the list still holds exactly the samples it was made with (then
-        ``images`` is the batch)."""
-        made = self._made
-        return len(self) == len(made) and all(a is b for a, b in zip(self, made))
-
-    @classmethod
-    def of(cls, samples: list[tuple[Any, Any]]) -> BatchSamples:
-        """A batch of samples made one by one (stacked here once)."""
-        return cls(torch.stack([x for x, _ in samples]), [t for _, t in samples])
-
-
-def collate(batch: Any) -> Any:
-    """``collate_fn`` for a DataLoader over an ``LMDBFolder``: a batch from the fast
-    path becomes ``[images, targets]`` as is (no copy; in a DataLoader worker the
-    images are sent to the main process by reference, see ``lmdbfolder.transport``);
-    anything else goes through torch's ``default_collate``.
-
-    Since the fast path's samples are ``Sample`` s, which torch's ``default_collate``
-    hands to this function, leaving ``collate_fn`` unset does the same.
-
-    Example:
-        >>> loader = DataLoader(ds, batch_size=256, shuffle=True, collate_fn=collate)  # doctest: +SKIP
-    """
-    if isinstance(batch, BatchSamples) and batch.intact():
-        targets = batch.targets
-        if all(type(t) is int for t in targets):
-            collated = torch.tensor(targets, dtype=torch.int64)
-        else:
-            # A tuple, as torch's collate hands each field of a batch of tuples on
-            # (a batch of strings stays that tuple, as ImageFolder's does).
-            collated = torch.utils.data.default_collate(tuple(targets))  # type: ignore[arg-type]
-        images = batch.images
-        pool = transport.pool()
-        buffer = pool.buffer_of(images)
-        if buffer is not None:
-            return transport.PooledBatch(images, collated, buffer, pool)
-        return [images, collated]
-    return torch.utils.data.default_collate(batch)
-
-
-def _collate_samples(batch: Any, *, collate_fn_map: Any = None) -> Any:
-    """torch's ``default_collate`` for a batch whose first element is a ``Sample``:
-    the fast path's batch whole (``collate``), else what it does with tuples."""
-    if isinstance(batch, BatchSamples) and batch.intact():
-        return collate(batch)
-    from torch.utils.data._utils.collate import collate as torch_collate
-
-    size = len(batch[0])
-    if any(len(elem) != size for elem in batch):
-        raise RuntimeError("each element in list of batch should be of equal size")
-    return [torch_collate(list(samples), collate_fn_map=collate_fn_map) for samples in zip(*batch)]
-
-
-# torch's documented way to extend default_collate (see its docstring): so that a
-# DataLoader left with its default collate_fn gets the batch without a copy too.
-default_collate_fn_map[Sample] = _collate_samples
-
-
 @contextlib.contextmanager
 def _torch_threads(n: int) -> Any:
     before = torch.get_num_threads()
@@ -920,18 +812,6 @@ def _torch_threads(n: int) -> Any:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-_RAW_LOADER = "loader= needs a pack that stores the image files, and this pack stores decoded pixels (--store raw)"
-_RAW_LOADER_HINT = (
-    "leave loader unset (the pixels need no loading) and do the rest in transform, or repack with --store encoded"
-)
-
-
-def _decodes_itself(loader: Any) -> bool:
-    # torchvision's own loaders are pil_loader underneath (with the PIL backend): the
-    # stored image is decoded here instead, to the same pixels, without a file.
-    return loader is None or loader is pil_loader or (loader is default_loader and get_image_backend() == "PIL")
 
 
 def _torchvision_readers() -> tuple[Any, ...]:

@@ -238,7 +238,7 @@ def _download(
     try:
         blob, index = fetch_index(remote)
     except RemoteError as exc:
-        if "single pack" not in exc.message:
+        if exc.kind != "single":
             raise
         blob, index = b"", None
     # A <dst>.copying of this very source is resumed; anything else of ours is cleared.

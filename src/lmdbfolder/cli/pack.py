@@ -22,7 +22,6 @@ from lmdbfolder.cli.common import (
 from lmdbfolder.errors import OptionError, SkippedFilesWarning
 from lmdbfolder.format import SKIPPED_REPORT
 from lmdbfolder.text import megabytes, plural, printable
-from lmdbfolder.write.planner import Kind
 
 __all__ = ["add_parser", "run"]
 
@@ -278,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
     """``lmdbfolder pack``: one pack, a sharded pack when a shard flag is given, an update, or
     a dry run: the flags make one request, which the planner plans and its executor runs."""
     from lmdbfolder.write.executors import execute
+    from lmdbfolder.write.planner import Kind
 
     refused = _refuse_flags(args)
     if refused is not None:

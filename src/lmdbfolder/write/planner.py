@@ -163,7 +163,9 @@ def plan(request: PackRequest) -> Plan:
         import_ray()  # before the scan, which may take minutes
     check_outside_source(request.src, request.dst)  # before the scan, which would see a DST inside SRC as a class
     if sharding is not None and sharding.staging is not None:
-        _check_staging(request.src, sharding.staging)
+        check_outside_source(request.src, sharding.staging)
+        if request.ray is None:  # on Ray, each node's own disk holds it: the driver's says nothing
+            _check_staging_folder(sharding.staging)
     sharded_dst = opts.update and packdir.inspect(request.dst).kind is packdir.Kind.SHARDED
     if sharded_dst and sharding is None and not request.update_as_packed:
         raise OptionError(
@@ -207,9 +209,8 @@ def _refuse_combinations(request: PackRequest) -> None:
         )
 
 
-def _check_staging(src: str | os.PathLike[str], staging: str | os.PathLike[str]) -> None:
-    """The staging folder is outside the source, and a folder (or missing: it is made)."""
-    check_outside_source(src, staging)
+def _check_staging_folder(staging: str | os.PathLike[str]) -> None:
+    """The staging folder is a folder (or missing: it is made)."""
     where = os.path.abspath(os.path.expanduser(os.fspath(staging)))
     if os.path.lexists(where) and not os.path.isdir(where):
         # Found before any shard is packed: else every shard's makedirs failed with "File exists".

@@ -48,6 +48,8 @@ def test_combinations_no_executor_runs_are_refused_before_the_scan(tmp_path: Pat
         plan(PackRequest(missing, tmp_path / "d", options=updating, dry_run=True))
     with pytest.raises(OptionError, match="drop --ray|drop ray"):
         plan(PackRequest(missing, tmp_path / "d", options=updating, sharding=Sharding(shards=2), ray=OnRay()))
+    with pytest.raises(OptionError, match="packs every shard"):
+        plan(PackRequest(missing, tmp_path / "d", sharding=Sharding(shards=2, shard_index=0), ray=OnRay()))
 
 
 def test_the_keywords_of_pack_sharded_and_pack_ray_make_the_request(tmp_path: Path) -> None:

@@ -202,6 +202,8 @@ def _refuse_combinations(request: PackRequest) -> None:
         raise OptionError(
             "--dry-run describes a new pack; it cannot preview --update (run --update itself: it is atomic)"
         )
+    if request.ray is not None and request.sharding is not None and request.sharding.shard_index is not None:
+        raise OptionError("--ray packs every shard; do not combine it with --shard-index")
     if request.ray is not None and request.options.update:
         raise OptionError(
             "--update reads only the files that changed, in one process: drop --ray",

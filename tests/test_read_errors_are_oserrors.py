@@ -291,4 +291,5 @@ def test_an_error_made_from_a_workers_text_has_every_attribute_of_its_kind() -> 
         for name in vars(error):
             assert hasattr(made, name), f"{cls.__name__}.{name}"
     assert errors.RemoteError(message="t").kind == "other" and errors.RemoteError(message="t").url == ""
+    assert errors.NotAPackError(message="t").why == "" and errors.NotAPackError("/p", "why").why == "why"
     assert errors.DecodeError(message="t").index is None and errors.CorruptRecordError(message="t").path is None

@@ -114,6 +114,26 @@ def test_label_out_of_class_range(small_pack: Path) -> None:
     assert all("not a class index" in p.message for p in report.problems)
 
 
+def test_a_table_problem_is_said_without_the_path_even_one_with_a_colon(small_pack: Path, tmp_path: Path) -> None:
+    # The reason of a table problem was cut out of the error's message at its first ": ",
+    # which a folder name may hold too: the problem then repeated the path and the words
+    # "is not an lmdbfolder pack". The error carries its reason (``why``) instead.
+    import shutil
+
+    odd = tmp_path / "runs: 2024" / "p.lmdb"
+    shutil.copytree(small_pack, odd)
+
+    def damage(txn) -> None:
+        txn.put(KEY.pack(0), relabel(txn, 0, 9))
+        retable(txn, LABELS_KEY, encode_labels([9] + [0] * 3 + [1] * 4 + [2] * 4))
+
+    _edit(odd, damage)
+    report = verify(odd, progress=False)
+    table = [p.message for p in report.problems if p.kind == "table"]
+    assert len(table) == 1 and "not a class index" in table[0]
+    assert "2024" not in table[0] and "is not an lmdbfolder pack" not in table[0]
+
+
 @pytest.mark.parametrize("decode", [False, True])
 def test_undecodable_image_needs_decode(small_tree: Path, tmp_path: Path, decode: bool) -> None:
     data = (small_tree / "class0" / "img1.jpg").read_bytes()

@@ -213,9 +213,13 @@ class NotAPackError(LmdbFolderError):
     hint = "pass the directory written by `lmdbfolder pack` (it holds data.mdb)"
     #: The pack's path ("" in an error rebuilt from a worker's text: see ``_FromText``).
     path: str = ""
+    #: What is wrong, without the path (``verify`` lists it as a problem of the pack);
+    #: "" in an error rebuilt from a worker's text.
+    why: str = ""
 
     def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
         self.path = str(path)
+        self.why = why
         super().__init__(f"{self.path} is not an lmdbfolder pack: {why}", hint)
 
 
@@ -307,6 +311,7 @@ class PackChangedError(NotAPackError):
 
     def __init__(self, path: Any, why: str, hint: str | None = None) -> None:
         self.path = str(path)
+        self.why = why
         LmdbFolderError.__init__(self, f"{self.path} {why}", hint)
 
 
@@ -505,7 +510,8 @@ class RemoteError(LmdbFolderError):
     ``"credentials"`` (none found, or refused), ``"bucket"`` (no such
     bucket), ``"missing"`` (no such object), ``"connection"`` (the server did not answer), ``"digest"``
     (the bytes do not match the index), ``"disk"`` (the local disk refused
-    them) or ``"other"``. Nothing half-copied is ever published; rerunning
+    them), ``"single"`` (a single pack where a sharded one was asked for) or
+    ``"other"``. Callers decide by ``kind``, never by the message. Nothing half-copied is ever published; rerunning
     resumes.
     """
 

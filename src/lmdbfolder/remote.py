@@ -379,73 +379,120 @@ def download(
     fd = os.open(dest, os.O_RDWR | os.O_CREAT, 0o644)
     fetched = 0
     try:
-        if not done:
-            os.ftruncate(fd, 0)
-            with open(journal, "w", encoding="ascii") as f:
-                f.write(json.dumps(header, sort_keys=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        if os.fstat(fd).st_size != info.size:
-            _allocate(fd, info.size, dest)
+        _prepare_file(fd, dest, info.size, journal if not done else None, header)
         hasher = _OrderedHash(fd, info.size, part_size, hold=jobs * part_size)
         todo = [k for k in range(nparts) if k not in done]
         for k in sorted(done):
             hasher.landed(k)
         with open(journal, "a", encoding="ascii") as log:
-
-            def fetch(k: int) -> bytes:
-                if abort is not None and abort.is_set():
-                    raise _Aborted
-                start = k * part_size
-                end = min(info.size, start + part_size)
-                data = remote.read(start, end) if end > start else b""
-                _write_all(fd, data, start, dest)
-                return data
-
-            if todo and remote.streams():
-                fetched = _stream_parts(
-                    remote, fd, todo, info.size, part_size, jobs, dest, log, hasher, on_bytes, abort
-                )
-            elif todo:
-                with concurrent.futures.ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-                    futures = {pool.submit(fetch, k): k for k in todo}
-                    try:
-                        for future in concurrent.futures.as_completed(futures):
-                            data = future.result()
-                            n, k = len(data), futures[future]
-                            # The part is in the page cache: it survives a killed process. After a
-                            # power loss the journal may list a part the disk lost; the digest
-                            # (or the record checksums) of the finished file catch that.
-                            log.write(f"{k}\n")
-                            log.flush()
-                            fetched += n
-                            if on_bytes is not None:
-                                on_bytes(n)
-                            hasher.landed(k, data)
-                            del data
-                    except BaseException:
-                        if abort is not None:
-                            abort.set()
-                        for pending in futures:
-                            pending.cancel()
-                        raise
+            target = _Landing(remote, dest, fd, info.size, part_size, jobs, log, hasher, on_bytes, abort)
+            if todo:
+                fetched = _stream_parts(target, todo) if remote.streams() else _fetch_parts(target, todo)
         digest = hasher.hexdigest()
         os.fdatasync(fd)  # durable before the caller publishes it
     finally:
         os.close(fd)
     if sha256 is not None and digest != sha256:
-        for path in (dest, journal):
-            if os.path.exists(path):
-                os.remove(path)
-        raise RemoteError(
-            remote.url,
-            f"its bytes do not match the index's digest (SHA-256 {digest[:16]}..., the index says {sha256[:16]}...); "
-            "nothing was kept",
-            "the object was changed or damaged in storage: upload the pack again (`lmdbfolder copy PACK URL`)",
-            kind="digest",
-        )
+        _refuse_digest(remote, digest, sha256, (dest, journal))
     os.remove(journal)
     return fetched, digest
+
+
+def _prepare_file(fd: int, dest: str, size: int, new_journal: str | None, header: dict[str, Any]) -> None:
+    """The download's file at ``size`` bytes (allocated); with ``new_journal`` (no part is
+    kept from an earlier run), emptied first and its journal started with ``header``."""
+    if new_journal is not None:
+        os.ftruncate(fd, 0)
+        with open(new_journal, "w", encoding="ascii") as f:
+            f.write(json.dumps(header, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    if os.fstat(fd).st_size != size:
+        _allocate(fd, size, dest)
+
+
+def _refuse_digest(remote: Remote, digest: str, sha256: str, paths: tuple[str, ...]) -> None:
+    """Remove the downloaded file and its journal (``paths``), and raise RemoteError (kind "digest")."""
+    for path in paths:
+        if os.path.exists(path):
+            os.remove(path)
+    raise RemoteError(
+        remote.url,
+        f"its bytes do not match the index's digest (SHA-256 {digest[:16]}..., the index says {sha256[:16]}...); "
+        "nothing was kept",
+        "the object was changed or damaged in storage: upload the pack again (`lmdbfolder copy PACK URL`)",
+        kind="digest",
+    )
+
+
+@dataclass
+class _Landing:
+    """Where the parts of one download land: the object, the local file (path and
+    descriptor) and its size, the part size, the parts fetched at a time, the open
+    journal, the hash of the parts in order, and the caller's hooks (``download``)."""
+
+    remote: Remote
+    dest: str
+    fd: int
+    size: int
+    part_size: int
+    jobs: int
+    log: Any
+    hasher: _OrderedHash
+    on_bytes: Callable[[int], None] | None
+    abort: threading.Event | None
+
+    def bounds(self, k: int) -> tuple[int, int]:
+        """Bytes ``[start, end)`` of part ``k``."""
+        start = k * self.part_size
+        return start, min(self.size, start + self.part_size)
+
+    def check_abort(self) -> None:
+        """``_Aborted`` once another download of the same copy failed."""
+        if self.abort is not None and self.abort.is_set():
+            raise _Aborted
+
+    def journal(self, k: int) -> None:
+        """List part ``k`` in the journal: it is in the file.
+
+        The part is in the page cache: it survives a killed process. After a power
+        loss the journal may list a part the disk lost; the digest (or the record
+        checksums) of the finished file catch that."""
+        self.log.write(f"{k}\n")
+        self.log.flush()
+
+
+def _fetch_parts(target: _Landing, todo: list[int]) -> int:
+    """Fetch the parts ``todo`` whole, ``jobs`` at a time in threads (a client that does not
+    stream), each written into the file, journalled and hashed; return the bytes fetched."""
+
+    def fetch(k: int) -> bytes:
+        target.check_abort()
+        start, end = target.bounds(k)
+        data = target.remote.read(start, end) if end > start else b""
+        _write_all(target.fd, data, start, target.dest)
+        return data
+
+    fetched = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(target.jobs, len(todo))) as pool:
+        futures = {pool.submit(fetch, k): k for k in todo}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                data = future.result()
+                n, k = len(data), futures[future]
+                target.journal(k)
+                fetched += n
+                if target.on_bytes is not None:
+                    target.on_bytes(n)
+                target.hasher.landed(k, data)
+                del data
+        except BaseException:
+            if target.abort is not None:
+                target.abort.set()
+            for pending in futures:
+                pending.cancel()
+            raise
+    return fetched
 
 
 def _short_read(url: str, start: int, end: int, got: int) -> RemoteError:
@@ -561,104 +608,81 @@ _HASH_BACKLOG = 4 << 20
 _CHUNK = 1 << 20
 
 
-def _stream_parts(
-    remote: Remote,
-    fd: int,
-    todo: list[int],
-    size: int,
-    part_size: int,
-    jobs: int,
-    dest: str,
-    log: Any,
-    hasher: _OrderedHash,
-    on_bytes: Callable[[int], None] | None,
-    abort: threading.Event | None,
-) -> int:
-    """Fetch the parts ``todo`` with ``jobs`` ranged GETs at a time on the client's own
-    event loop, each response written into ``fd`` chunk by chunk as it arrives (no
-    part-sized buffer), listed in the journal ``log`` when whole; the chunks are
-    hashed in a thread of their own (in order, see ``_OrderedHash``). Returns the
-    bytes fetched. The first failure cancels the other requests and is raised as a
-    RemoteError naming the URL."""
-    import asyncio
-    import queue
+class _HashFeed:
+    """The streamed chunks on their way to the hash, in a thread of its own (in order, see
+    ``_OrderedHash``): at most ``_HASH_BACKLOG`` bytes wait with their data; past it, a
+    chunk is sent without its bytes, read back from the file when its turn comes."""
 
-    from fsspec.asyn import sync
+    def __init__(self, hasher: _OrderedHash) -> None:
+        import queue
 
-    fs = remote.fs
-    bucket, key, _ = fs.split_path(remote.path)
-    events: queue.Queue[tuple[int, int, bytes | None, int] | None] = queue.Queue()
-    backlog = [0]
-    backlog_lock = threading.Lock()
-    hash_error: list[BaseException] = []
+        self.hasher = hasher
+        self.events: queue.Queue[tuple[int, int, bytes | None, int] | None] = queue.Queue()
+        self.backlog = 0
+        self.lock = threading.Lock()
+        self.error: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="lmdbfolder-hash", daemon=True)
+        self.thread.start()
 
-    def hash_events() -> None:
+    def chunk(self, k: int, offset: int, chunk: bytes) -> None:
+        """The bytes at ``offset`` of part ``k`` are in the file."""
+        with self.lock:
+            keep = self.backlog + len(chunk) <= _HASH_BACKLOG
+            if keep:
+                self.backlog += len(chunk)
+        self.events.put((k, offset, chunk if keep else None, len(chunk)))
+
+    def landed(self, k: int) -> None:
+        """Part ``k`` is whole in the file."""
+        self.events.put((k, -1, None, 0))
+
+    def close(self) -> None:
+        """Hash what was sent and stop the thread."""
+        self.events.put(None)
+        self.thread.join()
+
+    def _run(self) -> None:
         while True:
-            event = events.get()
+            event = self.events.get()
             if event is None:
                 return
-            if hash_error:
+            if self.error:
                 continue  # drain: the download is failing anyway
             k, offset, data, n = event
             try:
                 if offset < 0:
-                    hasher.landed(k)
+                    self.hasher.landed(k)
                 else:
-                    hasher.chunk(k, offset, data, n)
+                    self.hasher.chunk(k, offset, data, n)
             except BaseException as exc:  # reported by the downloading thread
-                hash_error.append(exc)
+                self.error.append(exc)
             if data is not None:
-                with backlog_lock:
-                    backlog[0] -= n
+                with self.lock:
+                    self.backlog -= n
 
-    def report(k: int, offset: int, chunk: bytes) -> None:
-        with backlog_lock:
-            keep = backlog[0] + len(chunk) <= _HASH_BACKLOG
-            if keep:
-                backlog[0] += len(chunk)
-        events.put((k, offset, chunk if keep else None, len(chunk)))
 
+def _stream_parts(target: _Landing, todo: list[int]) -> int:
+    """Fetch the parts ``todo`` with ``jobs`` ranged GETs at a time on the client's own
+    event loop, each response written into the file chunk by chunk as it arrives (no
+    part-sized buffer), listed in the journal when whole; the chunks are hashed in a
+    thread of their own (``_HashFeed``). Returns the bytes fetched. The first failure
+    cancels the other requests and is raised as a RemoteError naming the URL."""
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    fs = target.remote.fs
+    feed = _HashFeed(target.hasher)
     fetched = [0]
 
     async def part(k: int, gate: asyncio.Semaphore) -> None:
         async with gate:
-            if abort is not None and abort.is_set():
-                raise _Aborted
-            start = k * part_size
-            end = min(size, start + part_size)
-            pos = start
-            if end > start:
-                resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
-                body = resp["Body"]
-                try:
-                    while pos < end:
-                        chunk = await body.read(min(_CHUNK, end - pos))
-                        if not chunk:
-                            break
-                        try:
-                            _write_all(fd, chunk, pos, dest)
-                        except OSError as exc:
-                            raise _Local(exc) from None
-                        report(k, pos - start, chunk)
-                        pos += len(chunk)
-                finally:
-                    body.close()
-            if pos != end:
-                raise _short_read(remote.url, start, end, pos - start)
-            _start_writeback(fd, start, end - start)
-            # The part is in the page cache: it survives a killed process (see download).
-            try:
-                log.write(f"{k}\n")
-                log.flush()
-            except OSError as exc:
-                raise _Local(exc) from None
-            events.put((k, -1, None, 0))
-            fetched[0] += end - start
-            if on_bytes is not None:
-                on_bytes(end - start)
+            target.check_abort()
+            n = await _stream_part(target, feed, k)
+            fetched[0] += n  # after the await: `fetched[0] += await ...` reads the total before it
 
     async def run_all() -> None:
-        gate = asyncio.Semaphore(max(1, jobs))
+        gate = asyncio.Semaphore(max(1, target.jobs))
         tasks = [asyncio.ensure_future(part(k, gate)) for k in todo]
         _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in pending:
@@ -669,8 +693,6 @@ def _stream_parts(
         if first is not None:
             raise first
 
-    hashing = threading.Thread(target=hash_events, name="lmdbfolder-hash", daemon=True)
-    hashing.start()
     try:
         try:
             sync(fs.loop, run_all)
@@ -679,17 +701,53 @@ def _stream_parts(
         except (LmdbFolderError, _Aborted):
             raise
         except Exception as exc:  # the client's or the server's (s3fs's OSErrors too)
-            raise translate(exc, remote.url, "reading") from None
+            raise translate(exc, target.remote.url, "reading") from None
     except BaseException:
-        if abort is not None:
-            abort.set()  # the other objects of the same copy stop their next parts
+        if target.abort is not None:
+            target.abort.set()  # the other objects of the same copy stop their next parts
         raise
     finally:
-        events.put(None)
-        hashing.join()
-    if hash_error:
-        raise hash_error[0]
+        feed.close()
+    if feed.error:
+        raise feed.error[0]
     return fetched[0]
+
+
+async def _stream_part(target: _Landing, feed: _HashFeed, k: int) -> int:
+    """One ranged GET: part ``k`` written into the file chunk by chunk, each chunk sent to
+    ``feed``, then journalled; its bytes. A short response is a RemoteError; an OSError
+    of the local file comes out as ``_Local``."""
+    fs = target.remote.fs
+    bucket, key, _ = fs.split_path(target.remote.path)
+    start, end = target.bounds(k)
+    pos = start
+    if end > start:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        body = resp["Body"]
+        try:
+            while pos < end:
+                chunk = await body.read(min(_CHUNK, end - pos))
+                if not chunk:
+                    break
+                try:
+                    _write_all(target.fd, chunk, pos, target.dest)
+                except OSError as exc:
+                    raise _Local(exc) from None
+                feed.chunk(k, pos - start, chunk)
+                pos += len(chunk)
+        finally:
+            body.close()
+    if pos != end:
+        raise _short_read(target.remote.url, start, end, pos - start)
+    _start_writeback(target.fd, start, end - start)
+    try:
+        target.journal(k)
+    except OSError as exc:
+        raise _Local(exc) from None
+    feed.landed(k)
+    if target.on_bytes is not None:
+        target.on_bytes(end - start)
+    return end - start
 
 
 @functools.cache

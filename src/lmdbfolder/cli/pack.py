@@ -40,6 +40,22 @@ def add_parser(sub: Any) -> None:
     layout = p.add_mutually_exclusive_group()
     layout.add_argument("--list", metavar="FILE", dest="list_file", help="read `relative/path label` lines from FILE")
     layout.add_argument("--flat", action="store_true", help="SRC is a folder of unlabelled images")
+    _add_content_options(p)
+    _add_run_options(p)
+    _add_source_filters(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write nothing: scan SRC and check every file as the pack would, then say the classes, the counts, "
+        "the files that would be skipped and the estimated size (with --check none: scan and estimate only)",
+    )
+    add_output_flags(p, "print the summary as JSON")
+    _add_shard_options(p)
+    p.set_defaults(run=run)
+
+
+def _add_content_options(p: argparse.ArgumentParser) -> None:
+    """What each record holds and how the files are checked: --store, --check, --update, the resize flags."""
     p.add_argument(
         "--store",
         choices=("encoded", "raw"),
@@ -92,6 +108,10 @@ def add_parser(sub: Any) -> None:
         help="which side --max-size limits (default: longer, like FFCV's max_resolution)",
     )
     p.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """How the pack is written: transactions, readers, what happens to an existing DST, the space check."""
     p.add_argument(
         "--commit-every", type=positive_int, default=None, metavar="N", help="samples per transaction (default 2000)"
     )
@@ -111,6 +131,10 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing pack at DST")
     p.add_argument("--restart", action="store_true", help="discard an unfinished pack at DST instead of resuming it")
+
+
+def _add_source_filters(p: argparse.ArgumentParser) -> None:
+    """Which files of SRC are packed: --allow-empty, --extensions, --match; and --no-space-check."""
     p.add_argument("--allow-empty", action="store_true", help="keep class folders that hold no image")
     p.add_argument(
         "--extensions",
@@ -129,15 +153,6 @@ def add_parser(sub: Any) -> None:
         "--update needs the same --match again",
     )
     p.add_argument("--no-space-check", action="store_true", help="do not refuse when the disk looks too small")
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="write nothing: scan SRC and check every file as the pack would, then say the classes, the counts, "
-        "the files that would be skipped and the estimated size (with --check none: scan and estimate only)",
-    )
-    add_output_flags(p, "print the summary as JSON")
-    _add_shard_options(p)
-    p.set_defaults(run=run)
 
 
 def _add_shard_options(p: argparse.ArgumentParser) -> None:
@@ -260,26 +275,87 @@ def _kept_filters(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``lmdbfolder pack``: one pack, or a sharded pack when a shard flag is given."""
-    from lmdbfolder.write.writer import pack
+    """``lmdbfolder pack``: one pack, a sharded pack when a shard flag is given, an update, or
+    a dry run: the flags make one request, which the planner plans and its executor runs."""
+    from lmdbfolder.write.executors import execute
+    from lmdbfolder.write.planner import Kind
 
+    refused = _refuse_flags(args)
+    if refused is not None:
+        return refused
+    options = _pack_options(args)
+    kept = "" if args.dry_run else _kept_filters(args)
+    with warnings.catch_warnings():  # the skipped files are listed below instead
+        warnings.simplefilter("ignore", SkippedFilesWarning)
+        planned, result = execute(_request(args, options))
+    if args.json:
+        print_json(result.as_dict())
+        return 0
+    if planned.kind is Kind.DRY_RUN:
+        _report_dry(args, result)
+    elif planned.kind in (Kind.SINGLE, Kind.UPDATE):
+        _report_single(args, options, result, kept)
+    else:
+        _report_sharded(args, planned.kind is Kind.UPDATE_SHARDED, result, kept)
+    return 0
+
+
+def _request(args: argparse.Namespace, options: Any) -> Any:
+    """The ``PackRequest`` that ``pack``'s flags make."""
+    from lmdbfolder.write.planner import OnRay, PackRequest, Sharding
+    from lmdbfolder.write.sources import SourceSpec
+
+    sharding = None
+    if _wants_shards(args):
+        sharding = Sharding(args.shards, args.shard_size, args.shard_index, args.shard_prefix, args.staging)
+    on_ray = None if args.ray is None else OnRay(address=args.ray or None, task_cpus=args.task_cpus)
+    return PackRequest(
+        args.src,
+        args.dst,
+        SourceSpec(**_source_args(args)),
+        options,
+        sharding,
+        on_ray,
+        dry_run=args.dry_run,
+        update_as_packed=True,  # `pack --update` updates a sharded DST as it is split
+    )
+
+
+def _refuse_flags(args: argparse.Namespace) -> int | None:
+    """The usage error (exit code) of flags that do not go together, before anything is read; None: none."""
     if args.dry_run and args.update:
         raise OptionError(
             "--dry-run describes a new pack; it cannot preview --update (run --update itself: it is atomic)"
         )
-    options = _pack_options(args)
     if args.dry_run:
-        return _run_dry(args, options)
-    kept = _kept_filters(args)
-    if _wants_shards(args) or (args.update and _is_sharded(args.dst)):
-        return _run_sharded(args, options, kept)
+        if args.ray is not None or args.shard_index is not None:
+            return usage("pack", "--dry-run describes the whole pack: leave out --ray and --shard-index")
+        return None
+    if not _wants_shards(args):
+        return None
+    from lmdbfolder.write.shards import parse_size
 
-    with warnings.catch_warnings():  # the skipped files are listed below instead
-        warnings.simplefilter("ignore", SkippedFilesWarning)
-        result = pack(args.src, args.dst, options, **_source_args(args))
-    if args.json:
-        print_json(result.as_dict())
-        return 0
+    updating = args.update and _is_sharded(args.dst)  # the split is the pack's
+    if (args.shards is None) == (args.shard_size is None) and not updating:
+        return usage("pack", "pass one of --shards N and --shard-size SIZE")
+    if args.shard_index is not None and args.shards is None:
+        return usage("pack", "--shard-index needs --shards N (the same N for every job)")
+    if args.shard_index is not None and args.ray is not None:
+        return usage("pack", "--ray packs every shard; do not combine it with --shard-index")
+    if args.shard_index is not None and not 0 <= args.shard_index < args.shards:
+        return usage("pack", f"--shard-index must be in 0..{args.shards - 1}")
+    if args.shards is not None and args.shards < 1:
+        return usage("pack", "--shards must be at least 1")
+    if args.shard_size is not None:
+        try:
+            parse_size(args.shard_size)
+        except ValueError as exc:
+            return usage("pack", str(exc))
+    return None
+
+
+def _report_single(args: argparse.Namespace, options: Any, result: Any, kept: str) -> None:
+    """What a single pack (or its update) did."""
     if result.already_packed:
         skipped = f", {plural(len(result.skipped), 'file')} skipped" if result.skipped else ""
         if options.update:
@@ -289,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(nothing_to_do(result.path, plural(result.count, "image") + skipped))
-        return 0
+        return
     resumed = f" (resumed after {plural(result.resumed_from, 'file')})" if result.resumed_from else ""
     if result.changes is not None:
         changes = result.changes
@@ -300,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
             f"{kept}"
         )
         _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
-        return 0
+        return
     print(
         f"packed {plural(result.count, 'image')} into {result.path}{resumed}: {megabytes(result.input_bytes)} read "
         f"in {result.seconds:.1f} s, {result.images_per_second:,.0f} img/s, {result.mb_per_second:,.0f} MB/s"
@@ -315,7 +391,6 @@ def run(args: argparse.Namespace) -> int:
         )
     _print_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
     _print_next_steps(result.path)
-    return 0
 
 
 def _print_next_steps(path: str) -> None:
@@ -327,16 +402,8 @@ def _print_next_steps(path: str) -> None:
     )
 
 
-def _run_dry(args: argparse.Namespace, options: Any) -> int:
-    """``pack --dry-run``: what the pack would hold; nothing is written."""
-    from lmdbfolder.write.dryrun import dry_run
-
-    if args.ray is not None or args.shard_index is not None:
-        return usage("pack", "--dry-run describes the whole pack: leave out --ray and --shard-index")
-    found = dry_run(args.src, args.dst, options, **_source_args(args))
-    if args.json:
-        print_json(found.as_dict())
-        return 0
+def _report_dry(args: argparse.Namespace, found: Any) -> None:
+    """``pack --dry-run``: what the pack would hold; nothing was written."""
     classes = ""
     if found.classes:
         counts = found.class_counts
@@ -362,7 +429,6 @@ def _run_dry(args: argparse.Namespace, options: Any) -> int:
     if found.dst_exists:
         print(f"note: {found.dst} {found.dst_note}")
     print(f"to pack: lmdbfolder pack {shlex.quote(args.src)} {shlex.quote(args.dst)} (the same options)")
-    return 0
 
 
 def _is_sharded(path: str) -> bool:
@@ -375,53 +441,14 @@ def _wants_shards(args: argparse.Namespace) -> bool:
     return any(v is not None for v in (args.shards, args.shard_size, args.shard_index, args.ray, args.staging))
 
 
-def _run_sharded(args: argparse.Namespace, options: Any, kept_filters: str = "") -> int:
-    from lmdbfolder.write.shards import pack_sharded, parse_size
-
-    updating = args.update and _is_sharded(args.dst)  # the split is the pack's
-    if (args.shards is None) == (args.shard_size is None) and not updating:
-        return usage("pack", "pass one of --shards N and --shard-size SIZE")
-    if args.shard_index is not None and args.shards is None:
-        return usage("pack", "--shard-index needs --shards N (the same N for every job)")
-    if args.shard_index is not None and args.ray is not None:
-        return usage("pack", "--ray packs every shard; do not combine it with --shard-index")
-    if args.shard_index is not None and not 0 <= args.shard_index < args.shards:
-        return usage("pack", f"--shard-index must be in 0..{args.shards - 1}")
-    if args.shards is not None and args.shards < 1:
-        return usage("pack", "--shards must be at least 1")
-    if args.shard_size is not None:
-        try:
-            parse_size(args.shard_size)
-        except ValueError as exc:
-            return usage("pack", str(exc))
-    shard_args: dict[str, Any] = dict(
-        shards=args.shards,
-        shard_size=args.shard_size,
-        prefix=args.shard_prefix,
-        staging=args.staging,
-        **_source_args(args),
-    )
-    if args.ray is not None:
-        from lmdbfolder.write.ray import pack_ray
-
-        with warnings.catch_warnings():  # the skipped files are listed below instead
-            warnings.simplefilter("ignore", SkippedFilesWarning)
-            result = pack_ray(
-                args.src, args.dst, options, address=args.ray or None, task_cpus=args.task_cpus, **shard_args
-            )
-    else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SkippedFilesWarning)
-            result = pack_sharded(args.src, args.dst, options, shard_index=args.shard_index, **shard_args)
-    if args.json:
-        print_json(result.as_dict())
-        return 0
+def _report_sharded(args: argparse.Namespace, updating: bool, result: Any, kept_filters: str) -> None:
+    """What a sharded pack (one shard of it, or its update) did."""
     if updating and result.already_packed:
         print(
             f"{result.path} is up to date with {args.src}: nothing to do "
             f"({plural(result.count, 'image')}){kept_filters}"
         )
-        return 0
+        return
     if updating and result.changes is not None:
         rewritten = [s.name for s in result.shards if not s.kept]
         print(
@@ -431,7 +458,7 @@ def _run_sharded(args: argparse.Namespace, options: Any, kept_filters: str = "")
             f"{kept_filters}"
         )
         _print_skipped(result.skipped, "each shard's skipped.txt")
-        return 0
+        return
     if result.already_packed:
         shards = (
             f"shard {args.shard_index} of {result.path}"
@@ -439,7 +466,12 @@ def _run_sharded(args: argparse.Namespace, options: Any, kept_filters: str = "")
             else f"{result.path} ({plural(len(result.shards), 'shard')})"
         )
         print(nothing_to_do(shards, plural(result.count, "image")))
-        return 0
+        return
+    _report_packed_shards(args, result)
+
+
+def _report_packed_shards(args: argparse.Namespace, result: Any) -> None:
+    """What a sharded pack (or one shard of it) wrote."""
     kept = sum(s.kept for s in result.shards)
     resumed = sum(1 for s in result.shards if s.resumed_from)
     notes = [f"{kept} already packed"] if kept else []
@@ -462,7 +494,6 @@ def _run_sharded(args: argparse.Namespace, options: Any, kept_filters: str = "")
     _print_skipped(result.skipped, "each shard's skipped.txt")
     if args.shard_index is None:
         _print_next_steps(result.path)
-    return 0
 
 
 def _print_skipped(skipped: Sequence[tuple[str, str]], listed_in: str, shown: int = 20) -> None:

@@ -94,7 +94,7 @@ def fetch_index(remote: Remote) -> tuple[bytes, dict[str, Any]]:
                 remote.url,
                 "it holds a single pack (data.mdb), not a sharded one; staging reads sharded packs",
                 f"copy it to local disk first (`lmdbfolder copy {remote.url} DST`), or pack with --shards N",
-                kind="other",
+                kind="single",
             ) from None
         if exc.kind == "missing":
             raise RemoteError(

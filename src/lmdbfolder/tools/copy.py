@@ -39,7 +39,7 @@ import shutil
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lmdbfolder import packdir
@@ -140,19 +140,16 @@ def copy_pack(
         return _download(str(src), dst, overwrite, verify, jobs, part_size, progress, start)
     if is_url(dst):
         return _upload(src, str(dst), overwrite, verify, jobs, progress, start)
+    return _copy_local(src, dst, overwrite, verify, start)
+
+
+def _copy_local(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], overwrite: bool, verify: bool, start: float
+) -> CopyResult:
+    """``copy_pack`` from local disk to local disk: built in ``<dst>.copying``, then published."""
     found = packdir.require_pack(src)
     src_path = found.path
-    dst_path = os.path.abspath(os.path.expanduser(os.fspath(dst)))
-    if packdir.overlap(src_path, dst_path):
-        raise OutputExistsError(
-            dst_path,
-            f"overlaps the source pack {src_path} (it is the source, inside it, or holds it)",
-            "copy to a path outside the source pack",
-        )
-    if os.path.lexists(dst_path):
-        if not overwrite:
-            raise OutputExistsError(dst_path)
-        packdir.check_replaceable(dst_path)
+    dst_path = _prepare_copy_dst(src_path, dst, overwrite)
     tmp = dst_path + COPYING_SUFFIX
     packdir.clear_temp_dir(tmp)  # left by an interrupted copy, if provably ours
     os.makedirs(os.path.dirname(dst_path), exist_ok=True)
@@ -164,19 +161,29 @@ def copy_pack(
             count, before, after = packdir.copy_single(src_path, tmp)
             shards = 1
         if verify:
-            from lmdbfolder.tools.verify import verify as verify_pack
-
-            report = verify_pack(tmp, progress=False)
-            if not report.ok:
-                raise PackError(
-                    f"the copy of {src_path} has {plural(len(report.problems), 'problem')}: {report.problems[0]}",
-                    "run `lmdbfolder verify` on the source: it is probably damaged",
-                )
+            _verified_or_raise(tmp, f"the copy of {src_path}")
         packdir.publish(tmp, dst_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # made by this call, a moment ago
         raise
     return CopyResult(src_path, dst_path, count, shards, before, after, time.perf_counter() - start)
+
+
+def _prepare_copy_dst(src_path: str, dst: str | os.PathLike[str], overwrite: bool) -> str:
+    """The absolute ``dst`` of a local copy: not overlapping the source, and free (or, with
+    ``overwrite``, provably a pack)."""
+    dst_path = os.path.abspath(os.path.expanduser(os.fspath(dst)))
+    if packdir.overlap(src_path, dst_path):
+        raise OutputExistsError(
+            dst_path,
+            f"overlaps the source pack {src_path} (it is the source, inside it, or holds it)",
+            "copy to a path outside the source pack",
+        )
+    if os.path.lexists(dst_path):
+        if not overwrite:
+            raise OutputExistsError(dst_path)
+        packdir.check_replaceable(dst_path)
+    return dst_path
 
 
 def _copy_sharded(src: str, out: str) -> tuple[int, int, int, int]:
@@ -220,6 +227,29 @@ def _prepare_local_dst(dst: str | os.PathLike[str], overwrite: bool) -> str:
     return dst_path
 
 
+@dataclass
+class _Fetch:
+    """One download of a copy: its source, the folder it is built in, the transfer
+    settings, the bytes fetched so far (with their progress bar), and the event that
+    stops the other shards' next parts after a failure."""
+
+    remote: Remote
+    src: str
+    tmp: str
+    jobs: int
+    part_size: int
+    bar: Progress
+    fetched: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    abort: threading.Event = field(default_factory=threading.Event)
+
+    def count(self, n: int) -> None:
+        """``n`` more bytes fetched (called from every download thread)."""
+        with self.lock:
+            self.fetched += n
+            self.bar.update(n, n)
+
+
 def _download(
     src: str,
     dst: str | os.PathLike[str],
@@ -230,7 +260,8 @@ def _download(
     progress: bool | None,
     start: float,
 ) -> CopyResult:
-    from lmdbfolder.read.staging import disk_error, fetch_index, fetch_shard
+    """``copy_pack`` from a URL: built (or resumed) in ``<dst>.copying``, then published."""
+    from lmdbfolder.read.staging import fetch_index
 
     remote = Remote(src)
     dst_path = _prepare_local_dst(dst, overwrite)
@@ -238,10 +269,33 @@ def _download(
     try:
         blob, index = fetch_index(remote)
     except RemoteError as exc:
-        if "single pack" not in exc.message:
+        if exc.kind != "single":
             raise
         blob, index = b"", None
-    # A <dst>.copying of this very source is resumed; anything else of ours is cleared.
+    _resume_or_start(tmp, blob, index, src)
+    entries: list[dict[str, Any]] = [] if index is None else index["shards"]
+    total = sum(int(e.get("bytes") or 0) for e in entries) if index else remote.child(DATA_FILE).info().size
+    job = _Fetch(remote, src, tmp, jobs, part_size, Progress(total, f"copy {remote.name}", enabled=progress, unit="B"))
+    try:
+        if index is None:
+            count_samples, shards = _download_single(job), 1
+        else:
+            _download_shards(job, entries)
+            count_samples, shards = int(index["count"]), len(entries)
+        if verify:
+            _verified_or_raise(tmp, f"the copy of {src}")
+        packdir.publish(tmp, dst_path)
+    finally:
+        job.bar.close()
+    size = packdir.pack_size(dst_path)
+    return CopyResult(src, dst_path, count_samples, shards, size, size, time.perf_counter() - start, job.fetched)
+
+
+def _resume_or_start(tmp: str, blob: bytes, index: dict[str, Any] | None, src: str) -> None:
+    """Keep a ``<dst>.copying`` of this very source (``blob``, its index) to resume it; clear
+    anything else of ours there and start it anew (with the source's index first)."""
+    from lmdbfolder.read.staging import disk_error
+
     resumable = os.path.isdir(tmp) and packdir.why_not_replaceable(tmp) is None
     if resumable and index is not None:
         try:
@@ -249,72 +303,64 @@ def _download(
                 resumable = f.read() == blob
         except OSError:
             resumable = False
-    if not resumable:
-        packdir.clear_temp_dir(tmp)
-        try:
-            packdir.make_temp_dir(tmp)
-            if index is not None:
-                # The source's index, first: it says which source a later run resumes.
-                packdir.write_atomically(tmp, SHARD_INDEX_FILE, blob, f".{SHARD_INDEX_FILE}.tmp")
-        except OSError as exc:
-            raise disk_error(exc, src, tmp) from None
-    fetched = [0]
-    lock = threading.Lock()
-    entries: list[dict[str, Any]] = [] if index is None else index["shards"]
-    total = sum(int(e.get("bytes") or 0) for e in entries) if index else remote.child(DATA_FILE).info().size
-    bar = Progress(total, f"copy {remote.name}", enabled=progress, unit="B")
-
-    def count(n: int) -> None:
-        with lock:
-            fetched[0] += n
-            bar.update(n, n)
-
+    if resumable:
+        return
+    packdir.clear_temp_dir(tmp)
     try:
-        if index is None:
-            try:
-                n, _ = download(
-                    remote.child(DATA_FILE),
-                    os.path.join(tmp, DATA_FILE),
-                    jobs=jobs,
-                    part_size=part_size,
-                    on_bytes=count,
-                )
-            except OSError as exc:
-                raise disk_error(exc, remote.child(DATA_FILE).url, tmp) from None
-            _fetch_report(remote, tmp)
-            _verified_or_raise(tmp, f"the copy of {src}")  # no digest to check it by: every record
-            count_samples, shards = int(decode_meta_count(tmp)), 1
-        else:
-            todo = [e for e in entries if not os.path.isdir(os.path.join(tmp, e["name"]))]
-            parallel = max(1, min(len(todo), SHARDS_AT_ONCE, jobs))
-            per_shard = max(1, jobs // parallel)
+        packdir.make_temp_dir(tmp)
+        if index is not None:
+            # The source's index, first: it says which source a later run resumes.
+            packdir.write_atomically(tmp, SHARD_INDEX_FILE, blob, f".{SHARD_INDEX_FILE}.tmp")
+    except OSError as exc:
+        raise disk_error(exc, src, tmp) from None
 
-            abort = threading.Event()  # the first failure stops the other shards' next parts
 
-            # One listing for every shard's size and tag, instead of a HEAD request each.
-            listed = remote.infos() if todo else {}
+def _download_single(job: _Fetch) -> int:
+    """The single pack at the URL into ``job.tmp``, every record checked (there is no digest
+    to check it by); its sample count."""
+    from lmdbfolder.read.staging import disk_error
 
-            def one(entry: dict[str, Any]) -> None:
-                info = listed.get(f"{entry['name']}/{DATA_FILE}")
-                fetch_shard(
-                    remote, entry, tmp, part_size=part_size, jobs=per_shard, on_bytes=count, abort=abort, info=info
-                )
-                if entry.get("skipped") != 0:  # the index says whether there is a report to fetch
-                    _fetch_report(remote.child(entry["name"]), os.path.join(tmp, entry["name"]))
-                if not isinstance(entry.get("data_sha256"), str):
-                    # Uploaded without a digest (by hand): check every record instead.
-                    _verified_or_raise(os.path.join(tmp, entry["name"]), f"shard {entry['name']} of {src}")
+    data = job.remote.child(DATA_FILE)
+    try:
+        download(data, os.path.join(job.tmp, DATA_FILE), jobs=job.jobs, part_size=job.part_size, on_bytes=job.count)
+    except OSError as exc:
+        raise disk_error(exc, data.url, job.tmp) from None
+    _fetch_report(job.remote, job.tmp)
+    _verified_or_raise(job.tmp, f"the copy of {job.src}")  # no digest to check it by: every record
+    return int(decode_meta_count(job.tmp))
 
-            if todo:
-                _run_all(one, todo, parallel, abort)
-            count_samples, shards = int(index["count"]), len(entries)
-        if verify:
-            _verified_or_raise(tmp, f"the copy of {src}")
-        packdir.publish(tmp, dst_path)
-    finally:
-        bar.close()
-    size = packdir.pack_size(dst_path)
-    return CopyResult(src, dst_path, count_samples, shards, size, size, time.perf_counter() - start, fetched[0])
+
+def _download_shards(job: _Fetch, entries: list[dict[str, Any]]) -> None:
+    """The shards of the index ``entries`` not in ``job.tmp`` yet, several at a time."""
+    from lmdbfolder.read.staging import fetch_shard
+
+    todo = [e for e in entries if not os.path.isdir(os.path.join(job.tmp, e["name"]))]
+    if not todo:
+        return
+    parallel = max(1, min(len(todo), SHARDS_AT_ONCE, job.jobs))
+    per_shard = max(1, job.jobs // parallel)
+    # One listing for every shard's size and tag, instead of a HEAD request each.
+    listed = job.remote.infos()
+
+    def one(entry: dict[str, Any]) -> None:
+        info = listed.get(f"{entry['name']}/{DATA_FILE}")
+        fetch_shard(
+            job.remote,
+            entry,
+            job.tmp,
+            part_size=job.part_size,
+            jobs=per_shard,
+            on_bytes=job.count,
+            abort=job.abort,
+            info=info,
+        )
+        if entry.get("skipped") != 0:  # the index says whether there is a report to fetch
+            _fetch_report(job.remote.child(entry["name"]), os.path.join(job.tmp, entry["name"]))
+        if not isinstance(entry.get("data_sha256"), str):
+            # Uploaded without a digest (by hand): check every record instead.
+            _verified_or_raise(os.path.join(job.tmp, entry["name"]), f"shard {entry['name']} of {job.src}")
+
+    _run_all(one, todo, parallel, job.abort)
 
 
 def _run_all(fn: Any, items: list[Any], workers: int, abort: threading.Event) -> None:
@@ -404,8 +450,8 @@ def _upload(
     progress: bool | None,
     start: float,
 ) -> CopyResult:
-    from lmdbfolder.read.opening import open_pack
-
+    """``copy_pack`` to a URL: the source checked whole first, then its files; a sharded
+    pack's index last, with each shard's digest."""
     found = packdir.require_pack(src)
     remote = Remote(dst)
     for name in (SHARD_INDEX_FILE, DATA_FILE):
@@ -415,66 +461,103 @@ def _upload(
             )
     if verify:
         _verified_or_raise(found.path, f"the source {found.path}")
-    # Every page and record checked, as a local copy does (the digests would vouch for damage),
-    # and before anything at the URL is replaced: a damaged source loses nothing there.
-    index: dict[str, Any] = {}
+    index = _checked_source(found)
+    if overwrite:
+        _clear_remote(remote, found.kind is packdir.Kind.SHARDED)
+    size = packdir.pack_size(found.path)
+    sender = _Send(overwrite, Progress(size, f"copy {os.path.basename(found.path)}", enabled=progress, unit="B"))
+    try:
+        if found.kind is packdir.Kind.PACK:
+            count, shards = _upload_single(found.path, remote, sender), 1
+        else:
+            _upload_shards(found.path, index, remote, sender, jobs)
+            count, shards = int(index["count"]), len(index["shards"])
+    finally:
+        sender.bar.close()
+    return CopyResult(found.path, remote.url, count, shards, size, size, time.perf_counter() - start, sender.sent)
+
+
+def _checked_source(found: Any) -> dict[str, Any]:
+    """Every page and record of the pack to upload checked, as a local copy does (the digests
+    would vouch for damage), before anything at the URL is replaced: a damaged source loses
+    nothing there. Its index (``{}`` for a single pack)."""
+    from lmdbfolder.read.opening import open_pack
+
     if found.kind is packdir.Kind.PACK:
         packdir.check_single(found.path)
-    else:
-        with open(os.path.join(found.path, SHARD_INDEX_FILE), "rb") as f:
-            index = decode_shard_index(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
-        open_pack(found.path).close()  # names every missing shard
-        for entry in index["shards"]:
-            packdir.check_single(os.path.join(found.path, entry["name"]))
-    if overwrite:
-        _check_remote_replaceable(remote)
-        # The old pack's index first: until the new one lands this is an unfinished upload, never
-        # the old index naming shards half replaced (or, under a single pack, the old pack itself).
-        remote.child(SHARD_INDEX_FILE).remove()
-        if found.kind is packdir.Kind.SHARDED:
-            remote.child(DATA_FILE).remove()  # an old single pack's, which would be read instead
-    size = packdir.pack_size(found.path)
-    bar = Progress(size, f"copy {os.path.basename(found.path)}", enabled=progress, unit="B")
-    sent = [0]
-    lock = threading.Lock()
+        return {}
+    with open(os.path.join(found.path, SHARD_INDEX_FILE), "rb") as f:
+        index: dict[str, Any] = decode_shard_index(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
+    open_pack(found.path).close()  # names every missing shard
+    for entry in index["shards"]:
+        packdir.check_single(os.path.join(found.path, entry["name"]))
+    return index
 
-    def put(local_dir: str, target: Remote) -> str:
+
+def _clear_remote(remote: Remote, sharded: bool) -> None:
+    """Before ``--overwrite`` uploads: what is at ``remote`` is a pack, and its index is removed."""
+    _check_remote_replaceable(remote)
+    # The old pack's index first: until the new one lands this is an unfinished upload, never
+    # the old index naming shards half replaced (or, under a single pack, the old pack itself).
+    remote.child(SHARD_INDEX_FILE).remove()
+    if sharded:
+        remote.child(DATA_FILE).remove()  # an old single pack's, which would be read instead
+
+
+@dataclass
+class _Send:
+    """The uploads of one copy: whether it replaces a pack, the bytes sent so far and their bar."""
+
+    overwrite: bool
+    bar: Progress
+    sent: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put(self, local_dir: str, target: Remote) -> str:
+        """Upload the pack (or shard) in ``local_dir`` to ``target``: its data file and its
+        skipped-files report; the data file's SHA-256."""
         data = os.path.join(local_dir, DATA_FILE)
         digest = file_sha256(data)
         target.child(DATA_FILE).upload(data)
         report = os.path.join(local_dir, SKIPPED_REPORT)
         if os.path.isfile(report):
             target.child(SKIPPED_REPORT).upload(report)
-        elif overwrite:
+        elif self.overwrite:
             target.child(SKIPPED_REPORT).remove()  # the replaced pack's, which a download would fetch
-        with lock:
+        with self.lock:
             n = os.path.getsize(data)
-            sent[0] += n
-            bar.update(n, n)
+            self.sent += n
+            self.bar.update(n, n)
         return digest
 
-    try:
-        if found.kind is packdir.Kind.PACK:
-            with open_pack(found.path) as reader:
-                count, shards = len(reader), 1
-            put(found.path, remote)
-        else:
-            reader = open_pack(found.path)
-            entries = index["shards"]
 
-            def one(k: int) -> None:
-                entry = entries[k]
-                shard = reader.shard(k)  # type: ignore[union-attr]  # checked against the index here
-                counts = shard.class_counts()
-                entry["class_counts"] = [[int(c), int(n)] for c, n in enumerate(counts.tolist()) if n]
-                entry["bytes"] = os.path.getsize(os.path.join(shard.path, DATA_FILE))
-                entry["data_sha256"] = put(shard.path, remote.child(entry["name"]))
+def _upload_single(path: str, remote: Remote, sender: _Send) -> int:
+    """The single pack at ``path`` to ``remote``; its sample count."""
+    from lmdbfolder.read.opening import open_pack
 
-            _run_all(one, list(range(len(entries))), max(1, min(len(entries), SHARDS_AT_ONCE, jobs)), threading.Event())
-            reader.close()
-            # Last: a remote pack without its index is an unfinished upload.
-            remote.child(SHARD_INDEX_FILE).write(encode_shard_index(index))
-            count, shards = int(index["count"]), len(entries)
-    finally:
-        bar.close()
-    return CopyResult(found.path, remote.url, count, shards, size, size, time.perf_counter() - start, sent[0])
+    with open_pack(path) as reader:
+        count = len(reader)
+    sender.put(path, remote)
+    return count
+
+
+def _upload_shards(path: str, index: dict[str, Any], remote: Remote, sender: _Send, jobs: int) -> None:
+    """The shards of the sharded pack at ``path`` to ``remote``, several at a time, then its
+    ``index`` with each shard's class counts, size and digest."""
+    from lmdbfolder.read.opening import open_pack
+
+    reader = open_pack(path)
+    entries = index["shards"]
+
+    def one(k: int) -> None:
+        entry = entries[k]
+        shard = reader.shard(k)  # type: ignore[union-attr]  # checked against the index here
+        counts = shard.class_counts()
+        entry["class_counts"] = [[int(c), int(n)] for c, n in enumerate(counts.tolist()) if n]
+        entry["bytes"] = os.path.getsize(os.path.join(shard.path, DATA_FILE))
+        entry["data_sha256"] = sender.put(shard.path, remote.child(entry["name"]))
+
+    _run_all(one, list(range(len(entries))), max(1, min(len(entries), SHARDS_AT_ONCE, jobs)), threading.Event())
+    reader.close()
+    # Last: a remote pack without its index is an unfinished upload.
+    remote.child(SHARD_INDEX_FILE).write(encode_shard_index(index))

@@ -318,27 +318,27 @@ class _Checked:
                     try:
                         check_table(check, key, blob, where=self.path)
                     except NotAPackError as exc:
-                        report.problems.append(Problem("checksum", exc.message.split(": ", 1)[-1]))
+                        report.problems.append(Problem("checksum", exc.why))
         labels = blobs[LABELS_KEY]
         if labels is not None:
             try:
                 self.labels = decode_labels(labels, self.count, where=self.path)
                 check_labels(self.labels, len(self.meta["classes"]), where=self.path)
             except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+                report.problems.append(Problem("table", exc.why))
         paths = blobs[PATHS_KEY]
         if paths is not None:
             try:
                 check_paths(paths, self.count, where=self.path)
                 self.path_list = decode_paths(paths, self.count, where=self.path)
             except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+                report.problems.append(Problem("table", exc.why))
         order = blobs.get(ORDER_KEY)
         if order is not None:
             try:
                 self.order = order_values(order, self.count, where=self.path)
             except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+                report.problems.append(Problem("table", exc.why))
         for key, parse in (
             (STATS_KEY, lambda b: stats_values(b, self.count, where=self.path)),
             (HISTORY_KEY, lambda b: decode_history(b, where=self.path)),
@@ -348,14 +348,14 @@ class _Checked:
                 try:
                     parse(blob)
                 except NotAPackError as exc:
-                    report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+                    report.problems.append(Problem("table", exc.why))
         if self.version >= 2:
             skipped = blobs.get(SKIPPED_KEY)
             if skipped is not None:
                 try:
                     self.skipped = decode_skipped(skipped, where=self.path)
                 except NotAPackError as exc:
-                    report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
+                    report.problems.append(Problem("table", exc.why))
         else:
             self.skipped = informational(self.meta, "skipped", [])
         for name in invalid_fields(self.meta):
@@ -456,7 +456,7 @@ class _Checked:
 
 
 def _why(exc: LmdbFolderError) -> str:
-    return exc.message.split(": ", 1)[-1] if isinstance(exc, NotAPackError) else str(getattr(exc, "why", exc))
+    return exc.why if isinstance(exc, NotAPackError) else str(getattr(exc, "why", exc))
 
 
 def _against_by_index(

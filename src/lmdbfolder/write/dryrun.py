@@ -20,14 +20,14 @@ from typing import Any, Callable, Sequence
 
 from lmdbfolder import packdir
 from lmdbfolder.progress import Progress
-from lmdbfolder.write import sizing
+from lmdbfolder.write import planner, sizing
 from lmdbfolder.write.options import PackOptions, pack_options
-from lmdbfolder.write.output import check_outside_source
+from lmdbfolder.write.planner import Kind, PackRequest, Plan
 from lmdbfolder.write.records import Skipped, load_sample
 from lmdbfolder.write.sources import SourceList, SourceSpec
 from lmdbfolder.write.threads import default_workers, ordered_map
 
-__all__ = ["DryRun", "dry_run"]
+__all__ = ["DryRun", "dry_run", "execute_dry_run"]
 
 
 @dataclass
@@ -107,13 +107,19 @@ def dry_run(
     before it starts (a DST inside SRC, no class folder, an empty class, a bad
     list file) are raised here too.
     """
-    start = time.perf_counter()
-    opts = pack_options(options, fields)
-    check_outside_source(src, dst)
-    sources = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match).scan(src)
-    dst_path = os.path.abspath(os.path.expanduser(os.fspath(dst)))
+    source = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
+    return execute_dry_run(planner.plan(PackRequest(src, dst, source, pack_options(options, fields), dry_run=True)))
+
+
+def execute_dry_run(planned: Plan) -> DryRun:
+    """The executor of ``Kind.DRY_RUN``: every planned file through the pack's check, and the
+    pack's size model; nothing is written."""
+    if planned.kind is not Kind.DRY_RUN:
+        raise ValueError(f"execute_dry_run runs dry runs, not a {planned.kind.value} plan")
+    sources, opts = planned.sources, planned.options
+    dst_path = os.path.abspath(os.path.expanduser(os.fspath(planned.dst)))
     skipped = _check_files(sources, opts) if opts.check != "none" else []
-    plan = sizing.plan(sources, opts)
+    estimate = sizing.plan(sources, opts).estimate
     labels = Counter(sources.labels[i] for i in range(len(sources)))
     return DryRun(
         src=sources.root,
@@ -125,12 +131,12 @@ def dry_run(
         would_skip=skipped,
         checked=opts.check != "none",
         check=opts.check,
-        estimated_bytes=plan.estimate.expected,
-        estimated_upper_bytes=plan.estimate.upper,
+        estimated_bytes=estimate.expected,
+        estimated_upper_bytes=estimate.upper,
         free_bytes=_free_bytes(dst_path),
         dst_exists=_what_is_there(dst_path),
         dst_note=_what_pack_would_do(dst_path),
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - planned.start_time,
     )
 
 

@@ -110,17 +110,47 @@ class Resize:
 
 @dataclass(frozen=True)
 class PackOptions:
-    """How to write a pack; see ``lmdbfolder.pack`` for the meaning of each field.
+    """How to write a pack: the options of ``lmdbfolder.pack`` and every other pack function.
 
-    Fields: ``store`` (``"encoded"`` or ``"raw"``), ``check`` (``"header"``,
-    ``"decode"``, ``"none"``), ``strict``, ``commit_every`` (samples per
-    transaction), ``commit_bytes`` (bytes per transaction; None: automatic),
-    ``workers`` (None: automatic), ``overwrite``, ``restart``,
-    ``space_check``, ``progress`` (None: a bar on a terminal), ``resize``
-    (a ``Resize`` or None), ``update`` (bring an existing pack up to date
-    with its source in place, reading only the files that changed; with it,
-    ``check="content"`` compares every file's bytes instead of its size and
-    modification time). Invalid values raise OptionError at once.
+    Fields (invalid values raise OptionError at once):
+        store: ``"encoded"`` keeps each file's bytes unchanged; ``"raw"``
+            stores decoded RGB pixels (no decode at training time, larger).
+        check: ``"header"`` (each header read as Pillow reads it; default), ``"decode"``
+            (decode every image once) or ``"none"``. Files that fail are
+            skipped and reported.
+        strict: stop at the first file that cannot be read or fails the check
+            (the partial pack stays resumable) instead of skipping it.
+        commit_every: samples per write transaction.
+        commit_bytes: bytes per write transaction (whichever limit comes
+            first). None (default): as small as the disk's flush latency
+            allows, 2 MB on most disks, at most 64 MB (see ``batch_bytes``).
+        workers: reader processes on Linux when no other Python thread runs,
+            else reader threads (default: 2x CPUs, at least 4); 1 reads in
+            the calling thread.
+        overwrite: replace an existing pack (or unfinished pack) at ``dst``.
+        update: bring the pack at ``dst`` up to date with ``src`` in place
+            (``pack --update``): new files and classes are added, files gone
+            are dropped, files whose size or modification time changed are
+            read again (``check="content"``: every file's bytes are compared);
+            the result is the dataset a fresh pack of ``src`` would be, and
+            only the changed files are read and written. The pack's own
+            store, check and resize are kept (other values are refused: they
+            would change every record; repack with ``overwrite``), and so are
+            its layout and file filters: ``layout`` and ``extensions`` not
+            given are the pack's, others are refused (they select other
+            files); a pack's ``match`` must be passed again (a pattern read
+            from a pack is never run), and so must ``is_valid_file``
+            (recorded by name only). A ``dst``
+            that does not exist is packed. Interrupted, the same call finishes
+            it; ``dst`` holds the old version until the update commits.
+            Datasets that opened it before keep reading the old version until
+            it is updated again; processes that open it anew see the new one.
+        restart: discard an unfinished pack at ``dst`` instead of resuming it.
+        space_check: refuse to start when the estimated output does not fit
+            on the disk.
+        progress: draw a progress bar (``None``: only on a terminal).
+        resize: shrink images larger than ``resize.max_size`` and re-encode
+            them (a ``Resize``; ``pack --max-size N --quality Q``).
 
     Example:
         >>> from lmdbfolder import PackOptions, Resize, pack
@@ -168,6 +198,11 @@ class PackOptions:
     def replace(self, **changes: Any) -> PackOptions:
         """A copy with ``changes`` (validated like the constructor)."""
         return dataclasses.replace(self, **changes) if changes else self
+
+    def for_new_pack(self) -> PackOptions:
+        """These options for a pack written anew where an update found nothing to update:
+        ``update`` off, and ``check="content"`` (which compares with a pack) the default check."""
+        return self.replace(update=False, check="header" if self.check == CONTENT_CHECK else self.check)
 
     def fingerprint(self) -> dict[str, Any]:
         """What a resumed pack must share with the run that started it, as far as options go.

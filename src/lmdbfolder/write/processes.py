@@ -42,6 +42,7 @@ import sys
 import threading
 import traceback
 import warnings
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Iterator, Sequence
 
@@ -132,24 +133,32 @@ def _set_parent_death_signal() -> None:
         pass
 
 
-def _worker(
-    w: int,
-    workers: int,
-    items: Sequence[int],
-    chunk: int,
-    chunks: int,
-    load: Load,
-    ring: mmap.mmap,
-    base: int,
-    size: int,
-    control: Connection,
-    results: Connection,
-    inherited: list[Connection],
-    parent: int,
-) -> None:
-    """The body of worker ``w`` (a forked child)."""
+@dataclass
+class _WorkerJob:
+    """What worker ``w`` of ``workers`` is given (through the fork, not pickled): the items
+    and how they are cut in ``chunks`` of ``chunk`` (it loads chunks ``w``,
+    ``w + workers``, ...), the loader, its region ``[base, base + size)`` of the shared
+    ring, its two pipe ends (and the others it inherited, closed at once), the writer's pid."""
+
+    w: int
+    workers: int
+    items: Sequence[int]
+    chunk: int
+    chunks: int
+    load: Load
+    ring: mmap.mmap
+    base: int
+    size: int
+    control: Connection
+    results: Connection
+    inherited: list[Connection]
+    parent: int
+
+
+def _worker(job: _WorkerJob) -> None:
+    """The body of worker ``job.w`` (a forked child)."""
     _set_parent_death_signal()
-    if os.getppid() != parent:  # the writer died before the signal was armed
+    if os.getppid() != job.parent:  # the writer died before the signal was armed
         os._exit(1)
     # Ctrl-C reaches the whole process group; it is the writer's to handle (it
     # stops the workers). SIGINT and SIGTERM were blocked across the fork so
@@ -163,14 +172,15 @@ def _worker(
     # printing is the one thing here that takes a lock another thread of the
     # writer's process might have held when it forked.
     warnings.simplefilter("ignore")
-    for conn in inherited:
+    for conn in job.inherited:
         conn.close()
-    r = _Ring(memoryview(ring)[base : base + size], control, results)
+    r = _Ring(memoryview(job.ring)[job.base : job.base + job.size], job.control, job.results)
+    results, chunk = job.results, job.chunk
     try:
-        for k in range(w, chunks, workers):
+        for k in range(job.w, job.chunks, job.workers):
             out: list[tuple[Any, ...]] = []
-            for item in items[k * chunk : (k + 1) * chunk]:
-                out.append(_load_one(r, load, item))
+            for item in job.items[k * chunk : (k + 1) * chunk]:
+                out.append(_load_one(r, job.load, item))
             results.send(("c", k, out))
             r.drain()
     except (BrokenPipeError, EOFError, ConnectionResetError):
@@ -249,19 +259,21 @@ class ProcessReader:
                 proc = ctx.Process(
                     target=_worker,
                     args=(
-                        w,
-                        self.workers,
-                        self.items,
-                        self.chunk,
-                        self.chunks,
-                        self.load,
-                        self._ring,
-                        w * self.ring_size,
-                        self.ring_size,
-                        control_r,
-                        results_w,
-                        inherited,
-                        os.getpid(),
+                        _WorkerJob(
+                            w,
+                            self.workers,
+                            self.items,
+                            self.chunk,
+                            self.chunks,
+                            self.load,
+                            self._ring,
+                            w * self.ring_size,
+                            self.ring_size,
+                            control_r,
+                            results_w,
+                            inherited,
+                            os.getpid(),
+                        ),
                     ),
                     name=f"lmdbfolder-read-{w}",
                     daemon=True,

@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, OptionError, PackError
+from lmdbfolder.errors import LmdbFolderError, PackError
 from lmdbfolder.progress import Progress
 from lmdbfolder.text import printable
-from lmdbfolder.write.options import PackOptions, pack_options
-from lmdbfolder.write.output import check_outside_source
+from lmdbfolder.write import planner
+from lmdbfolder.write.options import PackOptions
+from lmdbfolder.write.planner import Kind, OnRay, Plan, import_ray, request_from_settings
 from lmdbfolder.write.shards import (
-    DEFAULT_PREFIX,
     ShardedPackResult,
     ShardResult,
     finished_sharded_pack,
@@ -43,23 +44,13 @@ from lmdbfolder.write.shards import (
     sources_digest,
     write_index,
 )
-from lmdbfolder.write.sources import SourceList, SourceSpec
+from lmdbfolder.write.sources import SourceList
 from lmdbfolder.write.writer import warn_skipped
 
 __all__ = ["pack_ray"]
 
 #: Seconds between a task's progress reports (and the driver's polls).
 REPORT_EVERY = 0.5
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        error = MissingDependencyError("packing on a Ray cluster (--ray)", "ray", "Ray")
-        error.hint += " (on the driver and on every node)"
-        raise error from exc
-    return ray
 
 
 class _Tracker:
@@ -102,40 +93,28 @@ def pack_ray(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     options: PackOptions | None = None,
-    *,
-    shards: int | None = None,
-    shard_size: int | str | None = None,
-    address: str | None = None,
-    prefix: str = DEFAULT_PREFIX,
-    layout: str | None = "imagefolder",
-    list_file: str | os.PathLike[str] | None = None,
-    allow_empty: bool = False,
-    extensions: Sequence[str] | str | None = None,
-    is_valid_file: Callable[[str], bool] | None = None,
-    match: str | None = None,
-    staging: str | os.PathLike[str] | None = None,
-    task_cpus: float = 1.0,
-    on_progress: Callable[[int, int], None] | None = None,
-    init_kwargs: dict[str, Any] | None = None,
-    **fields: Any,
+    **settings: Any,
 ) -> ShardedPackResult:
     """Pack ``src`` into the sharded pack ``dst`` with one Ray task per shard.
 
-    Args:
+    Keywords (``settings``):
         address: the Ray cluster (``"auto"``, ``"ray://head:10001"``, ...).
             If Ray is already initialised in this process, that cluster is
             used; otherwise ``ray.init(address, **init_kwargs)`` is called
             (``None``: ``RAY_ADDRESS``, or a new local cluster) and shut down
             at the end.
-        task_cpus: CPUs Ray reserves for each shard task.
+        task_cpus: CPUs Ray reserves for each shard task (default 1).
+        init_kwargs: ``ray.init``'s other keywords.
         on_progress: called with ``(source files done, total)`` as tasks report.
         staging: a node-local directory to build each shard in (see ``pack_shard``).
+        shards, shard_size, prefix, layout, list_file, allow_empty, extensions,
+            is_valid_file, match: those of ``lmdbfolder.pack_sharded``, with the
+            same meaning.
+        the ``PackOptions`` fields: those of ``lmdbfolder.pack``; ``workers``
+            (readers per task) defaults to 2 per reserved CPU, at least 4
+            (threads, since a Ray worker process runs threads of its own).
 
-    ``options``/``fields`` are those of ``lmdbfolder.pack``; ``workers``
-    (readers per task) defaults to 2 per reserved CPU, at least 4 (threads,
-    since a Ray worker process runs threads of its own). The other arguments
-    are those of ``lmdbfolder.pack_sharded``, with the same meaning;
-    rerunning after an interruption or a failed task keeps finished shards
+    Rerunning after an interruption or a failed task keeps finished shards
     and resumes the others. If shards fail, the others still finish, and the
     first error is raised naming how many failed.
 
@@ -143,61 +122,70 @@ def pack_ray(
         >>> from lmdbfolder.write.ray import pack_ray
         >>> pack_ray("/shared/imagenet/train", "/shared/train", shard_size="4GB", address="auto")  # doctest: +SKIP
     """
-    opts = pack_options(options, fields)
-    if opts.update:
-        raise OptionError(
-            "--update reads only the files that changed, in one process: drop --ray",
-            "run `lmdbfolder pack SRC DST --update` (Python: pack_sharded(src, dst, update=True))",
-        )
-    ray = _import_ray()
-    start_time = time.perf_counter()
-    check_outside_source(src, dst)
-    if staging is not None:
-        check_outside_source(src, staging)
-    sources = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match).scan(src)
-    done = finished_sharded_pack(sources, dst, opts, shards, shard_size, None, prefix, start_time)
+    return execute_ray(planner.plan(request_from_settings(src, dst, options, settings, ray=True)))
+
+
+def execute_ray(planned: Plan) -> ShardedPackResult:
+    """The executor of ``Kind.RAY``: the shards not finished yet as Ray tasks, then the index,
+    then the ``SkippedFilesWarning``."""
+    if planned.kind is not Kind.RAY or planned.request.ray is None:
+        raise ValueError(f"execute_ray runs Ray plans, not a {planned.kind.value} plan")
+    ray, on_ray = import_ray(), planned.request.ray
+    sharding, opts, sources = planned.sharding, planned.options, planned.sources
+    done = finished_sharded_pack(
+        sources, planned.dst, opts, sharding.shards, sharding.shard_size, None, sharding.prefix, planned.start_time
+    )
     if done is not None:
         return done
-    num, dst = plan_sharded_output(sources, dst, opts, shards, shard_size, None, prefix)
+    num, dst = plan_sharded_output(
+        sources, planned.dst, opts, sharding.shards, sharding.shard_size, None, sharding.prefix
+    )
     task_opts = opts.replace(
-        workers=opts.workers if opts.workers is not None else max(4, int(2 * task_cpus)),
+        workers=opts.workers if opts.workers is not None else max(4, int(2 * on_ray.task_cpus)),
         overwrite=False,
         progress=False,
     )
+    staging = sharding.staging
     shard_args: dict[str, Any] = dict(
-        prefix=prefix,
+        prefix=sharding.prefix,
         digest=sources_digest(sources),
         staging=None if staging is None else os.path.abspath(os.path.expanduser(os.fspath(staging))),
     )
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, **(init_kwargs or {}))
+        ray.init(address=on_ray.address, **(on_ray.init_kwargs or {}))
     try:
-        results = _run_tasks(ray, sources, dst, num, task_opts, shard_args, task_cpus, opts.progress, on_progress)
+        results = _run_tasks(ray, _Tasks(sources, dst, num, task_opts, shard_args, on_ray), opts.progress)
     finally:
         if started:
             ray.shutdown()
-    index = write_index(dst, prefix=prefix)
-    result = ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
-    warn_skipped(result.skipped, "each shard's skipped.txt")
+    index = write_index(dst, prefix=sharding.prefix)
+    result = ShardedPackResult(dst, index["count"], results, time.perf_counter() - planned.start_time, opts.store)
+    warn_skipped(result.skipped, "each shard's skipped.txt", stacklevel=4)
     return result
 
 
-def _run_tasks(
-    ray: Any,
-    sources: SourceList,
-    dst: str,
-    num: int,
-    options: PackOptions,
-    shard_args: dict[str, Any],
-    task_cpus: float,
-    progress: bool | None,
-    on_progress: Callable[[int, int], None] | None,
-) -> list[ShardResult]:
+@dataclass(frozen=True)
+class _Tasks:
+    """What the shard tasks of one run share: the sample list, the prepared ``dst``, the
+    number of shards, the options and ``pack_shard`` keywords of each task, the cluster."""
+
+    sources: SourceList
+    dst: str
+    num: int
+    options: PackOptions
+    shard_args: dict[str, Any]
+    on_ray: OnRay
+
+
+def _run_tasks(ray: Any, tasks: _Tasks, progress: bool | None) -> list[ShardResult]:
+    """Start one task per shard, follow them with a progress bar, and return their results
+    in shard order; the first error (naming how many failed) once every task has ended."""
+    sources, num, shard_args, on_progress = tasks.sources, tasks.num, tasks.shard_args, tasks.on_ray.on_progress
     tracker = ray.remote(num_cpus=0)(_Tracker).remote()
-    task = ray.remote(num_cpus=task_cpus)(_pack_shard_task)
+    task = ray.remote(num_cpus=tasks.on_ray.task_cpus)(_pack_shard_task)
     sources_ref = ray.put(sources)  # one copy in the object store, fetched once per node
-    refs = {task.remote(sources_ref, dst, i, num, options, shard_args, tracker): i for i in range(num)}
+    refs = {task.remote(sources_ref, tasks.dst, i, num, tasks.options, shard_args, tracker): i for i in range(num)}
     pending = list(refs)
     results: dict[int, ShardResult] = {}
     errors: dict[int, LmdbFolderError] = {}

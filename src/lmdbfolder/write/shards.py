@@ -38,7 +38,7 @@ import shutil
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from lmdbfolder import environments, packdir
 from lmdbfolder._version import __version__
@@ -64,13 +64,13 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.progress import Progress
 from lmdbfolder.text import printable, skipped_line
-from lmdbfolder.write import sizing
+from lmdbfolder.write import planner, sizing
 from lmdbfolder.write.compact import PathList
-from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
-from lmdbfolder.write.output import check_outside_source
+from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.planner import DEFAULT_PREFIX, Kind, Plan, request_from_settings
 from lmdbfolder.write.resume import describe_change, pack_fingerprint
-from lmdbfolder.write.sources import SourceList, SourceSpec
-from lmdbfolder.write.update import Changes, update_spec
+from lmdbfolder.write.sources import SourceList
+from lmdbfolder.write.update import Changes
 from lmdbfolder.write.writer import pack_sources, per_second, warn_skipped
 
 __all__ = [
@@ -88,12 +88,11 @@ __all__ = [
     "finished_sharded_pack",
     "pack_shard",
     "pack_sharded",
+    "execute_sharded",
     "write_index",
     "update_sharded",
 ]
 
-#: Shard directories are named ``<prefix>-00003-of-00008.lmdb``.
-DEFAULT_PREFIX = "train"
 SPLIT_METHOD = "contiguous"
 
 
@@ -562,19 +561,7 @@ def pack_sharded(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     options: PackOptions | None = None,
-    *,
-    shards: int | None = None,
-    shard_size: int | str | None = None,
-    shard_index: int | None = None,
-    prefix: str = DEFAULT_PREFIX,
-    layout: str | None = None,
-    list_file: str | os.PathLike[str] | None = None,
-    allow_empty: bool = False,
-    extensions: Sequence[str] | str | None = None,
-    is_valid_file: Callable[[str], bool] | None = None,
-    match: str | None = None,
-    staging: str | os.PathLike[str] | None = None,
-    **fields: Any,
+    **settings: Any,
 ) -> ShardedPackResult:
     """Pack ``src`` into a sharded pack at ``dst``: ``shards`` shards, or shards of about ``shard_size``.
 
@@ -582,15 +569,23 @@ def pack_sharded(
     parallel reading pipeline); ``lmdbfolder.write.ray.pack_ray`` packs them in
     parallel on a Ray cluster. Rerunning the same call after an interruption
     keeps the finished shards and resumes the unfinished one. The index is
-    written last, from the finished shards. ``options``/``fields``, ``layout``,
-    ``list_file``, ``allow_empty`` and the file filters (``extensions``,
-    ``is_valid_file``, ``match``) are those of ``lmdbfolder.pack`` (with
-    ``update``, the layout and extensions not given are the pack's, and its
-    ``match`` must be given again).
+    written last, from the finished shards.
 
-    ``shard_index``: pack only that shard of the ``shards``-way split and
-    write no index (one job of a Slurm array; ``write_index`` once all are
-    done). ``staging``: see ``pack_shard``.
+    Keywords (``settings``):
+        shards, shard_size: the number of shards, or the size of each
+            (``"4GB"``, ``"500MB"``, ``"2GiB"`` or bytes); one of them.
+        shard_index: pack only that shard of the ``shards``-way split and
+            write no index (one job of a Slurm array; ``write_index`` once all
+            are done).
+        prefix: shard names start with it (default ``"train"``).
+        staging: see ``pack_shard``.
+        layout, list_file, allow_empty, extensions, is_valid_file, match: the
+            source, as for ``lmdbfolder.pack`` (with ``update``, the layout and
+            extensions not given are the pack's, and its ``match`` must be
+            given again).
+        the ``PackOptions`` fields: as for ``lmdbfolder.pack`` (they override
+            ``options``'); with ``update``, a sharded ``dst`` is updated in
+            place (``update_sharded``).
 
     Example:
         >>> from lmdbfolder import pack_sharded
@@ -601,66 +596,76 @@ def pack_sharded(
     Rerunning a finished sharded pack with the same source, split and
     options does nothing (``already_packed``; see ``finished_sharded_pack``).
     """
-    opts = pack_options(options, fields)
-    start_time = time.perf_counter()
-    check_outside_source(src, dst)
-    if staging is not None:
-        check_outside_source(src, staging)
-        where = os.path.abspath(os.path.expanduser(os.fspath(staging)))
-        if os.path.lexists(where) and not os.path.isdir(where):
-            # Found before any shard is packed: else every shard's makedirs failed with "File exists".
-            raise OptionError(
-                f"--staging {where} is not a folder", "pass a folder on a local disk (it is made if it is missing)"
-            )
-    spec = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
-    if opts.update:
-        spec = update_spec(spec, dst)  # the pack's own layout and file filters
-    sources = spec.scan(src)
-    if shard_index is not None and shards is None:
-        raise ValueError("shard_index needs the number of shards (shards=N), the same for every job")
-    if opts.update:
-        if packdir.inspect(dst).kind is packdir.Kind.SHARDED:
-            updated = update_sharded(sources, dst, opts, shards=shards, shard_index=shard_index, prefix=prefix)
-            if not updated.already_packed:  # as pack(update=True) warns
-                warn_skipped(updated.skipped, "each shard's skipped.txt")
-            return updated
-        # Nothing to update: pack it (or finish the shards packed so far).
-        opts = opts.replace(update=False, check="header" if opts.check == CONTENT_CHECK else opts.check)
-    done = finished_sharded_pack(sources, dst, opts, shards, shard_size, shard_index, prefix, start_time)
+    return execute_sharded(planner.plan(request_from_settings(src, dst, options, settings, sharded=True)))
+
+
+def execute_sharded(planned: Plan) -> ShardedPackResult:
+    """The executor of a sharded pack written here (``Kind.SHARDED``: every shard one after
+    the other, or shard ``shard_index`` alone) and of its update in place
+    (``Kind.UPDATE_SHARDED``), then the ``SkippedFilesWarning`` (none when nothing was to do)."""
+    sharding, opts, sources = planned.sharding, planned.options, planned.sources
+    if planned.kind is Kind.UPDATE_SHARDED:
+        out = update_sharded(
+            sources, planned.dst, opts, shards=sharding.shards, shard_index=sharding.shard_index, prefix=sharding.prefix
+        )
+    elif planned.kind is Kind.SHARDED:
+        out = _pack_shards(planned)
+    else:
+        raise ValueError(f"execute_sharded runs sharded packs and their updates, not a {planned.kind.value} plan")
+    if not out.already_packed:
+        warn_skipped(out.skipped, "each shard's skipped.txt", stacklevel=4)
+    return out
+
+
+def _pack_shards(planned: Plan) -> ShardedPackResult:
+    """``Kind.SHARDED``: the shards to pack (all, or ``shard_index``) one after the other, then the index."""
+    sharding, opts, sources = planned.sharding, planned.options, planned.sources
+    shards, shard_index, prefix = sharding.shards, sharding.shard_index, sharding.prefix
+    done = finished_sharded_pack(
+        sources, planned.dst, opts, shards, sharding.shard_size, shard_index, prefix, planned.start_time
+    )
     if done is not None:
         return done
-    num, dst = plan_sharded_output(sources, dst, opts, shards, shard_size, shard_index, prefix)
-    digest = sources_digest(sources)
-    results = []
+    num, dst = plan_sharded_output(sources, planned.dst, opts, shards, sharding.shard_size, shard_index, prefix)
     todo = range(num) if shard_index is None else [shard_index]
     split = plan_split(len(sources), num)
-    total = sum(split[i][1] - split[i][0] for i in todo)
     desc = f"pack {num} shards" if shard_index is None else f"pack shard {shard_index}"
     # Each shard's own bar is off; this one bar counts every shard's files.
     shard_opts = opts.replace(overwrite=opts.overwrite and shard_index is not None, progress=False)
-    with Progress(total, desc, enabled=opts.progress) as bar:
+    shard_args: dict[str, Any] = dict(prefix=prefix, digest=sources_digest(sources), staging=sharding.staging)
+    results = []
+    with Progress(sum(split[i][1] - split[i][0] for i in todo), desc, enabled=opts.progress) as bar:
         for i in todo:
-            lo, hi = split[i]
-            reported = [0]
-
-            def report(done: int, total: int, reported: list[int] = reported) -> None:
-                bar.update(done - reported[0])
-                reported[0] = done
-
-            result = pack_shard(
-                sources, dst, i, num, shard_opts, prefix=prefix, digest=digest, staging=staging, on_progress=report
-            )
-            bar.update(hi - lo - reported[0])
-            for path, reason in result.skipped:
-                bar.write(skipped_line(path, reason))
-            results.append(result)
+            results.append(_pack_one_shard(bar, sources, dst, i, num, split[i], shard_opts, shard_args))
+    seconds = time.perf_counter() - planned.start_time
     if shard_index is not None:
-        out = ShardedPackResult(dst, results[0].count, results, time.perf_counter() - start_time, opts.store)
-    else:
-        index = write_index(dst, prefix=prefix)
-        out = ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
-    warn_skipped(out.skipped, "each shard's skipped.txt")
-    return out
+        return ShardedPackResult(dst, results[0].count, results, seconds, opts.store)
+    index = write_index(dst, prefix=prefix)
+    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - planned.start_time, opts.store)
+
+
+def _pack_one_shard(
+    bar: Progress,
+    sources: SourceList,
+    dst: str,
+    i: int,
+    num: int,
+    bounds: tuple[int, int],
+    options: PackOptions,
+    shard_args: dict[str, Any],
+) -> ShardResult:
+    """``pack_shard`` of shard ``i``, counting its files on ``bar`` and listing its skipped files there."""
+    reported = [0]
+
+    def report(done: int, total: int) -> None:
+        bar.update(done - reported[0])
+        reported[0] = done
+
+    result = pack_shard(sources, dst, i, num, options, on_progress=report, **shard_args)
+    bar.update(bounds[1] - bounds[0] - reported[0])
+    for path, reason in result.skipped:
+        bar.write(skipped_line(path, reason))
+    return result
 
 
 # -- updating ----------------------------------------------------------------------

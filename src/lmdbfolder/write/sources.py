@@ -355,6 +355,29 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
     """
     root = _check_root(root)
     list_file = os.path.abspath(os.path.expanduser(os.fspath(list_file)))
+    relpaths, tokens, lines = _list_lines(list_file)
+    if not relpaths:
+        raise SourceError(list_file, "the list file holds no `path label` lines")
+    numbers = [_as_int(t) for t in tokens]
+    if all(n is not None for n in numbers):
+        labels = [int(n) for n in numbers if n is not None]
+        names = _numbered_classes(list_file, labels, lines, classes)
+    else:
+        names = sorted(set(tokens))
+        if classes is not None and list(classes) != names:
+            raise SourceError(
+                list_file,
+                "the labels are class names, and they are not the class names given",
+                "pass classes only with integer labels",
+            )
+        index = {name: i for i, name in enumerate(names)}
+        labels = [index[t] for t in tokens]
+    return SourceList(root, "list", relpaths, labels, names, {c: i for i, c in enumerate(names)}, list_file=list_file)
+
+
+def _list_lines(list_file: str) -> tuple[list[str], list[str], list[tuple[int, str]]]:
+    """The ``path label`` lines of ``list_file``: (paths, label texts, (line number, line) of
+    each); ListFileError for a line too long, without a label, or a path listed twice."""
     relpaths: list[str] = []
     tokens: list[str] = []
     lines: list[tuple[int, str]] = []
@@ -391,45 +414,35 @@ def read_list_file(list_file: str, root: str, *, classes: Sequence[str] | None =
                 lines.append((lineno, text))
     except OSError as exc:
         raise SourceError(list_file, f"cannot read the list file ({exc.strerror})", os_hint(exc)) from None
-    if not relpaths:
-        raise SourceError(list_file, "the list file holds no `path label` lines")
-    numbers = [_as_int(t) for t in tokens]
-    if all(n is not None for n in numbers):
-        labels = [int(n) for n in numbers if n is not None]
-        for (lineno, text), label in zip(lines, labels):
-            if label < 0 or label >= 1 << 31:
-                raise ListFileError(list_file, lineno, text, f"label {label} is outside 0..2**31-1")
-        n_classes = max(labels) + 1
-        if classes is None and _numbered_classes_bytes(n_classes) > MAX_MANIFEST_BYTES:
-            # Checked before the names are made: a stray label of 2**31-1
-            # would otherwise build two billion strings (and exhaust memory).
-            top = labels.index(n_classes - 1)
-            raise ListFileError(
-                list_file,
-                lines[top][0],
-                lines[top][1],
-                f"label {n_classes - 1:,} means {n_classes:,} classes (0..{n_classes - 1:,}), more than "
-                f"a manifest of {MAX_MANIFEST_BYTES:,} bytes can name; labels are class indices from 0",
-            )
-        if classes is None:
-            names = [str(i) for i in range(n_classes)]
-        else:
-            names = list(classes)
-            if len(names) < n_classes:
-                raise SourceError(
-                    list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given"
-                )
-    else:
-        names = sorted(set(tokens))
-        if classes is not None and list(classes) != names:
-            raise SourceError(
-                list_file,
-                "the labels are class names, and they are not the class names given",
-                "pass classes only with integer labels",
-            )
-        index = {name: i for i, name in enumerate(names)}
-        labels = [index[t] for t in tokens]
-    return SourceList(root, "list", relpaths, labels, names, {c: i for i, c in enumerate(names)}, list_file=list_file)
+    return relpaths, tokens, lines
+
+
+def _numbered_classes(
+    list_file: str, labels: list[int], lines: list[tuple[int, str]], classes: Sequence[str] | None
+) -> list[str]:
+    """The class names of integer ``labels``: ``classes``, or ``"0" .. str(max label)``;
+    ListFileError for a label out of range, or one that would name too many classes."""
+    for (lineno, text), label in zip(lines, labels):
+        if label < 0 or label >= 1 << 31:
+            raise ListFileError(list_file, lineno, text, f"label {label} is outside 0..2**31-1")
+    n_classes = max(labels) + 1
+    if classes is None and _numbered_classes_bytes(n_classes) > MAX_MANIFEST_BYTES:
+        # Checked before the names are made: a stray label of 2**31-1
+        # would otherwise build two billion strings (and exhaust memory).
+        top = labels.index(n_classes - 1)
+        raise ListFileError(
+            list_file,
+            lines[top][0],
+            lines[top][1],
+            f"label {n_classes - 1:,} means {n_classes:,} classes (0..{n_classes - 1:,}), more than "
+            f"a manifest of {MAX_MANIFEST_BYTES:,} bytes can name; labels are class indices from 0",
+        )
+    if classes is None:
+        return [str(i) for i in range(n_classes)]
+    names = list(classes)
+    if len(names) < n_classes:
+        raise SourceError(list_file, f"labels go up to {n_classes - 1} but only {len(names)} class names were given")
+    return names
 
 
 def _as_int(text: str) -> int | None:

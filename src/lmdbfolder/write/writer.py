@@ -29,21 +29,21 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from lmdbfolder import packdir
-from lmdbfolder.errors import OptionError, SkippedFilesWarning
+from lmdbfolder.errors import SkippedFilesWarning
 from lmdbfolder.format import SKIPPED_REPORT, encode_meta
 from lmdbfolder.text import printable
-from lmdbfolder.write import output, resume, sizing, update
+from lmdbfolder.write import output, planner, resume, sizing, update
 from lmdbfolder.write.lock import writer_lock
 from lmdbfolder.write.loop import Job, _Run, check_manifest_size
-from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
+from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.planner import Kind, PackRequest, Plan, updatable
 from lmdbfolder.write.records import Loaded, Skipped
 from lmdbfolder.write.runtime import _keep_freed_memory
 from lmdbfolder.write.sources import SourceList, SourceSpec
 from lmdbfolder.write.threads import default_workers
 from lmdbfolder.write.update import Changes
 
-__all__ = ["PackResult", "pack", "pack_sources", "per_second", "warn_skipped"]
+__all__ = ["PackResult", "execute_single", "pack", "pack_sources", "per_second", "warn_skipped"]
 
 
 def per_second(amount: float, seconds: float) -> float:
@@ -146,45 +146,11 @@ def pack(
             contain (``re.search``, ``/`` separators), on top of either filter
             (``pack --match``); recorded and fingerprinted.
 
-    The options (``PackOptions`` fields):
-        store: ``"encoded"`` keeps each file's bytes unchanged; ``"raw"``
-            stores decoded RGB pixels (no decode at training time, larger).
-        check: ``"header"`` (each header read as Pillow reads it; default), ``"decode"``
-            (decode every image once) or ``"none"``. Files that fail are
-            skipped and reported.
-        strict: stop at the first file that cannot be read or fails the check
-            (the partial pack stays resumable) instead of skipping it.
-        commit_every: samples per write transaction.
-        commit_bytes: bytes per write transaction (whichever limit comes
-            first). None (default): as small as the disk's flush latency
-            allows, 2 MB on most disks, at most 64 MB (see ``batch_bytes``).
-        workers: reader processes on Linux when no other Python thread runs,
-            else reader threads (default: 2x CPUs, at least 4); 1 reads in
-            the calling thread.
-        overwrite: replace an existing pack (or unfinished pack) at ``dst``.
-        update: bring the pack at ``dst`` up to date with ``src`` in place
-            (``pack --update``): new files and classes are added, files gone
-            are dropped, files whose size or modification time changed are
-            read again (``check="content"``: every file's bytes are compared);
-            the result is the dataset a fresh pack of ``src`` would be, and
-            only the changed files are read and written. The pack's own
-            store, check and resize are kept (other values are refused: they
-            would change every record; repack with ``overwrite``), and so are
-            its layout and file filters: ``layout`` and ``extensions`` not
-            given are the pack's, others are refused (they select other
-            files); a pack's ``match`` must be passed again (a pattern read
-            from a pack is never run), and so must ``is_valid_file``
-            (recorded by name only). A ``dst``
-            that does not exist is packed. Interrupted, the same call finishes
-            it; ``dst`` holds the old version until the update commits.
-            Datasets that opened it before keep reading the old version until
-            it is updated again; processes that open it anew see the new one.
-        restart: discard an unfinished pack at ``dst`` instead of resuming it.
-        space_check: refuse to start when the estimated output does not fit
-            on the disk.
-        progress: draw a progress bar (``None``: only on a terminal).
-        resize: shrink images larger than ``resize.max_size`` and re-encode
-            them (a ``Resize``; ``pack --max-size N --quality Q``).
+    The options are ``PackOptions``' fields (its docstring says what each does):
+    ``store``, ``check``, ``strict``, ``commit_every``, ``commit_bytes``,
+    ``workers``, ``overwrite``, ``update`` (bring the pack at ``dst`` up to date
+    with ``src`` in place, reading only the changed files), ``restart``,
+    ``space_check``, ``progress`` and ``resize``.
 
     Skipped files are also announced with a ``SkippedFilesWarning`` naming
     their count and ``DST/skipped.txt`` (the command line lists them itself).
@@ -206,20 +172,24 @@ def pack(
         >>> result.count, len(result.skipped)  # doctest: +SKIP
         (1281167, 0)
     """
-    opts = pack_options(options, fields)
-    output.check_outside_source(src, dst)  # before the scan, which would see a DST inside SRC as a class
-    if opts.update and packdir.inspect(dst).kind is packdir.Kind.SHARDED:
-        raise OptionError(
-            f"{os.path.abspath(os.fspath(dst))} is a sharded pack",
-            "update it with the shard options it was packed with: `lmdbfolder pack SRC DST --update --shards N` "
-            "(Python: pack_sharded(..., update=True))",
-        )
-    spec = SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match)
-    if opts.update:
-        spec = update.update_spec(spec, dst)
-    result = pack_sources(spec.scan(src), dst, opts)
+    request = PackRequest(
+        src,
+        dst,
+        SourceSpec(layout, list_file, allow_empty, extensions, is_valid_file, match),
+        pack_options(options, fields),
+    )
+    return execute_single(planner.plan(request))
+
+
+def execute_single(planned: Plan) -> PackResult:
+    """The executor of a single pack (``Kind.SINGLE``) and of its update in place
+    (``Kind.UPDATE``): ``pack_sources`` of the planned sample list, then the
+    ``SkippedFilesWarning`` (none when the pack was already written)."""
+    if planned.kind not in (Kind.SINGLE, Kind.UPDATE):
+        raise ValueError(f"execute_single runs single packs and their updates, not a {planned.kind.value} plan")
+    result = pack_sources(planned.sources, planned.dst, planned.options)
     if not result.already_packed:
-        warn_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+        warn_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT), stacklevel=4)
     return result
 
 
@@ -310,10 +280,10 @@ def _write(job: Job) -> PackResult:
         output.check_outside_source(sources.root, dst)
     check_manifest_size(encode_meta({"classes": sources.classes, "class_to_idx": sources.class_to_idx}), sources.root)
     if opts.update:
-        if job.loader is None and packdir.inspect(dst).kind is packdir.Kind.PACK and not os.path.islink(dst):
+        if job.loader is None and updatable(dst):
             return _update(job, start_time)
         # Nothing to update: pack it (or finish the pack started there).
-        opts = opts.replace(update=False, check="header" if opts.check == CONTENT_CHECK else opts.check)
+        opts = opts.for_new_pack()
         job = dataclasses.replace(job, options=opts)
     fingerprint = resume.pack_fingerprint(sources, opts, job.manifest_extra)
     existing = resume._existing_pack(dst, fingerprint, opts)

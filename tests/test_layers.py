@@ -6,7 +6,7 @@ ones inside functions), so a lazy import counts like any other. Layers, from
 the bottom (docs/design.md, "Module boundaries"):
 
 0. core: the format, errors, image codecs, progress bars, the checked page
-   reader (pagefile), opening a pack on it (environments), the pack directory;
+   reader (pagefile), opening a pack on it (packfile), the pack directory;
 1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
    which share only the core;
 2. the tools (``lmdbfolder.tools``);
@@ -29,7 +29,7 @@ import pytest
 import lmdbfolder
 
 PACKAGE = Path(lmdbfolder.__file__).parent
-CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "environments", "packdir", "text", "remote"}
+CORE = {"_version", "errors", "format", "codecs", "progress", "pagefile", "packfile", "packdir", "text", "remote"}
 TORCH = {"torch", "fused", "sampler", "gpu", "transport"}
 TOP = {"", "__main__", "cli"}
 TESTS = Path(__file__).parent

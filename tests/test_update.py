@@ -580,10 +580,10 @@ def test_fresh_packs_record_file_times_and_history(small_tree: Path, tmp_path: P
     with Reader(dst) as r:
         assert r.format_version == 2  # a fresh pack is still format 2: older readers open it
         assert r.history()[0]["event"] == "pack" and r.history()[0]["count"] == 12
-    from lmdbfolder import environments
+    from lmdbfolder import packfile
 
-    pf = environments.open_data(str(dst))
-    stats = environments.stats_table(pf, environments.load_tables(pf, str(dst)), str(dst))
+    pf = packfile.open_data(str(dst))
+    stats = packfile.load_tables(pf, str(dst)).stats(packfile.PackSource(pf, str(dst)))
     assert stats is not None and int(stats["mtime_ns"][0]) == (small_tree / "class0" / "img0.jpg").stat().st_mtime_ns
     assert int(stats["size"][5]) == (small_tree / "class1" / "img1.jpg").stat().st_size
     assert UNKNOWN_MTIME not in stats["mtime_ns"]
@@ -602,10 +602,10 @@ def test_records_of_a_resumed_pack_are_compared_by_content_once(
         pack(src, dst, strict=True, workers=1, commit_every=2, progress=False)
     new_image(src / "dog" / "img02.jpg", 11)  # fixed: the rerun resumes after the first files
     assert pack(src, dst, strict=True, workers=1, commit_every=2, progress=False).resumed_from > 0
-    from lmdbfolder import environments
+    from lmdbfolder import packfile
 
-    pf = environments.open_data(str(dst))
-    mtimes = environments.stats_table(pf, environments.load_tables(pf, str(dst)), str(dst))["mtime_ns"].tolist()
+    pf = packfile.open_data(str(dst))
+    mtimes = packfile.load_tables(pf, str(dst)).stats(packfile.PackSource(pf, str(dst)))["mtime_ns"].tolist()
     pf.close()
     unknown = mtimes.count(UNKNOWN_MTIME)
     assert 0 < unknown < len(mtimes) and mtimes[:unknown] == [UNKNOWN_MTIME] * unknown

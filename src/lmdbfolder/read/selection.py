@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from lmdbfolder.environments import class_counts
+from lmdbfolder.packfile import class_counts
 from lmdbfolder.errors import NoSamplesError
 
 __all__ = [

@@ -34,9 +34,10 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
-from lmdbfolder import environments, packdir
+from lmdbfolder import packdir, packfile
 from lmdbfolder.codecs import PayloadMismatch, encoding_of, raw_rgb, truncation
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
@@ -53,25 +54,17 @@ from lmdbfolder.format import (
     RESERVED_PREFIX,
     SKIPPED_KEY,
     STATS_KEY,
+    PackTables,
     RecordHeader,
-    check_labels,
-    check_paths,
     check_table,
     decode_check,
-    decode_history,
     decode_key,
-    decode_labels,
     decode_meta,
-    decode_paths,
     decode_record,
-    decode_skipped,
     informational,
     invalid_fields,
     label_map,
-    order_values,
-    pack_binding,
     shard_matches,
-    stats_values,
     tables_digest,
 )
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
@@ -201,9 +194,9 @@ def _verify_single(
     entry: Any = None,
 ) -> VerifyReport:
     """``verify`` of a single pack; with ``entry`` (a sharded pack's index entry), of the
-    version of it the index names (see ``environments.open_version``)."""
+    version of it the index names (see ``packfile.open_version``)."""
     start = time.perf_counter()
-    pf = environments.open_data(path, True) if entry is None else _open_entry(path, entry)
+    pf = packfile.open_data(path, True) if entry is None else _open_entry(path, entry)
     found = packdir.Found(path, packdir.Kind.PACK)
     try:
         pack = _Checked(pf, found.path)
@@ -228,10 +221,10 @@ def _open_entry(path: str, entry: Any) -> PageFile:
     index was written: the checks against the index then say what differs)."""
     if entry.get("pack_id") is not None:
         try:
-            return environments.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
+            return packfile.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
         except PackChangedError:
             pass
-    return environments.open_data(path, True)
+    return packfile.open_data(path, True)
 
 
 def _dicts(items: Any) -> list[Any]:
@@ -251,7 +244,7 @@ class _Checked:
         except PageDamage as exc:
             raise NotAPackError(path, f"its manifest cannot be read: {exc.why}", DAMAGED_HINT) from None
         if blob is None:
-            environments.refuse_foreign(path, pf)  # a recipe's LMDB: say how to convert it
+            packfile.refuse_foreign(path, pf)  # a recipe's LMDB: say how to convert it
         self.damaged_meta: NotAPackError | None = None
         if blob is not None and check_blob is not None:
             try:
@@ -269,7 +262,8 @@ class _Checked:
         self.meta_blob = blob
         self.count: int = self.meta["count"]
         self.version: int = self.meta["format_version"]
-        self.binding = pack_binding(self.meta)
+        self.tables = PackTables.of(self.meta, blob)
+        self.binding = self.tables.binding
         self.label_map = label_map(self.meta)
         #: Format 3: the record key of every sample (None: key = index, or the table is unreadable).
         self.order: Any = None
@@ -281,83 +275,15 @@ class _Checked:
         """The paths, for the source comparison (``_source_files`` calls it)."""
         return self.path_list or []
 
-    def _value(self, key: bytes, report: VerifyReport) -> memoryview | None:
-        try:
-            value = self.pf.get(key)
-        except PageDamage as exc:
-            report.problems.append(Problem("table", f"{key.decode()} cannot be read: {exc.why}"))
-            return None
-        if value is None:
-            report.problems.append(Problem("table", f"{key.decode()} is missing"))
-        return value
-
     def check_tables(self, report: VerifyReport) -> None:
+        """The file's structure, then every table by the format's own rules (``PackTables.audit``)."""
         for text in self.pf.audit():
             report.problems.append(Problem("structure", text))
         if self.version < 2:
             report.notes.append(NO_BINDING_NOTE)
-        blobs = {key: self._value(key, report) for key in (LABELS_KEY, PATHS_KEY)}
-        if self.version >= 3:
-            blobs[ORDER_KEY] = self._value(ORDER_KEY, report)
-        if self.version >= 2:
-            blobs[SKIPPED_KEY] = self._value(SKIPPED_KEY, report)
-            try:
-                check = decode_check(self.pf.get(CHECK_KEY), where=self.path)
-            except (NotAPackError, PageDamage) as exc:
-                report.problems.append(Problem("table", _why(exc)))
-                check = None
-            for key in (STATS_KEY, HISTORY_KEY):  # optional: checked when the checksums name them
-                if check is not None and key in check:
-                    blobs[key] = self._value(key, report)
-            if self.version >= 3 and check is not None and ORDER_KEY not in check:
-                report.problems.append(Problem("checksum", f"the table checksums do not cover {ORDER_KEY.decode()}"))
-            if check is not None:
-                for key, blob in ((META_KEY, self.meta_blob), *blobs.items()):
-                    if blob is None:
-                        continue
-                    try:
-                        check_table(check, key, blob, where=self.path)
-                    except NotAPackError as exc:
-                        report.problems.append(Problem("checksum", exc.message.split(": ", 1)[-1]))
-        labels = blobs[LABELS_KEY]
-        if labels is not None:
-            try:
-                self.labels = decode_labels(labels, self.count, where=self.path)
-                check_labels(self.labels, len(self.meta["classes"]), where=self.path)
-            except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
-        paths = blobs[PATHS_KEY]
-        if paths is not None:
-            try:
-                check_paths(paths, self.count, where=self.path)
-                self.path_list = decode_paths(paths, self.count, where=self.path)
-            except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
-        order = blobs.get(ORDER_KEY)
-        if order is not None:
-            try:
-                self.order = order_values(order, self.count, where=self.path)
-            except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
-        for key, parse in (
-            (STATS_KEY, lambda b: stats_values(b, self.count, where=self.path)),
-            (HISTORY_KEY, lambda b: decode_history(b, where=self.path)),
-        ):
-            blob = blobs.get(key)
-            if blob is not None:
-                try:
-                    parse(blob)
-                except NotAPackError as exc:
-                    report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
-        if self.version >= 2:
-            skipped = blobs.get(SKIPPED_KEY)
-            if skipped is not None:
-                try:
-                    self.skipped = decode_skipped(skipped, where=self.path)
-                except NotAPackError as exc:
-                    report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
-        else:
-            self.skipped = informational(self.meta, "skipped", [])
+        audit = self.tables.audit(packfile.PackSource(self.pf, self.path), self.meta_blob)
+        report.problems += [Problem(exc.kind, exc.why) for exc in audit.problems]
+        self.labels, self.path_list, self.order, self.skipped = audit.labels, audit.paths, audit.order, audit.skipped
         for name in invalid_fields(self.meta):
             report.problems.append(Problem("manifest", f"the informational field {name!r} has the wrong type"))
         if _pack_resize(self.meta) == INVALID:
@@ -416,15 +342,8 @@ class _Checked:
         """Every key in the tree is a record ``0..count-1`` (format 3: a key of
         ``__order__``, none listed twice) or a known reserved key."""
         known = _RESERVED_V3 if self.version >= 3 else _RESERVED_V2 if self.version >= 2 else KNOWN_RESERVED_KEYS
-        expected: Any = None
-        if self.order is not None:
-            import numpy as np
-
-            expected = np.unique(self.order)
-            if len(expected) != self.count:
-                report.problems.append(
-                    Problem("order", f"{ORDER_KEY.decode()} names {self.count - len(expected)} record key(s) twice")
-                )
+        # Distinct keys, to look each stored one up (a key named twice is the audit's problem).
+        expected: Any = None if self.order is None else np.unique(self.order)
         try:
             for _pgno, _depth, kind, nodes in self.pf.pages():
                 if kind != P_LEAF:
@@ -453,10 +372,6 @@ class _Checked:
                         )
         except PageDamage:
             pass  # the audit has reported the page; the lookups have reported its records
-
-
-def _why(exc: LmdbFolderError) -> str:
-    return exc.message.split(": ", 1)[-1] if isinstance(exc, NotAPackError) else str(getattr(exc, "why", exc))
 
 
 def _against_by_index(
@@ -789,7 +704,7 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         try:
             pf = _open_entry(shard_path, entry)
             try:
-                blobs = [environments.read_value(pf, key, shard_path) for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
+                blobs = [packfile.read_value(pf, key, shard_path) for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
                 if any(blob is None for blob in blobs):
                     raise NotAPackError(shard_path, "its manifest, label table or path table is missing")
                 digest = tables_digest(*blobs)  # type: ignore[arg-type]

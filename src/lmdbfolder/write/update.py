@@ -23,7 +23,7 @@ writing the files that changed (docs/design.md, "Updating a pack"):
    The pack becomes format 3 (FORMAT.md). Datasets opened before keep reading
    the version they opened, in every process (the transaction writes only
    pages that version does not use, and LMDB's other meta page still names
-   it: ``environments.open_version``); a second update ends that, with
+   it: ``packfile.open_version``); a second update ends that, with
    PackChangedError. A dataset opened afterwards reads the new version.
 5. ``<dst>.update`` is removed; the file is compacted only when half of it
    is free pages (then by LMDB's compacting copy and a rename).
@@ -46,36 +46,29 @@ from typing import Any, Iterable, Mapping, Sequence
 import lmdb
 import numpy as np
 
-from lmdbfolder import environments, packdir
+from lmdbfolder import packdir, packfile
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError, os_refusal
 from lmdbfolder.format import (
     CHECK_KEY,
     DATA_FILE,
-    HISTORY_KEY,
     KEY,
-    LABELS_KEY,
     LOCK_FILE,
     META_KEY,
     NO_LABEL,
-    ORDER_KEY,
-    PATHS_KEY,
     PROGRESS_KEY,
-    SKIPPED_KEY,
+    RECORD_CLASSES,
     SKIPPED_REPORT,
-    STATS_KEY,
     UNKNOWN_MTIME,
     UPDATE_SUFFIX,
     UPDATED_FORMAT_VERSION,
+    NewTables,
+    PackTables,
     bind_record,
     decode_record,
     encode_check,
-    encode_history,
     encode_key,
     encode_meta,
-    encode_order,
     encode_record,
-    encode_skipped,
-    encode_stats,
     new_pack_id,
 )
 from lmdbfolder.pagefile import PageFile
@@ -178,9 +171,9 @@ class _OldPack:
 
     @classmethod
     def load(cls, path: str) -> _OldPack:
-        pf = environments.open_data(path, readahead=False)
+        pf = packfile.open_data(path, readahead=False)
         try:
-            tables = environments.load_tables(pf, path)
+            tables = packfile.load_tables(pf, path)
             meta = tables.meta
             if tables.version < 2 or tables.binding is None:
                 raise OptionError(
@@ -188,18 +181,21 @@ class _OldPack:
                     "it cannot be updated in place",
                     "repack it with --overwrite (once); later changes can then use --update",
                 )
-            count = int(meta["count"])
-            labels = np.frombuffer(bytes(environments.labels_table(pf, tables, path)), dtype=np.int32)
-            blob = environments.paths_table(pf, tables, path)
+            count = tables.count
+            source = packfile.PackSource(pf, path)
+            labels = np.frombuffer(bytes(tables.labels(source)), dtype=np.int32)
+            blob = tables.paths(source)
             offsets = np.frombuffer(blob, dtype="<u8", count=count + 1)
             names = bytes(blob[(count + 1) * 8 :])
             bounds = offsets.tolist()
             path_index = {names[bounds[i] : bounds[i + 1]]: i for i in range(count)}
-            stats = environments.stats_table(pf, tables, path)
-            order = environments.order_table(pf, tables, path) if tables.ordered else None
-            items = environments.skipped_items(pf, tables, path)
+            stats = tables.stats(source)
+            # Every rule, the exhaustive ones too: an update writes over what it trusts.
+            order = tables.order(source, exhaustive=True) if tables.ordered else None
+            items = tables.skipped(source)
             skipped = {os.fsencode(str(item.get("path"))): item for item in items} if isinstance(items, list) else {}
-            history = environments.history_items(pf, tables, path)
+            history = tables.history(source)
+            _check_record_labels(source, tables, labels, order)
         except BaseException:
             pf.close()
             raise
@@ -250,13 +246,29 @@ class _OldPack:
 
     def value_of(self, key: bytes) -> memoryview:
         """The stored value of the reserved key (a table) ``key``."""
-        value = environments.read_value(self.pf, key, self.path)
+        value = packfile.read_value(self.pf, key, self.path)
         if value is None:
             raise PackError(f"{self.path} has no {key.decode()} table", "run `lmdbfolder verify` on it")
         return value
 
     def close(self) -> None:
         self.pf.close()
+
+
+def _check_record_labels(source: packfile.PackSource, tables: PackTables, labels: np.ndarray, order: Any) -> None:
+    """Refuse a pack whose record headers name other classes than its label table
+    (``RECORD_CLASSES.check_records``): a permuted ``record_classes`` would relabel every
+    kept record. A permutation moves every record of a class, so the first sample of each
+    class is enough (one lookup a class); ``verify`` checks every record."""
+    _, first = np.unique(labels, return_index=True)
+    headers = []
+    for i in first.tolist():
+        key = i if order is None else int(order[i])
+        value = source.get(KEY.pack(key))
+        if value is None:
+            raise PackError(f"{source.where} has no record under key {key}", "repack it with --overwrite")
+        headers.append(decode_record(value, index=i)[0].label)
+    RECORD_CLASSES.check_records(headers, labels[first], tables.label_map, where=source.where)
 
 
 def check_options(old: _OldPack, options: PackOptions) -> PackOptions:
@@ -678,17 +690,17 @@ def _new_tables(
         skipped=len(new.skipped),
     )
     skipped_set = {s for s, _ in new.skipped}
-    tables: dict[bytes, Any] = {
-        META_KEY: encode_meta(meta),
-        LABELS_KEY: _labels_table(sources.labels, skipped_set),
-        PATHS_KEY: _paths_table(sources.relpaths, skipped_set),
-        SKIPPED_KEY: encode_skipped(skipped_entries(sources.relpaths, new.skipped, new.skipped_stats)),
-        ORDER_KEY: encode_order(new.keys),
-        STATS_KEY: encode_stats(new.sizes, new.mtimes),
-        HISTORY_KEY: encode_history([*old.history, event]),
-    }
-    check_manifest_size(tables[META_KEY], sources.root)
-    tables[CHECK_KEY] = encode_check(tables)
+    blob = encode_meta(meta)
+    check_manifest_size(blob, sources.root)
+    tables = NewTables(
+        blob,
+        _labels_table(sources.labels, skipped_set),
+        _paths_table(sources.relpaths, skipped_set),
+        skipped_entries(sources.relpaths, new.skipped, new.skipped_stats),
+        [*old.history, event],
+        order=new.keys,
+        stats=(new.sizes, new.mtimes),
+    ).encode()
     return meta, tables
 
 
@@ -702,7 +714,7 @@ def _apply(
     manifest_extra: Mapping[str, Any],
 ) -> _Result:
     """Change ``<dst>/data.mdb`` in one transaction: the new records, the tables."""
-    staged = environments.open_data(staging, readahead=True) if staging is not None else None
+    staged = packfile.open_data(staging, readahead=True) if staging is not None else None
     try:
         new = _assemble(old, sources, plan, staged)
         meta, tables = _new_tables(old, sources, plan, new, options, fingerprint, manifest_extra)
@@ -818,7 +830,7 @@ def _recorded_manifest(dst: str | os.PathLike[str]) -> tuple[str, dict[str, Any]
             path = found.path
         else:
             return None
-        return found.path, decode_meta(environments.read_manifest(path), where=path)
+        return found.path, decode_meta(packfile.read_manifest(path), where=path)
     except (NotAPackError, OptionError, TypeError, ValueError, KeyError, IndexError):
         return None
 

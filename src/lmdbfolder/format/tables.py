@@ -395,6 +395,13 @@ class RecordClasses:
                 where, f"its record_classes lack the class {str(missing[0])[:80]!r}: they are not the pack's classes"
             )
 
+    def sample_label(self, header_label: int, mapping: Sequence[int]) -> int | None:
+        """The sample label a record's ``header_label`` gives through ``mapping`` (``label_map``),
+        None when it names no class of the pack (a removed class's, or none at all)."""
+        if not 0 <= header_label < len(mapping) or mapping[header_label] < 0:
+            return None
+        return int(mapping[header_label])
+
     def check_records(self, header_labels: Any, labels: Any, mapping: Any, *, where: str) -> None:
         """TableDamage unless every record's header label (``header_labels``, -1:
         unlabelled), through ``mapping`` (``label_map``; None: the same), is its sample's

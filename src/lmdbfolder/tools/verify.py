@@ -51,6 +51,7 @@ from lmdbfolder.format import (
     NO_LABEL,
     ORDER_KEY,
     PATHS_KEY,
+    RECORD_CLASSES,
     RESERVED_PREFIX,
     SKIPPED_KEY,
     STATS_KEY,
@@ -297,8 +298,7 @@ class _Checked:
         sources: dict[str, tuple[str, int | None]] | None,
     ) -> None:
         count, paths, labels = self.count, self.path_list, self.labels
-        n_classes = len(self.meta["classes"])
-        store = self.meta["store"]
+        rules = _RecordRules(len(self.meta["classes"]), decode, self.binding, self.meta["store"], self.label_map)
         resize = _pack_resize(self.meta)
         if self.version >= 3 and self.order is None:
             return  # no record can be found without its key: the table problem is reported
@@ -323,9 +323,7 @@ class _Checked:
                 report.payload_bytes += len(value)
                 bar.update(1, len(value))
                 label = labels[index] if labels is not None else None
-                record = _check_one(
-                    report, index, value, path, label, n_classes, decode, self.binding, store, key, self.label_map
-                )
+                record = _check_one(report, rules, index, key, value, path, label)
                 if record is not None and sources is not None and path is not None and path in sources:
                     _compare_with_source(
                         report,
@@ -333,7 +331,7 @@ class _Checked:
                         *record,
                         path,
                         *sources[path],
-                        store,
+                        rules.store,
                         resize if isinstance(resize, Resize) else None,
                     )
         self._check_keys(report)
@@ -412,7 +410,30 @@ def _source_files(
     (a class folder added to the source renumbers the classes after it, and that is
     not a change of every sample's class), except for a list file of numbered labels.
     A source class the pack does not have is reported once, its files' label None."""
-    recorded = informational(reader.meta, "source", {})
+    scanned = _scan_source(reader.meta, report, src, list_file)
+    if scanned is None:
+        return None
+    sources, pack_files_only = scanned
+    skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
+    packed = reader.paths()
+    expected = [p for p in sources.relpaths if p not in skipped]
+    if pack_files_only:
+        in_pack_only = set(packed)
+        expected = [p for p in expected if p in in_pack_only]
+    pack_classes = list(reader.meta["classes"])
+    numbered = sources.layout == "list" and sources.classes == [str(i) for i in range(len(sources.classes))]
+    if expected != packed:
+        _compare_lists(report, sources, expected, packed, pack_classes, labels, numbered)
+    return _source_labels(report, sources, set(packed), pack_classes, numbered)
+
+
+def _scan_source(
+    meta: dict[str, Any], report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None
+) -> tuple[Any, bool] | None:
+    """The source scanned as the pack recorded it (layout, list file, filters), and whether
+    only the pack's own files can be compared (files chosen by a callable or a regular
+    expression, which are not run again); None (a problem said why) if the record is unusable."""
+    recorded = informational(meta, "source", {})
     if not isinstance(recorded, dict):
         recorded = {}
     layout = recorded.get("layout")
@@ -454,66 +475,76 @@ def _source_files(
             "not run, so only the pack's own files were compared with the source (files it left out are not listed)"
         )
     sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True, **filters)
-    skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
-    packed = reader.paths()
-    expected = [p for p in sources.relpaths if p not in skipped]
-    if chosen_by_callable or chosen_by_match:
-        in_pack_only = set(packed)
-        expected = [p for p in expected if p in in_pack_only]
-    pack_classes = list(reader.meta["classes"])
-    numbered = layout == "list" and sources.classes == [str(i) for i in range(len(sources.classes))]
-    pack_index = {name: i for i, name in enumerate(pack_classes)}
-    # A whole class that only one side has is one problem, not one per file.
+    return sources, chosen_by_callable or chosen_by_match
+
+
+def _compare_lists(
+    report: VerifyReport,
+    sources: Any,
+    expected: list[str],
+    packed: list[str],
+    pack_classes: list[str],
+    labels: Any,
+    numbered: bool,
+) -> None:
+    """Report the files only one side has (a whole class that only one side has: one
+    problem, not one per file), or that the order differs."""
     new_classes = set() if numbered else set(sources.classes) - set(pack_classes)
     gone_classes = set() if numbered or labels is None else set(pack_classes) - set(sources.classes)
-    if expected != packed:
-        in_pack = set(packed)
-        in_source = set(expected)
-        source_class = dict(zip(sources.relpaths, sources.labels))
-        new_files: dict[str, list[str]] = {}
-        for p in expected:
-            if p not in in_pack:
-                name = sources.classes[source_class[p]] if source_class[p] != NO_LABEL else None
-                if name is not None and name in new_classes:
-                    new_files.setdefault(name, []).append(p)
-                else:
-                    report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
-        gone_records: dict[str, list[int]] = {}
-        for i, p in enumerate(packed):
-            if p not in in_source:
-                label = labels[i] if labels is not None else NO_LABEL
-                name = pack_classes[label] if 0 <= label < len(pack_classes) else None
-                if name is not None and name in gone_classes:
-                    gone_records.setdefault(name, []).append(i)
-                else:
-                    report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
-        for name, files in sorted(new_files.items()):
-            report.problems.append(
-                Problem(
-                    "source",
-                    f"class {printable(name, 200)} is in the source but not in the pack "
-                    f"({plural(len(files), 'file')}, first {printable(files[0], 200)})",
-                )
+    in_pack = set(packed)
+    in_source = set(expected)
+    source_class = dict(zip(sources.relpaths, sources.labels))
+    new_files: dict[str, list[str]] = {}
+    for p in expected:
+        if p not in in_pack:
+            name = sources.classes[source_class[p]] if source_class[p] != NO_LABEL else None
+            if name is not None and name in new_classes:
+                new_files.setdefault(name, []).append(p)
+            else:
+                report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
+    gone_records: dict[str, list[int]] = {}
+    for i, p in enumerate(packed):
+        if p not in in_source:
+            label = labels[i] if labels is not None else NO_LABEL
+            name = pack_classes[label] if 0 <= label < len(pack_classes) else None
+            if name is not None and name in gone_classes:
+                gone_records.setdefault(name, []).append(i)
+            else:
+                report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
+    for name, files in sorted(new_files.items()):
+        report.problems.append(
+            Problem(
+                "source",
+                f"class {printable(name, 200)} is in the source but not in the pack "
+                f"({plural(len(files), 'file')}, first {printable(files[0], 200)})",
             )
-        for name, indices in sorted(gone_records.items()):
-            report.problems.append(
-                Problem(
-                    "source",
-                    f"class {printable(name, 200)} is in the pack but not in the source "
-                    f"({plural(len(indices), 'record')}, first {indices[0]}: {printable(packed[indices[0]], 200)})",
-                )
+        )
+    for name, indices in sorted(gone_records.items()):
+        report.problems.append(
+            Problem(
+                "source",
+                f"class {printable(name, 200)} is in the pack but not in the source "
+                f"({plural(len(indices), 'record')}, first {indices[0]}: {printable(packed[indices[0]], 200)})",
             )
-        if in_pack == in_source:
-            report.problems.append(Problem("source", "the pack holds the source's files in a different order"))
+        )
+    if in_pack == in_source:
+        report.problems.append(Problem("source", "the pack holds the source's files in a different order"))
+
+
+def _source_labels(
+    report: VerifyReport, sources: Any, packed: set[str], pack_classes: list[str], numbered: bool
+) -> dict[str, tuple[str, int | None]]:
+    """Relative path -> (file, the pack's index of its class; None: a class the pack lacks,
+    reported once)."""
+    pack_index = {name: i for i, name in enumerate(pack_classes)}
     out: dict[str, tuple[str, int | None]] = {}
     relabelled: dict[str, list[str]] = {}
-    packed_set = set(packed)
     for i, p in enumerate(sources.relpaths):
         wanted: int | None = sources.labels[i]
         if not numbered and wanted != NO_LABEL:
             name = sources.classes[sources.labels[i]]
             wanted = pack_index.get(name)
-            if wanted is None and p in packed_set:  # a list file that names a new class
+            if wanted is None and p in packed:  # a list file that names a new class
                 relabelled.setdefault(name, []).append(p)
         out[p] = (sources.abspath(i), wanted)
     for name, files in sorted(relabelled.items()):
@@ -539,45 +570,59 @@ def _pack_resize(meta: dict[str, Any]) -> Resize | str | None:
         return INVALID
 
 
+@dataclass(frozen=True)
+class _RecordRules:
+    """What every record of one pack is checked against (``_check_one``)."""
+
+    #: The number of classes (a label is -1 or below it).
+    n_classes: int
+    #: Decode every image too (``verify(decode=True)``).
+    decode: bool
+    #: The pack's record binding (formats 2 and 3; None: format 1).
+    binding: bytes | None
+    #: The pack's store (``encoded`` or ``raw``).
+    store: str
+    #: Format 3 with ``record_classes``: header label -> sample label (``format.label_map``).
+    mapping: list[int] | None
+
+
 def _check_one(
     report: VerifyReport,
+    rules: _RecordRules,
     index: int,
+    key: int | None,
     value: memoryview,
     path: str | None,
     label: int | None,
-    n_classes: int,
-    decode: bool,
-    binding: bytes | None = None,
-    store: str | None = None,
-    key: int | None = None,
-    mapping: list[int] | None = None,
 ) -> tuple[RecordHeader, memoryview] | None:
     """Check one record (stored under ``key``, default ``index``; format 3's header
-    labels go through ``mapping``, ``format.label_map``); returns its header (the
+    labels go through ``rules.mapping``, ``format.label_map``); returns its header (the
     label a sample's) and payload, or None if it cannot be parsed."""
     try:
-        header, payload = decode_record(value, index=index, verify=True, binding=binding, key=key)
+        header, payload = decode_record(value, index=index, verify=True, binding=rules.binding, key=key)
     except CorruptRecordError as exc:
         report.problems.append(Problem(exc.kind, exc.why, index, path))
         return None
-    if mapping is not None and header.label != NO_LABEL:
-        if not 0 <= header.label < len(mapping) or mapping[header.label] < 0:
+    if rules.mapping is not None and header.label != NO_LABEL:
+        sample_label = RECORD_CLASSES.sample_label(header.label, rules.mapping)
+        if sample_label is None:
             report.problems.append(
                 Problem(
                     "label", f"header label {header.label} names no class of the pack (record_classes)", index, path
                 )
             )
             return None
-        header = dataclasses.replace(header, label=mapping[header.label])
+        header = dataclasses.replace(header, label=sample_label)
     if label is not None and header.label != label:
         report.problems.append(
             Problem("label", f"header label {header.label} differs from the label table's {label}", index, path)
         )
+    n_classes, store, decode = rules.n_classes, rules.store, rules.decode
     if not (header.label == NO_LABEL or 0 <= header.label < n_classes):
         report.problems.append(
             Problem("label", f"label {header.label} is not a class index (0..{n_classes - 1})", index, path)
         )
-    if store is not None and (header.encoding == "raw") != (store == "raw"):
+    if (header.encoding == "raw") != (store == "raw"):
         report.problems.append(
             Problem("header", f"a {header.encoding} record in a pack of {store} images", index, path)
         )

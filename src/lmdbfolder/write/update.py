@@ -552,6 +552,20 @@ class _Assembly:
     changes: Changes = field(default_factory=Changes)
 
 
+@dataclass
+class _Samples:
+    """Per source file while ``_assemble`` works: its record key, size and mtime, whether it
+    is a sample (not skipped), the files skipped (index, reason); per sample of the pack,
+    whether the new version still uses its record."""
+
+    keys: np.ndarray
+    sizes: np.ndarray
+    mtimes: np.ndarray
+    is_sample: np.ndarray
+    used_old: np.ndarray
+    skipped: list[tuple[int, str]]
+
+
 def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile | None) -> _Assembly:
     """Each sample's record key (kept, or new), the records to put and to delete, the
     tables' contents and the manifest's totals. Reads the staged files' headers and the
@@ -562,27 +576,58 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
         payload_bytes=int(old.meta.get("payload_bytes") or 0),
         next_key=old.next_record,
     )
-    changes = out.changes
-    n = len(sources)
+    work = _kept(out, old, sources, plan)
+    _take_changed(out, old, sources, plan, staged, work)
+    samples = np.flatnonzero(work.is_sample)
+    if not len(samples):
+        raise nothing_to_pack(sources.root, len(sources))
+    out.keys, out.sizes, out.mtimes = work.keys[samples], work.sizes[samples], work.mtimes[samples]
+    out.skipped = sorted(work.skipped)
+    _drop_unused(out, old, work.used_old)
+    changes, old_index = out.changes, plan.old_index
+    in_source = np.zeros(old.count, dtype=bool)
+    in_source[old_index[old_index >= 0]] = True
+    now_skipped = sum(1 for s, _ in out.skipped if old_index[s] >= 0)  # were samples, are skipped now
+    changes.removed = int(np.count_nonzero(~in_source)) + now_skipped
+    old_classes = list(old.meta["classes"])
+    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
+    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
+    return out
+
+
+def _kept(out: _Assembly, old: _OldPack, sources: SourceList, plan: _Plan) -> _Samples:
+    """The files kept as they are (numpy expressions) and those skipped again."""
     action, old_index = plan.action, plan.old_index
-    keys = np.zeros(n, dtype=np.uint64)
-    sizes, mtimes = plan.sizes.copy(), plan.mtimes.copy()
-    is_sample = action != _SKIP_AGAIN
+    work = _Samples(
+        keys=np.zeros(len(sources), dtype=np.uint64),
+        sizes=plan.sizes.copy(),
+        mtimes=plan.mtimes.copy(),
+        is_sample=action != _SKIP_AGAIN,
+        used_old=np.zeros(old.count, dtype=bool),
+        skipped=[],
+    )
     keep = action == _KEEP
-    keys[keep] = old.keys[old_index[keep]]
-    used_old = np.zeros(old.count, dtype=bool)
-    used_old[old_index[keep]] = True
-    skipped: list[tuple[int, str]] = []
-    for s in np.flatnonzero(~is_sample).tolist():
+    work.keys[keep] = old.keys[old_index[keep]]
+    work.used_old[old_index[keep]] = True
+    for s in np.flatnonzero(~work.is_sample).tolist():
         item = old.skipped[os.fsencode(sources.relpaths[s])]
-        skipped.append((s, str(item.get("reason", ""))))
-        out.skipped_stats[s] = (int(sizes[s]), int(mtimes[s]))
+        work.skipped.append((s, str(item.get("reason", ""))))
+        out.skipped_stats[s] = (int(work.sizes[s]), int(work.mtimes[s]))
+    return work
+
+
+def _count_in(out: _Assembly, value: bytes | memoryview) -> None:
+    encoding = decode_record(value)[0].encoding
+    out.encodings[encoding] = out.encodings.get(encoding, 0) + 1
+    out.payload_bytes += len(value)
+
+
+def _take_changed(
+    out: _Assembly, old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile | None, work: _Samples
+) -> None:
+    """The files relabelled (the pack's record, a new header label) and read (staged)."""
+    changes, action, old_index = out.changes, plan.action, plan.old_index
     todo_at = {s: j for j, s in enumerate(plan.todo)}
-
-    def count_in(encoding: str, size: int) -> None:
-        out.encodings[encoding] = out.encodings.get(encoding, 0) + 1
-        out.payload_bytes += size
-
     for s in np.flatnonzero((action == _RELABEL) | (action == _READ)).tolist():
         i = int(old_index[s])
         if action[s] == _RELABEL:
@@ -590,10 +635,10 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
             value = old.value(old_key)
             key, out.next_key = out.next_key, out.next_key + 1
             out.puts.append(_Put(key, len(value), old_key=old_key, label=int(plan.header_labels[s])))
-            count_in(decode_record(value)[0].encoding, len(value))
+            _count_in(out, value)
             changes.changed += 1
             changes.relabelled += 1
-            keys[s] = key
+            work.keys[s] = key
             continue
         found = staged.get(encode_key(todo_at[s])) if staged is not None else None
         if found is None:
@@ -601,31 +646,29 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
         kind, size, mtime = _STAGED.unpack_from(found)
         body = found[_STAGED.size :]
         changes.read += 1
-        sizes[s], mtimes[s] = size, mtime
+        work.sizes[s], work.mtimes[s] = size, mtime
         if kind == _SKIPPED:
-            is_sample[s] = False
-            skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
+            work.is_sample[s] = False
+            work.skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
             if mtime != UNKNOWN_MTIME:
                 out.skipped_stats[s] = (size, mtime)
         elif kind == _SAME:
-            keys[s] = old.key(i)
-            used_old[i] = True
+            work.keys[s] = old.key(i)
+            work.used_old[i] = True
             changes.unchanged += 1
         else:
             key, out.next_key = out.next_key, out.next_key + 1
             out.puts.append(_Put(key, len(body), staged=todo_at[s]))
-            count_in(decode_record(body)[0].encoding, len(body))
-            keys[s] = key
+            _count_in(out, body)
+            work.keys[s] = key
             if i >= 0:
                 changes.changed += 1
             else:
                 changes.added += 1
-    samples = np.flatnonzero(is_sample)
-    if not len(samples):
-        raise nothing_to_pack(sources.root, len(sources))
-    out.keys, out.sizes, out.mtimes = keys[samples], sizes[samples], mtimes[samples]
-    out.skipped = sorted(skipped)
-    # Records no sample uses any more: files removed, replaced or relabelled.
+
+
+def _drop_unused(out: _Assembly, old: _OldPack, used_old: np.ndarray) -> None:
+    """The records no sample uses any more (files removed, replaced or relabelled): deleted, uncounted."""
     for i in np.flatnonzero(~used_old).tolist():
         key = old.key(i)
         value = old.value(key)
@@ -636,14 +679,6 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
                 del out.encodings[encoding]
         out.payload_bytes -= len(value)
         out.deletes.append(key)
-    in_source = np.zeros(old.count, dtype=bool)
-    in_source[old_index[old_index >= 0]] = True
-    now_skipped = sum(1 for s, _ in out.skipped if old_index[s] >= 0)  # were samples, are skipped now
-    changes.removed = int(np.count_nonzero(~in_source)) + now_skipped
-    old_classes = list(old.meta["classes"])
-    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
-    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
-    return out
 
 
 def _new_tables(

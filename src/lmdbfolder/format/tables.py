@@ -389,7 +389,8 @@ class RecordClasses:
         names = meta.get("record_classes") if meta.get("format_version", 1) >= 3 else None
         if names is None:
             return
-        missing = [name for name in meta["classes"] if name not in set(names)]
+        named = set(names)
+        missing = [name for name in meta["classes"] if name not in named]
         if missing:
             raise TableDamage(
                 where, f"its record_classes lack the class {str(missing[0])[:80]!r}: they are not the pack's classes"

@@ -8,8 +8,8 @@ is a pack's tables as a reader loads them (the manifest, the ``__check__``
 table, the label table checked in place); it gives every other table checked
 when first asked for (``labels``, ``paths``, ``order``...), ``audit``s them all
 for ``verify`` (the same rules, each problem reported rather than raised,
-plus the ``exhaustive`` ones an open skips), and ``encode``s a new version's
-tables for the writer and the update. So the rules of a valid table are
+plus the ``exhaustive`` ones an open skips); its write half, ``NewTables``,
+encodes a new version's tables for the writer and the update. So the rules of a valid table are
 written once, here.
 
 A table's bytes come from a ``TableSource`` (``packfile`` gives one over a
@@ -47,7 +47,15 @@ from lmdbfolder.format.layout import (
     SKIPPED_KEY,
     STATS_KEY,
 )
-from lmdbfolder.format.manifest import DAMAGED_HINT, decode_meta, encode_meta, label_map, loads_json, pack_binding
+from lmdbfolder.format.manifest import (
+    DAMAGED_HINT,
+    decode_meta,
+    encode_meta,
+    informational,
+    label_map,
+    loads_json,
+    pack_binding,
+)
 from lmdbfolder.format.record import checksum
 
 __all__ = [
@@ -670,13 +678,16 @@ class PackTables:
         format 1 in the manifest.
         """
         if self.version < 2:
-            from lmdbfolder.format.manifest import informational
-
             items = informational(self.meta, "skipped", [])
             return items if isinstance(items, list) else str(items)
-        source.get(SKIPPED_KEY)  # a damaged page on the way is an error even when __check__ lacks it
-        blob = self._optional(source, SKIPPED_KEY, "list of skipped files")
-        return [] if blob is None else SKIPPED.decode(blob, where=source.where)
+        blob = source.get(SKIPPED_KEY)  # a damaged page on the way is an error even when __check__ lacks it
+        if self.check is None or SKIPPED_KEY not in self.check:
+            return []
+        if blob is None:
+            raise TableDamage(
+                source.where, f"its list of skipped files (key {SKIPPED_KEY.decode()}) is missing", DAMAGED_HINT
+            )
+        return SKIPPED.decode(self._covered(source, SKIPPED_KEY, blob), where=source.where)
 
     # -- verify ---------------------------------------------------------------------------
     def audit(self, source: TableSource, meta_blob: memoryview) -> Audit:
@@ -684,12 +695,6 @@ class PackTables:
         kept (``Audit.problems``) rather than raised, so that the rest is still checked;
         the tables that pass are decoded for the checks of the records."""
         return Audit.of(self, source, meta_blob)
-
-    # -- write ---------------------------------------------------------------------------
-    @staticmethod
-    def encode(new: NewTables) -> dict[bytes, bytes | bytearray]:
-        """Every table of a new version, ``__check__`` over them last (the writer, an update)."""
-        return new.encode()
 
 
 def identity(meta: Mapping[str, Any], manifest_sha256: bytes) -> str:

@@ -8,9 +8,13 @@ runs on the file, so no damage can take the command down), and it checks:
 * the file itself (``PageFile.audit``): both B-trees page by page, overflow
   extents, separator keys, the free list, every page in use or free exactly
   once, and the meta page's counters;
-* the tables as a reader opens them: the manifest, the format-2 table
+* the tables by the format's own rules, the ones a reader applies and the
+  exhaustive ones an open skips (``format.PackTables.audit``: one copy of
+  the rules, each broken one a problem): the manifest, the format-2 table
   checksums (``__check__``), the label and path tables, labels that are
-  class indices, informational fields of the documented types;
+  class indices, the record order (no key twice, every key below
+  ``next_record``), ``record_classes``, informational fields of the
+  documented types;
 * every record ``0..count-1`` looked up through the tree as ``Reader.get``
   does (format 3: under its ``__order__`` key), with the CRC (bound to the
   key and the pack in formats 2 and 3), the header label against the label
@@ -19,7 +23,7 @@ runs on the file, so no damage can take the command down), and it checks:
   components against the payload's own header and Pillow's
   decompression-bomb limit (``Encoding.check``, what every decode path checks
   first: a valid CRC proves nothing about who wrote a pack); and that no
-  other key is stored (format 3: no key twice in ``__order__``).
+  other key is stored (format 3: none that ``__order__`` does not name).
 
 So it cannot say OK for a pack on which some ``Reader.get(i)`` fails.
 """

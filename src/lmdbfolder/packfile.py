@@ -100,7 +100,7 @@ def read_value(pf: PageFile, key: bytes, where: str) -> memoryview | None:
     try:
         return pf.get(key)
     except PageDamage as exc:
-        raise TableDamage(where, f"{key.decode()} cannot be read: {exc.why}", DAMAGED_HINT) from None
+        raise TableDamage(where, f"its {key.decode()} table cannot be read: {exc.why}", DAMAGED_HINT) from None
 
 
 class PackSource:
@@ -120,7 +120,7 @@ class PackSource:
         try:
             found = self.pf.locate(key)
         except PageDamage as exc:
-            raise NotAPackError(
+            raise TableDamage(
                 self.where, f"its {key.decode()} table cannot be read: {exc.why}", DAMAGED_HINT
             ) from None
         return None if found is None else int(found[1])

@@ -740,8 +740,8 @@ class Audit:
         if check is not None:
             for key, blob in ((META_KEY, meta_blob), *blobs.items()):
                 if blob is not None:
-                    out._try(lambda key=key, blob=blob: CHECKS.check(check, key, blob, where=where))
-        rules: dict[bytes, Callable[[memoryview], None]] = {
+                    out._try(CHECKS.check, check, key, blob, where=where)
+        rules: dict[bytes, Callable[[memoryview], Any]] = {
             LABELS_KEY: lambda b: out._labels(b, count, len(tables.meta["classes"]), where),
             PATHS_KEY: lambda b: setattr(out, "paths", PATHS.decode(b, count, where=where)),
             ORDER_KEY: lambda b: out._order(b, count, tables.next_record, where),
@@ -751,16 +751,16 @@ class Audit:
         }
         for key, blob in blobs.items():
             if blob is not None:
-                out._try(lambda rule=rules[key], blob=blob: rule(blob))
-        out._try(lambda: RECORD_CLASSES.check(tables.meta, where=where))
+                out._try(rules[key], blob)
+        out._try(RECORD_CLASSES.check, tables.meta, where=where)
         return out
 
     def _add(self, exc: NotAPackError) -> None:
         self.problems.append(exc if isinstance(exc, TableDamage) else TableDamage(exc.path, _why(exc), exc.hint))
 
-    def _try(self, rule: Callable[[], Any]) -> None:
+    def _try(self, rule: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         try:
-            rule()
+            rule(*args, **kwargs)
         except NotAPackError as exc:
             self._add(exc)
 

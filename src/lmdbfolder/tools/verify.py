@@ -264,6 +264,8 @@ class _Checked:
             if self.damaged_meta is not None:
                 raise self.damaged_meta from None
             raise
+        if blob is None:  # decode_meta refuses a missing manifest; this tells the type checker
+            raise NotAPackError(path, "it has no manifest")
         self.meta_blob = blob
         self.count: int = self.meta["count"]
         self.version: int = self.meta["format_version"]

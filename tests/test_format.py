@@ -8,6 +8,7 @@ import struct
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -640,3 +641,51 @@ def test_an_ordinary_manifest_is_not_scanned_by_regular_expression(monkeypatch: 
     assert fmt.loads_json(raw, where="x", what="m", max_bytes=1 << 20) == meta
     with pytest.raises(AssertionError, match="scanned"):  # many brackets: the full scan runs
         fmt.loads_json(b"[" * 17 + b"]" * 17, where="x", what="m", max_bytes=100)
+
+
+def test_format_md_lists_every_table_object() -> None:
+    """FORMAT.md's "Tables" section is written from the table objects: one row each."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "FORMAT.md"), encoding="utf-8") as f:
+        doc = f.read()
+    for name in ("CHECKS", "LABELS", "PATHS", "ORDER", "STATS", "HISTORY", "SKIPPED"):
+        table = getattr(fmt, name)
+        assert f"| `{table.key.decode()}` | `{name}` |" in doc, name
+    assert "| `record_classes` (manifest, v3) | `RECORD_CLASSES` |" in doc
+
+
+def test_new_tables_encode_the_bytes_of_each_table_and_check_last() -> None:
+    labels, paths = fmt.encode_labels([0, 1]), fmt.encode_paths(["a/x.jpg", "b/y.png"])
+    tables = fmt.NewTables(b'{"m":1}', labels, paths, [], [], order=[8, 0], stats=([3, 4096], [1, -1])).encode()
+    assert list(tables)[-1] == fmt.CHECK_KEY
+    assert tables[fmt.ORDER_KEY] == GOLDEN_ORDER and tables[fmt.SKIPPED_KEY] == b"[]"
+    check = fmt.decode_check(tables[fmt.CHECK_KEY], where="x")
+    for key, blob in tables.items():
+        if key != fmt.CHECK_KEY:
+            fmt.check_table(check, key, blob, where="x")
+    assert fmt.ORDER_KEY not in fmt.NewTables(b"{}", labels, paths, [], []).encode()
+
+
+def test_the_order_rules() -> None:
+    keys = np.array([8, 0, 3], dtype="<u8")
+    fmt.ORDER.check(keys, 9, where="x", exhaustive=True)
+    with pytest.raises(fmt.TableDamage, match="not below next_record=8") as caught:
+        fmt.ORDER.check(keys, 8, where="x")
+    assert caught.value.kind == "table" and isinstance(caught.value, NotAPackError)
+    twice = np.array([8, 0, 8], dtype="<u8")
+    fmt.ORDER.check(twice, 9, where="x")  # a reader's open does not sort
+    with pytest.raises(fmt.TableDamage, match=r"names 1 record key\(s\) twice") as caught:
+        fmt.ORDER.check(twice, 9, where="x", exhaustive=True)
+    assert caught.value.kind == "order"
+
+
+def test_the_record_classes_rules() -> None:
+    meta = {"format_version": 3, "classes": ["ant", "cat"], "class_to_idx": {"ant": 0, "cat": 1}}
+    fmt.RECORD_CLASSES.check({**meta, "record_classes": ["cat", "dog", "ant"]}, where="x")
+    with pytest.raises(fmt.TableDamage, match="lack the class 'ant'"):
+        fmt.RECORD_CLASSES.check({**meta, "record_classes": ["cat", "dog"]}, where="x")
+    mapping = fmt.label_map({**meta, "record_classes": ["cat", "dog", "ant"]})
+    assert mapping == [1, -2, 0] and fmt.RECORD_CLASSES.sample_label(1, mapping) is None
+    fmt.RECORD_CLASSES.check_records([0, 2, -1], [1, 0, -1], mapping, where="x")
+    with pytest.raises(fmt.TableDamage, match="sample 0 is labelled 0") as caught:
+        fmt.RECORD_CLASSES.check_records([2, 0], [1, 0], mapping, where="x")  # names permuted
+    assert caught.value.kind == "label"

@@ -508,11 +508,11 @@ def test_reopening_the_file_does_not_parse_the_manifest_again(
 ) -> None:
     # Each worker opens each shard's file: the manifest's bytes, compared by
     # hash with those read at open, say it is the same pack.
-    from lmdbfolder import environments
+    from lmdbfolder import packfile
     from lmdbfolder.read.reader import Reader
 
     reader = Reader(small_pack)
     parses: list[str] = []
-    real = environments.decode_meta
-    monkeypatch.setattr(environments, "decode_meta", lambda *a, **k: parses.append("parse") or real(*a, **k))
+    real = packfile.decode_meta
+    monkeypatch.setattr(packfile, "decode_meta", lambda *a, **k: parses.append("parse") or real(*a, **k))
     assert reader.get(0).index == 0 and parses == []

@@ -6,7 +6,7 @@ ones inside functions), so a lazy import counts like any other. Layers, from
 the bottom (docs/design.md, "Module boundaries"):
 
 0. core: the format, errors, the stored encodings, progress bars, the checked page
-   reader (pagefile), opening a pack on it (environments), the pack directory;
+   reader (pagefile), opening a pack on it (packfile), the pack directory;
 1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
    which share only the core;
 2. the tools (``lmdbfolder.tools``);
@@ -39,7 +39,7 @@ CORE = {
     "encodings",
     "progress",
     "pagefile",
-    "environments",
+    "packfile",
     "packdir",
     "text",
     "remote",

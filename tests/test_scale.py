@@ -420,11 +420,11 @@ def test_opening_a_dataset_does_not_copy_the_label_table(small_pack: Path, monke
     # The 5 MB copy at 1.28M samples (its page faults) was half of LMDBFolder's
     # open; the counts checked at open say whether a class is empty.
     torch_mod = pytest.importorskip("lmdbfolder.torch")
-    from lmdbfolder import environments
+    from lmdbfolder.format import PackTables
 
-    real = environments.labels_table
+    real = PackTables.labels
     copies: list[str] = []
-    monkeypatch.setattr(environments, "labels_table", lambda *a: copies.append("copy") or real(*a))
+    monkeypatch.setattr(PackTables, "labels", lambda *a: copies.append("copy") or real(*a))
     ds = torch_mod.LMDBFolder(small_pack)
     assert copies == [] and len(ds) > 0
     reader = Reader(small_pack)
@@ -434,7 +434,7 @@ def test_opening_a_dataset_does_not_copy_the_label_table(small_pack: Path, monke
 
 @pytest.mark.parametrize("order", ["sorted", "shuffled", "unlabelled"])
 def test_class_counts_are_bincount(order: str) -> None:
-    from lmdbfolder.environments import class_counts
+    from lmdbfolder.packfile import class_counts
 
     rng = np.random.default_rng(7)
     for n in (0, 1, 2, 32767, 32768, 32769, 70001):

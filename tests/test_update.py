@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import image_bytes, make_small_tree, write
+from conftest import forge_meta, forge_table, image_bytes, make_small_tree, write
 from conftest import reader_view as contents
 from lmdbfolder import (
     NotAPackError,
@@ -531,6 +531,50 @@ def test_a_process_started_after_one_update_reads_the_version_its_parent_opened(
 
 
 # -- format 3 on the inside ------------------------------------------------------------
+def _forge_order_twice(dst: Path) -> None:
+    env = lmdb.open(str(dst), map_size=1 << 30, lock=False)
+    with env.begin() as txn:
+        order = np.frombuffer(txn.get(ORDER_KEY), dtype="<u8").copy()
+    env.close()
+    order[1] = order[0]  # two samples, one record
+    forge_table(dst, ORDER_KEY, encode_order(order))
+
+
+_FORGERIES: dict[str, tuple[Any, str]] = {
+    # An update deletes the record of a sample that is gone: the one the other sample still names.
+    "order names a key twice": (_forge_order_twice, r"__order__ names 1 record key\(s\) twice"),
+    # An update writes its new records from next_record on: over kept ones.
+    "next_record in use": (lambda dst: forge_meta(dst, next_record=0), "not below next_record=0"),
+    # Every kept record would serve another class than its target.
+    "record_classes permuted": (
+        lambda dst: forge_meta(dst, record_classes=["dog", "cat", "emu", "aardvark"]),
+        "through record_classes",
+    ),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(_FORGERIES))
+def test_an_update_refuses_forged_tables_before_writing(tmp_path: Path, forgery: str) -> None:
+    """Issue 34, 1: tables with valid checksums that break the format's rules; the update
+    checks every table it reads against them and refuses before it writes anything."""
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    change_tree(src)
+    pack(src, dst, update=True, progress=False)
+    with Reader(dst) as r:
+        assert r.meta["record_classes"] == ["cat", "dog", "emu", "aardvark"]  # what the forgery permutes
+    forge, why = _FORGERIES[forgery]
+    forge(dst)
+    before = (dst / "data.mdb").read_bytes()
+    new_image(src / "dog" / "img77.jpg", 300)
+    os.remove(src / "cat" / "img00.jpg")
+    with pytest.raises(NotAPackError, match=why):
+        pack(src, dst, update=True, progress=False)
+    assert (dst / "data.mdb").read_bytes() == before and not os.path.exists(staging_path(str(dst)))
+    assert not verify(dst, progress=False).ok  # verify says so too, by the same rules
+
+
 def test_verify_finds_what_is_wrong_in_an_updated_pack(tmp_path: Path) -> None:
     src = tree(tmp_path / "src")
     dst = tmp_path / "p"
@@ -580,10 +624,10 @@ def test_fresh_packs_record_file_times_and_history(small_tree: Path, tmp_path: P
     with Reader(dst) as r:
         assert r.format_version == 2  # a fresh pack is still format 2: older readers open it
         assert r.history()[0]["event"] == "pack" and r.history()[0]["count"] == 12
-    from lmdbfolder import environments
+    from lmdbfolder import packfile
 
-    pf = environments.open_data(str(dst))
-    stats = environments.stats_table(pf, environments.load_tables(pf, str(dst)), str(dst))
+    pf = packfile.open_data(str(dst))
+    stats = packfile.load_tables(pf, str(dst)).stats(packfile.PackSource(pf, str(dst)))
     assert stats is not None and int(stats["mtime_ns"][0]) == (small_tree / "class0" / "img0.jpg").stat().st_mtime_ns
     assert int(stats["size"][5]) == (small_tree / "class1" / "img1.jpg").stat().st_size
     assert UNKNOWN_MTIME not in stats["mtime_ns"]
@@ -602,10 +646,10 @@ def test_records_of_a_resumed_pack_are_compared_by_content_once(
         pack(src, dst, strict=True, workers=1, commit_every=2, progress=False)
     new_image(src / "dog" / "img02.jpg", 11)  # fixed: the rerun resumes after the first files
     assert pack(src, dst, strict=True, workers=1, commit_every=2, progress=False).resumed_from > 0
-    from lmdbfolder import environments
+    from lmdbfolder import packfile
 
-    pf = environments.open_data(str(dst))
-    mtimes = environments.stats_table(pf, environments.load_tables(pf, str(dst)), str(dst))["mtime_ns"].tolist()
+    pf = packfile.open_data(str(dst))
+    mtimes = packfile.load_tables(pf, str(dst)).stats(packfile.PackSource(pf, str(dst)))["mtime_ns"].tolist()
     pf.close()
     unknown = mtimes.count(UNKNOWN_MTIME)
     assert 0 < unknown < len(mtimes) and mtimes[:unknown] == [UNKNOWN_MTIME] * unknown

@@ -5,7 +5,7 @@ Dataset lives in ``lmdbfolder.torch`` (the ``torch`` extra: ``pip install ".[tor
 
 The package is layered (docs/design.md, "Module boundaries"): the format and
 the pack directory at the bottom (``format``, ``errors``, ``encodings``,
-``environments``, ``packdir``), the read side (``lmdbfolder.read``) and the
+``packfile``, ``packdir``), the read side (``lmdbfolder.read``) and the
 write side (``lmdbfolder.write``) above it, sharing only that core, the tools
 (``lmdbfolder.tools``: info, verify, show, export, copy, warm, import) above
 both, then the PyTorch layer (``torch``, ``fused``, ``sampler``, ``gpu``), the

@@ -35,7 +35,7 @@ from typing import Any
 
 import lmdb
 
-from lmdbfolder import environments
+from lmdbfolder import packfile
 from lmdbfolder.errors import (
     CorruptRecordError,
     NotAPackError,
@@ -364,12 +364,12 @@ def _single_problem(path: str, names: set[str]) -> str | None:
     if os.path.islink(data) or not os.path.isfile(data):
         return f"its {DATA_FILE} is not a regular file"
     try:
-        pf = environments.open_data(path, readahead=False)
+        pf = packfile.open_data(path, readahead=False)
     except NotAPackError as exc:
         return f"its {DATA_FILE} cannot be opened ({exc.message})"
     try:
-        meta = environments.read_value(pf, META_KEY, path)
-        progress = environments.read_value(pf, PROGRESS_KEY, path)
+        meta = packfile.read_value(pf, META_KEY, path)
+        progress = packfile.read_value(pf, PROGRESS_KEY, path)
         ours_meta = meta is not None and _json_field(meta, "format") == FORMAT_NAME
         ours_progress = progress is not None and _json_field(progress, "fingerprint") is not None
         empty = pf.entries == 0
@@ -507,7 +507,7 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     appended in key order to a fresh LMDB: no free pages, pages in tree
     order, as LMDB's compacting copy would give.
     """
-    tables = environments.read_tables(src)  # also checks that data.mdb is whole, and __check__
+    tables = packfile.read_tables(src)  # also checks that data.mdb is whole, and __check__
     meta = decode_meta(tables[0], where=src)
     count = int(meta["count"])
     os.makedirs(out, exist_ok=True)
@@ -519,7 +519,7 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     if os.path.exists(lock):
         os.remove(lock)
     fsync_path(os.path.join(out, DATA_FILE))
-    if environments.read_tables(out) != tables:
+    if packfile.read_tables(out) != tables:
         raise PackError(f"the copy of {src} in {out} differs from it", "run `lmdbfolder verify` on the source")
     return count, os.path.getsize(os.path.join(src, DATA_FILE)), os.path.getsize(os.path.join(out, DATA_FILE))
 
@@ -529,7 +529,7 @@ def check_single(src: str) -> int:
     ``copy_single`` does (a damaged pack is the same PackError), writing
     nothing; for copies that send the file as it is (an upload), so damage is
     never sent on with a digest that vouches for it. Returns the count."""
-    meta = decode_meta(environments.read_tables(src)[0], where=src)
+    meta = decode_meta(packfile.read_tables(src)[0], where=src)
 
     def walk(pf: PageFile, binding: bytes | None) -> None:
         for key, value in pf.items():
@@ -541,7 +541,7 @@ def check_single(src: str) -> int:
 
 def _read_checked(src: str, meta: dict[str, Any], body: Callable[[PageFile, bytes | None], None]) -> None:
     """``body(pf, binding)`` over the checked reader of ``src``; damage is a PackError."""
-    pf = environments.open_data(src, readahead=True)
+    pf = packfile.open_data(src, readahead=True)
     try:
         try:
             body(pf, pack_binding(meta))

@@ -2,7 +2,7 @@
 
 A package of one module per part: ``layout`` (versions, the record header, keys,
 limits, encoding ids), ``names`` (the names on disk), ``record``, ``manifest``,
-``tables`` and ``shards``. This module re-exports their public names.
+``tables`` (each table one object, and ``PackTables``) and ``shards``. This module re-exports their public names.
 
 Every constant, key and ``struct`` layout described in ``FORMAT.md`` lives here
 and nowhere else. The writer and the reader share only this module (and
@@ -120,7 +120,20 @@ from lmdbfolder.format.shards import (
     tables_digest,
 )
 from lmdbfolder.format.tables import (
+    CHECKS,
+    HISTORY,
+    LABELS,
+    ORDER,
+    PATHS,
+    RECORD_CLASSES,
+    SKIPPED,
     STAT_DTYPE,
+    STATS,
+    Audit,
+    NewTables,
+    PackTables,
+    TableDamage,
+    TableSource,
     check_labels,
     check_paths,
     check_table,
@@ -203,6 +216,19 @@ __all__ = [
     "new_pack_id",
     "pack_binding",
     "label_map",
+    "TableDamage",
+    "TableSource",
+    "CHECKS",
+    "LABELS",
+    "PATHS",
+    "ORDER",
+    "STATS",
+    "HISTORY",
+    "SKIPPED",
+    "RECORD_CLASSES",
+    "PackTables",
+    "Audit",
+    "NewTables",
     "encode_order",
     "order_values",
     "STAT_DTYPE",

@@ -1,5 +1,5 @@
 """The read side: open finished packs (single or sharded), decode what they hold.
 
 It imports only the core (``format``, ``errors``, ``encodings``,
-``environments``, ``packdir``) and never the write side or the tools.
+``packfile``, ``packdir``) and never the write side or the tools.
 """

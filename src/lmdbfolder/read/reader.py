@@ -4,7 +4,7 @@ and safely: no damage to the pack can kill the process (docs/design.md, "Integri
 Rules this module enforces (see docs/design.md, "Opening a pack"):
 
 * Every read goes through ``lmdbfolder.pagefile.PageFile`` (opened by
-  ``lmdbfolder.environments``): the pack's own read-only map, every page
+  ``lmdbfolder.packfile``): the pack's own read-only map, every page
   checked before it is used, never py-lmdb. A damaged record raises
   ``CorruptRecordError`` naming its index, original path and the pack;
   every other record stays readable.
@@ -14,7 +14,7 @@ Rules this module enforces (see docs/design.md, "Opening a pack"):
 * Each (re)opening in a new process opens the version the tables were read
   from (``pack_id``, or a digest of a format-1 manifest): the current one,
   or, after one ``pack --update``, the one before it, which an update leaves
-  intact (``environments.open_version``). A pack replaced (or updated twice)
+  intact (``packfile.open_version``). A pack replaced (or updated twice)
   under a live dataset raises PackChangedError in the worker instead of
   mixing two versions.
 * After every read, a process checks that no second transaction has
@@ -45,7 +45,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from PIL import Image
 
-from lmdbfolder import environments, packdir
+from lmdbfolder import packdir, packfile
 from lmdbfolder.encodings import decode_hint, encoding_of
 from lmdbfolder.errors import CorruptRecordError, DecodeError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
@@ -247,11 +247,11 @@ class Reader(PackAPI):
         self.readahead = readahead
         self.verify_checksums = verify_checksums
         if pack_id is None:
-            pf = environments.open_data(self.path, readahead)
+            pf = packfile.open_data(self.path, readahead)
         else:
-            pf = environments.open_version(self.path, pack_id, readahead, manifest_sha256=manifest_sha256)
+            pf = packfile.open_version(self.path, pack_id, readahead, manifest_sha256=manifest_sha256)
         try:
-            tables = environments.load_tables(pf, self.path)
+            tables = packfile.load_tables(pf, self.path)
         finally:
             pf.close()
         self.meta: dict[str, Any] = tables.meta
@@ -280,7 +280,7 @@ class Reader(PackAPI):
         """
         if self._labels is None:
             pf = self._file()
-            labels = environments.labels_table(pf, self._tables, self.path)
+            labels = self._tables.labels(packfile.PackSource(pf, self.path))
             self._check_unchanged(pf)
             self._labels = labels
         return self._labels
@@ -321,14 +321,14 @@ class Reader(PackAPI):
     def skipped(self) -> list[dict[str, Any]] | str:
         """The source files the writer left out (``{path, reason}`` dicts), or
         ``"invalid"`` when a format-1 manifest holds something else there."""
-        return environments.skipped_items(self._file(), self._tables, self.path)
+        return self._tables.skipped(packfile.PackSource(self._file(), self.path))
 
     def history(self) -> list[dict[str, Any]]:
         """The pack's history, oldest first: how it was packed, then each ``pack --update``
         (``event``, ``at``, ``pack_id``, ``count``, ``added``, ``removed``, ``changed``,
         ``classes_added``, ...); [] for a pack written before histories were kept."""
         pf = self._file()
-        items = environments.history_items(pf, self._tables, self.path)
+        items = self._tables.history(packfile.PackSource(pf, self.path))
         self._check_unchanged(pf)
         return items
 
@@ -336,7 +336,7 @@ class Reader(PackAPI):
         blob = self._paths
         if blob is None or self._pid != os.getpid():
             pf = self._file()
-            blob = environments.paths_table(pf, self._tables, self.path)  # checked once per process
+            blob = self._tables.paths(packfile.PackSource(pf, self.path))  # checked once per process
             self._paths = blob
         return blob
 
@@ -351,8 +351,8 @@ class Reader(PackAPI):
         """The stored manifest, label table and path table: zero-copy views (checked
         against ``__check__`` in a format-2 pack)."""
         pf = self._file()
-        meta = environments.read_value(pf, META_KEY, self.path)
-        labels = environments.read_value(pf, LABELS_KEY, self.path)
+        meta = packfile.read_value(pf, META_KEY, self.path)
+        labels = packfile.read_value(pf, LABELS_KEY, self.path)
         if meta is None or labels is None:
             raise NotAPackError(self.path, "its manifest or label table is missing")
         return meta, labels, self._paths_blob()
@@ -502,11 +502,11 @@ class Reader(PackAPI):
         with self._handle_lock:
             if self._pf is None:
                 # The version the tables were read from: the current one, or the
-                # one before it after one update (environments.open_version).
-                pf = environments.open_version(self.path, self._tables.identity, self.readahead, self._tables)
+                # one before it after one update (packfile.open_version).
+                pf = packfile.open_version(self.path, self._tables.identity, self.readahead, self._tables)
                 if self._tables.ordered:
                     try:
-                        self._order = environments.order_table(pf, self._tables, self.path)
+                        self._order = self._tables.order(packfile.PackSource(pf, self.path))
                     except BaseException:
                         pf.close()
                         raise

@@ -33,8 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from lmdbfolder.environments import class_counts
 from lmdbfolder.errors import NoSamplesError
+from lmdbfolder.packfile import class_counts
 
 __all__ = [
     "Selection",

@@ -55,7 +55,7 @@ import threading
 import warnings
 from typing import Any, Iterator, Sequence
 
-from lmdbfolder import environments, packdir
+from lmdbfolder import packdir, packfile
 from lmdbfolder.errors import NotAPackError, RemoteError
 from lmdbfolder.format import (
     COPYING_SUFFIX,
@@ -163,7 +163,7 @@ def fetch_shard(
     except OSError as exc:
         raise disk_error(exc, src.url, tmp) from None
     try:
-        tables = environments.read_tables(tmp)
+        tables = packfile.read_tables(tmp)
         ok = shard_matches(entry, *tables)
     except NotAPackError as exc:
         ok, why = False, exc.message

@@ -392,10 +392,10 @@ def _run_all(fn: Any, items: list[Any], workers: int, abort: threading.Event) ->
 
 def decode_meta_count(path: str) -> int:
     """The sample count of the single pack at ``path`` (its manifest)."""
-    from lmdbfolder import environments
+    from lmdbfolder import packfile
     from lmdbfolder.format import decode_meta
 
-    return int(decode_meta(environments.read_tables(path)[0], where=path)["count"])
+    return int(decode_meta(packfile.read_tables(path)[0], where=path)["count"])
 
 
 #: How much of a remote skipped.txt is held in memory at a time.

@@ -8,9 +8,13 @@ runs on the file, so no damage can take the command down), and it checks:
 * the file itself (``PageFile.audit``): both B-trees page by page, overflow
   extents, separator keys, the free list, every page in use or free exactly
   once, and the meta page's counters;
-* the tables as a reader opens them: the manifest, the format-2 table
+* the tables by the format's own rules, the ones a reader applies and the
+  exhaustive ones an open skips (``format.PackTables.audit``: one copy of
+  the rules, each broken one a problem): the manifest, the format-2 table
   checksums (``__check__``), the label and path tables, labels that are
-  class indices, informational fields of the documented types;
+  class indices, the record order (no key twice, every key below
+  ``next_record``), ``record_classes``, informational fields of the
+  documented types;
 * every record ``0..count-1`` looked up through the tree as ``Reader.get``
   does (format 3: under its ``__order__`` key), with the CRC (bound to the
   key and the pack in formats 2 and 3), the header label against the label
@@ -19,7 +23,7 @@ runs on the file, so no damage can take the command down), and it checks:
   components against the payload's own header and Pillow's
   decompression-bomb limit (``Encoding.check``, what every decode path checks
   first: a valid CRC proves nothing about who wrote a pack); and that no
-  other key is stored (format 3: no key twice in ``__order__``).
+  other key is stored (format 3: none that ``__order__`` does not name).
 
 So it cannot say OK for a pack on which some ``Reader.get(i)`` fails.
 """
@@ -34,9 +38,10 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
-from lmdbfolder import environments, packdir
+from lmdbfolder import packdir, packfile
 from lmdbfolder.encodings import PayloadMismatch, encoding_of, raw_rgb, truncation
 from lmdbfolder.errors import CorruptRecordError, FormatVersionError, LmdbFolderError, NotAPackError, PackChangedError
 from lmdbfolder.format import (
@@ -50,28 +55,21 @@ from lmdbfolder.format import (
     NO_LABEL,
     ORDER_KEY,
     PATHS_KEY,
+    RECORD_CLASSES,
     RESERVED_PREFIX,
     SKIPPED_KEY,
     STATS_KEY,
+    PackTables,
     RecordHeader,
-    check_labels,
-    check_paths,
     check_table,
     decode_check,
-    decode_history,
     decode_key,
-    decode_labels,
     decode_meta,
-    decode_paths,
     decode_record,
-    decode_skipped,
     informational,
     invalid_fields,
     label_map,
-    order_values,
-    pack_binding,
     shard_matches,
-    stats_values,
     tables_digest,
 )
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
@@ -201,9 +199,9 @@ def _verify_single(
     entry: Any = None,
 ) -> VerifyReport:
     """``verify`` of a single pack; with ``entry`` (a sharded pack's index entry), of the
-    version of it the index names (see ``environments.open_version``)."""
+    version of it the index names (see ``packfile.open_version``)."""
     start = time.perf_counter()
-    pf = environments.open_data(path, True) if entry is None else _open_entry(path, entry)
+    pf = packfile.open_data(path, True) if entry is None else _open_entry(path, entry)
     found = packdir.Found(path, packdir.Kind.PACK)
     try:
         pack = _Checked(pf, found.path)
@@ -228,10 +226,10 @@ def _open_entry(path: str, entry: Any) -> PageFile:
     index was written: the checks against the index then say what differs)."""
     if entry.get("pack_id") is not None:
         try:
-            return environments.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
+            return packfile.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
         except PackChangedError:
             pass
-    return environments.open_data(path, True)
+    return packfile.open_data(path, True)
 
 
 def _dicts(items: Any) -> list[Any]:
@@ -251,7 +249,7 @@ class _Checked:
         except PageDamage as exc:
             raise NotAPackError(path, f"its manifest cannot be read: {exc.why}", DAMAGED_HINT) from None
         if blob is None:
-            environments.refuse_foreign(path, pf)  # a recipe's LMDB: say how to convert it
+            packfile.refuse_foreign(path, pf)  # a recipe's LMDB: say how to convert it
         self.damaged_meta: NotAPackError | None = None
         if blob is not None and check_blob is not None:
             try:
@@ -266,10 +264,13 @@ class _Checked:
             if self.damaged_meta is not None:
                 raise self.damaged_meta from None
             raise
+        if blob is None:  # decode_meta refuses a missing manifest; this tells the type checker
+            raise NotAPackError(path, "it has no manifest")
         self.meta_blob = blob
         self.count: int = self.meta["count"]
         self.version: int = self.meta["format_version"]
-        self.binding = pack_binding(self.meta)
+        self.tables = PackTables.of(self.meta, blob)
+        self.binding = self.tables.binding
         self.label_map = label_map(self.meta)
         #: Format 3: the record key of every sample (None: key = index, or the table is unreadable).
         self.order: Any = None
@@ -281,83 +282,15 @@ class _Checked:
         """The paths, for the source comparison (``_source_files`` calls it)."""
         return self.path_list or []
 
-    def _value(self, key: bytes, report: VerifyReport) -> memoryview | None:
-        try:
-            value = self.pf.get(key)
-        except PageDamage as exc:
-            report.problems.append(Problem("table", f"{key.decode()} cannot be read: {exc.why}"))
-            return None
-        if value is None:
-            report.problems.append(Problem("table", f"{key.decode()} is missing"))
-        return value
-
     def check_tables(self, report: VerifyReport) -> None:
+        """The file's structure, then every table by the format's own rules (``PackTables.audit``)."""
         for text in self.pf.audit():
             report.problems.append(Problem("structure", text))
         if self.version < 2:
             report.notes.append(NO_BINDING_NOTE)
-        blobs = {key: self._value(key, report) for key in (LABELS_KEY, PATHS_KEY)}
-        if self.version >= 3:
-            blobs[ORDER_KEY] = self._value(ORDER_KEY, report)
-        if self.version >= 2:
-            blobs[SKIPPED_KEY] = self._value(SKIPPED_KEY, report)
-            try:
-                check = decode_check(self.pf.get(CHECK_KEY), where=self.path)
-            except (NotAPackError, PageDamage) as exc:
-                report.problems.append(Problem("table", _why(exc)))
-                check = None
-            for key in (STATS_KEY, HISTORY_KEY):  # optional: checked when the checksums name them
-                if check is not None and key in check:
-                    blobs[key] = self._value(key, report)
-            if self.version >= 3 and check is not None and ORDER_KEY not in check:
-                report.problems.append(Problem("checksum", f"the table checksums do not cover {ORDER_KEY.decode()}"))
-            if check is not None:
-                for key, blob in ((META_KEY, self.meta_blob), *blobs.items()):
-                    if blob is None:
-                        continue
-                    try:
-                        check_table(check, key, blob, where=self.path)
-                    except NotAPackError as exc:
-                        report.problems.append(Problem("checksum", exc.why))
-        labels = blobs[LABELS_KEY]
-        if labels is not None:
-            try:
-                self.labels = decode_labels(labels, self.count, where=self.path)
-                check_labels(self.labels, len(self.meta["classes"]), where=self.path)
-            except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.why))
-        paths = blobs[PATHS_KEY]
-        if paths is not None:
-            try:
-                check_paths(paths, self.count, where=self.path)
-                self.path_list = decode_paths(paths, self.count, where=self.path)
-            except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.why))
-        order = blobs.get(ORDER_KEY)
-        if order is not None:
-            try:
-                self.order = order_values(order, self.count, where=self.path)
-            except NotAPackError as exc:
-                report.problems.append(Problem("table", exc.why))
-        for key, parse in (
-            (STATS_KEY, lambda b: stats_values(b, self.count, where=self.path)),
-            (HISTORY_KEY, lambda b: decode_history(b, where=self.path)),
-        ):
-            blob = blobs.get(key)
-            if blob is not None:
-                try:
-                    parse(blob)
-                except NotAPackError as exc:
-                    report.problems.append(Problem("table", exc.why))
-        if self.version >= 2:
-            skipped = blobs.get(SKIPPED_KEY)
-            if skipped is not None:
-                try:
-                    self.skipped = decode_skipped(skipped, where=self.path)
-                except NotAPackError as exc:
-                    report.problems.append(Problem("table", exc.why))
-        else:
-            self.skipped = informational(self.meta, "skipped", [])
+        audit = self.tables.audit(packfile.PackSource(self.pf, self.path), self.meta_blob)
+        report.problems += [Problem(exc.kind, exc.why) for exc in audit.problems]
+        self.labels, self.path_list, self.order, self.skipped = audit.labels, audit.paths, audit.order, audit.skipped
         for name in invalid_fields(self.meta):
             report.problems.append(Problem("manifest", f"the informational field {name!r} has the wrong type"))
         if _pack_resize(self.meta) == INVALID:
@@ -371,8 +304,7 @@ class _Checked:
         sources: dict[str, tuple[str, int | None]] | None,
     ) -> None:
         count, paths, labels = self.count, self.path_list, self.labels
-        n_classes = len(self.meta["classes"])
-        store = self.meta["store"]
+        rules = _RecordRules(len(self.meta["classes"]), decode, self.binding, self.meta["store"], self.label_map)
         resize = _pack_resize(self.meta)
         if self.version >= 3 and self.order is None:
             return  # no record can be found without its key: the table problem is reported
@@ -397,9 +329,7 @@ class _Checked:
                 report.payload_bytes += len(value)
                 bar.update(1, len(value))
                 label = labels[index] if labels is not None else None
-                record = _check_one(
-                    report, index, value, path, label, n_classes, decode, self.binding, store, key, self.label_map
-                )
+                record = _check_one(report, rules, index, key, value, path, label)
                 if record is not None and sources is not None and path is not None and path in sources:
                     _compare_with_source(
                         report,
@@ -407,7 +337,7 @@ class _Checked:
                         *record,
                         path,
                         *sources[path],
-                        store,
+                        rules.store,
                         resize if isinstance(resize, Resize) else None,
                     )
         self._check_keys(report)
@@ -416,15 +346,8 @@ class _Checked:
         """Every key in the tree is a record ``0..count-1`` (format 3: a key of
         ``__order__``, none listed twice) or a known reserved key."""
         known = _RESERVED_V3 if self.version >= 3 else _RESERVED_V2 if self.version >= 2 else KNOWN_RESERVED_KEYS
-        expected: Any = None
-        if self.order is not None:
-            import numpy as np
-
-            expected = np.unique(self.order)
-            if len(expected) != self.count:
-                report.problems.append(
-                    Problem("order", f"{ORDER_KEY.decode()} names {self.count - len(expected)} record key(s) twice")
-                )
+        # Distinct keys, to look each stored one up (a key named twice is the audit's problem).
+        expected: Any = None if self.order is None else np.unique(self.order)
         try:
             for _pgno, _depth, kind, nodes in self.pf.pages():
                 if kind != P_LEAF:
@@ -497,7 +420,30 @@ def _source_files(
     (a class folder added to the source renumbers the classes after it, and that is
     not a change of every sample's class), except for a list file of numbered labels.
     A source class the pack does not have is reported once, its files' label None."""
-    recorded = informational(reader.meta, "source", {})
+    scanned = _scan_source(reader.meta, report, src, list_file)
+    if scanned is None:
+        return None
+    sources, pack_files_only = scanned
+    skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
+    packed = reader.paths()
+    expected = [p for p in sources.relpaths if p not in skipped]
+    if pack_files_only:
+        in_pack_only = set(packed)
+        expected = [p for p in expected if p in in_pack_only]
+    pack_classes = list(reader.meta["classes"])
+    numbered = sources.layout == "list" and sources.classes == [str(i) for i in range(len(sources.classes))]
+    if expected != packed:
+        _compare_lists(report, sources, expected, packed, pack_classes, labels, numbered)
+    return _source_labels(report, sources, set(packed), pack_classes, numbered)
+
+
+def _scan_source(
+    meta: dict[str, Any], report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None
+) -> tuple[Any, bool] | None:
+    """The source scanned as the pack recorded it (layout, list file, filters), and whether
+    only the pack's own files can be compared (files chosen by a callable or a regular
+    expression, which are not run again); None (a problem said why) if the record is unusable."""
+    recorded = informational(meta, "source", {})
     if not isinstance(recorded, dict):
         recorded = {}
     layout = recorded.get("layout")
@@ -539,66 +485,76 @@ def _source_files(
             "not run, so only the pack's own files were compared with the source (files it left out are not listed)"
         )
     sources = scan(src, layout=layout, list_file=listing if layout == "list" else None, allow_empty=True, **filters)
-    skipped = {item.get("path") for item in skipped_items if isinstance(item, dict)}
-    packed = reader.paths()
-    expected = [p for p in sources.relpaths if p not in skipped]
-    if chosen_by_callable or chosen_by_match:
-        in_pack_only = set(packed)
-        expected = [p for p in expected if p in in_pack_only]
-    pack_classes = list(reader.meta["classes"])
-    numbered = layout == "list" and sources.classes == [str(i) for i in range(len(sources.classes))]
-    pack_index = {name: i for i, name in enumerate(pack_classes)}
-    # A whole class that only one side has is one problem, not one per file.
+    return sources, chosen_by_callable or chosen_by_match
+
+
+def _compare_lists(
+    report: VerifyReport,
+    sources: Any,
+    expected: list[str],
+    packed: list[str],
+    pack_classes: list[str],
+    labels: Any,
+    numbered: bool,
+) -> None:
+    """Report the files only one side has (a whole class that only one side has: one
+    problem, not one per file), or that the order differs."""
     new_classes = set() if numbered else set(sources.classes) - set(pack_classes)
     gone_classes = set() if numbered or labels is None else set(pack_classes) - set(sources.classes)
-    if expected != packed:
-        in_pack = set(packed)
-        in_source = set(expected)
-        source_class = dict(zip(sources.relpaths, sources.labels))
-        new_files: dict[str, list[str]] = {}
-        for p in expected:
-            if p not in in_pack:
-                name = sources.classes[source_class[p]] if source_class[p] != NO_LABEL else None
-                if name is not None and name in new_classes:
-                    new_files.setdefault(name, []).append(p)
-                else:
-                    report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
-        gone_records: dict[str, list[int]] = {}
-        for i, p in enumerate(packed):
-            if p not in in_source:
-                label = labels[i] if labels is not None else NO_LABEL
-                name = pack_classes[label] if 0 <= label < len(pack_classes) else None
-                if name is not None and name in gone_classes:
-                    gone_records.setdefault(name, []).append(i)
-                else:
-                    report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
-        for name, files in sorted(new_files.items()):
-            report.problems.append(
-                Problem(
-                    "source",
-                    f"class {printable(name, 200)} is in the source but not in the pack "
-                    f"({plural(len(files), 'file')}, first {printable(files[0], 200)})",
-                )
+    in_pack = set(packed)
+    in_source = set(expected)
+    source_class = dict(zip(sources.relpaths, sources.labels))
+    new_files: dict[str, list[str]] = {}
+    for p in expected:
+        if p not in in_pack:
+            name = sources.classes[source_class[p]] if source_class[p] != NO_LABEL else None
+            if name is not None and name in new_classes:
+                new_files.setdefault(name, []).append(p)
+            else:
+                report.problems.append(Problem("source", f"{p} is in the source but not in the pack"))
+    gone_records: dict[str, list[int]] = {}
+    for i, p in enumerate(packed):
+        if p not in in_source:
+            label = labels[i] if labels is not None else NO_LABEL
+            name = pack_classes[label] if 0 <= label < len(pack_classes) else None
+            if name is not None and name in gone_classes:
+                gone_records.setdefault(name, []).append(i)
+            else:
+                report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
+    for name, files in sorted(new_files.items()):
+        report.problems.append(
+            Problem(
+                "source",
+                f"class {printable(name, 200)} is in the source but not in the pack "
+                f"({plural(len(files), 'file')}, first {printable(files[0], 200)})",
             )
-        for name, indices in sorted(gone_records.items()):
-            report.problems.append(
-                Problem(
-                    "source",
-                    f"class {printable(name, 200)} is in the pack but not in the source "
-                    f"({plural(len(indices), 'record')}, first {indices[0]}: {printable(packed[indices[0]], 200)})",
-                )
+        )
+    for name, indices in sorted(gone_records.items()):
+        report.problems.append(
+            Problem(
+                "source",
+                f"class {printable(name, 200)} is in the pack but not in the source "
+                f"({plural(len(indices), 'record')}, first {indices[0]}: {printable(packed[indices[0]], 200)})",
             )
-        if in_pack == in_source:
-            report.problems.append(Problem("source", "the pack holds the source's files in a different order"))
+        )
+    if in_pack == in_source:
+        report.problems.append(Problem("source", "the pack holds the source's files in a different order"))
+
+
+def _source_labels(
+    report: VerifyReport, sources: Any, packed: set[str], pack_classes: list[str], numbered: bool
+) -> dict[str, tuple[str, int | None]]:
+    """Relative path -> (file, the pack's index of its class; None: a class the pack lacks,
+    reported once)."""
+    pack_index = {name: i for i, name in enumerate(pack_classes)}
     out: dict[str, tuple[str, int | None]] = {}
     relabelled: dict[str, list[str]] = {}
-    packed_set = set(packed)
     for i, p in enumerate(sources.relpaths):
         wanted: int | None = sources.labels[i]
         if not numbered and wanted != NO_LABEL:
             name = sources.classes[sources.labels[i]]
             wanted = pack_index.get(name)
-            if wanted is None and p in packed_set:  # a list file that names a new class
+            if wanted is None and p in packed:  # a list file that names a new class
                 relabelled.setdefault(name, []).append(p)
         out[p] = (sources.abspath(i), wanted)
     for name, files in sorted(relabelled.items()):
@@ -624,40 +580,54 @@ def _pack_resize(meta: dict[str, Any]) -> Resize | str | None:
         return INVALID
 
 
+@dataclass(frozen=True)
+class _RecordRules:
+    """What every record of one pack is checked against (``_check_one``)."""
+
+    #: The number of classes (a label is -1 or below it).
+    n_classes: int
+    #: Decode every image too (``verify(decode=True)``).
+    decode: bool
+    #: The pack's record binding (formats 2 and 3; None: format 1).
+    binding: bytes | None
+    #: The pack's store (``encoded`` or ``raw``).
+    store: str
+    #: Format 3 with ``record_classes``: header label -> sample label (``format.label_map``).
+    mapping: list[int] | None
+
+
 def _check_one(
     report: VerifyReport,
+    rules: _RecordRules,
     index: int,
+    key: int | None,
     value: memoryview,
     path: str | None,
     label: int | None,
-    n_classes: int,
-    decode: bool,
-    binding: bytes | None = None,
-    store: str | None = None,
-    key: int | None = None,
-    mapping: list[int] | None = None,
 ) -> tuple[RecordHeader, memoryview] | None:
     """Check one record (stored under ``key``, default ``index``; format 3's header
-    labels go through ``mapping``, ``format.label_map``); returns its header (the
+    labels go through ``rules.mapping``, ``format.label_map``); returns its header (the
     label a sample's) and payload, or None if it cannot be parsed."""
     try:
-        header, payload = decode_record(value, index=index, verify=True, binding=binding, key=key)
+        header, payload = decode_record(value, index=index, verify=True, binding=rules.binding, key=key)
     except CorruptRecordError as exc:
         report.problems.append(Problem(exc.kind, exc.why, index, path))
         return None
-    if mapping is not None and header.label != NO_LABEL:
-        if not 0 <= header.label < len(mapping) or mapping[header.label] < 0:
+    if rules.mapping is not None and header.label != NO_LABEL:
+        sample_label = RECORD_CLASSES.sample_label(header.label, rules.mapping)
+        if sample_label is None:
             report.problems.append(
                 Problem(
                     "label", f"header label {header.label} names no class of the pack (record_classes)", index, path
                 )
             )
             return None
-        header = dataclasses.replace(header, label=mapping[header.label])
+        header = dataclasses.replace(header, label=sample_label)
     if label is not None and header.label != label:
         report.problems.append(
             Problem("label", f"header label {header.label} differs from the label table's {label}", index, path)
         )
+    n_classes, store, decode = rules.n_classes, rules.store, rules.decode
     if not (header.label == NO_LABEL or 0 <= header.label < n_classes):
         report.problems.append(
             Problem("label", f"label {header.label} is not a class index (0..{n_classes - 1})", index, path)
@@ -789,7 +759,7 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         try:
             pf = _open_entry(shard_path, entry)
             try:
-                blobs = [environments.read_value(pf, key, shard_path) for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
+                blobs = [packfile.read_value(pf, key, shard_path) for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
                 if any(blob is None for blob in blobs):
                     raise NotAPackError(shard_path, "its manifest, label table or path table is missing")
                 digest = tables_digest(*blobs)  # type: ignore[arg-type]

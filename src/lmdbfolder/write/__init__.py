@@ -12,5 +12,5 @@ the run). ``shards`` and ``ray`` build sharded packs from the same writer.
 Names with a leading underscore are shared by these modules only.
 
 It imports only the core (``format``, ``errors``, ``encodings``, ``progress``,
-``environments``, ``packdir``) and never the read side or the tools.
+``packfile``, ``packdir``) and never the read side or the tools.
 """

@@ -29,29 +29,19 @@ from PIL import Image
 from lmdbfolder._version import __version__
 from lmdbfolder.errors import PackError, SourceError
 from lmdbfolder.format import (
-    CHECK_KEY,
     FORMAT_NAME,
     FORMAT_VERSION,
-    HISTORY_KEY,
-    LABELS_KEY,
     MAX_MANIFEST_BYTES,
-    META_KEY,
-    PATHS_KEY,
     PROGRESS_KEY,
-    SKIPPED_KEY,
-    STATS_KEY,
     SYNC_PROBE,
     UNKNOWN_MTIME,
+    NewTables,
     bind_record,
-    encode_check,
-    encode_history,
     encode_key,
     encode_labels,
     encode_meta,
     encode_paths,
     encode_progress,
-    encode_skipped,
-    encode_stats,
     new_pack_id,
 )
 from lmdbfolder.progress import Progress
@@ -368,26 +358,24 @@ class _Run:
             raise nothing_to_pack(self.sources.root, len(self.sources))
         # Straight from the compact sample list: no Python object per sample.
         manifest = self._manifest()
-        tables = {
-            META_KEY: encode_meta(manifest),
-            LABELS_KEY: _labels_table(self.sources.labels, skipped),
-            PATHS_KEY: _paths_table(self.sources.relpaths, skipped),
-            SKIPPED_KEY: encode_skipped(skipped_entries(self.sources.relpaths, state.skipped, state.skipped_stats)),
-            HISTORY_KEY: encode_history(
-                [
-                    history_entry(
-                        "pack", manifest["created_at"], state.pack_id, kept, added=kept, skipped=len(state.skipped)
-                    )
-                ]
-            ),
-        }
-        if self.loader is None:  # files were read: what `pack --update` compares later
-            tables[STATS_KEY] = self._stats_table(kept)
-        check_manifest_size(tables[META_KEY], self.sources.root)
-        self._commit({**tables, CHECK_KEY: encode_check(tables), PROGRESS_KEY: None})
+        meta = encode_meta(manifest)
+        check_manifest_size(meta, self.sources.root)
+        event = history_entry(
+            "pack", manifest["created_at"], state.pack_id, kept, added=kept, skipped=len(state.skipped)
+        )
+        tables = NewTables(
+            meta,
+            _labels_table(self.sources.labels, skipped),
+            _paths_table(self.sources.relpaths, skipped),
+            skipped_entries(self.sources.relpaths, state.skipped, state.skipped_stats),
+            [event],
+            # Files were read: what `pack --update` compares later.
+            stats=self._stats(kept) if self.loader is None else None,
+        )
+        self._commit({**tables.encode(), PROGRESS_KEY: None})
         state.env.sync(True)
 
-    def _stats_table(self, kept: int) -> bytes:
+    def _stats(self, kept: int) -> tuple[array.array, array.array]:
         """``__stats__``: the size and mtime each record's file had when it was read.
 
         Records written before a resume were read by a run that ended: their
@@ -401,7 +389,7 @@ class _Run:
         if len(sizes) != kept:  # a finished partial published by a rerun: nothing read this time
             sizes = array.array("Q", bytes(8 * kept))
             mtimes = array.array("q", [UNKNOWN_MTIME]) * kept
-        return encode_stats(sizes, mtimes)
+        return sizes, mtimes
 
     def _manifest(self) -> dict[str, Any]:
         sources, state = self.sources, self.state

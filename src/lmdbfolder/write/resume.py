@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import lmdb
 
-from lmdbfolder import environments, packdir
+from lmdbfolder import packdir, packfile
 from lmdbfolder.errors import NotAPackError, OutputExistsError, PackError, os_refusal
 from lmdbfolder.format import (
     META_KEY,
@@ -78,9 +78,9 @@ def _existing_pack(
     if options.overwrite or os.path.islink(dst) or packdir.inspect(dst).kind is not packdir.Kind.PACK:
         return None
     try:
-        blob = environments.read_manifest(dst)
+        blob = packfile.read_manifest(dst)
         meta = decode_meta(blob, where=dst)
-        skipped_items = environments.read_skipped(dst) if meta.get("fingerprint") == fingerprint else []
+        skipped_items = packfile.read_skipped(dst) if meta.get("fingerprint") == fingerprint else []
     except NotAPackError:
         return None
     old = meta.get("fingerprint")

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from lmdbfolder import environments, packdir
+from lmdbfolder import packdir, packfile
 from lmdbfolder._version import __version__
 from lmdbfolder.encodings import DEFAULT_RESIZE_FORMAT
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, SourceError
@@ -443,7 +443,7 @@ def finished_sharded_pack(
 def _finished_manifest(path: str) -> dict[str, Any] | None:
     """The manifest of the finished pack at ``path``, or None if it is not one."""
     try:
-        return decode_meta(environments.read_manifest(path), where=path)
+        return decode_meta(packfile.read_manifest(path), where=path)
     except NotAPackError:
         return None
 
@@ -687,7 +687,7 @@ def update_sharded(
     before all of them). A shard whose samples did not change is not rewritten
     (when its place in the split moved, its manifest says so: one small
     transaction). Until the new index is in place, the index names each shard's
-    previous version, which an update leaves readable (``environments.open_version``):
+    previous version, which an update leaves readable (``packfile.open_version``):
     readers see the old pack, then the new one.
     """
     start_time = time.perf_counter()
@@ -797,12 +797,12 @@ def update_sharded(
 
 def _shard_paths(path: str) -> list[bytes]:
     """The source files of the shard at ``path`` (its samples and skipped files), as bytes."""
-    meta_blob, _, paths_blob = environments.read_tables(path)
+    meta_blob, _, paths_blob = packfile.read_tables(path)
     count = int(decode_meta(meta_blob, where=path)["count"])
     offsets = struct.unpack_from(f"<{count + 1}Q", paths_blob)
     names = paths_blob[(count + 1) * 8 :]
     out = [names[a:b] for a, b in zip(offsets, offsets[1:])]
-    out += [os.fsencode(str(item.get("path"))) for item in environments.read_skipped(path)]
+    out += [os.fsencode(str(item.get("path"))) for item in packfile.read_skipped(path)]
     return out
 
 
@@ -840,7 +840,7 @@ def _split_bounds(sources: SourceList, owner: Mapping[bytes, int], num: int, roo
 
 def _indexed(root: str, entry: Mapping[str, Any]) -> bool:
     """Whether the shard ``entry`` of the index is the shard on disk, manifest and all."""
-    meta = environments.read_manifest(os.path.join(root, entry["name"]))
+    meta = packfile.read_manifest(os.path.join(root, entry["name"]))
     return meta is not None and entry.get("manifest_sha256") == hashlib.sha256(meta).hexdigest()
 
 
@@ -960,7 +960,7 @@ def write_index(
     for i in range(total):
         name = done[i]
         path = os.path.join(dst, name)
-        meta_blob, labels_blob, paths_blob = environments.read_tables(path)
+        meta_blob, labels_blob, paths_blob = packfile.read_tables(path)
         meta = decode_meta(meta_blob, where=path)
         count = int(meta["count"])
         _check_table_counts(path, count, labels_blob, paths_blob)

@@ -23,7 +23,7 @@ writing the files that changed (docs/design.md, "Updating a pack"):
    The pack becomes format 3 (FORMAT.md). Datasets opened before keep reading
    the version they opened, in every process (the transaction writes only
    pages that version does not use, and LMDB's other meta page still names
-   it: ``environments.open_version``); a second update ends that, with
+   it: ``packfile.open_version``); a second update ends that, with
    PackChangedError. A dataset opened afterwards reads the new version.
 5. ``<dst>.update`` is removed; the file is compacted only when half of it
    is free pages (then by LMDB's compacting copy and a rename).
@@ -46,36 +46,29 @@ from typing import Any, Iterable, Mapping, Sequence
 import lmdb
 import numpy as np
 
-from lmdbfolder import environments, packdir
+from lmdbfolder import packdir, packfile
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError, os_refusal
 from lmdbfolder.format import (
     CHECK_KEY,
     DATA_FILE,
-    HISTORY_KEY,
     KEY,
-    LABELS_KEY,
     LOCK_FILE,
     META_KEY,
     NO_LABEL,
-    ORDER_KEY,
-    PATHS_KEY,
     PROGRESS_KEY,
-    SKIPPED_KEY,
+    RECORD_CLASSES,
     SKIPPED_REPORT,
-    STATS_KEY,
     UNKNOWN_MTIME,
     UPDATE_SUFFIX,
     UPDATED_FORMAT_VERSION,
+    NewTables,
+    PackTables,
     bind_record,
     decode_record,
     encode_check,
-    encode_history,
     encode_key,
     encode_meta,
-    encode_order,
     encode_record,
-    encode_skipped,
-    encode_stats,
     new_pack_id,
 )
 from lmdbfolder.pagefile import PageFile
@@ -178,9 +171,9 @@ class _OldPack:
 
     @classmethod
     def load(cls, path: str) -> _OldPack:
-        pf = environments.open_data(path, readahead=False)
+        pf = packfile.open_data(path, readahead=False)
         try:
-            tables = environments.load_tables(pf, path)
+            tables = packfile.load_tables(pf, path)
             meta = tables.meta
             if tables.version < 2 or tables.binding is None:
                 raise OptionError(
@@ -188,18 +181,21 @@ class _OldPack:
                     "it cannot be updated in place",
                     "repack it with --overwrite (once); later changes can then use --update",
                 )
-            count = int(meta["count"])
-            labels = np.frombuffer(bytes(environments.labels_table(pf, tables, path)), dtype=np.int32)
-            blob = environments.paths_table(pf, tables, path)
+            count = tables.count
+            source = packfile.PackSource(pf, path)
+            labels = np.frombuffer(bytes(tables.labels(source)), dtype=np.int32)
+            blob = tables.paths(source)
             offsets = np.frombuffer(blob, dtype="<u8", count=count + 1)
             names = bytes(blob[(count + 1) * 8 :])
             bounds = offsets.tolist()
             path_index = {names[bounds[i] : bounds[i + 1]]: i for i in range(count)}
-            stats = environments.stats_table(pf, tables, path)
-            order = environments.order_table(pf, tables, path) if tables.ordered else None
-            items = environments.skipped_items(pf, tables, path)
+            stats = tables.stats(source)
+            # Every rule, the exhaustive ones too: an update writes over what it trusts.
+            order = tables.order(source, exhaustive=True) if tables.ordered else None
+            items = tables.skipped(source)
             skipped = {os.fsencode(str(item.get("path"))): item for item in items} if isinstance(items, list) else {}
-            history = environments.history_items(pf, tables, path)
+            history = tables.history(source)
+            _check_record_labels(source, tables, labels, order)
         except BaseException:
             pf.close()
             raise
@@ -250,13 +246,29 @@ class _OldPack:
 
     def value_of(self, key: bytes) -> memoryview:
         """The stored value of the reserved key (a table) ``key``."""
-        value = environments.read_value(self.pf, key, self.path)
+        value = packfile.read_value(self.pf, key, self.path)
         if value is None:
             raise PackError(f"{self.path} has no {key.decode()} table", "run `lmdbfolder verify` on it")
         return value
 
     def close(self) -> None:
         self.pf.close()
+
+
+def _check_record_labels(source: packfile.PackSource, tables: PackTables, labels: np.ndarray, order: Any) -> None:
+    """Refuse a pack whose record headers name other classes than its label table
+    (``RECORD_CLASSES.check_records``): a permuted ``record_classes`` would relabel every
+    kept record. A permutation moves every record of a class, so the first sample of each
+    class is enough (one lookup a class); ``verify`` checks every record."""
+    _, first = np.unique(labels, return_index=True)
+    headers = []
+    for i in first.tolist():
+        key = i if order is None else int(order[i])
+        value = source.get(KEY.pack(key))
+        if value is None:
+            raise PackError(f"{source.where} has no record under key {key}", "repack it with --overwrite")
+        headers.append(decode_record(value, index=i)[0].label)
+    RECORD_CLASSES.check_records(headers, labels[first], tables.label_map, where=source.where)
 
 
 def check_options(old: _OldPack, options: PackOptions) -> PackOptions:
@@ -540,6 +552,20 @@ class _Assembly:
     changes: Changes = field(default_factory=Changes)
 
 
+@dataclass
+class _Samples:
+    """Per source file while ``_assemble`` works: its record key, size and mtime, whether it
+    is a sample (not skipped), the files skipped (index, reason); per sample of the pack,
+    whether the new version still uses its record."""
+
+    keys: np.ndarray
+    sizes: np.ndarray
+    mtimes: np.ndarray
+    is_sample: np.ndarray
+    used_old: np.ndarray
+    skipped: list[tuple[int, str]]
+
+
 def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile | None) -> _Assembly:
     """Each sample's record key (kept, or new), the records to put and to delete, the
     tables' contents and the manifest's totals. Reads the staged files' headers and the
@@ -550,27 +576,58 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
         payload_bytes=int(old.meta.get("payload_bytes") or 0),
         next_key=old.next_record,
     )
-    changes = out.changes
-    n = len(sources)
+    work = _kept(out, old, sources, plan)
+    _take_changed(out, old, sources, plan, staged, work)
+    samples = np.flatnonzero(work.is_sample)
+    if not len(samples):
+        raise nothing_to_pack(sources.root, len(sources))
+    out.keys, out.sizes, out.mtimes = work.keys[samples], work.sizes[samples], work.mtimes[samples]
+    out.skipped = sorted(work.skipped)
+    _drop_unused(out, old, work.used_old)
+    changes, old_index = out.changes, plan.old_index
+    in_source = np.zeros(old.count, dtype=bool)
+    in_source[old_index[old_index >= 0]] = True
+    now_skipped = sum(1 for s, _ in out.skipped if old_index[s] >= 0)  # were samples, are skipped now
+    changes.removed = int(np.count_nonzero(~in_source)) + now_skipped
+    old_classes = list(old.meta["classes"])
+    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
+    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
+    return out
+
+
+def _kept(out: _Assembly, old: _OldPack, sources: SourceList, plan: _Plan) -> _Samples:
+    """The files kept as they are (numpy expressions) and those skipped again."""
     action, old_index = plan.action, plan.old_index
-    keys = np.zeros(n, dtype=np.uint64)
-    sizes, mtimes = plan.sizes.copy(), plan.mtimes.copy()
-    is_sample = action != _SKIP_AGAIN
+    work = _Samples(
+        keys=np.zeros(len(sources), dtype=np.uint64),
+        sizes=plan.sizes.copy(),
+        mtimes=plan.mtimes.copy(),
+        is_sample=action != _SKIP_AGAIN,
+        used_old=np.zeros(old.count, dtype=bool),
+        skipped=[],
+    )
     keep = action == _KEEP
-    keys[keep] = old.keys[old_index[keep]]
-    used_old = np.zeros(old.count, dtype=bool)
-    used_old[old_index[keep]] = True
-    skipped: list[tuple[int, str]] = []
-    for s in np.flatnonzero(~is_sample).tolist():
+    work.keys[keep] = old.keys[old_index[keep]]
+    work.used_old[old_index[keep]] = True
+    for s in np.flatnonzero(~work.is_sample).tolist():
         item = old.skipped[os.fsencode(sources.relpaths[s])]
-        skipped.append((s, str(item.get("reason", ""))))
-        out.skipped_stats[s] = (int(sizes[s]), int(mtimes[s]))
+        work.skipped.append((s, str(item.get("reason", ""))))
+        out.skipped_stats[s] = (int(work.sizes[s]), int(work.mtimes[s]))
+    return work
+
+
+def _count_in(out: _Assembly, value: bytes | memoryview) -> None:
+    encoding = decode_record(value)[0].encoding
+    out.encodings[encoding] = out.encodings.get(encoding, 0) + 1
+    out.payload_bytes += len(value)
+
+
+def _take_changed(
+    out: _Assembly, old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile | None, work: _Samples
+) -> None:
+    """The files relabelled (the pack's record, a new header label) and read (staged)."""
+    changes, action, old_index = out.changes, plan.action, plan.old_index
     todo_at = {s: j for j, s in enumerate(plan.todo)}
-
-    def count_in(encoding: str, size: int) -> None:
-        out.encodings[encoding] = out.encodings.get(encoding, 0) + 1
-        out.payload_bytes += size
-
     for s in np.flatnonzero((action == _RELABEL) | (action == _READ)).tolist():
         i = int(old_index[s])
         if action[s] == _RELABEL:
@@ -578,10 +635,10 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
             value = old.value(old_key)
             key, out.next_key = out.next_key, out.next_key + 1
             out.puts.append(_Put(key, len(value), old_key=old_key, label=int(plan.header_labels[s])))
-            count_in(decode_record(value)[0].encoding, len(value))
+            _count_in(out, value)
             changes.changed += 1
             changes.relabelled += 1
-            keys[s] = key
+            work.keys[s] = key
             continue
         found = staged.get(encode_key(todo_at[s])) if staged is not None else None
         if found is None:
@@ -589,31 +646,29 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
         kind, size, mtime = _STAGED.unpack_from(found)
         body = found[_STAGED.size :]
         changes.read += 1
-        sizes[s], mtimes[s] = size, mtime
+        work.sizes[s], work.mtimes[s] = size, mtime
         if kind == _SKIPPED:
-            is_sample[s] = False
-            skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
+            work.is_sample[s] = False
+            work.skipped.append((s, bytes(body).decode("utf-8", "surrogateescape")))
             if mtime != UNKNOWN_MTIME:
                 out.skipped_stats[s] = (size, mtime)
         elif kind == _SAME:
-            keys[s] = old.key(i)
-            used_old[i] = True
+            work.keys[s] = old.key(i)
+            work.used_old[i] = True
             changes.unchanged += 1
         else:
             key, out.next_key = out.next_key, out.next_key + 1
             out.puts.append(_Put(key, len(body), staged=todo_at[s]))
-            count_in(decode_record(body)[0].encoding, len(body))
-            keys[s] = key
+            _count_in(out, body)
+            work.keys[s] = key
             if i >= 0:
                 changes.changed += 1
             else:
                 changes.added += 1
-    samples = np.flatnonzero(is_sample)
-    if not len(samples):
-        raise nothing_to_pack(sources.root, len(sources))
-    out.keys, out.sizes, out.mtimes = keys[samples], sizes[samples], mtimes[samples]
-    out.skipped = sorted(skipped)
-    # Records no sample uses any more: files removed, replaced or relabelled.
+
+
+def _drop_unused(out: _Assembly, old: _OldPack, used_old: np.ndarray) -> None:
+    """The records no sample uses any more (files removed, replaced or relabelled): deleted, uncounted."""
     for i in np.flatnonzero(~used_old).tolist():
         key = old.key(i)
         value = old.value(key)
@@ -624,14 +679,6 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
                 del out.encodings[encoding]
         out.payload_bytes -= len(value)
         out.deletes.append(key)
-    in_source = np.zeros(old.count, dtype=bool)
-    in_source[old_index[old_index >= 0]] = True
-    now_skipped = sum(1 for s, _ in out.skipped if old_index[s] >= 0)  # were samples, are skipped now
-    changes.removed = int(np.count_nonzero(~in_source)) + now_skipped
-    old_classes = list(old.meta["classes"])
-    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
-    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
-    return out
 
 
 def _new_tables(
@@ -678,17 +725,17 @@ def _new_tables(
         skipped=len(new.skipped),
     )
     skipped_set = {s for s, _ in new.skipped}
-    tables: dict[bytes, Any] = {
-        META_KEY: encode_meta(meta),
-        LABELS_KEY: _labels_table(sources.labels, skipped_set),
-        PATHS_KEY: _paths_table(sources.relpaths, skipped_set),
-        SKIPPED_KEY: encode_skipped(skipped_entries(sources.relpaths, new.skipped, new.skipped_stats)),
-        ORDER_KEY: encode_order(new.keys),
-        STATS_KEY: encode_stats(new.sizes, new.mtimes),
-        HISTORY_KEY: encode_history([*old.history, event]),
-    }
-    check_manifest_size(tables[META_KEY], sources.root)
-    tables[CHECK_KEY] = encode_check(tables)
+    blob = encode_meta(meta)
+    check_manifest_size(blob, sources.root)
+    tables = NewTables(
+        blob,
+        _labels_table(sources.labels, skipped_set),
+        _paths_table(sources.relpaths, skipped_set),
+        skipped_entries(sources.relpaths, new.skipped, new.skipped_stats),
+        [*old.history, event],
+        order=new.keys,
+        stats=(new.sizes, new.mtimes),
+    ).encode()
     return meta, tables
 
 
@@ -702,7 +749,7 @@ def _apply(
     manifest_extra: Mapping[str, Any],
 ) -> _Result:
     """Change ``<dst>/data.mdb`` in one transaction: the new records, the tables."""
-    staged = environments.open_data(staging, readahead=True) if staging is not None else None
+    staged = packfile.open_data(staging, readahead=True) if staging is not None else None
     try:
         new = _assemble(old, sources, plan, staged)
         meta, tables = _new_tables(old, sources, plan, new, options, fingerprint, manifest_extra)
@@ -818,7 +865,7 @@ def _recorded_manifest(dst: str | os.PathLike[str]) -> tuple[str, dict[str, Any]
             path = found.path
         else:
             return None
-        return found.path, decode_meta(environments.read_manifest(path), where=path)
+        return found.path, decode_meta(packfile.read_manifest(path), where=path)
     except (NotAPackError, OptionError, TypeError, ValueError, KeyError, IndexError):
         return None
 

@@ -41,6 +41,7 @@ from lmdbfolder.format import (
     PATHS_KEY,
     SKIPPED_KEY,
     STATS_KEY,
+    Manifest,
     check_labels,
     check_paths,
     check_table,
@@ -49,11 +50,8 @@ from lmdbfolder.format import (
     decode_labels,
     decode_meta,
     decode_skipped,
-    informational,
-    label_map,
     label_values,
     order_values,
-    pack_binding,
     stats_values,
 )
 from lmdbfolder.pagefile import PageDamage, PageFile
@@ -136,7 +134,7 @@ def _required(pf: PageFile, key: bytes, where: str, what: str) -> memoryview:
 class PackTables:
     """What a reader needs of a pack before its first record, every part checked."""
 
-    meta: dict[str, Any]
+    meta: Manifest
     #: Samples per class index (the label table's counts), from the check at open.
     class_counts: np.ndarray
     #: Format 2: what every record's CRC is bound to (the pack id); None for format 1.
@@ -161,7 +159,7 @@ class PackTables:
     @property
     def version(self) -> int:
         """The pack's format version."""
-        return int(self.meta["format_version"])
+        return self.meta.format_version
 
 
 def identity_of(pf: PageFile, where: str, known: PackTables | None = None) -> str:
@@ -175,7 +173,7 @@ def identity_of(pf: PageFile, where: str, known: PackTables | None = None) -> st
     digest = hashlib.sha256(blob).digest()
     if known is not None and digest == known.manifest_sha256:
         return known.identity
-    return _identity(decode_meta(blob, where=where), digest)
+    return decode_meta(blob, where=where).identity(digest)
 
 
 def open_version(
@@ -238,12 +236,6 @@ def _manifest_digest(pf: PageFile, where: str) -> str:
     return hashlib.sha256(_required(pf, META_KEY, where, "manifest")).hexdigest()
 
 
-def _identity(meta: dict[str, Any], manifest_sha256: bytes) -> str:
-    if meta["format_version"] >= 2:
-        return str(meta["pack_id"])
-    return "sha256:" + manifest_sha256.hex()
-
-
 def load_tables(pf: PageFile, where: str) -> PackTables:
     """Read and check the manifest and the label table of the pack in ``pf``.
 
@@ -277,9 +269,9 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
     meta = decode_meta(meta_blob, where=where)
     if meta_blob is None:  # decode_meta refuses a missing manifest; this tells the type checker
         raise NotAPackError(where, "it has no manifest")
-    if meta["format_version"] >= 2 and check is None:
+    if meta.format_version >= 2 and check is None:
         check = decode_check(None, where=where)  # raises: format 2 has table checksums
-    elif meta["format_version"] < 2:
+    elif meta.format_version < 2:
         check = None
     labels_blob = _required(pf, LABELS_KEY, where, "label table")
     if check is not None:
@@ -287,9 +279,9 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
     # Checked and counted in place: the copy (labels_table) is made when a
     # caller asks for it, which opening a dataset does not (its first-touch page
     # faults were half of LMDBFolder's open at 1.28M samples).
-    labels = label_values(labels_blob, meta["count"], where=where)
-    check_labels(labels, len(meta["classes"]), where=where)
-    counts = class_counts(labels, len(meta["classes"]))
+    labels = label_values(labels_blob, meta.count, where=where)
+    check_labels(labels, len(meta.classes), where=where)
+    counts = class_counts(labels, len(meta.classes))
     del labels
     try:
         found = pf.locate(PATHS_KEY)
@@ -299,16 +291,16 @@ def load_tables(pf: PageFile, where: str) -> PackTables:
         raise NotAPackError(where, f"its path table (key {PATHS_KEY.decode()}) is missing", DAMAGED_HINT)
     if check is not None and PATHS_KEY in check and found[1] != check[PATHS_KEY][0]:
         raise NotAPackError(where, f"its {PATHS_KEY.decode()} table has the wrong length", DAMAGED_HINT)
-    if meta["format_version"] >= 3:
-        _order_blob(pf, check, meta["count"], where)  # the record keys: present, of the right length
+    if meta.format_version >= 3:
+        _order_blob(pf, check, meta.count, where)  # the record keys: present, of the right length
     digest = hashlib.sha256(meta_blob).digest()
-    mapping = label_map(meta)
+    mapping = meta.label_map
     return PackTables(
         meta,
         counts,
-        pack_binding(meta),
+        meta.binding,
         check,
-        _identity(meta, digest),
+        meta.identity(digest),
         digest,
         None if mapping is None else np.asarray(mapping, dtype=np.int64),
     )
@@ -327,10 +319,10 @@ def _order_blob(pf: PageFile, check: dict[bytes, tuple[int, int]] | None, count:
 def order_table(pf: PageFile, tables: PackTables, where: str) -> np.ndarray:
     """Format 3: the record key of every sample (a zero-copy u64 view of ``pf``'s map),
     checked against ``__check__``."""
-    blob = _order_blob(pf, tables.check, tables.meta["count"], where)
+    blob = _order_blob(pf, tables.check, tables.meta.count, where)
     if tables.check is not None:
         check_table(tables.check, ORDER_KEY, blob, where=where)
-    return order_values(blob, tables.meta["count"], where=where)  # type: ignore[no-any-return]
+    return order_values(blob, tables.meta.count, where=where)  # type: ignore[no-any-return]
 
 
 def labels_table(pf: PageFile, tables: PackTables, where: str) -> array.array:
@@ -340,9 +332,9 @@ def labels_table(pf: PageFile, tables: PackTables, where: str) -> array.array:
     blob = _required(pf, LABELS_KEY, where, "label table")
     if tables.check is not None:
         check_table(tables.check, LABELS_KEY, blob, where=where)
-    labels = decode_labels(blob, tables.meta["count"], where=where)
+    labels = decode_labels(blob, tables.meta.count, where=where)
     if tables.check is None:
-        check_labels(labels, len(tables.meta["classes"]), where=where)
+        check_labels(labels, len(tables.meta.classes), where=where)
     return labels
 
 
@@ -384,7 +376,7 @@ def paths_table(pf: PageFile, tables: PackTables, where: str) -> memoryview:
     blob = _required(pf, PATHS_KEY, where, "path table")
     if tables.check is not None:
         check_table(tables.check, PATHS_KEY, blob, where=where)
-    check_paths(blob, tables.meta["count"], where=where)
+    check_paths(blob, tables.meta.count, where=where)
     return blob
 
 
@@ -403,7 +395,7 @@ def stats_table(pf: PageFile, tables: PackTables, where: str) -> np.ndarray | No
     (a zero-copy view with fields ``size`` and ``mtime_ns``), or None for a pack
     without them (written before they were recorded, or by ``import``)."""
     blob = _optional_table(pf, tables, STATS_KEY, where)
-    return None if blob is None else stats_values(blob, tables.meta["count"], where=where)  # type: ignore[no-any-return]
+    return None if blob is None else stats_values(blob, tables.meta.count, where=where)  # type: ignore[no-any-return]
 
 
 def history_items(pf: PageFile, tables: PackTables, where: str) -> list[dict[str, Any]]:
@@ -420,8 +412,8 @@ def skipped_items(pf: PageFile, tables: PackTables, where: str) -> list[dict[str
     format 1 in the manifest.
     """
     if tables.version < 2:
-        items = informational(tables.meta, "skipped", [])
-        return items if isinstance(items, list) else str(items)
+        items = tables.meta.shown.skipped
+        return [] if items is None else items if isinstance(items, list) else str(items)
     blob = read_value(pf, SKIPPED_KEY, where)
     if tables.check is None or SKIPPED_KEY not in tables.check:
         return []
@@ -462,7 +454,7 @@ def read_tables(path: str) -> tuple[bytes, bytes, bytes]:
     try:
         blobs = [_required(pf, key, path, f"{key.decode()} table") for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
         meta = decode_meta(blobs[0], where=path)
-        if meta["format_version"] >= 2:
+        if meta.format_version >= 2:
             check = decode_check(read_value(pf, CHECK_KEY, path), where=path)
             for key, blob in zip((META_KEY, LABELS_KEY, PATHS_KEY), blobs):
                 check_table(check, key, blob, where=path)

@@ -229,7 +229,7 @@ class LMDBDatasetFolder(DatasetFolder):
         self.loader = default_loader if loader is None else loader
         if not _decodes_itself(self._loader) and self.reader.store == "raw":
             raise OptionError(_RAW_LOADER, _RAW_LOADER_HINT)
-        source = self.reader.meta.get("source") or {}
+        source = self.reader.meta.source or {}
         if extensions is not None:
             self.extensions: tuple[str, ...] | None = normalize_extensions(extensions)
         elif is_valid_file is not None or source.get("is_valid_file"):

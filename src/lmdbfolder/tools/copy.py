@@ -57,8 +57,8 @@ from lmdbfolder.format import (
     MAX_INDEX_FILE_BYTES,
     SHARD_INDEX_FILE,
     SKIPPED_REPORT,
-    decode_shard_index,
-    encode_shard_index,
+    ShardEntry,
+    ShardIndex,
 )
 from lmdbfolder.pagefile import MDB_MAGIC, PAGEHDRSZ
 from lmdbfolder.progress import Progress
@@ -185,17 +185,18 @@ def _copy_sharded(src: str, out: str) -> tuple[int, int, int, int]:
     root, index = packdir.load_index(src)
     ShardedReader(root)  # names every missing shard before anything is copied
     before = after = 0
-    for entry in index["shards"]:
-        shard = os.path.join(src, entry["name"])
-        count, b, a = packdir.copy_single(shard, os.path.join(out, entry["name"]))
-        if count != entry["count"]:
-            raise NotAPackError(shard, f"it holds {count} samples, the index says {entry['count']}")
-        entry["bytes"] = a
+    copied: list[ShardEntry] = []
+    for entry in index.shards:
+        shard = os.path.join(src, entry.name)
+        count, b, a = packdir.copy_single(shard, os.path.join(out, entry.name))
+        if count != entry.count:
+            raise NotAPackError(shard, f"it holds {count} samples, the index says {entry.count}")
+        copied.append(entry.replaced(data_bytes=a))
         before += b
         after += a
     with open(os.path.join(out, SHARD_INDEX_FILE), "wb") as f:
-        f.write(encode_shard_index(index))
-    return index["count"], len(index["shards"]), before, after
+        f.write(index.with_shards(copied).to_json())
+    return index.count, len(index.shards), before, after
 
 
 # -- object storage ----------------------------------------------------------------
@@ -260,8 +261,8 @@ def _download(
             raise disk_error(exc, src, tmp) from None
     fetched = [0]
     lock = threading.Lock()
-    entries: list[dict[str, Any]] = [] if index is None else index["shards"]
-    total = sum(int(e.get("bytes") or 0) for e in entries) if index else remote.child(DATA_FILE).info().size
+    entries: list[ShardEntry] = [] if index is None else index.shards
+    total = sum(e.data_bytes or 0 for e in entries) if index else remote.child(DATA_FILE).info().size
     bar = Progress(total, f"copy {remote.name}", enabled=progress, unit="B")
 
     def count(n: int) -> None:
@@ -285,7 +286,7 @@ def _download(
             _verified_or_raise(tmp, f"the copy of {src}")  # no digest to check it by: every record
             count_samples, shards = int(decode_meta_count(tmp)), 1
         else:
-            todo = [e for e in entries if not os.path.isdir(os.path.join(tmp, e["name"]))]
+            todo = [e for e in entries if not os.path.isdir(os.path.join(tmp, e.name))]
             parallel = max(1, min(len(todo), SHARDS_AT_ONCE, jobs))
             per_shard = max(1, jobs // parallel)
 
@@ -294,20 +295,20 @@ def _download(
             # One listing for every shard's size and tag, instead of a HEAD request each.
             listed = remote.infos() if todo else {}
 
-            def one(entry: dict[str, Any]) -> None:
-                info = listed.get(f"{entry['name']}/{DATA_FILE}")
+            def one(entry: ShardEntry) -> None:
+                info = listed.get(f"{entry.name}/{DATA_FILE}")
                 fetch_shard(
                     remote, entry, tmp, part_size=part_size, jobs=per_shard, on_bytes=count, abort=abort, info=info
                 )
-                if entry.get("skipped") != 0:  # the index says whether there is a report to fetch
-                    _fetch_report(remote.child(entry["name"]), os.path.join(tmp, entry["name"]))
-                if not isinstance(entry.get("data_sha256"), str):
+                if entry.skipped != 0:  # the index says whether there is a report to fetch
+                    _fetch_report(remote.child(entry.name), os.path.join(tmp, entry.name))
+                if entry.data_sha256 is None:
                     # Uploaded without a digest (by hand): check every record instead.
-                    _verified_or_raise(os.path.join(tmp, entry["name"]), f"shard {entry['name']} of {src}")
+                    _verified_or_raise(os.path.join(tmp, entry.name), f"shard {entry.name} of {src}")
 
             if todo:
                 _run_all(one, todo, parallel, abort)
-            count_samples, shards = int(index["count"]), len(entries)
+            count_samples, shards = index.count, len(entries)
         if verify:
             _verified_or_raise(tmp, f"the copy of {src}")
         packdir.publish(tmp, dst_path)
@@ -349,7 +350,7 @@ def decode_meta_count(path: str) -> int:
     from lmdbfolder import environments
     from lmdbfolder.format import decode_meta
 
-    return int(decode_meta(environments.read_tables(path)[0], where=path)["count"])
+    return decode_meta(environments.read_tables(path)[0], where=path).count
 
 
 #: How much of a remote skipped.txt is held in memory at a time.
@@ -375,7 +376,7 @@ def _check_remote_replaceable(remote: Remote) -> None:
     index = remote.child(SHARD_INDEX_FILE)
     if index.exists():
         try:
-            decode_shard_index(index.read_at_most(MAX_INDEX_FILE_BYTES + 1), where=index.url)
+            ShardIndex.from_json(index.read_at_most(MAX_INDEX_FILE_BYTES + 1), where=index.url)
         except FormatVersionError:
             pass  # a pack of another format version: a pack all the same
         except NotAPackError as exc:
@@ -417,15 +418,15 @@ def _upload(
         _verified_or_raise(found.path, f"the source {found.path}")
     # Every page and record checked, as a local copy does (the digests would vouch for damage),
     # and before anything at the URL is replaced: a damaged source loses nothing there.
-    index: dict[str, Any] = {}
+    index: ShardIndex | None = None
     if found.kind is packdir.Kind.PACK:
         packdir.check_single(found.path)
     else:
         with open(os.path.join(found.path, SHARD_INDEX_FILE), "rb") as f:
-            index = decode_shard_index(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
+            index = ShardIndex.from_json(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
         open_pack(found.path).close()  # names every missing shard
-        for entry in index["shards"]:
-            packdir.check_single(os.path.join(found.path, entry["name"]))
+        for name in index.names:
+            packdir.check_single(os.path.join(found.path, name))
     if overwrite:
         _check_remote_replaceable(remote)
         # The old pack's index first: until the new one lands this is an unfinished upload, never
@@ -460,21 +461,25 @@ def _upload(
             put(found.path, remote)
         else:
             reader = open_pack(found.path)
-            entries = index["shards"]
+            if index is None:  # read above, for a sharded pack: tells the type checker
+                raise NotAPackError(found.path, f"its {SHARD_INDEX_FILE} was not read")
+            entries = list(index.shards)
 
             def one(k: int) -> None:
                 entry = entries[k]
                 shard = reader.shard(k)  # type: ignore[union-attr]  # checked against the index here
                 counts = shard.class_counts()
-                entry["class_counts"] = [[int(c), int(n)] for c, n in enumerate(counts.tolist()) if n]
-                entry["bytes"] = os.path.getsize(os.path.join(shard.path, DATA_FILE))
-                entry["data_sha256"] = put(shard.path, remote.child(entry["name"]))
+                entries[k] = entry.replaced(
+                    class_counts=tuple((int(c), int(n)) for c, n in enumerate(counts.tolist()) if n),
+                    data_bytes=os.path.getsize(os.path.join(shard.path, DATA_FILE)),
+                    data_sha256=put(shard.path, remote.child(entry.name)),
+                )
 
             _run_all(one, list(range(len(entries))), max(1, min(len(entries), SHARDS_AT_ONCE, jobs)), threading.Event())
             reader.close()
             # Last: a remote pack without its index is an unfinished upload.
-            remote.child(SHARD_INDEX_FILE).write(encode_shard_index(index))
-            count, shards = int(index["count"]), len(entries)
+            remote.child(SHARD_INDEX_FILE).write(index.with_shards(entries).to_json())
+            count, shards = index.count, len(entries)
     finally:
         bar.close()
     return CopyResult(found.path, remote.url, count, shards, size, size, time.perf_counter() - start, sent[0])

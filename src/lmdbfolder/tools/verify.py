@@ -53,7 +53,9 @@ from lmdbfolder.format import (
     RESERVED_PREFIX,
     SKIPPED_KEY,
     STATS_KEY,
+    Manifest,
     RecordHeader,
+    ShardEntry,
     check_labels,
     check_paths,
     check_table,
@@ -65,11 +67,7 @@ from lmdbfolder.format import (
     decode_paths,
     decode_record,
     decode_skipped,
-    informational,
-    invalid_fields,
-    label_map,
     order_values,
-    pack_binding,
     shard_matches,
     stats_values,
     tables_digest,
@@ -198,7 +196,7 @@ def _verify_single(
     against: str | os.PathLike[str] | None,
     list_file: str | os.PathLike[str] | None,
     progress: bool | None,
-    entry: Any = None,
+    entry: ShardEntry | None = None,
 ) -> VerifyReport:
     """``verify`` of a single pack; with ``entry`` (a sharded pack's index entry), of the
     version of it the index names (see ``environments.open_version``)."""
@@ -222,13 +220,13 @@ def _verify_single(
     return report
 
 
-def _open_entry(path: str, entry: Any) -> PageFile:
+def _open_entry(path: str, entry: ShardEntry) -> PageFile:
     """The version of the shard at ``path`` that its index ``entry`` names (formats 2 and 3:
     by pack id and manifest), else the current one (format 1; or a shard replaced since the
     index was written: the checks against the index then say what differs)."""
-    if entry.get("pack_id") is not None:
+    if entry.pack_id is not None:
         try:
-            return environments.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
+            return environments.open_version(path, entry.pack_id, True, manifest_sha256=entry.manifest_sha256)
         except PackChangedError:
             pass
     return environments.open_data(path, True)
@@ -267,10 +265,10 @@ class _Checked:
                 raise self.damaged_meta from None
             raise
         self.meta_blob = blob
-        self.count: int = self.meta["count"]
-        self.version: int = self.meta["format_version"]
-        self.binding = pack_binding(self.meta)
-        self.label_map = label_map(self.meta)
+        self.count: int = self.meta.count
+        self.version: int = self.meta.format_version
+        self.binding = self.meta.binding
+        self.label_map = self.meta.label_map
         #: Format 3: the record key of every sample (None: key = index, or the table is unreadable).
         self.order: Any = None
         self.labels: Any = None
@@ -323,7 +321,7 @@ class _Checked:
         if labels is not None:
             try:
                 self.labels = decode_labels(labels, self.count, where=self.path)
-                check_labels(self.labels, len(self.meta["classes"]), where=self.path)
+                check_labels(self.labels, len(self.meta.classes), where=self.path)
             except NotAPackError as exc:
                 report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
         paths = blobs[PATHS_KEY]
@@ -357,8 +355,9 @@ class _Checked:
                 except NotAPackError as exc:
                     report.problems.append(Problem("table", exc.message.split(": ", 1)[-1]))
         else:
-            self.skipped = informational(self.meta, "skipped", [])
-        for name in invalid_fields(self.meta):
+            shown = self.meta.shown.skipped
+            self.skipped = [] if shown is None else shown
+        for name in self.meta.invalid_fields:
             report.problems.append(Problem("manifest", f"the informational field {name!r} has the wrong type"))
         if _pack_resize(self.meta) == INVALID:
             report.problems.append(Problem("manifest", "the resize parameters (params) are invalid"))
@@ -371,8 +370,8 @@ class _Checked:
         sources: dict[str, tuple[str, int | None]] | None,
     ) -> None:
         count, paths, labels = self.count, self.path_list, self.labels
-        n_classes = len(self.meta["classes"])
-        store = self.meta["store"]
+        n_classes = len(self.meta.classes)
+        store = self.meta.store
         resize = _pack_resize(self.meta)
         if self.version >= 3 and self.order is None:
             return  # no record can be found without its key: the table problem is reported
@@ -497,9 +496,7 @@ def _source_files(
     (a class folder added to the source renumbers the classes after it, and that is
     not a change of every sample's class), except for a list file of numbered labels.
     A source class the pack does not have is reported once, its files' label None."""
-    recorded = informational(reader.meta, "source", {})
-    if not isinstance(recorded, dict):
-        recorded = {}
+    recorded = reader.meta.source or {}  # None: absent, or not of its type
     layout = recorded.get("layout")
     if layout not in ("imagefolder", "flat", "list"):
         report.problems.append(
@@ -545,7 +542,7 @@ def _source_files(
     if chosen_by_callable or chosen_by_match:
         in_pack_only = set(packed)
         expected = [p for p in expected if p in in_pack_only]
-    pack_classes = list(reader.meta["classes"])
+    pack_classes = list(reader.meta.classes)
     numbered = layout == "list" and sources.classes == [str(i) for i in range(len(sources.classes))]
     pack_index = {name: i for i, name in enumerate(pack_classes)}
     # A whole class that only one side has is one problem, not one per file.
@@ -613,9 +610,9 @@ def _source_files(
     return out
 
 
-def _pack_resize(meta: dict[str, Any]) -> Resize | str | None:
+def _pack_resize(meta: Manifest) -> Resize | str | None:
     """The pack-time resize recorded in the manifest, None, or ``INVALID`` for parameters that make no sense."""
-    params = informational(meta, "params", {})
+    params = meta.shown.params
     if params is INVALID:
         return INVALID
     try:
@@ -759,13 +756,13 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
     """
     start = time.perf_counter()
     root, index = packdir.load_index(path)
-    report = VerifyReport(root, index["count"], decoded=decode)
+    report = VerifyReport(root, index.count, decoded=decode)
     offset = 0
-    for k, entry in enumerate(index["shards"]):
-        name = entry["name"]
+    for k, entry in enumerate(index.shards):
+        name = entry.name
         shard_path = os.path.join(root, name)
         first = offset
-        offset += entry["count"]
+        offset += entry.count
         if not os.path.isdir(shard_path):
             report.problems.append(Problem("shard", f"shard {name} is missing"))
             continue
@@ -782,9 +779,9 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         for note in sub.notes:
             if note not in report.notes:
                 report.notes.append(note)
-        if sub.count != entry["count"]:
+        if sub.count != entry.count:
             report.problems.append(
-                Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry['count']}")
+                Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry.count}")
             )
         try:
             pf = _open_entry(shard_path, entry)
@@ -793,15 +790,15 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
                 if any(blob is None for blob in blobs):
                     raise NotAPackError(shard_path, "its manifest, label table or path table is missing")
                 digest = tables_digest(*blobs)  # type: ignore[arg-type]
-                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *blobs)  # type: ignore[arg-type]
+                same_manifest = entry.manifest_sha256 is None or shard_matches(entry, *blobs)  # type: ignore[arg-type]
                 meta = decode_meta(blobs[0], where=shard_path)
-                pack_id = meta.get("pack_id") if meta["format_version"] >= 2 else None
+                pack_id = meta.version_pack_id
             finally:
                 pf.close()
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be opened: {exc.message}"))
             continue
-        if digest != entry["tables_sha256"]:
+        if digest != entry.tables_sha256:
             report.problems.append(
                 Problem("checksum", f"shard {name}: its tables do not match the index's tables_sha256")
             )
@@ -809,12 +806,16 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
             report.problems.append(
                 Problem("checksum", f"shard {name}: its manifest does not match the index's manifest_sha256")
             )
-        if "pack_id" in entry and entry["pack_id"] != pack_id:
+        if entry.pack_id is not None and entry.pack_id != pack_id:
             report.problems.append(Problem("shard", f"shard {name}: its pack_id differs from the index's"))
-        for key in ("classes", "class_to_idx", "store"):
-            if meta[key] != index[key]:
+        for key, theirs, ours in (
+            ("classes", meta.classes, index.classes),
+            ("class_to_idx", meta.class_to_idx, index.class_to_idx),
+            ("store", meta.store, index.store),
+        ):
+            if theirs != ours:
                 report.problems.append(Problem("shard", f"shard {name}: its {key} differ from the index's"))
-        misplaced = out_of_place(meta, k, len(index["shards"]))
+        misplaced = out_of_place(meta, k, len(index.shards))
         if misplaced:
             report.problems.append(Problem("shard", f"shard {name}: {misplaced}, the index lists it as shard {k}"))
         report.checked += sub.checked

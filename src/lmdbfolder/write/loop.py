@@ -30,8 +30,6 @@ from lmdbfolder._version import __version__
 from lmdbfolder.errors import PackError, SourceError
 from lmdbfolder.format import (
     CHECK_KEY,
-    FORMAT_NAME,
-    FORMAT_VERSION,
     HISTORY_KEY,
     LABELS_KEY,
     MAX_MANIFEST_BYTES,
@@ -42,12 +40,12 @@ from lmdbfolder.format import (
     STATS_KEY,
     SYNC_PROBE,
     UNKNOWN_MTIME,
+    Manifest,
     bind_record,
     encode_check,
     encode_history,
     encode_key,
     encode_labels,
-    encode_meta,
     encode_paths,
     encode_progress,
     encode_skipped,
@@ -369,14 +367,14 @@ class _Run:
         # Straight from the compact sample list: no Python object per sample.
         manifest = self._manifest()
         tables = {
-            META_KEY: encode_meta(manifest),
+            META_KEY: manifest.to_json(),
             LABELS_KEY: _labels_table(self.sources.labels, skipped),
             PATHS_KEY: _paths_table(self.sources.relpaths, skipped),
             SKIPPED_KEY: encode_skipped(skipped_entries(self.sources.relpaths, state.skipped, state.skipped_stats)),
             HISTORY_KEY: encode_history(
                 [
                     history_entry(
-                        "pack", manifest["created_at"], state.pack_id, kept, added=kept, skipped=len(state.skipped)
+                        "pack", str(manifest.created_at), state.pack_id, kept, added=kept, skipped=len(state.skipped)
                     )
                 ]
             ),
@@ -403,31 +401,24 @@ class _Run:
             mtimes = array.array("q", [UNKNOWN_MTIME]) * kept
         return encode_stats(sizes, mtimes)
 
-    def _manifest(self) -> dict[str, Any]:
+    def _manifest(self) -> Manifest:
         sources, state = self.sources, self.state
-        manifest = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "count": state.next_index,
-            "classes": sources.classes,
-            "class_to_idx": sources.class_to_idx,
-            "store": self.options.store,
-            "encodings": self.encodings,
-            "payload_bytes": state.payload_bytes,
-            "checksum": "crc32",
-            "source": sources.describe(),
-            "fingerprint": state.fingerprint,
-            "pack_id": state.pack_id,
-            "skipped_count": len(state.skipped),
-            "created_by": f"lmdbfolder {__version__}",
-            "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "params": self.options.params(),
-        }
-        clash = sorted(set(self.manifest_extra) & set(manifest))
-        if clash:
-            raise ValueError(f"manifest_extra must not replace the manifest fields {clash}")
-        manifest.update(self.manifest_extra)
-        return manifest
+        return Manifest.new_pack(
+            count=state.next_index,
+            classes=sources.classes,
+            class_to_idx=sources.class_to_idx,
+            store=self.options.store,
+            pack_id=state.pack_id,
+            encodings=self.encodings,
+            payload_bytes=state.payload_bytes,
+            source=sources.describe(),
+            fingerprint=state.fingerprint,
+            skipped_count=len(state.skipped),
+            params=self.options.params(),
+            created_by=f"lmdbfolder {__version__}",
+            created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            extra=self.manifest_extra,
+        )
 
 
 def skipped_entries(

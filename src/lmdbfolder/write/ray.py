@@ -178,7 +178,7 @@ def pack_ray(
         if started:
             ray.shutdown()
     index = write_index(dst, prefix=prefix)
-    result = ShardedPackResult(dst, index["count"], results, time.perf_counter() - start_time, opts.store)
+    result = ShardedPackResult(dst, index.count, results, time.perf_counter() - start_time, opts.store)
     warn_skipped(result.skipped, "each shard's skipped.txt")
     return result
 

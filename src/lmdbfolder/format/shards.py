@@ -220,7 +220,7 @@ _SHOWN = ("encodings", "payload_bytes", "checksum", "source", "created_by", "cre
 
 
 @dataclass(frozen=True)
-class ShardEntry:
+class ShardEntry(Mapping[str, Any]):
     """One shard of a sharded pack, as its index (``index.json``) lists it.
 
     ``name`` (the shard's directory), ``count`` (its samples) and
@@ -237,6 +237,10 @@ class ShardEntry:
     samples], ...]``, the classes the shard holds, so a staged pack knows its
     class counts without downloading every shard). None: not in the index.
     ``extra``: what ``_typed`` kept as it was.
+
+    Read-only ``Mapping`` of its JSON object (``entry["name"]``), as the
+    index's entries were before they were typed; the package's code uses the
+    attributes.
     """
 
     name: str
@@ -271,6 +275,19 @@ class ShardEntry:
         "data_sha256": _is_sha256,
         "class_counts": _is_class_counts,
     }
+
+    @functools.cached_property
+    def _object(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._object[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._object)
+
+    def __len__(self) -> int:
+        return len(self._object)
 
     def replaced(self, **changes: Any) -> ShardEntry:
         """This entry with the attributes ``changes`` set (a value of its JSON

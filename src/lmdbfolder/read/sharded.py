@@ -21,7 +21,7 @@ import numpy as np
 
 from lmdbfolder import packdir
 from lmdbfolder.errors import NotAPackError, PackChangedError
-from lmdbfolder.format import SHARD_INDEX_FILE, Manifest, shard_matches, shard_place
+from lmdbfolder.format import SHARD_INDEX_FILE, Manifest, ShardIndex, shard_matches, shard_place
 from lmdbfolder.read.reader import PackAPI, Reader, Record
 from lmdbfolder.read.staging import StagedPack
 from lmdbfolder.text import printable
@@ -49,6 +49,9 @@ class ShardedReader(PackAPI):
         >>> len(r), r.num_shards, r.locate(1000)  # doctest: +SKIP
         (1281167, 8, (0, 1000))
     """
+
+    #: The pack's ``index.json``: typed, and a read-only mapping of its JSON object.
+    meta: ShardIndex
 
     def __init__(
         self,

@@ -700,8 +700,8 @@ def update_sharded(
     owner: dict[bytes, int] = {}
     for k, entry in enumerate(entries):
         path = os.path.join(root, entry.name)
-        for name in _shard_paths(path):
-            owner[name] = k
+        for relpath in _shard_paths(path):
+            owner[relpath] = k
     bounds = _split_bounds(sources, owner, num, root)
     digest = sources_digest(sources)
     shard_opts = options.replace(progress=False)

@@ -923,7 +923,7 @@ def _rewrite_manifest(
     options: PackOptions,
     fingerprint: dict[str, Any],
     manifest_extra: Mapping[str, Any],
-) -> dict[str, Any]:
+) -> Manifest:
     """Put a manifest with this source's description into the pack, in one transaction;
     the samples, their tables and the pack id stay as they are."""
     meta = old.meta.described(

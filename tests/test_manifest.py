@@ -121,7 +121,9 @@ def test_new_pack_writes_the_bytes_the_writer_wrote() -> None:
 
 
 def test_updated_writes_the_bytes_the_update_wrote() -> None:
-    old = fmt.Manifest.from_json(encode(dict(WRITTEN, future=1)), where="x")
+    # payload_bytes of the wrong type in the old version: the update's value replaces it.
+    old = fmt.Manifest.from_json(encode(dict(WRITTEN, future=1, payload_bytes="lots")), where="x")
+    assert old.extra == {"future": 1, "payload_bytes": "lots"}
     new = old.updated(
         count=3,
         classes=["ant", "cat"],

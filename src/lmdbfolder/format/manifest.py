@@ -549,8 +549,7 @@ class Manifest(Mapping[str, Any]):
         binding = self.binding
         if binding is None:
             raise ValueError("pack --update writes over format 2 and 3 packs only")
-        return dataclasses.replace(
-            self,
+        return self._replaced(
             format_version=UPDATED_FORMAT_VERSION,
             count=count,
             classes=classes,
@@ -567,7 +566,6 @@ class Manifest(Mapping[str, Any]):
             params=params,
             updated_at=updated_at,
             skipped=None,
-            extra={k: v for k, v in self.extra.items() if k not in ("skipped", "record_classes")},
         ).with_extra(extra)
 
     def described(
@@ -580,7 +578,13 @@ class Manifest(Mapping[str, Any]):
     ) -> Manifest:
         """This manifest with another description of its source (``pack --update``
         that finds the same samples): ``source``, ``fingerprint``, ``params``, then ``extra``."""
-        return dataclasses.replace(self, source=source, fingerprint=fingerprint, params=params).with_extra(extra)
+        return self._replaced(source=source, fingerprint=fingerprint, params=params).with_extra(extra)
+
+    def _replaced(self, **changes: Any) -> Manifest:
+        # A field set anew replaces its value of the wrong type kept in ``extra``
+        # (as ``dict.update`` replaced it when the manifest was a dict).
+        extra = {k: v for k, v in self.extra.items() if k not in changes}
+        return dataclasses.replace(self, **changes, extra=extra)
 
     def with_extra(self, extra: Mapping[str, Any] | None) -> Manifest:
         """This manifest with the JSON fields ``extra`` set (known ones to their

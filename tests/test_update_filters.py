@@ -289,7 +289,7 @@ def _rewrite_source(dst: Path, source: Any) -> None:
     """Put ``source`` into the pack's manifest (None: leave it out), checksums made to match."""
     env = lmdb.open(str(dst), map_size=1 << 30)
     with env.begin(write=True) as txn:
-        meta = decode_meta(txn.get(META_KEY), where=str(dst))
+        meta = dict(decode_meta(txn.get(META_KEY), where=str(dst)))  # a Manifest, read-only: a dict to edit
         if source is None:
             del meta["source"]
         else:

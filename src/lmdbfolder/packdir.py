@@ -64,11 +64,11 @@ from lmdbfolder.format import (
     TEMP_MARKER,
     UPDATE_SUFFIX,
     WRITER_LOCK_SUFFIX,
+    Manifest,
+    ShardIndex,
     decode_meta,
     decode_record,
-    decode_shard_index,
     loads_json,
-    pack_binding,
     parse_shard_name,
 )
 from lmdbfolder.pagefile import PageDamage, PageFile, read_regular
@@ -235,18 +235,18 @@ def _hint_for_directory(path: str) -> str | None:
     return None
 
 
-def load_index(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+def load_index(path: str | os.PathLike[str]) -> tuple[str, ShardIndex]:
     """(pack directory, parsed ``index.json``) of a sharded pack; NotAPackError naming what is wrong."""
     p = _absolute(path)
     if os.path.basename(p) == SHARD_INDEX_FILE:
         p = os.path.dirname(p)
     index_file = os.path.join(p, SHARD_INDEX_FILE)
     try:
-        # Only a regular file (a FIFO would block), and not beyond what decode_shard_index accepts.
+        # Only a regular file (a FIFO would block), and not beyond what ShardIndex.from_json accepts.
         blob = read_regular(index_file, MAX_INDEX_FILE_BYTES)
     except OSError as exc:
         raise NotAPackError(p, f"cannot read {SHARD_INDEX_FILE} ({exc.strerror})", os_hint(exc)) from None
-    return p, decode_shard_index(blob, where=index_file)
+    return p, ShardIndex.from_json(blob, where=index_file)
 
 
 def data_files(path: str | os.PathLike[str]) -> list[str]:
@@ -255,7 +255,7 @@ def data_files(path: str | os.PathLike[str]) -> list[str]:
     if found.kind is Kind.PACK:
         return [os.path.join(found.path, DATA_FILE)]
     root, index = load_index(found.path)
-    return [os.path.join(root, entry["name"], DATA_FILE) for entry in index["shards"]]
+    return [os.path.join(root, name, DATA_FILE) for name in index.names]
 
 
 def pack_size(path: str | os.PathLike[str]) -> int:
@@ -265,7 +265,7 @@ def pack_size(path: str | os.PathLike[str]) -> int:
         return dir_size(found.path)
     root, index = load_index(found.path)
     size = os.path.getsize(os.path.join(root, SHARD_INDEX_FILE))
-    return size + sum(dir_size(os.path.join(root, entry["name"])) for entry in index["shards"])
+    return size + sum(dir_size(os.path.join(root, name)) for name in index.names)
 
 
 def dir_size(path: str) -> int:
@@ -509,7 +509,7 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     """
     tables = packfile.read_tables(src)  # also checks that data.mdb is whole, and __check__
     meta = decode_meta(tables[0], where=src)
-    count = int(meta["count"])
+    count = meta.count
     os.makedirs(out, exist_ok=True)
     _read_checked(src, meta, lambda pf, binding: _copy_items(pf, src, out, binding))
     report = os.path.join(src, SKIPPED_REPORT)
@@ -536,15 +536,15 @@ def check_single(src: str) -> int:
             _check_item(key, value, binding)
 
     _read_checked(src, meta, walk)
-    return int(meta["count"])
+    return meta.count
 
 
-def _read_checked(src: str, meta: dict[str, Any], body: Callable[[PageFile, bytes | None], None]) -> None:
+def _read_checked(src: str, meta: Manifest, body: Callable[[PageFile, bytes | None], None]) -> None:
     """``body(pf, binding)`` over the checked reader of ``src``; damage is a PackError."""
     pf = packfile.open_data(src, readahead=True)
     try:
         try:
-            body(pf, pack_binding(meta))
+            body(pf, meta.binding)
         finally:
             # Two `pack --update` commits during the copy may have reused pages it read.
             if pf.committed_txnid() > pf.txnid + 1:

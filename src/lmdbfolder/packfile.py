@@ -120,9 +120,7 @@ class PackSource:
         try:
             found = self.pf.locate(key)
         except PageDamage as exc:
-            raise TableDamage(
-                self.where, f"its {key.decode()} table cannot be read: {exc.why}", DAMAGED_HINT
-            ) from None
+            raise TableDamage(self.where, f"its {key.decode()} table cannot be read: {exc.why}", DAMAGED_HINT) from None
         return None if found is None else int(found[1])
 
 
@@ -250,7 +248,7 @@ def read_tables(path: str) -> tuple[bytes, bytes, bytes]:
     try:
         blobs = [_required(pf, key, path, f"{key.decode()} table") for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
         meta = decode_meta(blobs[0], where=path)
-        if meta["format_version"] >= 2:
+        if meta.format_version >= 2:
             check = decode_check(read_value(pf, CHECK_KEY, path), where=path)
             for key, blob in zip((META_KEY, LABELS_KEY, PATHS_KEY), blobs):
                 check_table(check, key, blob, where=path)

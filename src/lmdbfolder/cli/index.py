@@ -31,11 +31,11 @@ def run(args: argparse.Namespace) -> int:
 
     index = write_index(args.dst, prefix=args.prefix)
     if args.json:
-        print_json(index)
+        print_json(index.to_dict())
         return 0
     print(
-        f"wrote {os.path.join(os.path.abspath(args.dst), 'index.json')}: {plural(index['count'], 'image')} "
-        f"in {plural(index['num_shards'], 'shard')}, {plural(len(index['classes']), 'class', 'classes')}"
-        + (f", {plural(index['skipped'], 'source file')} skipped" if index["skipped"] else "")
+        f"wrote {os.path.join(os.path.abspath(args.dst), 'index.json')}: {plural(index.count, 'image')} "
+        f"in {plural(len(index.shards), 'shard')}, {plural(len(index.classes), 'class', 'classes')}"
+        + (f", {plural(index.skipped, 'source file')} skipped" if index.skipped else "")
     )
     return 0

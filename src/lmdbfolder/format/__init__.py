@@ -58,6 +58,8 @@ from lmdbfolder.format.manifest import (
 )
 from lmdbfolder.format.manifest import (
     INVALID,
+    Manifest,
+    Shown,
     decode_meta,
     decode_progress,
     encode_meta,
@@ -68,6 +70,7 @@ from lmdbfolder.format.manifest import (
     loads_json,
     new_pack_id,
     pack_binding,
+    shard_place,
 )
 from lmdbfolder.format.manifest import (
     _scan_json as _scan_json,
@@ -229,6 +232,7 @@ __all__ = [
     "PackTables",
     "Audit",
     "NewTables",
+    "shard_place",
     "encode_order",
     "order_values",
     "STAT_DTYPE",
@@ -243,6 +247,8 @@ __all__ = [
     "encode_skipped",
     "decode_skipped",
     "INVALID",
+    "Manifest",
+    "Shown",
     "informational",
     "invalid_fields",
     "encode_meta",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import re
 import reprlib
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 from lmdbfolder.errors import FormatVersionError, NotAPackError
 from lmdbfolder.format.layout import (
@@ -18,6 +21,7 @@ from lmdbfolder.format.layout import (
     MAX_MANIFEST_BYTES,
     PACK_ID_BYTES,
     READABLE_VERSIONS,
+    UPDATED_FORMAT_VERSION,
 )
 
 
@@ -27,6 +31,8 @@ def encode_meta(meta: Mapping[str, Any]) -> bytes:
     ASCII escapes keep class names that are not valid UTF-8 (undecodable file
     names, held as lone surrogates by Python) lossless.
     """
+    if isinstance(meta, Manifest):
+        meta = meta.to_object()
     return json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
@@ -96,32 +102,9 @@ def loads_json(
         raise NotAPackError(where, f"its {what} is not valid JSON: {exc}", DAMAGED_HINT) from None
 
 
-def decode_meta(blob: bytes | memoryview | None, *, where: str) -> dict[str, Any]:
-    """Parse and validate the manifest stored under ``META_KEY``.
-
-    ``where`` names the pack in error messages. Raises NotAPackError for a
-    missing, oversized or malformed manifest (required fields of the wrong
-    type, classes and class_to_idx that contradict each other, a format-2
-    manifest without a valid ``pack_id``) and FormatVersionError for a
-    version this reader does not understand.
-    """
-    if blob is None:
-        raise NotAPackError(
-            where,
-            "it is an LMDB but has no lmdbfolder manifest (key __meta__)",
-            "an LMDB of the folder2lmdb or BasicSR recipes converts with `lmdbfolder import OLD NEW`; "
-            "one made by another tool: pack the source images with `lmdbfolder pack`",
-        )
-    if not bytes(blob[:1]) == b"{":
-        raise NotAPackError(where, "its manifest (key __meta__) is not a JSON object")
-    meta = loads_json(blob, where=where, what="manifest (key __meta__)", max_bytes=MAX_MANIFEST_BYTES)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise NotAPackError(where, f"its manifest does not say format={FORMAT_NAME!r}")
-    version = meta.get("format_version")
-    if type(version) is not int or version not in READABLE_VERSIONS:
-        raise FormatVersionError(where, version, FORMAT_VERSION, READABLE_VERSIONS)
-    _check_meta_fields(meta, where)
-    return meta
+def decode_meta(blob: bytes | memoryview | None, *, where: str) -> Manifest:
+    """Parse and validate the manifest stored under ``META_KEY`` (``Manifest.from_json``)."""
+    return Manifest.from_json(blob, where=where)
 
 
 def new_pack_id() -> str:
@@ -133,6 +116,8 @@ def pack_binding(meta: Mapping[str, Any]) -> bytes | None:
     """What a pack's record CRCs are bound to: its ``pack_id`` (format 2), its
     ``binding_id`` (format 3: the ``pack_id`` of the version that first wrote
     its records), or None for format 1."""
+    if isinstance(meta, Manifest):
+        return meta.binding
     version = meta.get("format_version", 1)
     if version < 2:
         return None
@@ -144,6 +129,8 @@ def label_map(meta: Mapping[str, Any]) -> list[int] | None:
     ``record_classes``): ``out[h]`` is the class index of ``record_classes[h]``
     in ``classes``, or -2 for a class the pack no longer has (no sample may
     then refer to such a record). None: header labels are class indices."""
+    if isinstance(meta, Manifest):
+        return meta.label_map
     names = meta.get("record_classes") if meta.get("format_version", 1) >= 3 else None
     if names is None:
         return None
@@ -255,3 +242,401 @@ def informational(meta: Mapping[str, Any], key: str, default: Any = None) -> Any
 def invalid_fields(meta: Mapping[str, Any]) -> list[str]:
     """The informational fields of ``meta`` that do not have their documented type, sorted."""
     return sorted(key for key, valid in _INFORMATIONAL.items() if key in meta and not valid(meta[key]))
+
+
+# -- the manifest as an object --------------------------------------------------------
+def _is_count(value: Any) -> bool:
+    return _count(value)
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_hex_id(value: Any) -> bool:
+    return isinstance(value, str) and _PACK_ID.match(value) is not None
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(c, str) for c in value)
+
+
+def _is_fields(value: Any) -> bool:
+    # The sample schema (docs/design.md, "Samples with several fields"): a list of
+    # objects, each with a distinct string ``name``. Nothing writes it yet.
+    if not isinstance(value, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in value):
+        return False
+    return len({f["name"] for f in value}) == len(value)
+
+
+#: The manifest fields ``Manifest`` holds as attributes (of the same name), and the
+#: type a value must have to be held there; any other value stays in ``extra``.
+_TYPED: dict[str, Callable[[Any], bool]] = {
+    # Required fields: ``_check_manifest`` checked them before they get here.
+    "format_version": lambda v: type(v) is int,
+    "count": _is_count,
+    "classes": _is_names,
+    "class_to_idx": lambda v: isinstance(v, dict),
+    "store": _is_str,
+    # Required by version (v2, v3) or optional (v3); typed when of their type in any version.
+    "pack_id": _is_hex_id,
+    "binding_id": _is_hex_id,
+    "record_classes": lambda v: _is_names(v) and len(set(v)) == len(v),
+    "next_record": lambda v: type(v) is int and 0 <= v <= MAX_INDEX + 1,
+    **_INFORMATIONAL,
+    "fields": _is_fields,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest(Mapping[str, Any]):
+    """A pack's manifest (key ``__meta__``, FORMAT.md "Manifest"), typed.
+
+    Required: ``format_version``, ``count``, ``classes``, ``class_to_idx`` and
+    ``store``; ``pack_id`` (v2, v3), ``binding_id`` and ``next_record`` (v3)
+    and ``record_classes`` (v3, optional). The informational fields hold their
+    value when it has the type FORMAT.md gives it, else None (absent or not of
+    that type: ``invalid_fields`` names the latter, ``shown`` shows them as
+    ``INVALID``). ``fields``: the sample schema of a pack of several fields
+    (docs/design.md; None: one image and its label, every pack of today).
+    ``extra``: the fields this version does not know and the informational
+    ones of the wrong type, kept as they are, so that a newer writer's
+    manifest round-trips: ``Manifest.from_json(b, where=...).to_json() == b``
+    for a canonical ``b``.
+
+    Read-only ``Mapping`` of its JSON object, for code that indexed the
+    manifest dict (``Reader.meta["classes"]``); the package's own code uses the
+    attributes. Do not mutate the lists and dicts it holds.
+    """
+
+    format_version: int
+    count: int
+    classes: list[str]
+    class_to_idx: dict[str, int]
+    store: str
+    pack_id: str | None = None
+    binding_id: str | None = None
+    record_classes: list[str] | None = None
+    next_record: int | None = None
+    encodings: dict[str, int] | None = None
+    payload_bytes: int | None = None
+    checksum: str | None = None
+    source: dict[str, Any] | None = None
+    created_by: str | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    params: dict[str, Any] | None = None
+    fingerprint: dict[str, Any] | None = None
+    shard: dict[str, Any] | None = None
+    skipped: list[dict[str, Any]] | None = None
+    skipped_count: int | None = None
+    fields: list[dict[str, Any]] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    format: ClassVar[str] = FORMAT_NAME
+
+    # -- serialisation -----------------------------------------------------------------
+    @classmethod
+    def from_json(cls, blob: bytes | memoryview | None, *, where: str) -> Manifest:
+        """Parse and validate the manifest stored under ``META_KEY``.
+
+        ``where`` names the pack in error messages. Raises NotAPackError for a
+        missing, oversized or malformed manifest (required fields of the wrong
+        type, classes and class_to_idx that contradict each other, a format-2
+        manifest without a valid ``pack_id``) and FormatVersionError for a
+        version this reader does not understand.
+        """
+        if blob is None:
+            raise NotAPackError(
+                where,
+                "it is an LMDB but has no lmdbfolder manifest (key __meta__)",
+                "an LMDB of the folder2lmdb or BasicSR recipes converts with `lmdbfolder import OLD NEW`; "
+                "one made by another tool: pack the source images with `lmdbfolder pack`",
+            )
+        if not bytes(blob[:1]) == b"{":
+            raise NotAPackError(where, "its manifest (key __meta__) is not a JSON object")
+        obj = loads_json(blob, where=where, what="manifest (key __meta__)", max_bytes=MAX_MANIFEST_BYTES)
+        _check_manifest(obj, where)
+        return cls._from_object(obj)
+
+    @classmethod
+    def _from_object(cls, obj: Mapping[str, Any]) -> Manifest:
+        # The fields of their type become attributes, the rest ``extra``; ``format``
+        # is the constant (``_check_manifest`` checked it, when it was called).
+        typed: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, value in obj.items():
+            if key == "format" and value == FORMAT_NAME:
+                continue
+            if key in _TYPED and _TYPED[key](value):
+                typed[key] = value
+            else:
+                extra[key] = value
+        return cls(**typed, extra=extra)
+
+    def to_object(self) -> dict[str, Any]:
+        """This manifest as its JSON object (a new dict; the values are shared)."""
+        out: dict[str, Any] = {"format": FORMAT_NAME}
+        for key in _TYPED:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out.update(self.extra)
+        return out
+
+    def to_json(self) -> bytes:
+        """The canonical bytes of this manifest (``encode_meta``): sorted keys, ASCII, no spaces."""
+        return encode_meta(self.to_object())
+
+    def validate(self, *, where: str) -> None:
+        """Raise (NotAPackError, FormatVersionError) unless a reader may open a pack
+        with this manifest: the checks of ``from_json``, FORMAT.md's rules, in one copy."""
+        _check_manifest(self.to_object(), where)
+
+    # -- the read-only mapping view (Reader.meta) --------------------------------------
+    @functools.cached_property
+    def _object(self) -> dict[str, Any]:
+        return self.to_object()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._object[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._object)
+
+    def __len__(self) -> int:
+        return len(self._object)
+
+    # -- what the fields mean ----------------------------------------------------------
+    @property
+    def binding(self) -> bytes | None:
+        """What the pack's record CRCs are bound to: its ``pack_id`` (format 2), its
+        ``binding_id`` (format 3: the ``pack_id`` of the version that first wrote
+        its records), or None for format 1."""
+        if self.format_version < 2:
+            return None
+        bound = self.binding_id if self.format_version >= 3 else self.pack_id
+        if bound is None:  # from_json and validate refuse such a manifest
+            raise ValueError(f"a format-{self.format_version} manifest without its binding id: validate it first")
+        return bytes.fromhex(bound)
+
+    @property
+    def label_map(self) -> list[int] | None:
+        """How a record header's label becomes the sample's label (format 3 with
+        ``record_classes``): ``out[h]`` is the class index of ``record_classes[h]``
+        in ``classes``, or -2 for a class the pack no longer has (no sample may
+        then refer to such a record). None: header labels are class indices."""
+        if self.format_version < 3 or self.record_classes is None:
+            return None
+        return [int(self.class_to_idx.get(name, -2)) for name in self.record_classes]
+
+    @property
+    def ordered(self) -> bool:
+        """Whether sample ``i`` is the record under key ``__order__[i]`` (format 3), not key ``i``."""
+        return self.format_version >= 3
+
+    def identity(self, manifest_sha256: bytes) -> str:
+        """The pack version's identity: its ``pack_id`` (format 2 and 3), or, for
+        format 1, ``sha256:`` and the digest of its stored manifest bytes."""
+        if self.format_version >= 2 and self.pack_id is not None:
+            return self.pack_id
+        return "sha256:" + manifest_sha256.hex()
+
+    @property
+    def version_pack_id(self) -> str | None:
+        """The ``pack_id`` a format 2 or 3 pack is opened by; None for format 1."""
+        return self.pack_id if self.format_version >= 2 else None
+
+    @property
+    def shard_place(self) -> tuple[Any, Any] | None:
+        """A shard's place in its split, ``(index, num_shards)`` of its ``shard``
+        field, as read (not checked: a forged field may hold anything); None
+        when it has none (a single pack, or a shard packed before the field)."""
+        return shard_place(self)
+
+    @property
+    def invalid_fields(self) -> list[str]:
+        """The informational fields present but not of their documented type, sorted."""
+        return sorted(key for key in _INFORMATIONAL if key in self.extra)
+
+    @property
+    def shown(self) -> Shown:
+        """The informational fields as a reader shows them: ``INVALID`` for one of the wrong type."""
+        return Shown(**{key: INVALID if key in self.extra else getattr(self, key) for key in _INFORMATIONAL})
+
+    @property
+    def skipped_items(self) -> list[dict[str, Any]]:
+        """The skipped source files a format-1 manifest lists (``skipped``); [] otherwise."""
+        return list(self.skipped or [])
+
+    @property
+    def sample_fields(self) -> list[dict[str, Any]]:
+        """The fields of a sample (docs/design.md): ``fields``, or, absent, the one
+        field of every pack of today, an image with its label."""
+        if self.fields is not None:
+            return list(self.fields)
+        return [{"name": "image", "kind": "image", "store": self.store}, {"name": "label", "kind": "class"}]
+
+    # -- the writer's constructors -----------------------------------------------------
+    @classmethod
+    def new_pack(
+        cls,
+        *,
+        count: int,
+        classes: list[str],
+        class_to_idx: dict[str, int],
+        store: str,
+        pack_id: str,
+        encodings: dict[str, int],
+        payload_bytes: int,
+        source: dict[str, Any],
+        fingerprint: dict[str, Any],
+        skipped_count: int,
+        params: dict[str, Any],
+        created_by: str,
+        created_at: str,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """The manifest of a freshly written pack (format ``FORMAT_VERSION``), or shard
+        (its ``shard`` field in ``extra``). ``extra``: fields a caller adds
+        (``pack(manifest_extra=...)``); ValueError when one would replace a field
+        this constructor sets."""
+        made = cls(
+            format_version=FORMAT_VERSION,
+            count=count,
+            classes=classes,
+            class_to_idx=class_to_idx,
+            store=store,
+            pack_id=pack_id,
+            encodings=encodings,
+            payload_bytes=payload_bytes,
+            checksum="crc32",
+            source=source,
+            fingerprint=fingerprint,
+            skipped_count=skipped_count,
+            params=params,
+            created_by=created_by,
+            created_at=created_at,
+        )
+        clash = sorted(set(extra or {}) & set(made.to_object()))
+        if clash:
+            raise ValueError(f"manifest_extra must not replace the manifest fields {clash}")
+        return made.with_extra(extra)
+
+    def updated(
+        self,
+        *,
+        count: int,
+        classes: list[str],
+        class_to_idx: dict[str, int],
+        pack_id: str,
+        next_record: int,
+        record_classes: list[str] | None,
+        encodings: dict[str, int],
+        payload_bytes: int,
+        skipped_count: int,
+        source: dict[str, Any],
+        fingerprint: dict[str, Any],
+        params: dict[str, Any],
+        updated_at: str,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """The manifest of the version ``pack --update`` writes of this pack: format
+        ``UPDATED_FORMAT_VERSION``, a new ``pack_id``, the records still bound to
+        this version's ``binding``; the other fields kept, but format 1's
+        ``skipped`` (now in ``__skipped__``). ``record_classes``: None when
+        header labels are class indices. ``extra``: added last, as given."""
+        binding = self.binding
+        if binding is None:
+            raise ValueError("pack --update writes over format 2 and 3 packs only")
+        return self._replaced(
+            format_version=UPDATED_FORMAT_VERSION,
+            count=count,
+            classes=classes,
+            class_to_idx=class_to_idx,
+            pack_id=pack_id,
+            binding_id=binding.hex(),
+            next_record=next_record,
+            record_classes=record_classes,
+            encodings=encodings,
+            payload_bytes=payload_bytes,
+            skipped_count=skipped_count,
+            source=source,
+            fingerprint=fingerprint,
+            params=params,
+            updated_at=updated_at,
+            skipped=None,
+        ).with_extra(extra)
+
+    def described(
+        self,
+        *,
+        source: dict[str, Any],
+        fingerprint: dict[str, Any],
+        params: dict[str, Any],
+        extra: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """This manifest with another description of its source (``pack --update``
+        that finds the same samples): ``source``, ``fingerprint``, ``params``, then ``extra``."""
+        return self._replaced(source=source, fingerprint=fingerprint, params=params).with_extra(extra)
+
+    def _replaced(self, **changes: Any) -> Manifest:
+        # A field set anew replaces its value of the wrong type kept in ``extra``
+        # (as ``dict.update`` replaced it when the manifest was a dict).
+        extra = {k: v for k, v in self.extra.items() if k not in changes}
+        return dataclasses.replace(self, **changes, extra=extra)
+
+    def with_extra(self, extra: Mapping[str, Any] | None) -> Manifest:
+        """This manifest with the JSON fields ``extra`` set (known ones to their
+        attribute, when of their type), as ``dict.update`` would set them."""
+        if not extra:
+            return self
+        return Manifest._from_object({**self.to_object(), **extra})
+
+    def as_stored(self, key: str) -> Any:
+        """The JSON value stored under ``key`` (None: absent), of whatever type: for the
+        messages that show a forged or mistyped field as it was read."""
+        return self._object.get(key)
+
+    def differs_from(self, extra: Mapping[str, Any] | None) -> bool:
+        """Whether setting the JSON fields ``extra`` would change this manifest."""
+        obj = self._object
+        return any(obj.get(k) != v for k, v in (extra or {}).items())
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A manifest's informational fields as a reader shows them: the value, None
+    when absent, ``INVALID`` when not of the type FORMAT.md gives it."""
+
+    encodings: Any = None
+    payload_bytes: Any = None
+    checksum: Any = None
+    source: Any = None
+    created_by: Any = None
+    created_at: Any = None
+    updated_at: Any = None
+    params: Any = None
+    fingerprint: Any = None
+    shard: Any = None
+    skipped: Any = None
+    skipped_count: Any = None
+
+
+def shard_place(meta: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """``(index, num_shards)`` of the ``shard`` field of a manifest (a ``Manifest``, or
+    its JSON object), as read; None when it has no such object (``Manifest.shard_place``)."""
+    place = meta.shard if isinstance(meta, Manifest) else meta.get("shard")
+    if not isinstance(place, dict):
+        return None
+    return place.get("index"), place.get("num_shards")
+
+
+def _check_manifest(obj: Any, where: str) -> None:
+    """Raise unless ``obj`` (a parsed manifest) is one a reader may open: FORMAT.md's rules."""
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
+        raise NotAPackError(where, f"its manifest does not say format={FORMAT_NAME!r}")
+    version = obj.get("format_version")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise FormatVersionError(where, version, FORMAT_VERSION, READABLE_VERSIONS)
+    _check_meta_fields(obj, where)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 from lmdbfolder.errors import FormatVersionError, NotAPackError
 from lmdbfolder.format.layout import _OFFSET, FORMAT_VERSION, MAX_INDEX_FILE_BYTES, READABLE_VERSIONS
-from lmdbfolder.format.manifest import _INFORMATIONAL, _PACK_ID, _check_meta_fields, _short, loads_json
+from lmdbfolder.format.manifest import (
+    _INFORMATIONAL,
+    _PACK_ID,
+    INVALID,
+    Shown,
+    _check_meta_fields,
+    _short,
+    loads_json,
+)
 
 # -- sharded packs ---------------------------------------------------------------
 SHARD_INDEX_FORMAT = "lmdbfolder-shards"
@@ -75,7 +85,7 @@ def shard_identity(meta: bytes | memoryview, labels: bytes | memoryview, paths: 
 
 
 def shard_matches(
-    entry: Mapping[str, Any], meta: bytes | memoryview, labels: bytes | memoryview, paths: bytes | memoryview
+    entry: ShardEntry, meta: bytes | memoryview, labels: bytes | memoryview, paths: bytes | memoryview
 ) -> bool:
     """Whether a shard's stored manifest and tables are those its index ``entry`` names.
 
@@ -83,10 +93,11 @@ def shard_matches(
     indexes written before it existed carry only ``tables_sha256``, checked
     over the whole tables. ``verify`` checks ``tables_sha256`` in any case.
     """
-    if "manifest_sha256" in entry:
+    if entry.manifest_sha256 is not None:
+        sizes = None if entry.tables_bytes is None else list(entry.tables_bytes)
         found = shard_identity(meta, labels, paths)
-        return all(entry.get(key) == value for key, value in found.items())
-    return tables_digest(meta, labels, paths) == entry.get("tables_sha256")
+        return (entry.manifest_sha256, sizes) == (found["manifest_sha256"], found["tables_bytes"])
+    return tables_digest(meta, labels, paths) == entry.tables_sha256
 
 
 def encode_shard_index(index: Mapping[str, Any]) -> bytes:
@@ -204,8 +215,12 @@ def _present(fields: Iterable[tuple[str, Any]], extra: Mapping[str, Any]) -> dic
     return out
 
 
+#: The informational fields of an index that a manifest has too (``ShardIndex.shown``).
+_SHOWN = ("encodings", "payload_bytes", "checksum", "source", "created_by", "created_at")
+
+
 @dataclass(frozen=True)
-class ShardEntry:
+class ShardEntry(Mapping[str, Any]):
     """One shard of a sharded pack, as its index (``index.json``) lists it.
 
     ``name`` (the shard's directory), ``count`` (its samples) and
@@ -222,6 +237,10 @@ class ShardEntry:
     samples], ...]``, the classes the shard holds, so a staged pack knows its
     class counts without downloading every shard). None: not in the index.
     ``extra``: what ``_typed`` kept as it was.
+
+    Read-only ``Mapping`` of its JSON object (``entry["name"]``), as the
+    index's entries were before they were typed; the package's code uses the
+    attributes.
     """
 
     name: str
@@ -256,6 +275,26 @@ class ShardEntry:
         "data_sha256": _is_sha256,
         "class_counts": _is_class_counts,
     }
+
+    @functools.cached_property
+    def _object(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._object[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._object)
+
+    def __len__(self) -> int:
+        return len(self._object)
+
+    def replaced(self, **changes: Any) -> ShardEntry:
+        """This entry with the attributes ``changes`` set (a value of its JSON
+        field kept in ``extra`` is dropped: the new one replaces it)."""
+        keys = {"bytes" if name == "data_bytes" else name for name in changes}
+        extra = {k: v for k, v in self.extra.items() if k not in keys}
+        return dataclasses.replace(self, **changes, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
         """This entry as its JSON object."""
@@ -324,8 +363,8 @@ class ShardSplit:
         return cls(**typed, extra=extra)
 
 
-@dataclass(frozen=True)
-class ShardIndex:
+@dataclass(frozen=True, eq=False)  # equal as mappings: to an equal index, or to its JSON object
+class ShardIndex(Mapping[str, Any]):
     """A sharded pack's index, ``index.json`` (FORMAT.md, "Sharded packs").
 
     Required: ``pack_format_version`` (of the shards), ``count`` (the sum of
@@ -338,6 +377,10 @@ class ShardIndex:
     ``to_json`` and ``from_json`` mirror each other:
     ``ShardIndex.from_json(blob, where=...).to_json() == blob`` for an index
     that ``to_json`` wrote (sorted keys, so field order is not kept).
+
+    Read-only ``Mapping`` of its JSON object, for code that indexed the index
+    dict (``ShardedReader.meta["shards"]``); the package's own code uses the
+    attributes. Do not mutate what it holds.
     """
 
     pack_format_version: int
@@ -387,6 +430,37 @@ class ShardIndex:
         if self.split is not None:
             out["split"] = self.split.to_dict()
         return out
+
+    @functools.cached_property
+    def _object(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._object[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._object)
+
+    def __len__(self) -> int:
+        return len(self._object)
+
+    def with_shards(self, shards: list[ShardEntry]) -> ShardIndex:
+        """This index with the entries ``shards`` (the same shards, their fields updated)."""
+        return dataclasses.replace(self, shards=shards)
+
+    format: ClassVar[str] = SHARD_INDEX_FORMAT
+    index_version: ClassVar[int] = SHARD_INDEX_VERSION
+
+    @property
+    def shown(self) -> Shown:
+        """The informational fields an index shares with a manifest, as a reader shows
+        them: ``INVALID`` for one of the wrong type (kept in ``extra``)."""
+        return Shown(**{key: INVALID if key in self.extra else getattr(self, key) for key in _SHOWN})
+
+    @property
+    def names(self) -> list[str]:
+        """The shards' directory names, in global order."""
+        return [entry.name for entry in self.shards]
 
     def to_json(self) -> bytes:
         """The bytes of ``index.json`` (``encode_shard_index``)."""

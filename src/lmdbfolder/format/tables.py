@@ -49,10 +49,10 @@ from lmdbfolder.format.layout import (
 )
 from lmdbfolder.format.manifest import (
     DAMAGED_HINT,
+    Manifest,
     decode_meta,
     encode_meta,
     informational,
-    label_map,
     loads_json,
     pack_binding,
 )
@@ -393,7 +393,8 @@ class RecordClasses:
     appends to it), and maps each record's header label to its sample's label."""
 
     def check(self, meta: Mapping[str, Any], *, where: str) -> None:
-        """TableDamage unless ``record_classes`` (if any) names every class of ``classes``."""
+        """TableDamage unless ``record_classes`` (if any) names every class of ``classes``
+        (``meta``: a ``Manifest``, or its JSON object)."""
         names = meta.get("record_classes") if meta.get("format_version", 1) >= 3 else None
         if names is None:
             return
@@ -487,7 +488,7 @@ class PackTables:
     """What a reader needs of a pack before its first record, every part checked (``load``);
     the other tables, each checked when first asked for."""
 
-    meta: dict[str, Any]
+    meta: Manifest
     #: Samples per class index (the label table's counts), from the check at open.
     class_counts: Any
     #: Format 2: what every record's CRC is bound to (the pack id); None for format 1.
@@ -512,17 +513,19 @@ class PackTables:
     @property
     def version(self) -> int:
         """The pack's format version."""
-        return int(self.meta["format_version"])
+        return self.meta.format_version
 
     @property
     def count(self) -> int:
         """The number of samples."""
-        return int(self.meta["count"])
+        return self.meta.count
 
     @property
     def next_record(self) -> int:
         """The key the next new record gets: above every key in use (format 3), else the count."""
-        return int(self.meta.get("next_record", self.count)) if self.ordered else self.count
+        if not self.ordered or self.meta.next_record is None:
+            return self.count
+        return self.meta.next_record
 
     # -- open -------------------------------------------------------------------------
     @classmethod
@@ -540,7 +543,7 @@ class PackTables:
         where = source.where
         check = cls._check_manifest(source, meta_blob)
         meta = decode_meta(meta_blob, where=where)
-        if meta["format_version"] < 2:
+        if meta.format_version < 2:
             check = None
         elif check is None:
             check = CHECKS.decode(None, where=where)  # raises: format 2 has table checksums
@@ -550,9 +553,9 @@ class PackTables:
         # Checked and counted in place: the copy (``labels``) is made when a caller asks
         # for it, which opening a dataset does not (its first-touch page faults were
         # half of LMDBFolder's open at 1.28M samples).
-        labels = LABELS.view(labels_blob, meta["count"], where=where)
-        LABELS.check(labels, len(meta["classes"]), where=where)
-        counts = class_counts(labels, len(meta["classes"]))
+        labels = LABELS.view(labels_blob, meta.count, where=where)
+        LABELS.check(labels, len(meta.classes), where=where)
+        counts = class_counts(labels, len(meta.classes))
         del labels
         paths_size = source.size(PATHS_KEY)
         if paths_size is None:
@@ -568,13 +571,11 @@ class PackTables:
         return tables
 
     @classmethod
-    def of(
-        cls, meta: dict[str, Any], meta_blob: bytes | memoryview, check: Any = None, counts: Any = None
-    ) -> PackTables:
+    def of(cls, meta: Manifest, meta_blob: bytes | memoryview, check: Any = None, counts: Any = None) -> PackTables:
         """The tables of the parsed manifest ``meta`` (its bytes ``meta_blob``), nothing else
         read or checked (``load`` checks; ``verify`` audits)."""
         digest = hashlib.sha256(meta_blob).digest()
-        mapping = label_map(meta)
+        mapping = meta.label_map
         return cls(
             meta,
             counts,
@@ -643,7 +644,7 @@ class PackTables:
         blob = self._covered(source, LABELS_KEY, _required(source, LABELS_KEY, LABELS.what))
         labels = LABELS.decode(blob, self.count, where=source.where)
         if self.check is None:
-            LABELS.check(labels, len(self.meta["classes"]), where=source.where)
+            LABELS.check(labels, len(self.meta.classes), where=source.where)
         return labels
 
     def paths(self, source: TableSource) -> memoryview:
@@ -697,11 +698,9 @@ class PackTables:
         return Audit.of(self, source, meta_blob)
 
 
-def identity(meta: Mapping[str, Any], manifest_sha256: bytes) -> str:
+def identity(meta: Manifest, manifest_sha256: bytes) -> str:
     """The identity of a pack (``PackTables.identity``) from its parsed manifest and its digest."""
-    if meta["format_version"] >= 2:
-        return str(meta["pack_id"])
-    return "sha256:" + manifest_sha256.hex()
+    return meta.identity(manifest_sha256)
 
 
 def _int64(values: Sequence[int]) -> Any:
@@ -742,7 +741,7 @@ class Audit:
                 if blob is not None:
                     out._try(CHECKS.check, check, key, blob, where=where)
         rules: dict[bytes, Callable[[memoryview], Any]] = {
-            LABELS_KEY: lambda b: out._labels(b, count, len(tables.meta["classes"]), where),
+            LABELS_KEY: lambda b: out._labels(b, count, len(tables.meta.classes), where),
             PATHS_KEY: lambda b: setattr(out, "paths", PATHS.decode(b, count, where=where)),
             ORDER_KEY: lambda b: out._order(b, count, tables.next_record, where),
             STATS_KEY: lambda b: STATS.view(b, count, where=where),

@@ -53,6 +53,8 @@ from lmdbfolder.format import (
     LABELS_KEY,
     META_KEY,
     NO_LABEL,
+    Manifest,
+    ShardIndex,
     decode_paths,
     decode_record,
     path_at,
@@ -88,7 +90,9 @@ class PackAPI:
     state; nothing here touches a handle).
     """
 
-    meta: dict[str, Any]
+    #: The manifest (``Reader``) or the index (``ShardedReader``): typed, and a
+    #: read-only mapping of its JSON object.
+    meta: Manifest | ShardIndex
     path: str
 
     def __len__(self) -> int:
@@ -117,17 +121,17 @@ class PackAPI:
     @property
     def classes(self) -> list[str]:
         """Class names, index = label."""
-        return list(self.meta["classes"])
+        return list(self.meta.classes)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
         """Class name -> label."""
-        return dict(self.meta["class_to_idx"])
+        return dict(self.meta.class_to_idx)
 
     @property
     def store(self) -> str:
         """``"encoded"`` (original file bytes) or ``"raw"`` (RGB pixels)."""
-        return str(self.meta["store"])
+        return str(self.meta.store)
 
     def index_of(self, relpath: str) -> int:
         """Index of the sample packed from ``relpath`` (first one, if listed twice).
@@ -254,11 +258,11 @@ class Reader(PackAPI):
             tables = packfile.load_tables(pf, self.path)
         finally:
             pf.close()
-        self.meta: dict[str, Any] = tables.meta
+        self.meta: Manifest = tables.meta
         self._tables = tables
         self._labels: array.array | None = None  # copied from the pack when first asked for
         self._binding = tables.binding
-        self._count: int = self.meta["count"]
+        self._count: int = self.meta.count
         self._reset_handles()
 
     def _reset_handles(self) -> None:
@@ -297,8 +301,7 @@ class Reader(PackAPI):
     @property
     def pack_id(self) -> str | None:
         """The pack's random id (format 2), which every record's CRC is bound to; None for format 1."""
-        pack_id = self.meta.get("pack_id") if self.format_version >= 2 else None
-        return str(pack_id) if pack_id is not None else None
+        return self.meta.version_pack_id
 
     @property
     def identity(self) -> str:
@@ -535,7 +538,7 @@ class Reader(PackAPI):
         self._reset_handles()
 
     def __repr__(self) -> str:
-        return f"Reader({self.path!r}, count={self._count}, classes={len(self.meta['classes'])}, store={self.store!r})"
+        return f"Reader({self.path!r}, count={self._count}, classes={len(self.meta.classes)}, store={self.store!r})"
 
 
 def _load_madvise() -> Any:

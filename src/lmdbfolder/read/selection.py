@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from lmdbfolder.errors import NoSamplesError
+from lmdbfolder.format import Manifest, ShardIndex
 from lmdbfolder.packfile import class_counts
 
 __all__ = [
@@ -143,10 +144,10 @@ class Subset(Selection):
         return list(np.frombuffer(stored, dtype=np.int32)[self.indices].tolist())
 
 
-def source_root_of(meta: Mapping[str, Any]) -> str:
+def source_root_of(meta: Manifest | ShardIndex) -> str:
     """The folder the pack was made from, as recorded in its manifest ("" if none is recorded)."""
-    source = meta.get("source") or {}
-    root = source.get("root") if isinstance(source, dict) else None
+    source = meta.source or {}
+    root = source.get("root")
     return root if isinstance(root, str) else ""
 
 
@@ -267,7 +268,7 @@ def _check_empty(
     # list was made up (list files, imports) only the classes a filter emptied.
     # ``before``/``after``: samples per class index in the pack / after the filters.
     position = {name: k for k, name in enumerate(pack_classes)}
-    layout = (reader.meta.get("source") or {}).get("layout")
+    layout = (reader.meta.source or {}).get("layout")
     empty = []
     for name in class_to_idx:
         k = position.get(name)

@@ -15,13 +15,13 @@ import array
 import bisect
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from lmdbfolder import packdir
 from lmdbfolder.errors import NotAPackError, PackChangedError
-from lmdbfolder.format import SHARD_INDEX_FILE, shard_matches
+from lmdbfolder.format import SHARD_INDEX_FILE, Manifest, ShardIndex, shard_matches, shard_place
 from lmdbfolder.read.reader import PackAPI, Reader, Record
 from lmdbfolder.read.staging import StagedPack
 from lmdbfolder.text import printable
@@ -50,6 +50,9 @@ class ShardedReader(PackAPI):
         (1281167, 8, (0, 1000))
     """
 
+    #: The pack's ``index.json``: typed, and a read-only mapping of its JSON object.
+    meta: ShardIndex
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -70,13 +73,12 @@ class ShardedReader(PackAPI):
         self.path, self.meta = packdir.load_index(found.path)
         self.readahead = readahead
         self.verify_checksums = verify_checksums
-        entries = self.meta["shards"]
-        self._names: list[str] = [e["name"] for e in entries]
+        self._names: list[str] = self.meta.names
         starts = [0]
-        for e in entries:
-            starts.append(starts[-1] + e["count"])
+        for e in self.meta.shards:
+            starts.append(starts[-1] + e.count)
         self._starts: list[int] = starts
-        self._count: int = self.meta["count"]
+        self._count: int = self.meta.count
         missing = [] if staging else [n for n in self._names if not os.path.isdir(os.path.join(self.path, n))]
         if missing:
             raise packdir.missing_shards(self.path, missing, len(self._names))
@@ -134,7 +136,7 @@ class ShardedReader(PackAPI):
 
     def _open_shard(self, k: int) -> Reader:
         if self.staging is None:
-            return self._check_shard(k, os.path.join(self.path, self.meta["shards"][k]["name"]), keep_open=False)
+            return self._check_shard(k, os.path.join(self.path, self.meta.shards[k].name), keep_open=False)
         # Staged: fetched into the cache if it is not there, then opened and mapped
         # while the cache lock keeps it from being evicted; a mapped shard stays
         # readable after an eviction. A process keeps a few shards mapped at most,
@@ -151,7 +153,7 @@ class ShardedReader(PackAPI):
         return reader
 
     def _check_shard(self, k: int, path: str, *, keep_open: bool) -> Reader:
-        entry = self.meta["shards"][k]
+        entry = self.meta.shards[k]
         index_file = os.path.join(self.path, SHARD_INDEX_FILE)
         hint = "the shard was replaced or repacked: restore the original, or run `lmdbfolder index` again"
         if self.staging is not None:
@@ -170,8 +172,8 @@ class ShardedReader(PackAPI):
                 path,
                 readahead=self.readahead,
                 verify_checksums=self.verify_checksums,
-                pack_id=entry.get("pack_id"),
-                manifest_sha256=entry.get("manifest_sha256"),
+                pack_id=entry.pack_id,
+                manifest_sha256=entry.manifest_sha256,
             )
         except PackChangedError:
             raise PackChangedError(
@@ -183,21 +185,25 @@ class ShardedReader(PackAPI):
                 else "open the pack again if it was updated; else restore the shard, or run `lmdbfolder index` again",
             ) from None
         try:
-            if len(reader) != entry["count"]:
+            if len(reader) != entry.count:
                 raise NotAPackError(
-                    path, f"it holds {len(reader)} samples, the index says {entry['count']} ({where})", hint
+                    path, f"it holds {len(reader)} samples, the index says {entry.count} ({where})", hint
                 )
-            for key in ("classes", "class_to_idx", "store"):
-                if reader.meta[key] != self.meta[key]:
+            for key, theirs, ours in (
+                ("classes", reader.meta.classes, self.meta.classes),
+                ("class_to_idx", reader.meta.class_to_idx, self.meta.class_to_idx),
+                ("store", reader.meta.store, self.meta.store),
+            ):
+                if theirs != ours:
                     raise NotAPackError(path, f"its {key} differ from the index's ({where})", hint)
             misplaced = out_of_place(reader.meta, k, len(self._names))
             if misplaced:
                 raise NotAPackError(path, f"{misplaced}, the index lists it as {where}", hint)
-            if "pack_id" not in entry and not shard_matches(entry, *reader.tables()):
+            if entry.pack_id is None and not shard_matches(entry, *reader.tables()):
                 # Version-1 shards: the stored manifest's hash and the tables' lengths
                 # (format.shard_matches): microseconds, where hashing the tables took
                 # milliseconds per shard per worker.
-                what = "manifest_sha256/tables_bytes" if "manifest_sha256" in entry else "tables_sha256"
+                what = "manifest_sha256/tables_bytes" if entry.manifest_sha256 is not None else "tables_sha256"
                 raise NotAPackError(path, f"its manifest or tables do not match the index's {what} ({where})", hint)
             if keep_open:
                 reader._file()  # mapped now, while the shard cannot be evicted
@@ -226,9 +232,9 @@ class ShardedReader(PackAPI):
         """Samples per class index, summed over the shards (opens every shard once,
         unless the index lists each shard's classes, as an uploaded pack's does)."""
         # Every shard has the index's classes (checked when it opens).
-        total = np.zeros(len(self.meta["classes"]), dtype=np.int64)
-        listed = [e.get("class_counts") for e in self.meta["shards"]]
-        if self.staging is not None and all(isinstance(c, list) for c in listed):
+        total = np.zeros(len(self.meta.classes), dtype=np.int64)
+        listed = [e.class_counts for e in self.meta.shards]
+        if self.staging is not None and all(c is not None for c in listed):
             for counts in listed:
                 for c, n in counts:  # type: ignore[union-attr]  # checked above
                     if 0 <= c < len(total):
@@ -303,18 +309,18 @@ class ShardedReader(PackAPI):
     def __repr__(self) -> str:
         return (
             f"ShardedReader({self.path!r}, count={self._count}, shards={len(self._names)}, "
-            f"classes={len(self.meta['classes'])}, store={self.store!r})"
+            f"classes={len(self.meta.classes)}, store={self.store!r})"
         )
 
 
-def out_of_place(meta: dict[str, Any], k: int, num_shards: int) -> str | None:
+def out_of_place(meta: Manifest | Mapping[str, Any], k: int, num_shards: int) -> str | None:
     """What is wrong when a shard whose manifest is ``meta`` is listed as shard ``k`` of
     ``num_shards`` in an index (an index whose entries were reordered, or shards of
     another split), or None: a shard records its place in the split (the ``shard``
     manifest field; a shard packed before it existed records none)."""
-    place = meta.get("shard")
-    if not isinstance(place, dict) or (place.get("index"), place.get("num_shards")) == (k, num_shards):
+    place = shard_place(meta)
+    if place is None or place == (k, num_shards):
         return None
     # Read from a pack: escaped and bounded before it is printed.
-    index, num = printable(place.get("index"), 20), printable(place.get("num_shards"), 20)
+    index, num = printable(place[0], 20), printable(place[1], 20)
     return f"it was packed as shard {index} of {num} of its split"

@@ -66,7 +66,8 @@ from lmdbfolder.format import (
     ROOM_LOCK,
     SHARD_INDEX_FILE,
     WRITER_LOCK_SUFFIX,
-    decode_shard_index,
+    ShardEntry,
+    ShardIndex,
     shard_matches,
 )
 from lmdbfolder.pagefile import read_regular
@@ -77,7 +78,7 @@ __all__ = ["StagedPack", "fetch_shard", "fetch_index"]
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def fetch_index(remote: Remote) -> tuple[bytes, dict[str, Any]]:
+def fetch_index(remote: Remote) -> tuple[bytes, ShardIndex]:
     """(bytes, parsed) of the ``index.json`` of the sharded pack at ``remote``.
 
     A URL holding a single pack (``data.mdb``), or nothing, is a RemoteError
@@ -104,12 +105,12 @@ def fetch_index(remote: Remote) -> tuple[bytes, dict[str, Any]]:
                 kind="missing",
             ) from None
         raise
-    return blob, decode_shard_index(blob, where=index.url)
+    return blob, ShardIndex.from_json(blob, where=index.url)
 
 
 def fetch_shard(
     remote: Remote,
-    entry: dict[str, Any],
+    entry: ShardEntry,
     directory: str,
     *,
     part_size: int = DEFAULT_PART_SIZE,
@@ -129,7 +130,7 @@ def fetch_shard(
     removed and reported (RemoteError kind "digest"). The caller holds the
     shard's lock.
     """
-    name = entry["name"]
+    name = entry.name
     final = os.path.join(directory, name)
     tmp = final + COPYING_SUFFIX
     src = remote.child(name, DATA_FILE)
@@ -140,15 +141,15 @@ def fetch_shard(
         except OSError as exc:  # a cache folder this process may not write, a full disk
             raise disk_error(exc, src.url, directory) from None
     info = info or src.info()
-    expected = entry.get("bytes")
-    if isinstance(expected, int) and expected != info.size:
+    expected = entry.data_bytes
+    if expected is not None and expected != info.size:
         raise RemoteError(
             src.url,
             f"it holds {info.size:,} bytes, the index says {expected:,}; nothing was kept",
             "the shard was replaced in storage without its index: upload the pack again",
             kind="digest",
         )
-    digest = entry.get("data_sha256") if isinstance(entry.get("data_sha256"), str) else None
+    digest = entry.data_sha256
     try:
         fetched, _ = download(
             src,
@@ -321,7 +322,7 @@ class StagedPack:
         self.ahead = ahead
         self.part_size = part_size
         self.jobs = jobs
-        self.names: list[str] = [e["name"] for e in self.index["shards"]]
+        self.names: list[str] = self.index.names
         self._reset()
         self._evict_replaced(cache, prefix)
 
@@ -339,14 +340,14 @@ class StagedPack:
                 continue
             try:
                 blob = read_regular(os.path.join(folder, SHARD_INDEX_FILE), MAX_INDEX_FILE_BYTES)
-                index = decode_shard_index(blob, where=folder)
+                index = ShardIndex.from_json(blob, where=folder)
             except (OSError, NotAPackError):
                 continue
             if name != f"{prefix}-{_folder_key(self.url, blob)}":
                 continue
             old = StagedPack.__new__(StagedPack)
             old.__dict__.update(self.__getstate__())
-            old.root, old.index, old.names = folder, index, [e["name"] for e in index["shards"]]
+            old.root, old.index, old.names = folder, index, index.names
             old._reset()
             try:
                 needed = old.needed()
@@ -405,8 +406,8 @@ class StagedPack:
                 raise disk_error(exc, self.remote.child(self.names[k]).url, self.root) from None
             if os.path.isdir(path):
                 return path
-            entry = self.index["shards"][k]
-            self._make_room(int(entry.get("bytes") or 0), keep=k)
+            entry = self.index.shards[k]
+            self._make_room(entry.data_bytes or 0, keep=k)
             try:
                 fetch_shard(self.remote, entry, self.root, part_size=self.part_size, jobs=self.jobs)
             except RemoteError as exc:
@@ -545,7 +546,7 @@ class StagedPack:
             except FileNotFoundError:
                 continue  # nobody ever asked for it
             except BlockingIOError:
-                total += int(self.index["shards"][k].get("bytes") or 0)
+                total += self.index.shards[k].data_bytes or 0
         return total
 
     def evict(self, k: int) -> bool:

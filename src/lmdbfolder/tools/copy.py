@@ -57,8 +57,8 @@ from lmdbfolder.format import (
     MAX_INDEX_FILE_BYTES,
     SHARD_INDEX_FILE,
     SKIPPED_REPORT,
-    decode_shard_index,
-    encode_shard_index,
+    ShardEntry,
+    ShardIndex,
 )
 from lmdbfolder.pagefile import MDB_MAGIC, PAGEHDRSZ
 from lmdbfolder.progress import Progress
@@ -192,17 +192,18 @@ def _copy_sharded(src: str, out: str) -> tuple[int, int, int, int]:
     root, index = packdir.load_index(src)
     ShardedReader(root)  # names every missing shard before anything is copied
     before = after = 0
-    for entry in index["shards"]:
-        shard = os.path.join(src, entry["name"])
-        count, b, a = packdir.copy_single(shard, os.path.join(out, entry["name"]))
-        if count != entry["count"]:
-            raise NotAPackError(shard, f"it holds {count} samples, the index says {entry['count']}")
-        entry["bytes"] = a
+    copied: list[ShardEntry] = []
+    for entry in index.shards:
+        shard = os.path.join(src, entry.name)
+        count, b, a = packdir.copy_single(shard, os.path.join(out, entry.name))
+        if count != entry.count:
+            raise NotAPackError(shard, f"it holds {count} samples, the index says {entry.count}")
+        copied.append(entry.replaced(data_bytes=a))
         before += b
         after += a
     with open(os.path.join(out, SHARD_INDEX_FILE), "wb") as f:
-        f.write(encode_shard_index(index))
-    return index["count"], len(index["shards"]), before, after
+        f.write(index.with_shards(copied).to_json())
+    return index.count, len(index.shards), before, after
 
 
 # -- object storage ----------------------------------------------------------------
@@ -273,15 +274,15 @@ def _download(
             raise
         blob, index = b"", None
     _resume_or_start(tmp, blob, index, src)
-    entries: list[dict[str, Any]] = [] if index is None else index["shards"]
-    total = sum(int(e.get("bytes") or 0) for e in entries) if index else remote.child(DATA_FILE).info().size
+    entries: list[ShardEntry] = [] if index is None else list(index.shards)
+    total = sum(e.data_bytes or 0 for e in entries) if index else remote.child(DATA_FILE).info().size
     job = _Fetch(remote, src, tmp, jobs, part_size, Progress(total, f"copy {remote.name}", enabled=progress, unit="B"))
     try:
         if index is None:
             count_samples, shards = _download_single(job), 1
         else:
             _download_shards(job, entries)
-            count_samples, shards = int(index["count"]), len(entries)
+            count_samples, shards = index.count, len(entries)
         if verify:
             _verified_or_raise(tmp, f"the copy of {src}")
         packdir.publish(tmp, dst_path)
@@ -291,7 +292,7 @@ def _download(
     return CopyResult(src, dst_path, count_samples, shards, size, size, time.perf_counter() - start, job.fetched)
 
 
-def _resume_or_start(tmp: str, blob: bytes, index: dict[str, Any] | None, src: str) -> None:
+def _resume_or_start(tmp: str, blob: bytes, index: ShardIndex | None, src: str) -> None:
     """Keep a ``<dst>.copying`` of this very source (``blob``, its index) to resume it; clear
     anything else of ours there and start it anew (with the source's index first)."""
     from lmdbfolder.read.staging import disk_error
@@ -330,11 +331,11 @@ def _download_single(job: _Fetch) -> int:
     return int(decode_meta_count(job.tmp))
 
 
-def _download_shards(job: _Fetch, entries: list[dict[str, Any]]) -> None:
+def _download_shards(job: _Fetch, entries: list[ShardEntry]) -> None:
     """The shards of the index ``entries`` not in ``job.tmp`` yet, several at a time."""
     from lmdbfolder.read.staging import fetch_shard
 
-    todo = [e for e in entries if not os.path.isdir(os.path.join(job.tmp, e["name"]))]
+    todo = [e for e in entries if not os.path.isdir(os.path.join(job.tmp, e.name))]
     if not todo:
         return
     parallel = max(1, min(len(todo), SHARDS_AT_ONCE, job.jobs))
@@ -342,8 +343,8 @@ def _download_shards(job: _Fetch, entries: list[dict[str, Any]]) -> None:
     # One listing for every shard's size and tag, instead of a HEAD request each.
     listed = job.remote.infos()
 
-    def one(entry: dict[str, Any]) -> None:
-        info = listed.get(f"{entry['name']}/{DATA_FILE}")
+    def one(entry: ShardEntry) -> None:
+        info = listed.get(f"{entry.name}/{DATA_FILE}")
         fetch_shard(
             job.remote,
             entry,
@@ -354,11 +355,11 @@ def _download_shards(job: _Fetch, entries: list[dict[str, Any]]) -> None:
             abort=job.abort,
             info=info,
         )
-        if entry.get("skipped") != 0:  # the index says whether there is a report to fetch
-            _fetch_report(job.remote.child(entry["name"]), os.path.join(job.tmp, entry["name"]))
-        if not isinstance(entry.get("data_sha256"), str):
+        if entry.skipped != 0:  # the index says whether there is a report to fetch
+            _fetch_report(job.remote.child(entry.name), os.path.join(job.tmp, entry.name))
+        if entry.data_sha256 is None:
             # Uploaded without a digest (by hand): check every record instead.
-            _verified_or_raise(os.path.join(job.tmp, entry["name"]), f"shard {entry['name']} of {job.src}")
+            _verified_or_raise(os.path.join(job.tmp, entry.name), f"shard {entry.name} of {job.src}")
 
     _run_all(one, todo, parallel, job.abort)
 
@@ -395,7 +396,7 @@ def decode_meta_count(path: str) -> int:
     from lmdbfolder import packfile
     from lmdbfolder.format import decode_meta
 
-    return int(decode_meta(packfile.read_tables(path)[0], where=path)["count"])
+    return int(decode_meta(packfile.read_tables(path)[0], where=path).count)
 
 
 #: How much of a remote skipped.txt is held in memory at a time.
@@ -421,7 +422,7 @@ def _check_remote_replaceable(remote: Remote) -> None:
     index = remote.child(SHARD_INDEX_FILE)
     if index.exists():
         try:
-            decode_shard_index(index.read_at_most(MAX_INDEX_FILE_BYTES + 1), where=index.url)
+            ShardIndex.from_json(index.read_at_most(MAX_INDEX_FILE_BYTES + 1), where=index.url)
         except FormatVersionError:
             pass  # a pack of another format version: a pack all the same
         except NotAPackError as exc:
@@ -470,27 +471,29 @@ def _upload(
         if found.kind is packdir.Kind.PACK:
             count, shards = _upload_single(found.path, remote, sender), 1
         else:
+            if index is None:  # read by _checked_source for a sharded pack: tells the type checker
+                raise NotAPackError(found.path, f"its {SHARD_INDEX_FILE} was not read")
             _upload_shards(found.path, index, remote, sender, jobs)
-            count, shards = int(index["count"]), len(index["shards"])
+            count, shards = index.count, len(index.shards)
     finally:
         sender.bar.close()
     return CopyResult(found.path, remote.url, count, shards, size, size, time.perf_counter() - start, sender.sent)
 
 
-def _checked_source(found: Any) -> dict[str, Any]:
+def _checked_source(found: Any) -> ShardIndex | None:
     """Every page and record of the pack to upload checked, as a local copy does (the digests
     would vouch for damage), before anything at the URL is replaced: a damaged source loses
-    nothing there. Its index (``{}`` for a single pack)."""
+    nothing there. Its index (None for a single pack)."""
     from lmdbfolder.read.opening import open_pack
 
     if found.kind is packdir.Kind.PACK:
         packdir.check_single(found.path)
-        return {}
+        return None
     with open(os.path.join(found.path, SHARD_INDEX_FILE), "rb") as f:
-        index: dict[str, Any] = decode_shard_index(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
+        index = ShardIndex.from_json(f.read(), where=os.path.join(found.path, SHARD_INDEX_FILE))
     open_pack(found.path).close()  # names every missing shard
-    for entry in index["shards"]:
-        packdir.check_single(os.path.join(found.path, entry["name"]))
+    for name in index.names:
+        packdir.check_single(os.path.join(found.path, name))
     return index
 
 
@@ -541,23 +544,25 @@ def _upload_single(path: str, remote: Remote, sender: _Send) -> int:
     return count
 
 
-def _upload_shards(path: str, index: dict[str, Any], remote: Remote, sender: _Send, jobs: int) -> None:
+def _upload_shards(path: str, index: ShardIndex, remote: Remote, sender: _Send, jobs: int) -> None:
     """The shards of the sharded pack at ``path`` to ``remote``, several at a time, then its
     ``index`` with each shard's class counts, size and digest."""
     from lmdbfolder.read.opening import open_pack
 
     reader = open_pack(path)
-    entries = index["shards"]
+    entries = list(index.shards)
 
     def one(k: int) -> None:
         entry = entries[k]
         shard = reader.shard(k)  # type: ignore[union-attr]  # checked against the index here
         counts = shard.class_counts()
-        entry["class_counts"] = [[int(c), int(n)] for c, n in enumerate(counts.tolist()) if n]
-        entry["bytes"] = os.path.getsize(os.path.join(shard.path, DATA_FILE))
-        entry["data_sha256"] = sender.put(shard.path, remote.child(entry["name"]))
+        entries[k] = entry.replaced(
+            class_counts=tuple((int(c), int(n)) for c, n in enumerate(counts.tolist()) if n),
+            data_bytes=os.path.getsize(os.path.join(shard.path, DATA_FILE)),
+            data_sha256=sender.put(shard.path, remote.child(entry.name)),
+        )
 
     _run_all(one, list(range(len(entries))), max(1, min(len(entries), SHARDS_AT_ONCE, jobs)), threading.Event())
     reader.close()
     # Last: a remote pack without its index is an unfinished upload.
-    remote.child(SHARD_INDEX_FILE).write(encode_shard_index(index))
+    remote.child(SHARD_INDEX_FILE).write(index.with_shards(entries).to_json())

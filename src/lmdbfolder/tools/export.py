@@ -62,7 +62,7 @@ from typing import Any, BinaryIO
 from lmdbfolder import packdir
 from lmdbfolder.encodings import ENCODINGS, encoding_of
 from lmdbfolder.errors import OptionError, OutputExistsError, SourceError
-from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, informational
+from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, Manifest, ShardIndex
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
@@ -134,7 +134,7 @@ def export(
         meta = reader.meta
         params = _params(reader)
         if format == "files":
-            _refuse_changed_bytes(found.path, meta["store"], params)
+            _refuse_changed_bytes(found.path, meta.store, params)
         os.makedirs(tmp)
         try:
             if format == "files":
@@ -177,11 +177,11 @@ def _check_new(out: str) -> None:
 def _params(reader: Any) -> dict[str, Any]:
     """The writing options of a pack (of its first shard, for a sharded pack); {} when invalid."""
     if isinstance(reader, Reader):
-        params = informational(reader.meta, "params", {})
+        params = reader.meta.params
     else:
         with Reader(reader.shards[0]) as first:
-            params = informational(first.meta, "params", {})
-    return dict(params) if isinstance(params, dict) else {}
+            params = first.meta.params
+    return dict(params or {})  # None: absent, or not of its type
 
 
 def _refuse_changed_bytes(path: str, store: str, params: dict[str, Any]) -> None:
@@ -283,10 +283,9 @@ def _list_name(recorded: Any, taken: set[str]) -> str:
 
 def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tuple[int, int, str | None]:
     meta = reader.meta
-    source = informational(meta, "source", {})
-    source = source if isinstance(source, dict) else {}
+    source = meta.source or {}  # None: absent, or not of its type
     layout = source.get("layout")
-    classes = list(meta["classes"])
+    classes = list(meta.classes)
     paths = reader.paths()
     labels = reader.labels
     bad = _unwritable(paths, classes if layout == "imagefolder" else [], listed=layout == "list")
@@ -348,7 +347,7 @@ def webdataset_key(relpath: str) -> str:
 
 
 def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) -> tuple[int, int, list[str]]:
-    classes = list(reader.meta["classes"])
+    classes = list(reader.meta.classes)
     with open(os.path.join(tmp, "classes.txt"), "w", encoding="utf-8", errors="surrogateescape") as f:
         f.writelines(f"{name}\n" for name in classes)
     paths = reader.paths()
@@ -414,10 +413,10 @@ def _member(record: Any, relpath: str) -> tuple[bytes, str]:
     return bytes(record.payload), ext
 
 
-def _created(meta: dict[str, Any]) -> int:
+def _created(meta: Manifest | ShardIndex) -> int:
     """The pack's creation time as a Unix time, for the tar members (so an export is reproducible)."""
-    text = meta.get("created_at")
-    if isinstance(text, str):
+    text = meta.created_at
+    if text is not None:
         try:
             return int(_dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc).timestamp())
         except ValueError:

@@ -147,7 +147,7 @@ def write_huggingface(
     """Write the split's Parquet files and the card into ``tmp``; returns (samples, image bytes,
     file names relative to ``tmp``). ``member(record, relpath)`` gives a sample's image bytes."""
     pa, pq = _pyarrow()
-    classes = list(reader.meta["classes"])
+    classes = list(reader.meta.classes)
     paths = reader.paths()
     labels = reader.labels
     labelled = bool(classes) or any(label != NO_LABEL for label in labels)

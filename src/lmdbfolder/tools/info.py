@@ -17,7 +17,7 @@ from typing import Any
 
 from lmdbfolder import packdir
 from lmdbfolder.errors import CorruptRecordError
-from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, informational
+from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, Manifest, ShardIndex
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
@@ -53,12 +53,12 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
         meta = reader.meta
         info = _summary(reader.path, meta, packdir.dir_size(reader.path))
         info.update(
-            format_version=meta["format_version"],
+            format_version=meta.format_version,
             pack_id=reader.pack_id,
             skipped=reader.skipped(),
             history=reader.history(),
         )
-    if meta["format_version"] < 2:
+    if meta.format_version < 2:
         info["note"] = "format version 1: records are not bound to their index and pack (repack to get format 2)"
     return info
 
@@ -93,9 +93,7 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
             counts["(unlabelled)"] = counted[NO_LABEL]
         ranked = sorted(((counts[name], name) for name in classes), key=lambda t: t[0])  # stable: class order
         n = len(reader)
-        encodings = informational(reader.meta, "encodings", {})
-        if not isinstance(encodings, dict):
-            encodings = {}
+        encodings = reader.meta.encodings or {}  # None: absent, or not of its type
         out: dict[str, Any] = {
             "path": reader.path,
             "count": n,
@@ -138,22 +136,23 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
     return out
 
 
-def _summary(path: str, meta: dict[str, Any], size: int) -> dict[str, Any]:
+def _summary(path: str, meta: Manifest | ShardIndex, size: int) -> dict[str, Any]:
     """The fields a pack's manifest and a sharded pack's index have in common."""
+    shown = meta.shown
     return {
         "path": path,
-        "format": meta["format"],
-        "count": meta["count"],
-        "num_classes": len(meta["classes"]),
-        "classes": meta["classes"],
-        "store": meta["store"],
-        "encodings": informational(meta, "encodings", {}),
-        "payload_bytes": informational(meta, "payload_bytes"),
+        "format": meta.format,
+        "count": meta.count,
+        "num_classes": len(meta.classes),
+        "classes": meta.classes,
+        "store": meta.store,
+        "encodings": {} if shown.encodings is None else shown.encodings,
+        "payload_bytes": shown.payload_bytes,
         "size_on_disk": size,
-        "source": informational(meta, "source"),
-        "created_by": informational(meta, "created_by"),
-        "created_at": informational(meta, "created_at"),
-        "updated_at": informational(meta, "updated_at"),
+        "source": shown.source,
+        "created_by": shown.created_by,
+        "created_at": shown.created_at,
+        "updated_at": shown.updated_at,
     }
 
 
@@ -163,23 +162,22 @@ def _sharded_info(path: str) -> dict[str, Any]:
     shards = []
     skipped: list[dict[str, Any]] = []
     size = os.path.getsize(os.path.join(reader.path, SHARD_INDEX_FILE))
-    for entry, shard_path in zip(meta["shards"], reader.shards):
+    for entry, shard_path in zip(meta.shards, reader.shards):
         with Reader(shard_path) as shard:
             items = shard.skipped()
         if isinstance(items, list):
             skipped.extend(items)
         shard_size = packdir.dir_size(shard_path)
         size += shard_size
-        shards.append({"name": entry["name"], "count": entry["count"], "size_on_disk": shard_size})
+        shards.append({"name": entry.name, "count": entry.count, "size_on_disk": shard_size})
     info = _summary(reader.path, meta, size)
-    history = meta.get("history")
     info.update(
-        format_version=meta["index_version"],
-        pack_format_version=meta["pack_format_version"],
+        format_version=meta.index_version,
+        pack_format_version=meta.pack_format_version,
         num_shards=len(shards),
         shards=shards,
         skipped=skipped,
-        history=[item for item in history if isinstance(item, dict)] if isinstance(history, list) else [],
+        history=list(meta.history or []),  # None: absent, or not a list of objects
     )
     return info
 

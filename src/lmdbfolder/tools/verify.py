@@ -59,16 +59,15 @@ from lmdbfolder.format import (
     RESERVED_PREFIX,
     SKIPPED_KEY,
     STATS_KEY,
+    Manifest,
     PackTables,
     RecordHeader,
+    ShardEntry,
     check_table,
     decode_check,
     decode_key,
     decode_meta,
     decode_record,
-    informational,
-    invalid_fields,
-    label_map,
     shard_matches,
     tables_digest,
 )
@@ -196,7 +195,7 @@ def _verify_single(
     against: str | os.PathLike[str] | None,
     list_file: str | os.PathLike[str] | None,
     progress: bool | None,
-    entry: Any = None,
+    entry: ShardEntry | None = None,
 ) -> VerifyReport:
     """``verify`` of a single pack; with ``entry`` (a sharded pack's index entry), of the
     version of it the index names (see ``packfile.open_version``)."""
@@ -220,13 +219,13 @@ def _verify_single(
     return report
 
 
-def _open_entry(path: str, entry: Any) -> PageFile:
+def _open_entry(path: str, entry: ShardEntry) -> PageFile:
     """The version of the shard at ``path`` that its index ``entry`` names (formats 2 and 3:
     by pack id and manifest), else the current one (format 1; or a shard replaced since the
     index was written: the checks against the index then say what differs)."""
-    if entry.get("pack_id") is not None:
+    if entry.pack_id is not None:
         try:
-            return packfile.open_version(path, entry["pack_id"], True, manifest_sha256=entry.get("manifest_sha256"))
+            return packfile.open_version(path, entry.pack_id, True, manifest_sha256=entry.manifest_sha256)
         except PackChangedError:
             pass
     return packfile.open_data(path, True)
@@ -267,11 +266,11 @@ class _Checked:
         if blob is None:  # decode_meta refuses a missing manifest; this tells the type checker
             raise NotAPackError(path, "it has no manifest")
         self.meta_blob = blob
-        self.count: int = self.meta["count"]
-        self.version: int = self.meta["format_version"]
+        self.count: int = self.meta.count
+        self.version: int = self.meta.format_version
         self.tables = PackTables.of(self.meta, blob)
         self.binding = self.tables.binding
-        self.label_map = label_map(self.meta)
+        self.label_map = self.meta.label_map
         #: Format 3: the record key of every sample (None: key = index, or the table is unreadable).
         self.order: Any = None
         self.labels: Any = None
@@ -291,7 +290,7 @@ class _Checked:
         audit = self.tables.audit(packfile.PackSource(self.pf, self.path), self.meta_blob)
         report.problems += [Problem(exc.kind, exc.why) for exc in audit.problems]
         self.labels, self.path_list, self.order, self.skipped = audit.labels, audit.paths, audit.order, audit.skipped
-        for name in invalid_fields(self.meta):
+        for name in self.meta.invalid_fields:
             report.problems.append(Problem("manifest", f"the informational field {name!r} has the wrong type"))
         if _pack_resize(self.meta) == INVALID:
             report.problems.append(Problem("manifest", "the resize parameters (params) are invalid"))
@@ -304,7 +303,7 @@ class _Checked:
         sources: dict[str, tuple[str, int | None]] | None,
     ) -> None:
         count, paths, labels = self.count, self.path_list, self.labels
-        rules = _RecordRules(len(self.meta["classes"]), decode, self.binding, self.meta["store"], self.label_map)
+        rules = _RecordRules(len(self.meta.classes), decode, self.binding, self.meta.store, self.label_map)
         resize = _pack_resize(self.meta)
         if self.version >= 3 and self.order is None:
             return  # no record can be found without its key: the table problem is reported
@@ -430,7 +429,7 @@ def _source_files(
     if pack_files_only:
         in_pack_only = set(packed)
         expected = [p for p in expected if p in in_pack_only]
-    pack_classes = list(reader.meta["classes"])
+    pack_classes = list(reader.meta.classes)
     numbered = sources.layout == "list" and sources.classes == [str(i) for i in range(len(sources.classes))]
     if expected != packed:
         _compare_lists(report, sources, expected, packed, pack_classes, labels, numbered)
@@ -438,14 +437,12 @@ def _source_files(
 
 
 def _scan_source(
-    meta: dict[str, Any], report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None
+    meta: Manifest, report: VerifyReport, src: str, list_file: str | os.PathLike[str] | None
 ) -> tuple[Any, bool] | None:
     """The source scanned as the pack recorded it (layout, list file, filters), and whether
     only the pack's own files can be compared (files chosen by a callable or a regular
     expression, which are not run again); None (a problem said why) if the record is unusable."""
-    recorded = informational(meta, "source", {})
-    if not isinstance(recorded, dict):
-        recorded = {}
+    recorded = meta.source or {}  # None: absent, or not of its type
     layout = recorded.get("layout")
     if layout not in ("imagefolder", "flat", "list"):
         report.problems.append(
@@ -569,9 +566,9 @@ def _source_labels(
     return out
 
 
-def _pack_resize(meta: dict[str, Any]) -> Resize | str | None:
+def _pack_resize(meta: Manifest) -> Resize | str | None:
     """The pack-time resize recorded in the manifest, None, or ``INVALID`` for parameters that make no sense."""
-    params = informational(meta, "params", {})
+    params = meta.shown.params
     if params is INVALID:
         return INVALID
     try:
@@ -729,13 +726,13 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
     """
     start = time.perf_counter()
     root, index = packdir.load_index(path)
-    report = VerifyReport(root, index["count"], decoded=decode)
+    report = VerifyReport(root, index.count, decoded=decode)
     offset = 0
-    for k, entry in enumerate(index["shards"]):
-        name = entry["name"]
+    for k, entry in enumerate(index.shards):
+        name = entry.name
         shard_path = os.path.join(root, name)
         first = offset
-        offset += entry["count"]
+        offset += entry.count
         if not os.path.isdir(shard_path):
             report.problems.append(Problem("shard", f"shard {name} is missing"))
             continue
@@ -752,9 +749,9 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         for note in sub.notes:
             if note not in report.notes:
                 report.notes.append(note)
-        if sub.count != entry["count"]:
+        if sub.count != entry.count:
             report.problems.append(
-                Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry['count']}")
+                Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry.count}")
             )
         try:
             pf = _open_entry(shard_path, entry)
@@ -763,15 +760,15 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
                 if any(blob is None for blob in blobs):
                     raise NotAPackError(shard_path, "its manifest, label table or path table is missing")
                 digest = tables_digest(*blobs)  # type: ignore[arg-type]
-                same_manifest = "manifest_sha256" not in entry or shard_matches(entry, *blobs)  # type: ignore[arg-type]
+                same_manifest = entry.manifest_sha256 is None or shard_matches(entry, *blobs)  # type: ignore[arg-type]
                 meta = decode_meta(blobs[0], where=shard_path)
-                pack_id = meta.get("pack_id") if meta["format_version"] >= 2 else None
+                pack_id = meta.version_pack_id
             finally:
                 pf.close()
         except NotAPackError as exc:
             report.problems.append(Problem("shard", f"shard {name} cannot be opened: {exc.message}"))
             continue
-        if digest != entry["tables_sha256"]:
+        if digest != entry.tables_sha256:
             report.problems.append(
                 Problem("checksum", f"shard {name}: its tables do not match the index's tables_sha256")
             )
@@ -779,12 +776,16 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
             report.problems.append(
                 Problem("checksum", f"shard {name}: its manifest does not match the index's manifest_sha256")
             )
-        if "pack_id" in entry and entry["pack_id"] != pack_id:
+        if entry.pack_id is not None and entry.pack_id != pack_id:
             report.problems.append(Problem("shard", f"shard {name}: its pack_id differs from the index's"))
-        for key in ("classes", "class_to_idx", "store"):
-            if meta[key] != index[key]:
+        for key, theirs, ours in (
+            ("classes", meta.classes, index.classes),
+            ("class_to_idx", meta.class_to_idx, index.class_to_idx),
+            ("store", meta.store, index.store),
+        ):
+            if theirs != ours:
                 report.problems.append(Problem("shard", f"shard {name}: its {key} differ from the index's"))
-        misplaced = out_of_place(meta, k, len(index["shards"]))
+        misplaced = out_of_place(meta, k, len(index.shards))
         if misplaced:
             report.problems.append(Problem("shard", f"shard {name}: {misplaced}, the index lists it as shard {k}"))
         report.checked += sub.checked

@@ -33,6 +33,7 @@ except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder.encodings import decode_hint, encoding_of
+from lmdbfolder.format import Manifest
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.class_order import ordered_classes
 from lmdbfolder.read.opening import AnyReader, open_pack
@@ -753,11 +754,11 @@ def _source_root(given: str | os.PathLike[str] | None, recorded: str) -> str:
 
 
 def _extensions_shown(
-    extensions: str | tuple[str, ...] | None, is_valid_file: Callable[[str], bool] | None, meta: dict[str, Any]
+    extensions: str | tuple[str, ...] | None, is_valid_file: Callable[[str], bool] | None, meta: Manifest
 ) -> tuple[str, ...] | None:
     """``extensions`` as ImageFolder shows it: the ones given, None when a callable chose
     the files (here or when the pack was made), else those the pack was made with."""
-    source = meta.get("source") or {}
+    source = meta.source or {}
     if extensions is not None:
         return normalize_extensions(extensions)
     if is_valid_file is not None or source.get("is_valid_file"):

@@ -29,17 +29,15 @@ from PIL import Image
 from lmdbfolder._version import __version__
 from lmdbfolder.errors import PackError, SourceError
 from lmdbfolder.format import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
     MAX_MANIFEST_BYTES,
     PROGRESS_KEY,
     SYNC_PROBE,
     UNKNOWN_MTIME,
+    Manifest,
     NewTables,
     bind_record,
     encode_key,
     encode_labels,
-    encode_meta,
     encode_paths,
     encode_progress,
     new_pack_id,
@@ -358,10 +356,10 @@ class _Run:
             raise nothing_to_pack(self.sources.root, len(self.sources))
         # Straight from the compact sample list: no Python object per sample.
         manifest = self._manifest()
-        meta = encode_meta(manifest)
+        meta = manifest.to_json()
         check_manifest_size(meta, self.sources.root)
         event = history_entry(
-            "pack", manifest["created_at"], state.pack_id, kept, added=kept, skipped=len(state.skipped)
+            "pack", str(manifest.created_at), state.pack_id, kept, added=kept, skipped=len(state.skipped)
         )
         tables = NewTables(
             meta,
@@ -391,31 +389,24 @@ class _Run:
             mtimes = array.array("q", [UNKNOWN_MTIME]) * kept
         return sizes, mtimes
 
-    def _manifest(self) -> dict[str, Any]:
+    def _manifest(self) -> Manifest:
         sources, state = self.sources, self.state
-        manifest = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "count": state.next_index,
-            "classes": sources.classes,
-            "class_to_idx": sources.class_to_idx,
-            "store": self.options.store,
-            "encodings": self.encodings,
-            "payload_bytes": state.payload_bytes,
-            "checksum": "crc32",
-            "source": sources.describe(),
-            "fingerprint": state.fingerprint,
-            "pack_id": state.pack_id,
-            "skipped_count": len(state.skipped),
-            "created_by": f"lmdbfolder {__version__}",
-            "created_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "params": self.options.params(),
-        }
-        clash = sorted(set(self.manifest_extra) & set(manifest))
-        if clash:
-            raise ValueError(f"manifest_extra must not replace the manifest fields {clash}")
-        manifest.update(self.manifest_extra)
-        return manifest
+        return Manifest.new_pack(
+            count=state.next_index,
+            classes=sources.classes,
+            class_to_idx=sources.class_to_idx,
+            store=self.options.store,
+            pack_id=state.pack_id,
+            encodings=self.encodings,
+            payload_bytes=state.payload_bytes,
+            source=sources.describe(),
+            fingerprint=state.fingerprint,
+            skipped_count=len(state.skipped),
+            params=self.options.params(),
+            created_by=f"lmdbfolder {__version__}",
+            created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            extra=self.manifest_extra,
+        )
 
 
 def skipped_entries(

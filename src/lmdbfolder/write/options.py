@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from lmdbfolder.encodings import DEFAULT_RESIZE_FORMAT, RESIZE_FORMATS
 from lmdbfolder.errors import OptionError
+
+if TYPE_CHECKING:
+    from lmdbfolder.format import Manifest
 
 __all__ = [
     "PackOptions",
@@ -228,14 +231,12 @@ class PackOptions:
             out.update(self.resize.params())
         return out
 
-    def differences(self, meta: Mapping[str, Any]) -> str | None:
+    def differences(self, meta: Manifest) -> str | None:
         """How the finished pack with manifest ``meta`` differs from one made with these
         options (store, check, resize), or None when it does not."""
-        params = meta.get("params") or {}
-        if not isinstance(params, dict):
-            params = {}
-        if meta.get("store") != self.store or params.get("check") != self.check:
-            return f"it was packed with --store {meta.get('store')} and --check {params.get('check')}"
+        params = meta.params or {}
+        if meta.store != self.store or params.get("check") != self.check:
+            return f"it was packed with --store {meta.store} and --check {params.get('check')}"
         try:
             found = Resize.from_params(params)
         except (OptionError, TypeError, ValueError):

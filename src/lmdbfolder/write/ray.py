@@ -160,7 +160,7 @@ def execute_ray(planned: Plan) -> ShardedPackResult:
         if started:
             ray.shutdown()
     index = write_index(dst, prefix=sharding.prefix)
-    result = ShardedPackResult(dst, index["count"], results, time.perf_counter() - planned.start_time, opts.store)
+    result = ShardedPackResult(dst, index.count, results, time.perf_counter() - planned.start_time, opts.store)
     warn_skipped(result.skipped, "each shard's skipped.txt", stacklevel=4)
     return result
 

@@ -26,6 +26,7 @@ from lmdbfolder.format import (
     META_KEY,
     PROGRESS_KEY,
     SKIPPED_KEY,
+    Manifest,
     decode_meta,
     decode_progress,
     decode_skipped,
@@ -67,7 +68,7 @@ def pack_fingerprint(
 
 def _existing_pack(
     dst: str, fingerprint: dict[str, Any], options: PackOptions
-) -> tuple[dict[str, Any], list[tuple[str, str]]] | None:
+) -> tuple[Manifest, list[tuple[str, str]]] | None:
     """(manifest, skipped files) of the finished pack at ``dst`` if it is the one this
     run would write (nothing to do); the skipped files as ``(relative path, reason)``.
 
@@ -80,14 +81,14 @@ def _existing_pack(
     try:
         blob = packfile.read_manifest(dst)
         meta = decode_meta(blob, where=dst)
-        skipped_items = packfile.read_skipped(dst) if meta.get("fingerprint") == fingerprint else []
+        skipped_items = packfile.read_skipped(dst) if meta.fingerprint == fingerprint else []
     except NotAPackError:
         return None
-    old = meta.get("fingerprint")
+    old = meta.fingerprint
     if old != fingerprint:
         what = (
             describe_change(old, fingerprint)
-            if isinstance(old, dict)
+            if old is not None
             else "it records no fingerprint (an older lmdbfolder made it)"
         )
         raise OutputExistsError(
@@ -214,27 +215,27 @@ def _finished_partial(
     with env.begin() as txn:
         meta = decode_meta(txn.get(META_KEY), where=partial)
         skipped_blob = txn.get(SKIPPED_KEY)
-    if meta.get("fingerprint") != fingerprint:
+    if meta.fingerprint != fingerprint:
         env.close()
         raise OutputExistsError(
             partial,
             "holds a finished but unpublished pack of different sources or options: "
-            + describe_change(meta.get("fingerprint") or {}, fingerprint),
+            + describe_change(meta.fingerprint or {}, fingerprint),
             "pass --restart to start over",
         )
     # Same sources (the fingerprint matched): find the skipped ones' positions
     # without a dict of every path.
-    skipped = meta.get("skipped", []) if skipped_blob is None else decode_skipped(skipped_blob, where=partial)
+    skipped = meta.skipped_items if skipped_blob is None else decode_skipped(skipped_blob, where=partial)
     wanted = {item["path"] for item in skipped}
     position = {p: i for i, p in enumerate(relpaths) if p in wanted} if wanted else {}
     progress = {
         "next_source": len(relpaths),
-        "next_index": meta["count"],
+        "next_index": meta.count,
         "skipped": [[position[item["path"]], item.get("reason", "")] for item in skipped],
-        "encodings": meta.get("encodings", {}),
-        "payload_bytes": meta.get("payload_bytes", 0),
+        "encodings": meta.encodings or {},
+        "payload_bytes": meta.payload_bytes or 0,
         "grew": True,  # unknown: it may have (informational only)
         "finished": True,
-        "pack_id": meta.get("pack_id"),
+        "pack_id": meta.pack_id,
     }
     return _Partial(partial, env, fingerprint, progress)

@@ -51,12 +51,12 @@ from lmdbfolder.format import (
     SHARD_FIELD,
     SHARD_INDEX_FILE,
     SHARD_INDEX_TMP,
+    Manifest,
     ShardEntry,
     ShardIndex,
     ShardSplit,
     check_paths,
     decode_meta,
-    invalid_fields,
     parse_shard_name,
     shard_identity,
     shard_name,
@@ -387,13 +387,10 @@ def finished_sharded_pack(
     num = choose_num_shards(sources, shards=shards, shard_size=shard_size, store=options.store)
     if shard_index is not None and not 0 <= shard_index < num:
         return None  # plan_sharded_output says what is wrong
-    split = index.get("split") or {}
+    found_split = None if index.split is None else index.split.prefix
     why = None
-    if (split.get("prefix"), index.get("num_shards")) != (prefix, num):
-        why = (
-            f"it was packed as {index.get('num_shards')} shards named {split.get('prefix')}-*, "
-            f"this run packs {num} named {prefix}-*"
-        )
+    if (found_split, index.num_shards) != (prefix, num):
+        why = f"it was packed as {index.num_shards} shards named {found_split}-*, this run packs {num} named {prefix}-*"
     results: list[ShardResult] = []
     digest = sources_digest(sources)
     ranges = plan_split(len(sources), num)
@@ -408,21 +405,19 @@ def finished_sharded_pack(
         lo, hi = ranges[i]
         extra = {SHARD_FIELD: shard_field(sources, i, num, prefix=prefix, digest=digest)}
         expected = pack_fingerprint(shard_sources(sources, lo, hi), options, extra)
-        found = meta.get("fingerprint")
+        found = meta.fingerprint
         if found != expected:
-            why = f"{name}: " + (
-                describe_change(found, expected) if isinstance(found, dict) else "it records no fingerprint"
-            )
+            why = f"{name}: " + (describe_change(found, expected) if found is not None else "it records no fingerprint")
             break
-        skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in meta.get("skipped") or []]
+        skipped = [(str(item.get("path")), str(item.get("reason", ""))) for item in meta.skipped_items]
         results.append(
             ShardResult(
                 name,
                 i,
                 path,
-                int(meta["count"]),
+                meta.count,
                 hi - lo,
-                payload_bytes=int(meta.get("payload_bytes") or 0),
+                payload_bytes=meta.payload_bytes or 0,
                 skipped=skipped,
                 kept=True,
             )
@@ -433,14 +428,12 @@ def finished_sharded_pack(
             f"already holds a finished sharded pack of other sources or options: {why}",
             "pass --overwrite to replace it, or choose another output path",
         )
-    count = int(index["count"]) if shard_index is None else results[0].count
-    return ShardedPackResult(
-        dst, count, results, time.perf_counter() - start_time, str(index.get("store")), already_packed=True
-    )
+    count = index.count if shard_index is None else results[0].count
+    return ShardedPackResult(dst, count, results, time.perf_counter() - start_time, index.store, already_packed=True)
 
 
 # -- packing -----------------------------------------------------------------------
-def _finished_manifest(path: str) -> dict[str, Any] | None:
+def _finished_manifest(path: str) -> Manifest | None:
     """The manifest of the finished pack at ``path``, or None if it is not one."""
     try:
         return decode_meta(packfile.read_manifest(path), where=path)
@@ -455,12 +448,12 @@ def _same_shard(path: str, expected: dict[str, Any], options: PackOptions) -> tu
     meta = _finished_manifest(path)
     if meta is None:
         return False, "it is not a readable lmdbfolder pack", 0
-    if meta.get(SHARD_FIELD) != expected:
+    if meta.shard != expected:
         return False, "it was packed as part of another split", 0
     why = options.differences(meta)
     if why is not None:
         return False, why, 0
-    return True, "", int(meta["count"])
+    return True, "", meta.count
 
 
 def pack_shard(
@@ -641,7 +634,7 @@ def _pack_shards(planned: Plan) -> ShardedPackResult:
     if shard_index is not None:
         return ShardedPackResult(dst, results[0].count, results, seconds, opts.store)
     index = write_index(dst, prefix=prefix)
-    return ShardedPackResult(dst, index["count"], results, time.perf_counter() - planned.start_time, opts.store)
+    return ShardedPackResult(dst, index.count, results, time.perf_counter() - planned.start_time, opts.store)
 
 
 def _pack_one_shard(
@@ -697,9 +690,9 @@ def update_sharded(
             "run `lmdbfolder pack SRC DST --update` once (it reads only the files that changed)",
         )
     root, index = packdir.load_index(dst)
-    entries = index["shards"]
+    entries = index.shards
     num = len(entries)
-    found_prefix = parse_shard_name(entries[0]["name"])
+    found_prefix = parse_shard_name(entries[0].name)
     if shards is not None and shards != num:
         raise OptionError(
             f"{root} has {num} shards, not {shards}: an update keeps the split of the pack",
@@ -707,14 +700,14 @@ def update_sharded(
         )
     if found_prefix is not None and prefix not in (DEFAULT_PREFIX, found_prefix[0]):
         raise OptionError(f"{root} holds shards named {found_prefix[0]}-*, not {prefix}-*")
-    missing = [e["name"] for e in entries if not os.path.isdir(os.path.join(root, e["name"]))]
+    missing = [e.name for e in entries if not os.path.isdir(os.path.join(root, e.name))]
     if missing:  # as readers say it, before any shard is read
         raise packdir.missing_shards(root, missing, num)
     owner: dict[bytes, int] = {}
     for k, entry in enumerate(entries):
-        path = os.path.join(root, entry["name"])
-        for name in _shard_paths(path):
-            owner[name] = k
+        path = os.path.join(root, entry.name)
+        for relpath in _shard_paths(path):
+            owner[relpath] = k
     bounds = _split_bounds(sources, owner, num, root)
     digest = sources_digest(sources)
     shard_opts = options.replace(progress=False)
@@ -723,7 +716,7 @@ def update_sharded(
     with Progress(len(sources), f"update {num} shards", enabled=options.progress) as bar:
         for k, entry in enumerate(entries):
             lo, hi = bounds[k], bounds[k + 1]
-            name = entry["name"]
+            name = entry.name
             target = os.path.join(root, name)
             claim = {
                 "split": SPLIT_METHOD,
@@ -770,16 +763,16 @@ def update_sharded(
                     kept=result.changes is None,
                 )
             )
-    old_classes = list(index["classes"])
+    old_classes = list(index.classes)
     changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
     changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
     if all(_indexed(root, entry) for entry in entries):
         return ShardedPackResult(
-            root, int(index["count"]), results, time.perf_counter() - start_time, options.store, already_packed=True
+            root, index.count, results, time.perf_counter() - start_time, options.store, already_packed=True
         )
-    history = index.get("history")
-    if not isinstance(history, list):
-        history = [{"event": "pack", "at": index.get("created_at"), "count": index["count"], "added": index["count"]}]
+    history = index.history
+    if history is None:
+        history = [{"event": "pack", "at": index.created_at, "count": index.count, "added": index.count}]
     count = sum(r.count for r in results)
     entry_changes = {k: v for k, v in changes.as_dict().items() if k not in ("read", "unchanged")}
     event = {
@@ -791,14 +784,14 @@ def update_sharded(
     }
     written = write_index(root, prefix=found_prefix[0] if found_prefix else prefix, history=[*history, event])
     return ShardedPackResult(
-        root, written["count"], results, time.perf_counter() - start_time, options.store, changes=changes
+        root, written.count, results, time.perf_counter() - start_time, options.store, changes=changes
     )
 
 
 def _shard_paths(path: str) -> list[bytes]:
     """The source files of the shard at ``path`` (its samples and skipped files), as bytes."""
     meta_blob, _, paths_blob = packfile.read_tables(path)
-    count = int(decode_meta(meta_blob, where=path)["count"])
+    count = decode_meta(meta_blob, where=path).count
     offsets = struct.unpack_from(f"<{count + 1}Q", paths_blob)
     names = paths_blob[(count + 1) * 8 :]
     out = [names[a:b] for a, b in zip(offsets, offsets[1:])]
@@ -838,10 +831,10 @@ def _split_bounds(sources: SourceList, owner: Mapping[bytes, int], num: int, roo
     return bounds
 
 
-def _indexed(root: str, entry: Mapping[str, Any]) -> bool:
+def _indexed(root: str, entry: ShardEntry) -> bool:
     """Whether the shard ``entry`` of the index is the shard on disk, manifest and all."""
-    meta = packfile.read_manifest(os.path.join(root, entry["name"]))
-    return meta is not None and entry.get("manifest_sha256") == hashlib.sha256(meta).hexdigest()
+    meta = packfile.read_manifest(os.path.join(root, entry.name))
+    return meta is not None and entry.manifest_sha256 == hashlib.sha256(meta).hexdigest()
 
 
 # -- the index ---------------------------------------------------------------------
@@ -882,14 +875,13 @@ _SHARED_OPTIONS = {
 }
 
 
-def _option_difference(meta: Mapping[str, Any], first: Mapping[str, Any], first_name: str) -> str | None:
+def _option_difference(meta: Manifest, first: Manifest, first_name: str) -> str | None:
     """How the shard with manifest ``meta`` was packed differently from ``first_name``
     (manifest ``first``): the first option that differs, or None."""
 
-    def options(m: Mapping[str, Any]) -> dict[str, Any]:
-        params = m.get("params")
-        params = params if isinstance(params, dict) else {}
-        out = {"--store": m.get("store")}
+    def options(m: Manifest) -> dict[str, Any]:
+        params = m.params or {}
+        out: dict[str, Any] = {"--store": m.store}
         out.update({flag: params.get(key) for key, flag in _SHARED_OPTIONS.items()})
         if out["--max-size"] is not None and out["--format"] is None:
             out["--format"] = DEFAULT_RESIZE_FORMAT  # recorded only when not the default
@@ -911,9 +903,9 @@ def write_index(
     *,
     prefix: str | None = None,
     history: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> ShardIndex:
     """Check the finished shards in ``dst`` and write ``dst/index.json``; return the index
-    (its JSON object, ``format.ShardIndex.to_dict``).
+    (a ``format.ShardIndex``: typed, and a read-only mapping of its JSON object).
 
     Every shard of the split must be present and finished, and all must come
     from the same scan (same sample list and classes), be packed with the same
@@ -928,7 +920,7 @@ def write_index(
 
     Example:
         >>> index = write_index("train-sharded")  # doctest: +SKIP
-        >>> index["count"], len(index["shards"])  # doctest: +SKIP
+        >>> index.count, len(index.shards)  # doctest: +SKIP
         (1281167, 8)
     """
     dst = os.path.abspath(os.path.expanduser(os.fspath(dst)))
@@ -952,7 +944,7 @@ def write_index(
         _check_same_split(dst, found_prefix, total)
         history = _index_history(dst)
     entries: list[ShardEntry] = []
-    first: dict[str, Any] = {}
+    first: Manifest | None = None
     encodings: dict[str, int] = {}
     versions = set()
     next_source = 0
@@ -962,16 +954,16 @@ def write_index(
         path = os.path.join(dst, name)
         meta_blob, labels_blob, paths_blob = packfile.read_tables(path)
         meta = decode_meta(meta_blob, where=path)
-        count = int(meta["count"])
+        count = meta.count
         _check_table_counts(path, count, labels_blob, paths_blob)
         where = f"{name} in {dst}"
-        info = meta.get(SHARD_FIELD)
+        info = meta.as_stored(SHARD_FIELD)
         if info is None:
             raise NotAPackError(path, "it is a complete pack but was not packed as a shard (no `shard` field)")
         problem = _shard_field_problem(info)
-        wrong_type = [key for key in invalid_fields(meta) if key in _SUMMED_FIELDS]
+        wrong_type = [key for key in meta.invalid_fields if key in _SUMMED_FIELDS]
         if wrong_type and not problem:
-            fields = ", ".join(f"{key}={reprlib.repr(meta[key])}" for key in wrong_type)
+            fields = ", ".join(f"{key}={reprlib.repr(meta.as_stored(key))}" for key in wrong_type)
             problem = f"{fields} {'is not of its' if len(wrong_type) == 1 else 'are not of their'} FORMAT.md type"
         if problem:
             raise NotAPackError(
@@ -980,13 +972,14 @@ def write_index(
                 "it is damaged, or was not written by lmdbfolder: repack this shard "
                 "(`lmdbfolder pack ... --shard-index`), then run `lmdbfolder index` again",
             )
-        if not first:
+        if first is None:
             first = meta
+        first_info = first.as_stored(SHARD_FIELD)
         expected_info = {"prefix": found_prefix, "index": i, "num_shards": total, "split": SPLIT_METHOD}
         wrong = [k for k, v in expected_info.items() if info.get(k) != v]
         same_scan = (
-            info.get("total_sources") == first[SHARD_FIELD]["total_sources"]
-            and info.get("sources_sha256") == first[SHARD_FIELD]["sources_sha256"]
+            info.get("total_sources") == first_info["total_sources"]
+            and info.get("sources_sha256") == first_info["sources_sha256"]
         )
         if wrong or not same_scan or info.get("first_source") != next_source:
             raise NotAPackError(
@@ -995,8 +988,11 @@ def write_index(
                 "or with other shard options",
                 "repack it with `lmdbfolder pack ... --shard-index` from the same source and options",
             )
-        for key in ("classes", "class_to_idx"):
-            if meta[key] != first[key]:
+        for key, mine, theirs in (
+            ("classes", meta.classes, first.classes),
+            ("class_to_idx", meta.class_to_idx, first.class_to_idx),
+        ):
+            if mine != theirs:
                 raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
         differs = _option_difference(meta, first, done[0])
         if differs is not None:
@@ -1006,9 +1002,9 @@ def write_index(
                 f"repack it with `lmdbfolder pack ... --shards {total} --shard-index {i}` and the options of the "
                 "other shards, or repack the others with its options",
             )
-        for enc, n in (meta.get("encodings") or {}).items():
+        for enc, n in (meta.encodings or {}).items():
             encodings[enc] = encodings.get(enc, 0) + n
-        versions.add(int(meta["format_version"]))
+        versions.add(meta.format_version)
         identity = shard_identity(meta_blob, labels_blob, paths_blob)
         entries.append(
             ShardEntry(
@@ -1018,17 +1014,20 @@ def write_index(
                 first_index=first_index,
                 first_source=info["first_source"],
                 sources=info["sources"],
-                skipped=int(meta.get("skipped_count", len(meta.get("skipped") or []))),
-                payload_bytes=meta.get("payload_bytes"),
+                skipped=meta.skipped_count if meta.skipped_count is not None else len(meta.skipped_items),
+                payload_bytes=meta.payload_bytes,
                 data_bytes=os.path.getsize(os.path.join(path, DATA_FILE)),
                 manifest_sha256=identity["manifest_sha256"],
                 tables_bytes=tuple(identity["tables_bytes"]),
-                pack_id=meta["pack_id"] if meta["format_version"] >= 2 else None,
+                pack_id=meta.version_pack_id,
             )
         )
         next_source += info["sources"]
         first_index += count
-    split_sources = first[SHARD_FIELD]["total_sources"]
+    if first is None:  # _find_split found a split of at least one shard, all of them done
+        raise NotAPackError(dst, "it holds no shard")
+    first_info = first.as_stored(SHARD_FIELD)
+    split_sources = first_info["total_sources"]
     if next_source != split_sources:
         raise NotAPackError(
             dst,
@@ -1041,23 +1040,23 @@ def write_index(
         # names the newest, which a reader must understand.
         pack_format_version=max(versions),
         count=first_index,
-        classes=first["classes"],
-        class_to_idx=first["class_to_idx"],
-        store=first["store"],
+        classes=first.classes,
+        class_to_idx=first.class_to_idx,
+        store=first.store,
         shards=entries,
         num_shards=total,
-        split=ShardSplit(SPLIT_METHOD, found_prefix, total, next_source, first[SHARD_FIELD]["sources_sha256"]),
+        split=ShardSplit(SPLIT_METHOD, found_prefix, total, next_source, first_info["sources_sha256"]),
         encodings=dict(sorted(encodings.items())),
         payload_bytes=sum(e.payload_bytes or 0 for e in entries),
         skipped=sum(e.skipped or 0 for e in entries),
         checksum="sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
-        source=first.get("source"),
+        source=first.source,
         created_by=f"lmdbfolder {__version__}",
         created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         history=history or None,
     )
     packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
-    return index.to_dict()
+    return index
 
 
 #: Bytes a sample takes in the label table (an int32, FORMAT.md).
@@ -1117,7 +1116,7 @@ def _check_same_split(dst: str, prefix: str, total: int) -> None:
         _, old = packdir.load_index(dst)
     except NotAPackError:
         return  # none, or unreadable: nothing of value to keep
-    named = parse_shard_name(old["shards"][0]["name"])
+    named = parse_shard_name(old.shards[0].name)
     if named is None or named[0] == prefix and named[2] == total:
         return
     old_split = shard_name(named[0], 0, named[2]).replace("-00000-", "-*-")
@@ -1137,5 +1136,4 @@ def _index_history(dst: str) -> list[dict[str, Any]] | None:
         _, old = packdir.load_index(dst)
     except NotAPackError:
         return None
-    history = old.get("history")
-    return history if isinstance(history, list) else None
+    return old.history

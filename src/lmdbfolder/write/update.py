@@ -60,14 +60,13 @@ from lmdbfolder.format import (
     SKIPPED_REPORT,
     UNKNOWN_MTIME,
     UPDATE_SUFFIX,
-    UPDATED_FORMAT_VERSION,
+    Manifest,
     NewTables,
     PackTables,
     bind_record,
     decode_record,
     encode_check,
     encode_key,
-    encode_meta,
     encode_record,
     new_pack_id,
 )
@@ -157,7 +156,7 @@ class _OldPack:
 
     path: str
     pf: PageFile
-    meta: dict[str, Any]
+    meta: Manifest
     labels: np.ndarray  # int32, per sample
     path_index: dict[bytes, int]  # path (file system bytes) -> sample index
     stats: np.ndarray | None  # per sample: size, mtime_ns (None: not recorded)
@@ -200,8 +199,8 @@ class _OldPack:
             pf.close()
             raise
         if not history:  # a pack made before histories were kept
-            history = [history_entry("pack", str(meta.get("created_at", "")), str(meta["pack_id"]), count, added=count)]
-        names_in_records = meta.get("record_classes") if tables.version >= 3 else None
+            history = [history_entry("pack", meta.created_at or "", str(meta.pack_id), count, added=count)]
+        names_in_records = meta.record_classes if tables.version >= 3 else None
         return cls(
             path=path,
             pf=pf,
@@ -213,8 +212,8 @@ class _OldPack:
             skipped=skipped,
             history=history,
             binding=tables.binding,
-            record_classes=list(names_in_records if names_in_records is not None else meta["classes"]),
-            next_record=int(meta.get("next_record", count)) if tables.version >= 3 else count,
+            record_classes=list(names_in_records if names_in_records is not None else meta.classes),
+            next_record=meta.next_record if meta.next_record is not None and tables.version >= 3 else count,
             check=dict(tables.check or {}),
         )
 
@@ -280,8 +279,8 @@ def check_options(old: _OldPack, options: PackOptions) -> PackOptions:
     """
     effective = options
     if options.check == CONTENT_CHECK:
-        params = old.meta.get("params")
-        recorded = params.get("check") if isinstance(params, dict) else None
+        params = old.meta.params
+        recorded = params.get("check") if params is not None else None
         effective = options.replace(check=recorded if recorded in CHECKS else "header")
     why = effective.differences(old.meta)
     if why is not None:
@@ -314,7 +313,7 @@ class _Plan:
         order) and skipped files: no file to read, nothing to relabel, nothing gone."""
         keep = self.action == _KEEP
         again = int(np.count_nonzero(self.action == _SKIP_AGAIN))
-        if self.todo or again != len(old.skipped) or sources.classes != old.meta["classes"]:
+        if self.todo or again != len(old.skipped) or sources.classes != old.meta.classes:
             return False
         kept = self.old_index[keep]
         return len(kept) == old.count and bool(np.array_equal(kept, np.arange(old.count)))
@@ -366,7 +365,7 @@ def _plan(old: _OldPack, sources: SourceList, compare_content: bool) -> _Plan:
     # Label -1 indexes the last entry of each map: "no label".
     header_labels = np.array([rc_index[c] for c in sources.classes] + [NO_LABEL], dtype=np.int32)[labels]
     new_label_of_old = np.array(
-        [sources.class_to_idx.get(c, -2) for c in old.meta["classes"]] + [NO_LABEL], dtype=np.int64
+        [sources.class_to_idx.get(c, -2) for c in old.meta.classes] + [NO_LABEL], dtype=np.int64
     )
     present = old_index >= 0
     oi = old_index[present]
@@ -458,7 +457,7 @@ def _stage(
     """Read the files of ``plan.todo`` into ``staging`` (resuming what is there).
     Returns (bytes read by this run, files done before it)."""
     fingerprint = {
-        "update_of": str(old.meta["pack_id"]),
+        "update_of": str(old.meta.pack_id),
         "todo": len(plan.todo),
         "todo_sha256": plan.todo_digest(sources),
         "root": sources.root,
@@ -517,7 +516,7 @@ def _stage(
 # -- the transaction ----------------------------------------------------------------
 @dataclass
 class _Result:
-    meta: dict[str, Any]
+    meta: Manifest
     changes: Changes
     skipped: list[tuple[str, str]]
 
@@ -572,8 +571,8 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
     headers of the pack's records that go; no payload. Kept files are numpy
     expressions; only the files that changed take a Python loop."""
     out = _Assembly(
-        encodings=dict(old.meta.get("encodings") or {}),
-        payload_bytes=int(old.meta.get("payload_bytes") or 0),
+        encodings=dict(old.meta.encodings or {}),
+        payload_bytes=old.meta.payload_bytes or 0,
         next_key=old.next_record,
     )
     work = _kept(out, old, sources, plan)
@@ -589,7 +588,7 @@ def _assemble(old: _OldPack, sources: SourceList, plan: _Plan, staged: PageFile 
     in_source[old_index[old_index >= 0]] = True
     now_skipped = sum(1 for s, _ in out.skipped if old_index[s] >= 0)  # were samples, are skipped now
     changes.removed = int(np.count_nonzero(~in_source)) + now_skipped
-    old_classes = list(old.meta["classes"])
+    old_classes = list(old.meta.classes)
     changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
     changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
     return out
@@ -689,33 +688,27 @@ def _new_tables(
     options: PackOptions,
     fingerprint: dict[str, Any],
     manifest_extra: Mapping[str, Any],
-) -> tuple[dict[str, Any], dict[bytes, Any]]:
+) -> tuple[Manifest, dict[bytes, Any]]:
     """The manifest (format 3, a new ``pack_id``) and every table of the new version."""
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     pack_id = new_pack_id()
     changes = new.changes
-    meta = {k: v for k, v in old.meta.items() if k not in ("skipped", "record_classes")}  # skipped: format 1
-    meta.update(
-        {
-            "format_version": UPDATED_FORMAT_VERSION,
-            "count": len(new.keys),
-            "classes": sources.classes,
-            "class_to_idx": sources.class_to_idx,
-            "pack_id": pack_id,
-            "binding_id": old.binding.hex(),
-            "next_record": new.next_key,
-            "encodings": dict(sorted(new.encodings.items())),
-            "payload_bytes": new.payload_bytes,
-            "skipped_count": len(new.skipped),
-            "source": sources.describe(),
-            "fingerprint": fingerprint,
-            "params": options.params(),
-            "updated_at": now,
-            **manifest_extra,
-        }
+    meta = old.meta.updated(
+        count=len(new.keys),
+        classes=sources.classes,
+        class_to_idx=sources.class_to_idx,
+        pack_id=pack_id,
+        next_record=new.next_key,
+        record_classes=plan.record_classes if plan.record_classes != list(sources.classes) else None,
+        encodings=dict(sorted(new.encodings.items())),
+        payload_bytes=new.payload_bytes,
+        skipped_count=len(new.skipped),
+        source=sources.describe(),
+        fingerprint=fingerprint,
+        params=options.params(),
+        updated_at=now,
+        extra=manifest_extra,
     )
-    if plan.record_classes != list(sources.classes):
-        meta["record_classes"] = plan.record_classes
     event = history_entry(
         "update",
         now,
@@ -725,7 +718,7 @@ def _new_tables(
         skipped=len(new.skipped),
     )
     skipped_set = {s for s, _ in new.skipped}
-    blob = encode_meta(meta)
+    blob = meta.to_json()
     check_manifest_size(blob, sources.root)
     tables = NewTables(
         blob,
@@ -850,7 +843,7 @@ def _commit(
         os.remove(lock)  # readers never use it
 
 
-def _recorded_manifest(dst: str | os.PathLike[str]) -> tuple[str, dict[str, Any]] | None:
+def _recorded_manifest(dst: str | os.PathLike[str]) -> tuple[str, Manifest] | None:
     """(path of the pack, manifest) of the pack at ``dst`` (a sharded pack: its first
     shard's manifest, whose options and source record are every shard's), or None when
     ``dst`` holds no readable pack."""
@@ -860,7 +853,7 @@ def _recorded_manifest(dst: str | os.PathLike[str]) -> tuple[str, dict[str, Any]
     try:
         if found.kind is packdir.Kind.SHARDED:
             root, index = packdir.load_index(found.path)
-            path = os.path.join(root, index["shards"][0]["name"])
+            path = os.path.join(root, index.shards[0].name)
         elif found.kind is packdir.Kind.PACK:
             path = found.path
         else:
@@ -881,10 +874,10 @@ def recorded_options(dst: str | os.PathLike[str]) -> PackOptions | None:
         return None
     meta = found[1]
     try:
-        params: dict[str, Any] = meta["params"] if isinstance(meta.get("params"), dict) else {}
+        params: dict[str, Any] = meta.params or {}
         check = params.get("check")
         return PackOptions(
-            store=str(meta["store"]),
+            store=meta.store,
             check=check if check in ("none", "header", "decode") else "header",
             resize=Resize.from_params(params),
         )
@@ -901,7 +894,7 @@ def update_spec(spec: SourceSpec, dst: str | os.PathLike[str]) -> SourceSpec:
     if found is None:
         return spec
     path, meta = found
-    return spec.for_update(meta.get("source"), path)
+    return spec.for_update(meta.source, path)
 
 
 # -- the entry point ------------------------------------------------------------------
@@ -919,7 +912,7 @@ class Updated:
     changed, nothing was read), the bytes read, the files staged before this run
     (an interrupted update resumed), and the skipped source files."""
 
-    meta: dict[str, Any]
+    meta: Manifest
     changes: Changes | None
     read_bytes: int
     resumed_from: int
@@ -943,11 +936,11 @@ def update(
         effective = check_options(old, options)
         # Other filters select other files: added (or dropped) silently, they would mix
         # another dataset into this one (``update_spec`` fills in the pack's own).
-        check_update_filters(old.meta.get("source"), sources, dst)
+        check_update_filters(old.meta.source, sources, dst)
         fingerprint = resume.pack_fingerprint(sources, effective, manifest_extra)
         plan = _plan(old, sources, options.check == CONTENT_CHECK or old.stats is None)
         if plan.same_samples(old, sources):
-            if old.meta.get("fingerprint") != fingerprint or _extra_changed(old.meta, manifest_extra):
+            if old.meta.fingerprint != fingerprint or old.meta.differs_from(manifest_extra):
                 # The same samples from a source described otherwise (moved, or a
                 # shard whose place in its split moved): the manifest only.
                 meta = _rewrite_manifest(old, sources, effective, fingerprint, dict(manifest_extra or {}))
@@ -977,13 +970,13 @@ def _rewrite_manifest(
     options: PackOptions,
     fingerprint: dict[str, Any],
     manifest_extra: Mapping[str, Any],
-) -> dict[str, Any]:
+) -> Manifest:
     """Put a manifest with this source's description into the pack, in one transaction;
     the samples, their tables and the pack id stay as they are."""
-    meta = dict(old.meta)
-    meta.update({"source": sources.describe(), "fingerprint": fingerprint, "params": options.params()})
-    meta.update(manifest_extra)
-    tables: dict[bytes, Any] = {META_KEY: encode_meta(meta)}
+    meta = old.meta.described(
+        source=sources.describe(), fingerprint=fingerprint, params=options.params(), extra=manifest_extra
+    )
+    tables: dict[bytes, Any] = {META_KEY: meta.to_json()}
     check_manifest_size(tables[META_KEY], sources.root)
     covered = {key: old.value_of(key) for key in old.check if key != META_KEY}
     tables[CHECK_KEY] = encode_check({**covered, META_KEY: tables[META_KEY]})
@@ -991,16 +984,12 @@ def _rewrite_manifest(
     return meta
 
 
-def _extra_changed(meta: Mapping[str, Any], extra: Mapping[str, Any] | None) -> bool:
-    return any(meta.get(k) != v for k, v in (extra or {}).items())
-
-
 def _finish_up(dst: str, staging: str, old: _OldPack) -> None:
     """An update that finds nothing to do: remove a staging folder an interrupted one
     left (its transaction had committed), and write ``skipped.txt`` again."""
     items = [(str(item.get("path")), str(item.get("reason", ""))) for item in old.skipped.values()]
-    source = old.meta.get("source")
-    root = str(source.get("root")) if isinstance(source, dict) else ""
+    source = old.meta.source
+    root = str(source.get("root")) if source is not None else ""
     _write_report(dst, staging, root, items)
     if os.path.lexists(staging):
         packdir.remove(staging)

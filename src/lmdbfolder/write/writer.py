@@ -257,12 +257,12 @@ def _update(job: Job, start_time: float) -> PackResult:
     meta = done.meta
     return PackResult(
         job.dst,
-        int(meta["count"]),
+        meta.count,
         done.read_bytes,
-        int(meta.get("payload_bytes") or 0),
+        meta.payload_bytes or 0,
         time.perf_counter() - start_time,
-        str(meta["store"]),
-        dict(meta.get("encodings") or {}),
+        meta.store,
+        dict(meta.encodings or {}),
         done.skipped,
         resumed_from=done.resumed_from,
         compacted=done.compacted,
@@ -291,12 +291,12 @@ def _write(job: Job) -> PackResult:
         meta, skipped = existing
         return PackResult(
             dst,
-            int(meta["count"]),
+            meta.count,
             0,
-            int(meta.get("payload_bytes") or 0),
+            meta.payload_bytes or 0,
             time.perf_counter() - start_time,
-            str(meta["store"]),
-            dict(meta.get("encodings") or {}),
+            meta.store,
+            dict(meta.encodings or {}),
             skipped,
             already_packed=True,
         )

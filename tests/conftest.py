@@ -58,14 +58,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Ray tests last: once a Ray cluster runs in this process (gRPC threads), no
-    # other test should fork DataLoader workers from it.
-    items.sort(key=lambda item: "ray" in item.keywords)
+    # other test should fork DataLoader workers from it. Before them, the tests that
+    # start the session's S3 servers (threads of this process until it ends): the
+    # writer uses worker processes only beside no other thread (processes_available).
+    items.sort(key=lambda item: ("ray" in item.keywords, _uses_s3(item)))
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --run-slow (make test-all)")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+_S3_FIXTURES = {"s3", "s3_server", "moto_server", "seaweedfs_server", "proxy"}
+
+
+def _uses_s3(item: pytest.Item) -> bool:
+    return "s3" in item.keywords or bool(_S3_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
 def _noise(rng: np.random.Generator, w: int, h: int, channels: int) -> np.ndarray:

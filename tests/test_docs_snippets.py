@@ -212,6 +212,8 @@ def _params() -> list[object]:
     for page, n, code in SNIPPETS:
         runner = runner_of(code)
         marks = [pytest.mark.ray] if runner is not None and runner.ray else []
+        if runner is not None and runner.s3:
+            marks.append(pytest.mark.s3)  # its S3 server's threads stay: run after the forking tests
         out.append(pytest.param(page, code, id=f"{page}-{n + 1}", marks=marks))
     return out
 

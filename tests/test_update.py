@@ -738,3 +738,27 @@ shards.pack_sharded({str(src)!r}, {str(dst)!r}, update=True, progress=False)
     assert report.ok, report.problems
     pack_sharded(src, dst, update=True, progress=False)
     assert_imagefolder(src, dst)
+
+
+def test_a_sharded_update_refuses_a_forged_shard_before_changing_any(tmp_path: Path) -> None:
+    """Issue 34, 1, on the sharded pack: the forged tables of its last shard are refused
+    before the update writes a byte of any shard (it once updated the shards before it)."""
+    src = tree(tmp_path / "src", classes=("cat", "dog"))
+    dst = tmp_path / "sh"
+    pack_sharded(src, dst, shards=2, progress=False)
+    new_image(src / "cat" / "img00.jpg", 200, w=25)  # one file of each shard rewritten:
+    new_image(src / "dog" / "img05.jpg", 201, w=26)  # both shards become format 3
+    pack_sharded(src, dst, shards=2, update=True, progress=False)
+    shard_dirs = sorted(p for p in dst.iterdir() if p.is_dir())
+    for shard in shard_dirs:
+        with Reader(shard) as r:
+            assert r.meta.format_version == 3
+    forge_meta(shard_dirs[1], next_record=0)  # valid checksums: only the rules can tell
+    before = [(p / "data.mdb").read_bytes() for p in shard_dirs]
+    index_before = (dst / "index.json").read_bytes()
+    new_image(src / "cat" / "img01.jpg", 202, w=27)  # changes for the first shard too
+    new_image(src / "dog" / "img04.jpg", 203, w=28)
+    with pytest.raises(NotAPackError, match="not below next_record=0"):
+        pack_sharded(src, dst, shards=2, update=True, progress=False)
+    assert [(p / "data.mdb").read_bytes() for p in shard_dirs] == before
+    assert (dst / "index.json").read_bytes() == index_before

@@ -92,6 +92,8 @@ ENCODINGS: dict[int, str] = {
     255: "other",
 }
 ENCODING_IDS: dict[str, int] = {name: i for i, name in ENCODINGS.items()}
+#: The id of raw pixels, whose payload the format itself checks (width x height x 3 bytes).
+RAW_ENCODING_ID = 0
 
 #: Label of a sample that has none (flat folders).
 NO_LABEL = -1

@@ -16,6 +16,7 @@ from lmdbfolder.format.layout import (
     KEY,
     MAX_INDEX,
     PACK_ID_BYTES,
+    RAW_ENCODING_ID,
     RECORD_HEADER,
     RECORD_MAGIC,
     RECORD_VERSION,
@@ -230,7 +231,7 @@ def decode_record(
     payload = view[RECORD_HEADER.size :]
     if len(payload) != length:
         raise CorruptRecordError(index, f"payload is {len(payload)} bytes but the header says {length}")
-    if encoding == "raw" and (channels != 3 or width * height * 3 != length):
+    if enc_id == RAW_ENCODING_ID and (channels != 3 or width * height * 3 != length):
         raise CorruptRecordError(
             index, f"raw pixels: the header says {width}x{height}x{channels}, the payload holds {length:,} bytes"
         )

@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from PIL import Image
 
-from lmdbfolder.encodings import sniff
+from lmdbfolder.encodings import encoding_of, sniff
 from lmdbfolder.errors import OptionError, SourceError
 from lmdbfolder.format import NO_LABEL, SKIPPED_REPORT
 from lmdbfolder.write.options import PackOptions, pack_options
@@ -57,7 +57,6 @@ __all__ = ["pack_dataset", "KINDS"]
 #: The kinds of dataset ``pack_dataset`` takes, in the order they are tried.
 KINDS = ("huggingface", "samples", "items")
 #: File extension of each stored encoding, for samples without a usable path.
-_EXTENSIONS = {"jpeg": "jpg", "png": "png", "webp": "webp", "bmp": "bmp", "tiff": "tiff", "gif": "gif", "pnm": "ppm"}
 #: Rows read at a time when the labels and paths of a Hugging Face dataset are listed.
 _BATCH = 1000
 
@@ -89,8 +88,8 @@ def _safe_relpath(path: Any) -> str | None:
 
 def _numbered(index: int, head: bytes | memoryview | None) -> str:
     """``<index>.<ext>``: the name of a sample without a usable path (the extension of its encoding)."""
-    encoding = sniff(head).encoding if head else "other"
-    ext = _EXTENSIONS.get(encoding, "bin")
+    info = sniff(head) if head else None
+    ext = (encoding_of(info.encoding).extension or info.encoding) if info is not None and info.recognised else "bin"
     return f"{index:08d}.{ext}"
 
 

@@ -38,7 +38,7 @@ import shutil
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from lmdbfolder import packdir, packfile
 from lmdbfolder._version import __version__
@@ -70,7 +70,7 @@ from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.planner import DEFAULT_PREFIX, Kind, Plan, request_from_settings
 from lmdbfolder.write.resume import describe_change, pack_fingerprint
 from lmdbfolder.write.sources import SourceList
-from lmdbfolder.write.update import Changes
+from lmdbfolder.write.update import Changes, check_updatable
 from lmdbfolder.write.writer import pack_sources, per_second, warn_skipped
 
 __all__ = [
@@ -691,6 +691,33 @@ def update_sharded(
         )
     root, index = packdir.load_index(dst)
     entries = index.shards
+    prefix = _kept_prefix(root, entries, shards, prefix)
+    for entry in entries:
+        # Every shard against every rule an update checks, before any is changed: a forged
+        # table in the last shard must not leave the first ones updated.
+        check_updatable(os.path.join(root, entry.name))
+    owner: dict[bytes, int] = {}
+    for k, entry in enumerate(entries):
+        for relpath in _shard_paths(os.path.join(root, entry.name)):
+            owner[relpath] = k
+    bounds = _split_bounds(sources, owner, len(entries), root)
+    results, changes = _update_shards(sources, root, entries, bounds, prefix, options)
+    old_classes = list(index.classes)
+    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
+    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
+    if all(_indexed(root, entry) for entry in entries):
+        return ShardedPackResult(
+            root, index.count, results, time.perf_counter() - start_time, options.store, already_packed=True
+        )
+    written = write_index(root, prefix=prefix, history=[*_history_of(index), _update_event(results, changes)])
+    return ShardedPackResult(
+        root, written.count, results, time.perf_counter() - start_time, options.store, changes=changes
+    )
+
+
+def _kept_prefix(root: str, entries: Sequence[ShardEntry], shards: int | None, prefix: str) -> str:
+    """The prefix of the pack's shards, after checking that the update keeps its split
+    (``shards``, ``prefix``: what the command asked for) and that every shard is there."""
     num = len(entries)
     found_prefix = parse_shard_name(entries[0].name)
     if shards is not None and shards != num:
@@ -703,12 +730,20 @@ def update_sharded(
     missing = [e.name for e in entries if not os.path.isdir(os.path.join(root, e.name))]
     if missing:  # as readers say it, before any shard is read
         raise packdir.missing_shards(root, missing, num)
-    owner: dict[bytes, int] = {}
-    for k, entry in enumerate(entries):
-        path = os.path.join(root, entry.name)
-        for relpath in _shard_paths(path):
-            owner[relpath] = k
-    bounds = _split_bounds(sources, owner, num, root)
+    return found_prefix[0] if found_prefix else prefix
+
+
+def _update_shards(
+    sources: SourceList,
+    root: str,
+    entries: Sequence[ShardEntry],
+    bounds: list[int],
+    prefix: str,
+    options: PackOptions,
+) -> tuple[list[ShardResult], Changes]:
+    """Each shard updated in place with its part ``bounds[k]:bounds[k + 1]`` of ``sources``;
+    the results and the changes summed over the shards."""
+    num = len(entries)
     digest = sources_digest(sources)
     shard_opts = options.replace(progress=False)
     results: list[ShardResult] = []
@@ -716,11 +751,10 @@ def update_sharded(
     with Progress(len(sources), f"update {num} shards", enabled=options.progress) as bar:
         for k, entry in enumerate(entries):
             lo, hi = bounds[k], bounds[k + 1]
-            name = entry.name
-            target = os.path.join(root, name)
+            target = os.path.join(root, entry.name)
             claim = {
                 "split": SPLIT_METHOD,
-                "prefix": found_prefix[0] if found_prefix else prefix,
+                "prefix": prefix,
                 "index": k,
                 "num_shards": num,
                 "first_source": lo,
@@ -742,15 +776,14 @@ def update_sharded(
                 on_progress=report,
             )
             bar.update(hi - lo - reported[0])
-            for path, reason in result.skipped:
-                if result.changes is not None:
-                    bar.write(skipped_line(path, reason))
             if result.changes is not None:
+                for path, reason in result.skipped:
+                    bar.write(skipped_line(path, reason))
                 for key in ("added", "removed", "changed", "relabelled", "read", "unchanged"):
                     setattr(changes, key, getattr(changes, key) + getattr(result.changes, key))
             results.append(
                 ShardResult(
-                    name,
+                    entry.name,
                     k,
                     target,
                     result.count,
@@ -763,29 +796,26 @@ def update_sharded(
                     kept=result.changes is None,
                 )
             )
-    old_classes = list(index.classes)
-    changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
-    changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
-    if all(_indexed(root, entry) for entry in entries):
-        return ShardedPackResult(
-            root, index.count, results, time.perf_counter() - start_time, options.store, already_packed=True
-        )
-    history = index.history
-    if history is None:
-        history = [{"event": "pack", "at": index.created_at, "count": index.count, "added": index.count}]
-    count = sum(r.count for r in results)
+    return results, changes
+
+
+def _history_of(index: ShardIndex) -> list[dict[str, Any]]:
+    """The sharded pack's history (one made up of its creation when it kept none)."""
+    if index.history is not None:
+        return list(index.history)
+    return [{"event": "pack", "at": index.created_at, "count": index.count, "added": index.count}]
+
+
+def _update_event(results: list[ShardResult], changes: Changes) -> dict[str, Any]:
+    """The history entry of a sharded update: when, the count, what changed, which shards."""
     entry_changes = {k: v for k, v in changes.as_dict().items() if k not in ("read", "unchanged")}
-    event = {
+    return {
         "event": "update",
         "at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "count": count,
+        "count": sum(r.count for r in results),
         **entry_changes,
         "shards_updated": [r.name for r in results if not r.kept],
     }
-    written = write_index(root, prefix=found_prefix[0] if found_prefix else prefix, history=[*history, event])
-    return ShardedPackResult(
-        root, written.count, results, time.perf_counter() - start_time, options.store, changes=changes
-    )
 
 
 def _shard_paths(path: str) -> list[bytes]:
@@ -927,36 +957,84 @@ def write_index(
     if not os.path.isdir(dst):
         raise NotAPackError(dst, "no such directory")
     found_prefix, total, done, unfinished = _find_split(dst, prefix)
-    missing = [i for i in range(total) if i not in done]
-    if missing:
-        described = [
-            shard_name(found_prefix, i, total) + (" (unfinished)" if i in unfinished else "") for i in missing[:10]
-        ]
-        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-        raise NotAPackError(
-            dst,
-            f"{len(missing)} of {total} shards {'is' if len(missing) == 1 else 'are'} missing: "
-            f"{', '.join(described)}{more}",
-            f"pack them (`lmdbfolder pack SRC {dst} --shards {total} --shard-index I`), "
-            "then run `lmdbfolder index` again",
-        )
+    _require_every_shard(dst, found_prefix, total, done, unfinished)
     if history is None:
         _check_same_split(dst, found_prefix, total)
         history = _index_history(dst)
-    entries: list[ShardEntry] = []
-    first: Manifest | None = None
-    encodings: dict[str, int] = {}
-    versions = set()
-    next_source = 0
-    first_index = 0
+    tiling = _Tiling(dst, found_prefix, total, done[0])
     for i in range(total):
-        name = done[i]
-        path = os.path.join(dst, name)
+        tiling.add(i, done[i])
+    index = tiling.index(history)
+    packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
+    return index
+
+
+def _require_every_shard(dst: str, prefix: str, total: int, done: dict[int, str], unfinished: set[int]) -> None:
+    """NotAPackError naming the shards of the split that are missing or unfinished, if any."""
+    missing = [i for i in range(total) if i not in done]
+    if not missing:
+        return
+    described = [shard_name(prefix, i, total) + (" (unfinished)" if i in unfinished else "") for i in missing[:10]]
+    more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+    raise NotAPackError(
+        dst,
+        f"{len(missing)} of {total} shards {'is' if len(missing) == 1 else 'are'} missing: "
+        f"{', '.join(described)}{more}",
+        f"pack them (`lmdbfolder pack SRC {dst} --shards {total} --shard-index I`), then run `lmdbfolder index` again",
+    )
+
+
+@dataclass
+class _Tiling:
+    """The shards of one split, checked in order as they tile it (``add``), and the
+    index they make (``index``): each shard's manifest, tables and place in the split
+    against the first shard's and against where the one before ended."""
+
+    dst: str
+    prefix: str
+    total: int
+    first_name: str
+    first: Manifest | None = None
+    next_source: int = 0
+    first_index: int = 0
+    entries: list[ShardEntry] = field(default_factory=list)
+    encodings: dict[str, int] = field(default_factory=dict)
+    versions: set[int] = field(default_factory=set)
+
+    def add(self, i: int, name: str) -> None:
+        """Shard ``i`` (the folder ``name``), checked and entered."""
+        path = os.path.join(self.dst, name)
         meta_blob, labels_blob, paths_blob = packfile.read_tables(path)
         meta = decode_meta(meta_blob, where=path)
-        count = meta.count
-        _check_table_counts(path, count, labels_blob, paths_blob)
-        where = f"{name} in {dst}"
+        _check_table_counts(path, meta.count, labels_blob, paths_blob)
+        info = self._place(path, meta)
+        first = self.first = meta if self.first is None else self.first
+        self._check_belongs(path, f"{name} in {self.dst}", i, meta, info, first)
+        for enc, n in (meta.encodings or {}).items():
+            self.encodings[enc] = self.encodings.get(enc, 0) + n
+        self.versions.add(meta.format_version)
+        identity = shard_identity(meta_blob, labels_blob, paths_blob)
+        self.entries.append(
+            ShardEntry(
+                name=name,
+                count=meta.count,
+                tables_sha256=tables_digest(meta_blob, labels_blob, paths_blob),
+                first_index=self.first_index,
+                first_source=info["first_source"],
+                sources=info["sources"],
+                skipped=meta.skipped_count if meta.skipped_count is not None else len(meta.skipped_items),
+                payload_bytes=meta.payload_bytes,
+                data_bytes=os.path.getsize(os.path.join(path, DATA_FILE)),
+                manifest_sha256=identity["manifest_sha256"],
+                tables_bytes=tuple(identity["tables_bytes"]),
+                pack_id=meta.version_pack_id,
+            )
+        )
+        self.next_source += info["sources"]
+        self.first_index += meta.count
+
+    def _place(self, path: str, meta: Manifest) -> dict[str, Any]:
+        """The shard's ``shard`` field (its place in the split), checked to be one."""
         info = meta.as_stored(SHARD_FIELD)
         if info is None:
             raise NotAPackError(path, "it is a complete pack but was not packed as a shard (no `shard` field)")
@@ -972,16 +1050,21 @@ def write_index(
                 "it is damaged, or was not written by lmdbfolder: repack this shard "
                 "(`lmdbfolder pack ... --shard-index`), then run `lmdbfolder index` again",
             )
-        if first is None:
-            first = meta
+        return info  # type: ignore[no-any-return]
+
+    def _check_belongs(
+        self, path: str, where: str, i: int, meta: Manifest, info: dict[str, Any], first: Manifest
+    ) -> None:
+        """NotAPackError unless shard ``i`` comes from the ``first`` shard's scan, classes and
+        options, and starts where the shard before it ended."""
         first_info = first.as_stored(SHARD_FIELD)
-        expected_info = {"prefix": found_prefix, "index": i, "num_shards": total, "split": SPLIT_METHOD}
+        expected_info = {"prefix": self.prefix, "index": i, "num_shards": self.total, "split": SPLIT_METHOD}
         wrong = [k for k, v in expected_info.items() if info.get(k) != v]
         same_scan = (
             info.get("total_sources") == first_info["total_sources"]
             and info.get("sources_sha256") == first_info["sources_sha256"]
         )
-        if wrong or not same_scan or info.get("first_source") != next_source:
+        if wrong or not same_scan or info.get("first_source") != self.next_source:
             raise NotAPackError(
                 path,
                 f"it does not belong to this split ({where}): it was packed from another scan of the source, "
@@ -993,70 +1076,53 @@ def write_index(
             ("class_to_idx", meta.class_to_idx, first.class_to_idx),
         ):
             if mine != theirs:
-                raise NotAPackError(path, f"its {key} differ from those of {done[0]}", "repack it from the same source")
-        differs = _option_difference(meta, first, done[0])
+                raise NotAPackError(
+                    path, f"its {key} differ from those of {self.first_name}", "repack it from the same source"
+                )
+        differs = _option_difference(meta, first, self.first_name)
         if differs is not None:
             raise NotAPackError(
                 path,
                 f"{differs}: the shards of a pack must be packed with the same options",
-                f"repack it with `lmdbfolder pack ... --shards {total} --shard-index {i}` and the options of the "
-                "other shards, or repack the others with its options",
+                f"repack it with `lmdbfolder pack ... --shards {self.total} --shard-index {i}` and the options of "
+                "the other shards, or repack the others with its options",
             )
-        for enc, n in (meta.encodings or {}).items():
-            encodings[enc] = encodings.get(enc, 0) + n
-        versions.add(meta.format_version)
-        identity = shard_identity(meta_blob, labels_blob, paths_blob)
-        entries.append(
-            ShardEntry(
-                name=name,
-                count=count,
-                tables_sha256=tables_digest(meta_blob, labels_blob, paths_blob),
-                first_index=first_index,
-                first_source=info["first_source"],
-                sources=info["sources"],
-                skipped=meta.skipped_count if meta.skipped_count is not None else len(meta.skipped_items),
-                payload_bytes=meta.payload_bytes,
-                data_bytes=os.path.getsize(os.path.join(path, DATA_FILE)),
-                manifest_sha256=identity["manifest_sha256"],
-                tables_bytes=tuple(identity["tables_bytes"]),
-                pack_id=meta.version_pack_id,
+
+    def index(self, history: list[dict[str, Any]] | None) -> ShardIndex:
+        """The index of the shards added, which must cover the whole split."""
+        first = self.first
+        if first is None:  # _find_split found a split of at least one shard, all of them done
+            raise NotAPackError(self.dst, "it holds no shard")
+        first_info = first.as_stored(SHARD_FIELD)
+        split_sources = first_info["total_sources"]
+        if self.next_source != split_sources:
+            raise NotAPackError(
+                self.dst,
+                f"the shards cover {self.next_source} source files, the split has {split_sources}",
+                f"repack the shards from one scan of the source (`lmdbfolder pack SRC {self.dst} --shards "
+                f"{self.total}`, or --shard-index I per job), then run `lmdbfolder index` again",
             )
+        entries = self.entries
+        return ShardIndex(
+            # Shards an update changed are format 3, the others keep theirs: the index
+            # names the newest, which a reader must understand.
+            pack_format_version=max(self.versions),
+            count=self.first_index,
+            classes=first.classes,
+            class_to_idx=first.class_to_idx,
+            store=first.store,
+            shards=entries,
+            num_shards=self.total,
+            split=ShardSplit(SPLIT_METHOD, self.prefix, self.total, self.next_source, first_info["sources_sha256"]),
+            encodings=dict(sorted(self.encodings.items())),
+            payload_bytes=sum(e.payload_bytes or 0 for e in entries),
+            skipped=sum(e.skipped or 0 for e in entries),
+            checksum="sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
+            source=first.source,
+            created_by=f"lmdbfolder {__version__}",
+            created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            history=history or None,
         )
-        next_source += info["sources"]
-        first_index += count
-    if first is None:  # _find_split found a split of at least one shard, all of them done
-        raise NotAPackError(dst, "it holds no shard")
-    first_info = first.as_stored(SHARD_FIELD)
-    split_sources = first_info["total_sources"]
-    if next_source != split_sources:
-        raise NotAPackError(
-            dst,
-            f"the shards cover {next_source} source files, the split has {split_sources}",
-            f"repack the shards from one scan of the source (`lmdbfolder pack SRC {dst} --shards {total}`, "
-            "or --shard-index I per job), then run `lmdbfolder index` again",
-        )
-    index = ShardIndex(
-        # Shards an update changed are format 3, the others keep theirs: the index
-        # names the newest, which a reader must understand.
-        pack_format_version=max(versions),
-        count=first_index,
-        classes=first.classes,
-        class_to_idx=first.class_to_idx,
-        store=first.store,
-        shards=entries,
-        num_shards=total,
-        split=ShardSplit(SPLIT_METHOD, found_prefix, total, next_source, first_info["sources_sha256"]),
-        encodings=dict(sorted(encodings.items())),
-        payload_bytes=sum(e.payload_bytes or 0 for e in entries),
-        skipped=sum(e.skipped or 0 for e in entries),
-        checksum="sha256 of each shard's manifest (checked on open) and tables (verify); crc32 of every record",
-        source=first.source,
-        created_by=f"lmdbfolder {__version__}",
-        created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        history=history or None,
-    )
-    packdir.write_atomically(dst, SHARD_INDEX_FILE, index.to_json(), SHARD_INDEX_TMP)
-    return index
 
 
 #: Bytes a sample takes in the label table (an int32, FORMAT.md).

@@ -93,7 +93,7 @@ from lmdbfolder.write.runtime import _keep_freed_memory
 from lmdbfolder.write.sources import SourceList, SourceSpec, check_update_filters
 from lmdbfolder.write.threads import default_workers
 
-__all__ = ["Changes", "Updated", "update", "staging_path", "recorded_options", "update_spec"]
+__all__ = ["Changes", "Updated", "update", "check_updatable", "staging_path", "recorded_options", "update_spec"]
 
 #: Free pages (a fraction of the file) from which an updated pack is compacted. LMDB
 #: reuses the pages an update frees from the update after next on, so the file
@@ -108,6 +108,14 @@ _KEEP, _RELABEL, _READ, _SKIP_AGAIN = 0, 1, 2, 3
 # a record (unbound), nothing (the same record as the pack's), or a skip reason.
 _STAGED = struct.Struct("<BQq")
 _RECORD, _SAME, _SKIPPED = 0, 1, 2
+
+
+def check_updatable(path: str) -> None:
+    """Every rule an update checks of the pack at ``path`` before it writes (its tables,
+    the exhaustive rules too, and a record of each class against ``record_classes``):
+    NotAPackError, or OptionError for a pack that cannot be updated in place, naming the
+    pack. A sharded update checks every shard so before it changes any."""
+    _OldPack.load(path).pf.close()
 
 
 def staging_path(dst: str) -> str:

@@ -983,7 +983,9 @@ class TorchRunner:
         import torch
         import torch.utils.data  # noqa: F401
 
-        import lmdbfolder.torch  # noqa: F401
+        # lmdbfolder.torch imports its modules on first use: load them here, once, not
+        # in every forked child.
+        from lmdbfolder.torch import LMDBFolder, collate  # noqa: F401
 
         torch.set_num_threads(1)
         mem_limit = _memory_limit()

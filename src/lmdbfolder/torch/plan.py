@@ -29,7 +29,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import BatchItemError, CropJob, ReadPlan
 from lmdbfolder.torch.crop import RandomResizedCrop
-from lmdbfolder.torch.replay import stream
+from lmdbfolder.torch.replay import kept_state
 from lmdbfolder.torch.transport import pool
 
 __all__ = [
@@ -296,14 +296,19 @@ class TransformPlan:
         else:
             draw, rand = self._draw, torch.rand
             jobs = []
-            for k, rec in enumerate(records):
-                try:
-                    enc = claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
-                except Exception as exc:  # Pillow raises many exception types for bad data
-                    raise BatchItemError(k, exc) from exc
-                with contextlib.nullcontext() if seeds is None else stream(seeds[k]):
+            # Seeded: each sample's box and flip from its own stream. They draw from torch's
+            # generator only (Python's random is the per-sample path's, for transforms that
+            # use it): its state is kept once for the batch, not once per sample.
+            with contextlib.nullcontext(torch.default_generator) if seeds is None else kept_state() as generator:
+                for k, rec in enumerate(records):
+                    try:
+                        enc = claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+                    except Exception as exc:  # Pillow raises many exception types for bad data
+                        raise BatchItemError(k, exc) from exc
+                    if seeds is not None:
+                        generator.manual_seed(seeds[k])
                     box = draw(rec.width, rec.height)  # type: ignore[misc]
                     flipped = flip is not None and bool(rand(1) < flip)
-                jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
+                    jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
         self.read.run(jobs, images.numpy(), planar=True)
         return images

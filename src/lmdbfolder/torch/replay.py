@@ -113,6 +113,18 @@ class Replay:
 
 
 @contextlib.contextmanager
+def kept_state() -> Iterator[torch.Generator]:
+    """Torch's default CPU generator, its state put back when the block ends (the batch path
+    seeds it once per sample inside)."""
+    generator = torch.default_generator
+    state = generator.get_state()
+    try:
+        yield generator
+    finally:
+        generator.set_state(state)
+
+
+@contextlib.contextmanager
 def stream(seed: int) -> Iterator[None]:
     """Draw from torch's default CPU generator (and Python's ``random``) seeded with ``seed``."""
     generator = torch.default_generator

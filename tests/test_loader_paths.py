@@ -267,3 +267,19 @@ def test_hugging_face_datasets_from_list_gets_the_original_bytes(mixed: tuple[Pa
         if data is None:  # a path kept, as for ImageFolder's files
             data = Path(row["image"]["path"]).read_bytes()
         assert data == _original(ds, i)
+
+
+def test_litdatas_jpeg_writer_copies_the_original_bytes(mixed: tuple[Path, Path]) -> None:
+    # LitData's `optimize` stores a lazily opened JPEG by reading its `.filename` (its
+    # JPEGSerializer); with /proc/self/fd/N it re-encoded every one (lossy, EXIF lost).
+    from litdata.streaming.serializers import JPEGSerializer
+    from PIL.JpegImagePlugin import JpegImageFile
+
+    _, packed = mixed
+    ds = LMDBFolder(packed, loader=Image.open)
+    images = [ds[i][0] for i in range(len(ds))]  # every sample loaded before any is written
+    jpegs = [(i, img) for i, img in enumerate(images) if isinstance(img, JpegImageFile)]
+    assert len(jpegs) == 9
+    for i, img in jpegs:
+        data, _ = JPEGSerializer().serialize(img)
+        assert data == _original(ds, i), ds.samples[i][0]

@@ -168,3 +168,15 @@ def test_the_live_skipped_line_escapes_control_characters_in_file_names(
     said = [str(w.message) for w in seen if issubclass(w.category, SkippedFilesWarning)]
     assert all("\x1b" not in text and "\r" not in text and "zz\\x1b[2J\\x0dgone.jpg" in text for text in said)
     assert any(line.startswith("skipped class0/zz\\x1b[2J\\x0dgone.jpg: ") for line in err.splitlines()), err
+
+
+def test_a_bar_leaves_no_thread_behind() -> None:
+    # tqdm starts a monitor thread with its first bar, and it stays: the next pack in
+    # the same process then read with threads instead of worker processes.
+    import io
+    import threading
+
+    before = threading.active_count()
+    with Progress(10, "test", enabled=True, stream=io.StringIO()) as bar:
+        bar.update(5)
+    assert threading.active_count() == before

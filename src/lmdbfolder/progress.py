@@ -117,7 +117,11 @@ class Progress:
             except ImportError:
                 pass
         tqdm: Any = importlib.import_module(module).tqdm
-        return tqdm(
+        # No monitor thread (tqdm's default starts one per process, and it stays): a thread
+        # beside the writer makes the next pack in this process read with threads instead of
+        # worker processes (write.processes.processes_available).
+        bar_class = type("Bar", (tqdm,), {"monitor_interval": 0})
+        return bar_class(
             total=self._total,
             initial=self._initial,
             desc=self._desc,

@@ -426,6 +426,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_ranks(script: Path, world: int, spec: dict[str, Any], spec_file: Path, timeout: float = 600) -> None:
+    """Run ``script spec_file`` as ``world`` torch.distributed ranks on 127.0.0.1, as torchrun
+    would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; tests/ on the path), and fail
+    with the tail of each failed rank's output. A failed or timed-out rank never leaves
+    the others waiting."""
+    import json
+    import subprocess
+    import sys
+
+    spec_file.write_text(json.dumps(spec))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(script.parent), env.get("PYTHONPATH")]))
+    env.pop("RAY_ADDRESS", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(spec_file)],
+            env=dict(env, RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            outputs.append((proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    failed = [(rank, code, out[-3000:]) for rank, (code, out) in enumerate(outputs) if code != 0]
+    assert not failed, failed
+
+
 #: Environment of every S3 test: fake credentials, no instance-metadata lookups (botocore would
 #: otherwise ask 169.254.169.254 for credentials: never an outside address), no profile files.
 S3_ENV = {

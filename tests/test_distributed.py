@@ -14,16 +14,12 @@ uninterrupted run. The per-epoch counts are printed as a table
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import make_small_tree
+from conftest import make_small_tree, run_ranks
 from lmdbfolder.write.shards import pack_sharded
 
 HERE = Path(__file__).resolve().parent
@@ -31,40 +27,8 @@ HERE = Path(__file__).resolve().parent
 CLASSES, PER_CLASS = 5, 11
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_world(world: int, spec: dict[str, Any], tmp_path: Path) -> None:
-    spec_file = tmp_path / f"spec-{world}.json"
-    spec_file.write_text(json.dumps(spec))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
-    env.pop("RAY_ADDRESS", None)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "_ddp_worker.py"), str(spec_file)],
-            env=dict(env, RANK=str(rank)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=600)
-            outputs.append((p.returncode, out))
-    finally:  # a failed or timed-out rank must not leave the others waiting forever
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    failed = [(rank, code, out[-3000:]) for rank, (code, out) in enumerate(outputs) if code != 0]
-    assert not failed, failed
+    run_ranks(HERE / "_ddp_worker.py", world, spec, tmp_path / f"spec-{world}.json")
 
 
 def _check(rows: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from conftest import free_port, photo_jpeg, write
+from conftest import photo_jpeg, run_ranks, write
 from lmdbfolder import fused, pack
 from lmdbfolder.replay import EpochCell, derive, stream
 from lmdbfolder.sampler import ExactDistributedSampler
@@ -229,38 +229,8 @@ def test_a_two_rank_epoch_resumed_on_other_ranks_keeps_every_samples_pixels(tree
 
 def _ranks(world: int, spec: dict[str, Any], tmp_path: Path) -> None:
     """Run ``_elastic_worker.py`` as ``world`` gloo ranks, like torchrun."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    here = Path(__file__).resolve().parent
-    spec_file = tmp_path / f"spec-{spec['phase']}-{world}.json"
-    spec_file.write_text(json.dumps(spec))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(here), env.get("PYTHONPATH")]))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(here / "_elastic_worker.py"), str(spec_file)],
-            env=dict(env, RANK=str(rank)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=300)
-            outputs.append((p.returncode, out))
-    finally:  # a failed rank must not leave the others waiting
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    failed = [(rank, code, out[-3000:]) for rank, (code, out) in enumerate(outputs) if code != 0]
-    assert not failed, failed
+    script = Path(__file__).resolve().parent / "_elastic_worker.py"
+    run_ranks(script, world, spec, tmp_path / f"spec-{spec['phase']}-{world}.json", timeout=300)
 
 
 @pytest.mark.long("2 gloo ranks, then 3 and 1, each with a DataLoader worker: about a minute")

@@ -900,3 +900,36 @@ def test_the_record_classes_rules() -> None:
     with pytest.raises(fmt.TableDamage, match="sample 0 is labelled 0") as caught:
         fmt.RECORD_CLASSES.check_records([2, 0], [1, 0], mapping, where="x")  # names permuted
     assert caught.value.kind == "label"
+
+
+def test_a_recorded_source_is_read_by_one_set_of_rules() -> None:
+    # The manifest's `source`: what update, verify, export and the dataset read back. One
+    # SourceRecord says what a valid one is (verify and the update had a copy each).
+    from lmdbfolder.format import SourceRecord
+
+    assert SourceRecord.of(None) is None and SourceRecord.of("invalid") is None
+    assert not SourceRecord.of({}).recorded  # a pack made before the layout was recorded
+    good = SourceRecord.of({"layout": "imagefolder", "root": "/d", "list_file": None, "extensions": [".jpg"]})
+    assert good is not None and good.problem is None and good.extensions == (".jpg",) and good.root == "/d"
+    for forged, what in [
+        ({"layout": "tree"}, "layout"),
+        ({"layout": "flat", "extensions": [".jpg"] * 1001}, "extensions"),
+        ({"layout": "flat", "extensions": ["x" * 101]}, "extensions"),
+        ({"layout": "flat", "match": "a" * 4097}, "match"),
+        ({"layout": "flat", "is_valid_file": 3}, "is_valid_file"),
+        ({"layout": "list", "list_file": ["x"]}, "list_file"),
+    ]:
+        record = SourceRecord.of(forged)
+        assert record is not None and record.recorded and what in (record.problem or ""), forged
+    assert SourceRecord.of({"layout": "flat", "root": 7}).root is None  # not of its type: not used
+
+
+def test_a_shards_place_is_checked_member_by_member() -> None:
+    from lmdbfolder.format import ShardPlace
+
+    place = {"split": "s", "prefix": "train", "index": 1, "num_shards": 2, "first_source": 3, "sources": 3}
+    place |= {"total_sources": 6, "sources_sha256": "ab"}
+    assert ShardPlace.of(place).problem is None and ShardPlace.of(place).first_source == 3
+    assert ShardPlace.of({**place, "index": True}).problem == "shard.index=True is not a non-negative integer"
+    assert ShardPlace.of({**place, "prefix": 5}).problem == "shard.prefix=5 is not a string"
+    assert ShardPlace.of([1]).problem == "the `shard` field is not an object ([1])"

@@ -455,6 +455,11 @@ class Manifest(Mapping[str, Any]):
         return shard_place(self)
 
     @property
+    def source_record(self) -> SourceRecord | None:
+        """``source`` as a ``SourceRecord`` (None: not recorded, or not an object)."""
+        return SourceRecord.of(self.source)
+
+    @property
     def invalid_fields(self) -> list[str]:
         """The informational fields present but not of their documented type, sorted."""
         return sorted(key for key in _INFORMATIONAL if key in self.extra)
@@ -621,6 +626,111 @@ class Shown:
     shard: Any = None
     skipped: Any = None
     skipped_count: Any = None
+
+
+@dataclass(frozen=True)
+class ShardPlace:
+    """A shard's ``shard`` manifest field (FORMAT.md): where the shard sits in its split.
+    ``ShardPlace.of(obj)`` checks every member's type (``problem`` says the first that
+    is wrong; its members are then not to be used)."""
+
+    split: str = ""
+    prefix: str = ""
+    index: int = 0
+    num_shards: int = 0
+    first_source: int = 0
+    sources: int = 0
+    total_sources: int = 0
+    sources_sha256: str = ""
+    problem: str | None = None
+
+    @classmethod
+    def of(cls, obj: Any) -> ShardPlace:
+        """The place ``obj`` (the field's JSON value) records, or one whose ``problem`` says why not."""
+        if not isinstance(obj, Mapping):
+            return cls(problem=f"the `shard` field is not an object ({reprlib.repr(obj)})")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "problem":
+                continue
+            value = obj.get(f.name)
+            # type() rather than isinstance: True is no shard index, and a count must be one.
+            ok = (type(value) is int and value >= 0) if f.type in ("int", int) else isinstance(value, str)
+            if not ok:
+                what = "a non-negative integer" if f.type in ("int", int) else "a string"
+                return cls(problem=f"shard.{f.name}={reprlib.repr(value)} is not {what}")
+            values[f.name] = value
+        return cls(**values)
+
+
+#: The layouts a pack's ``source`` records (``write.sources.SourceList.layout``).
+SOURCE_LAYOUTS = ("imagefolder", "flat", "list")
+#: Bounds of a recorded ``source`` (read from a file: a forged one may hold anything).
+MAX_RECORDED_MATCH = 4096
+MAX_RECORDED_EXTENSIONS = 1000
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """A manifest's ``source`` (or an index's): how the sample list was made
+    (``SourceList.describe``), what ``pack --update``, ``verify``, ``export`` and the
+    dataset read back. The rules of a valid record are here, once (``problem``);
+    a field of another type than a writer records is None.
+
+    ``SourceRecord.of(obj)`` is None when no source object is recorded.
+    """
+
+    layout: str | None = None
+    root: str | None = None
+    list_file: str | None = None
+    extensions: tuple[str, ...] | None = None
+    match: str | None = None
+    is_valid_file: str | None = None
+    #: Why the record is not one lmdbfolder writes (None: it is, or it records no layout).
+    problem: str | None = None
+
+    @classmethod
+    def of(cls, obj: Any) -> SourceRecord | None:
+        """The record of the JSON object ``obj``; None when it is not an object."""
+        if not isinstance(obj, Mapping):
+            return None
+        layout, exts, match, valid = (
+            obj.get("layout"),
+            obj.get("extensions"),
+            obj.get("match"),
+            obj.get("is_valid_file"),
+        )
+        root, list_file = obj.get("root"), obj.get("list_file")
+        exts_ok = exts is None or (
+            isinstance(exts, list)
+            and len(exts) <= MAX_RECORDED_EXTENSIONS
+            and all(isinstance(e, str) and 0 < len(e) <= 100 for e in exts)
+        )
+        problems = []
+        if "layout" in obj and layout not in SOURCE_LAYOUTS:
+            problems.append(f"layout {_short(layout)}")
+        if not exts_ok:
+            problems.append("extensions")
+        if match is not None and not (isinstance(match, str) and len(match) <= MAX_RECORDED_MATCH):
+            problems.append("match")
+        if valid is not None and not (isinstance(valid, str) and 0 < len(valid) <= 1000):
+            problems.append("is_valid_file")
+        if list_file is not None and not isinstance(list_file, str):
+            problems.append("list_file")
+        return cls(
+            layout=layout if isinstance(layout, str) else None,
+            root=root if isinstance(root, str) else None,
+            list_file=list_file if isinstance(list_file, str) else None,
+            extensions=tuple(exts) if exts_ok and exts is not None else None,
+            match=match if isinstance(match, str) else None,
+            is_valid_file=valid if isinstance(valid, str) else None,
+            problem="; ".join(problems) or None,
+        )
+
+    @property
+    def recorded(self) -> bool:
+        """Whether it records a layout (a pack made before the layout was recorded does not)."""
+        return self.layout is not None or self.problem is not None
 
 
 def shard_place(meta: Mapping[str, Any]) -> tuple[Any, Any] | None:

@@ -17,6 +17,7 @@ from lmdbfolder.format.manifest import (
     _PACK_ID,
     INVALID,
     Shown,
+    SourceRecord,
     _check_meta_fields,
     _short,
     loads_json,
@@ -461,6 +462,11 @@ class ShardIndex(Mapping[str, Any]):
     def names(self) -> list[str]:
         """The shards' directory names, in global order."""
         return [entry.name for entry in self.shards]
+
+    @property
+    def source_record(self) -> SourceRecord | None:
+        """``source`` (the shards' common one) as a ``SourceRecord`` (None: not recorded)."""
+        return SourceRecord.of(self.source)
 
     def to_json(self) -> bytes:
         """The bytes of ``index.json`` (``encode_shard_index``)."""

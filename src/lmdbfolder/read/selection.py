@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from lmdbfolder.errors import NoSamplesError
-from lmdbfolder.format import Manifest, ShardIndex
+from lmdbfolder.format import Manifest, ShardIndex, SourceRecord
 from lmdbfolder.packfile import class_counts
 
 __all__ = [
@@ -146,9 +146,8 @@ class Subset(Selection):
 
 def source_root_of(meta: Manifest | ShardIndex) -> str:
     """The folder the pack was made from, as recorded in its manifest ("" if none is recorded)."""
-    source = meta.source or {}
-    root = source.get("root")
-    return root if isinstance(root, str) else ""
+    record = SourceRecord.of(meta.source)
+    return record.root or "" if record is not None else ""
 
 
 def sample_path(root: str, relpath: str) -> str:
@@ -268,7 +267,8 @@ def _check_empty(
     # list was made up (list files, imports) only the classes a filter emptied.
     # ``before``/``after``: samples per class index in the pack / after the filters.
     position = {name: k for k, name in enumerate(pack_classes)}
-    layout = (reader.meta.source or {}).get("layout")
+    record = SourceRecord.of(reader.meta.source)
+    layout = record.layout if record is not None else None
     empty = []
     for name in class_to_idx:
         k = position.get(name)

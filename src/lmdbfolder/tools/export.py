@@ -283,8 +283,8 @@ def _list_name(recorded: Any, taken: set[str]) -> str:
 
 def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tuple[int, int, str | None]:
     meta = reader.meta
-    source = meta.source or {}  # None: absent, or not of its type
-    layout = source.get("layout")
+    source = meta.source_record
+    layout = source.layout if source is not None else None
     classes = list(meta.classes)
     paths = reader.paths()
     labels = reader.labels
@@ -320,7 +320,7 @@ def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tupl
     if layout != "list":
         return len(paths), nbytes, None
     top_level = {(p.lstrip("/\\") if os.path.isabs(p) else p).split("/")[0] for p in paths}
-    name = _list_name(source.get("list_file"), top_level)
+    name = _list_name(source.list_file if source is not None else None, top_level)
     by_name = classes != [str(i) for i in range(len(classes))]
     with open(os.path.join(tmp, name), "x", encoding="utf-8", errors="surrogateescape") as f:
         for relpath, label in zip(paths, labels):

@@ -17,7 +17,7 @@ from typing import Any
 
 from lmdbfolder import packdir
 from lmdbfolder.errors import CorruptRecordError
-from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, Manifest, ShardIndex
+from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, Manifest, ShardIndex, SourceRecord
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
@@ -252,10 +252,11 @@ def _encodings_text(info: dict[str, Any]) -> str:
 
 def _source_text(source: Any) -> str:
     """The source line: layout, root or list file, and the file filters."""
-    if not isinstance(source, dict):
+    record = SourceRecord.of(source)
+    if record is None:
         return str(source)
-    where = source.get("list_file") or source.get("root", "")
-    return printable(f"{source.get('layout', '?')} {where}{_filters(source)}")
+    where = record.list_file or record.root or ""
+    return printable(f"{record.layout or '?'} {where}{_filters(record)}")
 
 
 def _skipped_text(recorded: Any, skipped: list[Any], skipped_shown: int) -> str:
@@ -338,16 +339,16 @@ def _class_rows(info: dict[str, Any], every_up_to: int = 20) -> list[tuple[str, 
     ]
 
 
-def _filters(source: dict[str, Any]) -> str:
+def _filters(record: SourceRecord) -> str:
     """The file filters a source record holds, as ``pack``'s flags (what ``--update`` keeps)."""
     from lmdbfolder.write.sources import IMG_EXTENSIONS
 
     words = []
-    exts = source.get("extensions")
-    if source.get("is_valid_file") is not None:
-        words.append(f"is_valid_file {source['is_valid_file']}")
-    elif isinstance(exts, list) and source.get("layout") != "list" and tuple(exts) != IMG_EXTENSIONS:
-        words.append("--extensions " + ",".join(map(str, exts)))
-    if source.get("match") is not None:
-        words.append(f"--match {source['match']!r}")
+    exts = record.extensions
+    if record.is_valid_file is not None:
+        words.append(f"is_valid_file {record.is_valid_file}")
+    elif exts is not None and record.layout != "list" and exts != IMG_EXTENSIONS:
+        words.append("--extensions " + ",".join(exts))
+    if record.match is not None:
+        words.append(f"--match {record.match!r}")
     return f" ({' '.join(words)})" if words else ""

@@ -58,6 +58,7 @@ from lmdbfolder.format import (
     RECORD_CLASSES,
     RESERVED_PREFIX,
     SKIPPED_KEY,
+    SOURCE_LAYOUTS,
     STATS_KEY,
     Manifest,
     PackTables,
@@ -81,8 +82,6 @@ from lmdbfolder.write.sources import scan
 
 __all__ = ["Problem", "VerifyReport", "verify", "verify_sharded", "KNOWN_RESERVED_KEYS", "NO_BINDING_NOTE"]
 
-#: A recorded extension list longer than this is not a pack's (each is matched against every file).
-_MAX_EXTENSIONS = 256
 #: The reserved keys of a format-1 pack; format 2 adds ``__check__`` and ``__skipped__``.
 KNOWN_RESERVED_KEYS = frozenset({META_KEY, LABELS_KEY, PATHS_KEY})
 _RESERVED_V2 = KNOWN_RESERVED_KEYS | {CHECK_KEY, SKIPPED_KEY, STATS_KEY, HISTORY_KEY}
@@ -442,40 +441,29 @@ def _scan_source(
     """The source scanned as the pack recorded it (layout, list file, filters), and whether
     only the pack's own files can be compared (files chosen by a callable or a regular
     expression, which are not run again); None (a problem said why) if the record is unusable."""
-    recorded = meta.source or {}  # None: absent, or not of its type
-    layout = recorded.get("layout")
-    if layout not in ("imagefolder", "flat", "list"):
+    recorded = meta.source_record  # the rules of a valid record: format.SourceRecord
+    layout = recorded.layout if recorded is not None else None
+    if layout not in SOURCE_LAYOUTS:
         report.problems.append(
             Problem("source", f"cannot compare with a source folder: the pack's layout is {str(layout)[:40]!r}")
         )
         return None
-    extensions, match, recorded_list = recorded.get("extensions"), recorded.get("match"), recorded.get("list_file")
-    if not (
-        (
-            extensions is None
-            or (
-                isinstance(extensions, list)
-                and len(extensions) <= _MAX_EXTENSIONS
-                and all(isinstance(e, str) and len(e) <= 64 for e in extensions)
-            )
-        )
-        and isinstance(match, (str, type(None)))
-        and isinstance(recorded_list, (str, type(None)))
-    ):
+    if recorded is None or recorded.problem is not None:
         report.problems.append(Problem("source", "cannot compare with a source folder: the pack's source is invalid"))
         return None
+    match, recorded_list = recorded.match, recorded.list_file
     listing = os.fspath(list_file) if list_file is not None else recorded_list
     # The same file filters as the pack. An is_valid_file callable cannot be run again,
     # and a regular expression read from a pack is never run (anyone may have written
     # it: "(a+)+$" backtracks for ever): then every file is listed, and only the pack's
     # own files are compared.
     filters: dict[str, Any] = {}
-    chosen_by_callable = layout != "list" and bool(recorded.get("is_valid_file"))
+    chosen_by_callable = layout != "list" and bool(recorded.is_valid_file)
     chosen_by_match = layout != "list" and match is not None
     if chosen_by_callable:
         filters["is_valid_file"] = lambda _path: True
-    elif layout != "list" and recorded.get("extensions"):
-        filters["extensions"] = tuple(recorded["extensions"])
+    elif layout != "list" and recorded.extensions:
+        filters["extensions"] = recorded.extensions
     if chosen_by_match:
         report.notes.append(
             f"the pack was made with --match {printable(match, 80)!s}: a regular expression read from a pack is "

@@ -758,12 +758,12 @@ def _extensions_shown(
 ) -> tuple[str, ...] | None:
     """``extensions`` as ImageFolder shows it: the ones given, None when a callable chose
     the files (here or when the pack was made), else those the pack was made with."""
-    source = meta.source or {}
+    record = meta.source_record
     if extensions is not None:
         return normalize_extensions(extensions)
-    if is_valid_file is not None or source.get("is_valid_file"):
+    if is_valid_file is not None or (record is not None and record.is_valid_file):
         return None  # a callable chose the files, as ImageFolder's None says
-    return tuple(source.get("extensions") or IMG_EXTENSIONS)
+    return tuple((record.extensions if record is not None else None) or IMG_EXTENSIONS)
 
 
 def _no_classes_found(root: str, source_root: str) -> NoSamplesError:

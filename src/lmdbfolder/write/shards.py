@@ -54,6 +54,7 @@ from lmdbfolder.format import (
     Manifest,
     ShardEntry,
     ShardIndex,
+    ShardPlace,
     ShardSplit,
     check_paths,
     decode_meta,
@@ -995,6 +996,7 @@ class _Tiling:
     total: int
     first_name: str
     first: Manifest | None = None
+    first_place: ShardPlace | None = None
     next_source: int = 0
     first_index: int = 0
     entries: list[ShardEntry] = field(default_factory=list)
@@ -1007,9 +1009,10 @@ class _Tiling:
         meta_blob, labels_blob, paths_blob = packfile.read_tables(path)
         meta = decode_meta(meta_blob, where=path)
         _check_table_counts(path, meta.count, labels_blob, paths_blob)
-        info = self._place(path, meta)
-        first = self.first = meta if self.first is None else self.first
-        self._check_belongs(path, f"{name} in {self.dst}", i, meta, info, first)
+        place = self._place(path, meta)
+        if self.first is None:
+            self.first, self.first_place = meta, place
+        self._check_belongs(path, f"{name} in {self.dst}", i, meta, place)
         for enc, n in (meta.encodings or {}).items():
             self.encodings[enc] = self.encodings.get(enc, 0) + n
         self.versions.add(meta.format_version)
@@ -1020,8 +1023,8 @@ class _Tiling:
                 count=meta.count,
                 tables_sha256=tables_digest(meta_blob, labels_blob, paths_blob),
                 first_index=self.first_index,
-                first_source=info["first_source"],
-                sources=info["sources"],
+                first_source=place.first_source,
+                sources=place.sources,
                 skipped=meta.skipped_count if meta.skipped_count is not None else len(meta.skipped_items),
                 payload_bytes=meta.payload_bytes,
                 data_bytes=os.path.getsize(os.path.join(path, DATA_FILE)),
@@ -1030,15 +1033,16 @@ class _Tiling:
                 pack_id=meta.version_pack_id,
             )
         )
-        self.next_source += info["sources"]
+        self.next_source += place.sources
         self.first_index += meta.count
 
-    def _place(self, path: str, meta: Manifest) -> dict[str, Any]:
+    def _place(self, path: str, meta: Manifest) -> ShardPlace:
         """The shard's ``shard`` field (its place in the split), checked to be one."""
         info = meta.as_stored(SHARD_FIELD)
         if info is None:
             raise NotAPackError(path, "it is a complete pack but was not packed as a shard (no `shard` field)")
-        problem = _shard_field_problem(info)
+        place = ShardPlace.of(info)
+        problem = place.problem
         wrong_type = [key for key in meta.invalid_fields if key in _SUMMED_FIELDS]
         if wrong_type and not problem:
             fields = ", ".join(f"{key}={reprlib.repr(meta.as_stored(key))}" for key in wrong_type)
@@ -1050,21 +1054,25 @@ class _Tiling:
                 "it is damaged, or was not written by lmdbfolder: repack this shard "
                 "(`lmdbfolder pack ... --shard-index`), then run `lmdbfolder index` again",
             )
-        return info  # type: ignore[no-any-return]
+        return place
 
-    def _check_belongs(
-        self, path: str, where: str, i: int, meta: Manifest, info: dict[str, Any], first: Manifest
-    ) -> None:
-        """NotAPackError unless shard ``i`` comes from the ``first`` shard's scan, classes and
+    def _check_belongs(self, path: str, where: str, i: int, meta: Manifest, place: ShardPlace) -> None:
+        """NotAPackError unless shard ``i`` comes from the first shard's scan, classes and
         options, and starts where the shard before it ended."""
-        first_info = first.as_stored(SHARD_FIELD)
-        expected_info = {"prefix": self.prefix, "index": i, "num_shards": self.total, "split": SPLIT_METHOD}
-        wrong = [k for k, v in expected_info.items() if info.get(k) != v]
-        same_scan = (
-            info.get("total_sources") == first_info["total_sources"]
-            and info.get("sources_sha256") == first_info["sources_sha256"]
+        first, first_place = self.first, self.first_place
+        if first is None or first_place is None:  # add() sets them first: never so
+            raise NotAPackError(path, "no first shard to compare it with")
+        wrong = (place.prefix, place.index, place.num_shards, place.split) != (
+            self.prefix,
+            i,
+            self.total,
+            SPLIT_METHOD,
         )
-        if wrong or not same_scan or info.get("first_source") != self.next_source:
+        same_scan = (place.total_sources, place.sources_sha256) == (
+            first_place.total_sources,
+            first_place.sources_sha256,
+        )
+        if wrong or not same_scan or place.first_source != self.next_source:
             raise NotAPackError(
                 path,
                 f"it does not belong to this split ({where}): it was packed from another scan of the source, "
@@ -1093,8 +1101,10 @@ class _Tiling:
         first = self.first
         if first is None:  # _find_split found a split of at least one shard, all of them done
             raise NotAPackError(self.dst, "it holds no shard")
-        first_info = first.as_stored(SHARD_FIELD)
-        split_sources = first_info["total_sources"]
+        first_place = self.first_place
+        if first_place is None:
+            raise NotAPackError(self.dst, "it holds no shard")
+        split_sources = first_place.total_sources
         if self.next_source != split_sources:
             raise NotAPackError(
                 self.dst,
@@ -1113,7 +1123,7 @@ class _Tiling:
             store=first.store,
             shards=entries,
             num_shards=self.total,
-            split=ShardSplit(SPLIT_METHOD, self.prefix, self.total, self.next_source, first_info["sources_sha256"]),
+            split=ShardSplit(SPLIT_METHOD, self.prefix, self.total, self.next_source, first_place.sources_sha256),
             encodings=dict(sorted(self.encodings.items())),
             payload_bytes=sum(e.payload_bytes or 0 for e in entries),
             skipped=sum(e.skipped or 0 for e in entries),
@@ -1148,30 +1158,6 @@ _SUMMED_FIELDS = ("encodings", "payload_bytes", "skipped_count", "skipped", "sou
 
 
 #: The ``shard`` manifest field's members (FORMAT.md) and their types.
-_SHARD_FIELD_TYPES: dict[str, type] = {
-    "split": str,
-    "prefix": str,
-    "index": int,
-    "num_shards": int,
-    "first_source": int,
-    "sources": int,
-    "total_sources": int,
-    "sources_sha256": str,
-}
-
-
-def _shard_field_problem(info: Any) -> str | None:
-    """What is wrong with a shard's ``shard`` manifest field (None: each member has its type)."""
-    if not isinstance(info, dict):
-        return f"the `shard` field is not an object ({reprlib.repr(info)})"
-    for key, kind in _SHARD_FIELD_TYPES.items():
-        value = info.get(key)
-        # type() rather than isinstance: True is no shard index, and a count must be one.
-        ok = (type(value) is int and value >= 0) if kind is int else isinstance(value, kind)
-        if not ok:
-            what = "a non-negative integer" if kind is int else "a string"
-            return f"shard.{key}={reprlib.repr(value)} is not {what}"
-    return None
 
 
 def _check_same_split(dst: str, prefix: str, total: int) -> None:

@@ -28,10 +28,10 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from lmdbfolder.errors import ListFileError, OptionError, PackError, SourceError, SourceNotFoundError, os_hint
-from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL
+from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL, SOURCE_LAYOUTS, SourceRecord
 from lmdbfolder.pagefile import open_regular
 from lmdbfolder.text import printable
 from lmdbfolder.write.compact import LabelList, PathList
@@ -60,7 +60,8 @@ IMG_EXTENSIONS: tuple[str, ...] = (
     ".tiff",
     ".webp",
 )
-LAYOUTS = ("imagefolder", "flat", "list")
+#: The layouts a source may have: what a manifest's ``source`` records (``format.SOURCE_LAYOUTS``).
+LAYOUTS = SOURCE_LAYOUTS
 #: The longest line a list file may have (a path and a label: paths are at most a few KB).
 MAX_LIST_LINE = 1 << 16
 
@@ -534,10 +535,6 @@ class SourceSpec:
         return spec
 
 
-#: The longest ``match`` an update reads from a pack's manifest (a claim, read within bounds;
-#: only compared with the one given, never run).
-MAX_RECORDED_MATCH = 4096
-_MAX_RECORDED_EXTENSIONS = 1000
 _LAYOUT_WORDS = {
     "imagefolder": "the ImageFolder layout (neither --flat nor --list)",
     "flat": "--flat",
@@ -559,32 +556,19 @@ class _Filters:
     @classmethod
     def recorded(cls, source: Any, where: str) -> _Filters | None:
         """The filters a manifest's ``source`` records (None: it records no layout);
-        PackError when they are not what a pack records (a forged or damaged manifest)."""
-        if not isinstance(source, Mapping) or "layout" not in source:
+        PackError when they are not what a pack records (a forged or damaged manifest:
+        ``format.SourceRecord``'s rules)."""
+        record = SourceRecord.of(source)
+        if record is None or not record.recorded:
             return None
-        layout, exts = source.get("layout"), source.get("extensions")
-        match, valid = source.get("match"), source.get("is_valid_file")
-        ok = (
-            layout in LAYOUTS
-            and (
-                exts is None
-                or (
-                    isinstance(exts, list)
-                    and len(exts) <= _MAX_RECORDED_EXTENSIONS
-                    and all(isinstance(e, str) and 0 < len(e) <= 100 for e in exts)
-                )
-            )
-            and (match is None or (isinstance(match, str) and len(match) <= MAX_RECORDED_MATCH))
-            and (valid is None or (isinstance(valid, str) and 0 < len(valid) <= 1000))
-        )
-        if not ok:
+        if record.problem is not None or record.layout is None:
             raise PackError(
                 f"{where}: its manifest records a source layout or file filters that are not valid "
                 "(the pack is damaged, or was not written by lmdbfolder)",
                 "run `lmdbfolder verify` on it; pack afresh with --overwrite",
             )
-        extensions = None if exts is None else tuple(e.lower() for e in exts)
-        return cls(str(layout), extensions, match, valid)
+        extensions = None if record.extensions is None else tuple(e.lower() for e in record.extensions)
+        return cls(record.layout, extensions, record.match, record.is_valid_file)
 
     @classmethod
     def of_spec(cls, spec: SourceSpec) -> _Filters:

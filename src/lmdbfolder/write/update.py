@@ -996,8 +996,8 @@ def _finish_up(dst: str, staging: str, old: _OldPack) -> None:
     """An update that finds nothing to do: remove a staging folder an interrupted one
     left (its transaction had committed), and write ``skipped.txt`` again."""
     items = [(str(item.get("path")), str(item.get("reason", ""))) for item in old.skipped.values()]
-    source = old.meta.source
-    root = str(source.get("root")) if source is not None else ""
+    source = old.meta.source_record
+    root = source.root or "" if source is not None else ""
     _write_report(dst, staging, root, items)
     if os.path.lexists(staging):
         packdir.remove(staging)

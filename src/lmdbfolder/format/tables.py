@@ -785,9 +785,9 @@ class Audit:
 
 
 def _why(exc: NotAPackError) -> str:
-    # A NotAPackError from the manifest's or JSON's parser: its message is
-    # "<path> is not an lmdbfolder pack: <why>".
-    return getattr(exc, "why", None) or exc.message.split(": ", 1)[-1]
+    # What is wrong, without the path (the problem is listed under the pack): every
+    # NotAPackError raised here carries it (only one rebuilt from a worker's text has none).
+    return exc.why or exc.message
 
 
 @dataclass

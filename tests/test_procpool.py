@@ -37,6 +37,24 @@ from lmdbfolder.write.writer import pack, pack_sources
 needs_processes = pytest.mark.skipif(sys.platform != "linux", reason="worker processes need Linux (fork)")
 
 
+def test_a_progress_bars_monitor_thread_does_not_stop_worker_processes() -> None:
+    # Any library's first tqdm bar starts tqdm's monitor thread, which stays: it must not
+    # make every later pack in the process read with threads.
+    from tqdm import tqdm
+
+    if sys.platform != "linux":
+        return
+    monitor_interval = tqdm.monitor_interval
+    tqdm.monitor_interval = 10  # tqdm's default
+    try:
+        with open(os.devnull, "w") as sink, tqdm(total=1, file=sink) as bar:
+            bar.update(1)
+    finally:
+        tqdm.monitor_interval = monitor_interval
+    assert any(type(t).__name__ == "TMonitor" for t in threading.enumerate())
+    assert processes_available()
+
+
 def test_processes_are_used_only_without_other_threads() -> None:
     if sys.platform != "linux":
         assert not processes_available()

@@ -76,7 +76,17 @@ def processes_available() -> bool:
     """
     if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
         return False
-    return threading.active_count() == 1 and not multiprocessing.current_process().daemon
+    current = threading.current_thread()
+    others = [t for t in threading.enumerate() if t is not current and not _harmless(t)]
+    return not others and not multiprocessing.current_process().daemon
+
+
+def _harmless(thread: threading.Thread) -> bool:
+    # tqdm's monitor thread: started by any library's first progress bar (Hugging Face
+    # datasets, ...) and kept for the life of the process, it would make every later pack
+    # read with threads. It only sleeps and nudges bars, and the forked workers never use
+    # tqdm, so no lock it may hold at the fork is ever needed in them.
+    return thread.daemon and type(thread).__name__ == "TMonitor"
 
 
 class _Ring:

@@ -649,7 +649,7 @@ class ShardPlace:
         """The place ``obj`` (the field's JSON value) records, or one whose ``problem`` says why not."""
         if not isinstance(obj, Mapping):
             return cls(problem=f"the `shard` field is not an object ({reprlib.repr(obj)})")
-        values = {}
+        values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name == "problem":
                 continue

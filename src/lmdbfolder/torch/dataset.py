@@ -33,7 +33,7 @@ except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.torch (LMDBFolder)", "torch", "torch and torchvision") from exc
 
 from lmdbfolder.encodings import decode_hint, encoding_of
-from lmdbfolder.format import Manifest
+from lmdbfolder.format import Manifest, ShardIndex
 from lmdbfolder.read.capabilities import current
 from lmdbfolder.read.class_order import ordered_classes
 from lmdbfolder.read.opening import AnyReader, open_pack
@@ -754,7 +754,9 @@ def _source_root(given: str | os.PathLike[str] | None, recorded: str) -> str:
 
 
 def _extensions_shown(
-    extensions: str | tuple[str, ...] | None, is_valid_file: Callable[[str], bool] | None, meta: Manifest
+    extensions: str | tuple[str, ...] | None,
+    is_valid_file: Callable[[str], bool] | None,
+    meta: Manifest | ShardIndex,
 ) -> tuple[str, ...] | None:
     """``extensions`` as ImageFolder shows it: the ones given, None when a callable chose
     the files (here or when the pack was made), else those the pack was made with."""

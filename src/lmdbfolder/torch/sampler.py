@@ -281,7 +281,7 @@ class ExactDistributedSampler(DistributedSampler[int]):
         #: The jobs that ran part of this epoch before this one (an elastic resume),
         #: as saved in their states; empty: this job runs the epoch from its start.
         self._earlier: list[dict[str, int]] = []
-        self._plan_cache: tuple[Any, list[int], int, int] | None = None
+        self._plan_cache: tuple[Any, list[list[int]], int, int] | None = None
 
     # -- the policy, in numbers ----------------------------------------------------
     @property
@@ -605,11 +605,10 @@ def _split_sizes(n: int, num_replicas: int, drop_last: bool) -> tuple[int, int]:
 
 def _saved_job(state: dict[str, Any]) -> dict[str, int]:
     """The number of ranks and nodes of the job that saved ``state``."""
-    job = {name: state.get(name, _SETTING_DEFAULTS.get(name)) for name in _JOB_SETTINGS}
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in job.values()) or (
-        job["num_replicas"] % job["nodes"]
-    ):
-        raise ValueError(f"bad num_replicas/nodes in the saved sampler state: {job!r}")
+    found = {name: state.get(name, _SETTING_DEFAULTS.get(name)) for name in _JOB_SETTINGS}
+    job = {name: v for name, v in found.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 1}
+    if len(job) != len(found) or job["num_replicas"] % job["nodes"]:
+        raise ValueError(f"bad num_replicas/nodes in the saved sampler state: {found!r}")
     return job
 
 

@@ -37,6 +37,15 @@ from lmdbfolder.write.writer import pack, pack_sources
 needs_processes = pytest.mark.skipif(sys.platform != "linux", reason="worker processes need Linux (fork)")
 
 
+def _settle_threads() -> None:
+    # A thread pool of an earlier test's dataset (threads=N) ends once the dataset is
+    # collected: collect it and wait for its threads, which then end by themselves.
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and thread.name.startswith(("lmdbfolder-batch", "ThreadPool")):
+            thread.join()
+
+
 def test_a_progress_bars_monitor_thread_does_not_stop_worker_processes() -> None:
     # Any library's first tqdm bar starts tqdm's monitor thread, which stays: it must not
     # make every later pack in the process read with threads.
@@ -44,6 +53,7 @@ def test_a_progress_bars_monitor_thread_does_not_stop_worker_processes() -> None
 
     if sys.platform != "linux":
         return
+    _settle_threads()
     monitor_interval = tqdm.monitor_interval
     tqdm.monitor_interval = 10  # tqdm's default
     try:
@@ -52,19 +62,14 @@ def test_a_progress_bars_monitor_thread_does_not_stop_worker_processes() -> None
     finally:
         tqdm.monitor_interval = monitor_interval
     assert any(type(t).__name__ == "TMonitor" for t in threading.enumerate())
-    assert processes_available()
+    assert processes_available(), f"a thread was left running: {threading.enumerate()}"
 
 
 def test_processes_are_used_only_without_other_threads() -> None:
     if sys.platform != "linux":
         assert not processes_available()
         return
-    # A thread pool of an earlier test's dataset (threads=N) ends once the dataset is
-    # collected: collect it and wait for its threads, which then end by themselves.
-    gc.collect()
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and thread.name.startswith(("lmdbfolder-batch", "ThreadPool")):
-            thread.join()
+    _settle_threads()
     assert processes_available(), f"a thread was left running: {threading.enumerate()}"
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)

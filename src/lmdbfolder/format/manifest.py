@@ -288,8 +288,30 @@ _TYPED: dict[str, Callable[[Any], bool]] = {
 }
 
 
+class JsonView(Mapping[str, Any]):
+    """A read-only mapping view of a typed part's JSON object (``Reader.meta["params"]``,
+    ``dict(reader.meta)``, as when the parts were dicts), built once: the part's
+    ``_json_object``. Code of the package reads the attributes."""
+
+    def _json_object(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @functools.cached_property
+    def _object(self) -> dict[str, Any]:
+        return self._json_object()
+
+    def __getitem__(self, key: str) -> Any:
+        return self._object[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._object)
+
+    def __len__(self) -> int:
+        return len(self._object)
+
+
 @dataclass(frozen=True, eq=False)
-class Manifest(Mapping[str, Any]):
+class Manifest(JsonView):
     """A pack's manifest (key ``__meta__``, FORMAT.md "Manifest"), typed.
 
     Required: ``format_version``, ``count``, ``classes``, ``class_to_idx`` and
@@ -393,19 +415,8 @@ class Manifest(Mapping[str, Any]):
         with this manifest: the checks of ``from_json``, FORMAT.md's rules, in one copy."""
         _check_manifest(self.to_object(), where)
 
-    # -- the read-only mapping view (Reader.meta) --------------------------------------
-    @functools.cached_property
-    def _object(self) -> dict[str, Any]:
+    def _json_object(self) -> dict[str, Any]:
         return self.to_object()
-
-    def __getitem__(self, key: str) -> Any:
-        return self._object[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._object)
-
-    def __len__(self) -> int:
-        return len(self._object)
 
     # -- what the fields mean ----------------------------------------------------------
     @property

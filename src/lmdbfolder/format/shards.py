@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from lmdbfolder.errors import FormatVersionError, NotAPackError
 from lmdbfolder.format.layout import _OFFSET, FORMAT_VERSION, MAX_INDEX_FILE_BYTES, READABLE_VERSIONS
@@ -16,6 +15,7 @@ from lmdbfolder.format.manifest import (
     _INFORMATIONAL,
     _PACK_ID,
     INVALID,
+    JsonView,
     Shown,
     SourceRecord,
     _check_meta_fields,
@@ -221,7 +221,7 @@ _SHOWN = ("encodings", "payload_bytes", "checksum", "source", "created_by", "cre
 
 
 @dataclass(frozen=True)
-class ShardEntry(Mapping[str, Any]):
+class ShardEntry(JsonView):
     """One shard of a sharded pack, as its index (``index.json``) lists it.
 
     ``name`` (the shard's directory), ``count`` (its samples) and
@@ -277,18 +277,8 @@ class ShardEntry(Mapping[str, Any]):
         "class_counts": _is_class_counts,
     }
 
-    @functools.cached_property
-    def _object(self) -> dict[str, Any]:
+    def _json_object(self) -> dict[str, Any]:
         return self.to_dict()
-
-    def __getitem__(self, key: str) -> Any:
-        return self._object[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._object)
-
-    def __len__(self) -> int:
-        return len(self._object)
 
     def replaced(self, **changes: Any) -> ShardEntry:
         """This entry with the attributes ``changes`` set (a value of its JSON
@@ -365,7 +355,7 @@ class ShardSplit:
 
 
 @dataclass(frozen=True, eq=False)  # equal as mappings: to an equal index, or to its JSON object
-class ShardIndex(Mapping[str, Any]):
+class ShardIndex(JsonView):
     """A sharded pack's index, ``index.json`` (FORMAT.md, "Sharded packs").
 
     Required: ``pack_format_version`` (of the shards), ``count`` (the sum of
@@ -432,18 +422,8 @@ class ShardIndex(Mapping[str, Any]):
             out["split"] = self.split.to_dict()
         return out
 
-    @functools.cached_property
-    def _object(self) -> dict[str, Any]:
+    def _json_object(self) -> dict[str, Any]:
         return self.to_dict()
-
-    def __getitem__(self, key: str) -> Any:
-        return self._object[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._object)
-
-    def __len__(self) -> int:
-        return len(self._object)
 
     def with_shards(self, shards: list[ShardEntry]) -> ShardIndex:
         """This index with the entries ``shards`` (the same shards, their fields updated)."""

@@ -216,6 +216,11 @@ def _draw_box(
             left = int(k.random_(0, width - w + 1).item())
             return top, left, h, w
     # Ten draws that did not fit: the central crop of the allowed aspect ratio.
+    return _central_box(width, height, ratio)
+
+
+def _central_box(width: int, height: int, ratio: Sequence[float]) -> Box:
+    """torchvision's fallback box: the central crop of the allowed aspect ratio."""
     in_ratio = float(width) / float(height)
     if in_ratio < min(ratio):
         w, h = width, int(round(width / min(ratio)))
@@ -322,14 +327,7 @@ def _scan_boxes(
                 box = (top, left, h, w)
                 break
         if box is None:  # the central crop, as _draw_box
-            in_ratio = float(width) / float(height)
-            if in_ratio < min(ratio):
-                w, h = width, int(round(width / min(ratio)))
-            elif in_ratio > max(ratio):
-                w, h = int(round(height * max(ratio))), height
-            else:
-                w, h = width, height
-            box = ((height - h) // 2, (width - w) // 2, h, w)
+            box = _central_box(width, height, ratio)
         boxes.append(box)
         if flips_drawn:
             if j + 1 > k:

@@ -241,7 +241,9 @@ def _coco_target(values: list[Any], item: Any, keys: frozenset[str]) -> Any:
         target["image_id"] = image_id
     if "boxes" in keys:
         target["boxes"] = F.convert_bounding_box_format(
-            tv_tensors.BoundingBoxes(batched["bbox"], format=tv_tensors.BoundingBoxFormat.XYWH, canvas_size=canvas_size),
+            tv_tensors.BoundingBoxes(
+                batched["bbox"], format=tv_tensors.BoundingBoxFormat.XYWH, canvas_size=canvas_size
+            ),
             new_format=tv_tensors.BoundingBoxFormat.XYXY,
         )
     if "masks" in keys:

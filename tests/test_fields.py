@@ -96,6 +96,17 @@ def test_golden_record_of_two_fields() -> None:
     assert [bytes(p) for p in fmt.split_field_payloads(body, 2)] == [b"abc", b"de"]  # type: ignore[union-attr]
 
 
+def test_format_md_shows_the_golden_bytes_of_format_4() -> None:
+    with open(Path(__file__).parent.parent / "FORMAT.md", encoding="utf-8") as f:
+        doc = f.read()
+    flat = doc.replace(" ", "").replace("\n", "")
+    assert GOLDEN_FIELDS_RECORD.hex() in flat
+    assert GOLDEN_FIELDS_MANIFEST_EXCERPT.decode() in doc
+    assert f"version {fmt.FIELDS_FORMAT_VERSION}" in doc
+    for kind in fmt.FIELD_KINDS:
+        assert f"| `{kind}` |" in doc
+
+
 def test_a_record_is_never_read_as_the_other_kind() -> None:
     # An old reader (no fields) refuses a record of several fields; a reader of a pack of
     # fields refuses a record of one payload.

@@ -509,3 +509,84 @@ def test_settings_of_lmdbfolder_that_do_not_apply_are_refused(voc: tuple[Any, Pa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         repr(LMDBDataset(pack))
+
+
+# -- verify and info ----------------------------------------------------------------------------------
+def test_verify_checks_every_field(tmp_path: Path) -> None:
+    from conftest import forge_record
+
+    images, annotations = make_coco(tmp_path / "coco")
+    lmdbfolder.pack_dataset(datasets.CocoDetection(str(images), str(annotations)), tmp_path / "c.lmdb", progress=False)
+    assert lmdbfolder.verify(tmp_path / "c.lmdb", decode=True).ok
+    ours = LMDBDataset(tmp_path / "c.lmdb")
+    info, anns = ours._values(0)[1], ours._values(0)[2]
+    image = bytes(fmt.split_field_payloads(lmdbfolder.Reader(tmp_path / "c.lmdb").get(0).payload, 3)[0])  # type: ignore[index]
+    foreign = [dict(anns[0], image_id=999), dict(anns[1], category_id=42), dict(anns[2], bbox=[1, 2, "x", 4])]
+    forge_record(
+        tmp_path / "c.lmdb",
+        0,
+        flags=fmt.FIELDS_FLAG,
+        label=-1,
+        payload=fmt.pack_field_payloads([image, json.dumps(info).encode(), json.dumps(foreign).encode()]),
+    )
+    forge_record(
+        tmp_path / "c.lmdb",
+        1,
+        flags=fmt.FIELDS_FLAG,
+        label=-1,
+        payload=fmt.pack_field_payloads([image[:-30], b"{", b"[]"]),
+    )
+    report = lmdbfolder.verify(tmp_path / "c.lmdb")
+    found = [(p.index, p.kind, p.message) for p in report.problems]
+    assert not report.ok and {i for i, *_ in found} == {0, 1}
+    text = " | ".join(m for *_, m in found)
+    for expected in (
+        "names image 999, not this sample's image",
+        "names category 42",
+        "not four finite numbers",
+        "field 'image' is truncated",
+        "field 'image_info': not valid UTF-8 JSON",
+    ):
+        assert expected in text
+
+
+def test_verify_reports_a_mask_of_another_size_an_empty_one_and_a_lossy_one(voc: tuple[Any, Path]) -> None:
+    from conftest import forge_record
+
+    _, pack = voc
+    image = _jpeg((37, 29))
+    forge_record(
+        pack, 0, flags=fmt.FIELDS_FLAG, label=-1, payload=fmt.pack_field_payloads([image, mask_png("P", (5, 5), 0)])
+    )
+    forge_record(pack, 1, flags=fmt.FIELDS_FLAG, label=-1, payload=fmt.pack_field_payloads([image, b""]))
+    forge_record(
+        pack, 2, flags=fmt.FIELDS_FLAG, label=-1, payload=fmt.pack_field_payloads([image, _jpeg((37, 29), "L")])
+    )
+    report = lmdbfolder.verify(pack)
+    found = {p.index: p.message for p in report.problems}
+    assert set(found) == {0, 1}
+    assert "is 5x5 but the image is 37x29" in found[0] and "empty (a missing mask)" in found[1]
+    assert any("lossy jpeg" in note for note in report.notes)
+
+
+def test_info_lists_the_fields_and_the_counts(tmp_path: Path, voc: tuple[Any, Path]) -> None:
+    from lmdbfolder.tools.info import format_info, pack_info, pack_statistics
+
+    _, pack = voc
+    info = pack_info(pack)
+    assert info["fields"] == [{"name": "image", "kind": "image"}, {"name": "mask", "kind": "mask"}]
+    stats = pack_statistics(pack)["field_stats"]
+    assert stats["fields"][1]["encodings"] == {"png": 4} and stats["mask_values"]["255"] == 2
+    images, annotations = make_coco(tmp_path / "coco")
+    lmdbfolder.pack_dataset(datasets.CocoDetection(str(images), str(annotations)), tmp_path / "c.lmdb", progress=False)
+    info = pack_info(tmp_path / "c.lmdb")
+    stats = pack_statistics(tmp_path / "c.lmdb")
+    info.update({k: v for k, v in stats.items() if k not in ("path", "count", "encodings")})  # as the CLI does
+    info["encoding_shares"] = {"jpeg": 1.0}
+    text = format_info(info)
+    assert "layout:" in text and "field annotations: json (json 3)" in text
+    assert "categories:" in text and "(annotations in 3 samples)" in text
+    assert {c["name"]: c["annotations"] for c in info["field_stats"]["categories"]} == {
+        name: sum(1 for a in json.loads(annotations.read_text())["annotations"] if a["category_id"] == cid)
+        for cid, name in ((1, "cat"), (2, "dög"), (3, "bird"))
+    }

@@ -27,6 +27,7 @@ import lmdbfolder
 from conftest import make_cityscapes, make_coco, make_voc, mask_png, photo_jpeg
 from lmdbfolder import format as fmt
 from lmdbfolder.errors import CorruptRecordError, LossyMaskWarning, NotAPackError, OptionError
+from lmdbfolder.tools.export import export
 from lmdbfolder.torch import LMDBDataset, LMDBFolder
 from lmdbfolder.write.fields import FieldSamples, FieldSpec, SampleError, check_fields, pack_field_samples
 
@@ -590,3 +591,41 @@ def test_info_lists_the_fields_and_the_counts(tmp_path: Path, voc: tuple[Any, Pa
         name: sum(1 for a in json.loads(annotations.read_text())["annotations"] if a["category_id"] == cid)
         for cid, name in ((1, "cat"), (2, "dög"), (3, "bird"))
     }
+
+
+# -- export, copy, update ---------------------------------------------------------------------------
+def _same_dataset(a: Any, b: Any) -> None:
+    assert len(a) == len(b)
+    for i in range(len(a)):
+        assert_same(a[i], b[i])
+
+
+def test_export_writes_the_layout_back_for_torchvision(tmp_path: Path, voc: tuple[Any, Path]) -> None:
+    dataset, pack = voc
+    export(pack, tmp_path / "voc-out")
+    _same_dataset(dataset, datasets.VOCSegmentation(str(tmp_path / "voc-out"), year="2012", image_set="train"))
+    root = make_cityscapes(tmp_path / "cityscapes")
+    city = datasets.Cityscapes(str(root), split="train", target_type="semantic")
+    lmdbfolder.pack_dataset(city, tmp_path / "cs.lmdb", progress=False)
+    export(tmp_path / "cs.lmdb", tmp_path / "cs-out")
+    back = datasets.Cityscapes(str(tmp_path / "cs-out"), split="train", target_type="semantic")
+    by_path = {Path(p).name: i for i, p in enumerate(back.images)}  # os.listdir order differs
+    for i, image in enumerate(city.images):
+        assert_same(city[i], back[by_path[Path(image).name]])
+    images, annotations = make_coco(tmp_path / "coco")
+    coco = datasets.CocoDetection(str(images), str(annotations))
+    lmdbfolder.pack_dataset(coco, tmp_path / "coco.lmdb", progress=False)
+    export(tmp_path / "coco.lmdb", tmp_path / "coco-out")
+    out = tmp_path / "coco-out"
+    _same_dataset(coco, datasets.CocoDetection(str(out), str(out / "annotations.json")))
+    with pytest.raises(OptionError, match="--format files"):
+        export(pack, tmp_path / "wds", format="webdataset")
+
+
+def test_copy_and_update_of_a_pack_of_fields(tmp_path: Path, voc: tuple[Any, Path]) -> None:
+    dataset, pack = voc
+    lmdbfolder.copy_pack(pack, tmp_path / "copy.lmdb")
+    _same_dataset(dataset, LMDBDataset(tmp_path / "copy.lmdb"))
+    assert lmdbfolder.verify(tmp_path / "copy.lmdb").ok
+    with pytest.raises(OptionError, match="does not update such a pack yet"):
+        lmdbfolder.pack(tmp_path / "voc", pack, update=True, progress=False)

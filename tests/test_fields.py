@@ -629,3 +629,18 @@ def test_copy_and_update_of_a_pack_of_fields(tmp_path: Path, voc: tuple[Any, Pat
     assert lmdbfolder.verify(tmp_path / "copy.lmdb").ok
     with pytest.raises(OptionError, match="does not update such a pack yet"):
         lmdbfolder.pack(tmp_path / "voc", pack, update=True, progress=False)
+
+
+def test_show_draws_masks_over_images_and_outlines_boxes(tmp_path: Path, voc: tuple[Any, Path]) -> None:
+    from lmdbfolder.tools.show import contact_sheet
+
+    dataset, pack = voc
+    sheet = contact_sheet(pack, tmp_path / "voc.png", indices=[0], size=64)
+    assert sheet.undecodable == [] and sheet.indices == [0]
+    left, top, right, bottom = sheet.boxes[0]
+    tile = np.asarray(Image.open(tmp_path / "voc.png").convert("RGB"))[top:bottom, left:right]
+    plain = np.asarray(dataset[0][0].resize((right - left, bottom - top), Image.Resampling.BILINEAR))
+    assert np.abs(tile.astype(int) - plain.astype(int)).mean() > 10  # the mask's colours are over it
+    images, annotations = make_coco(tmp_path / "coco")
+    lmdbfolder.pack_dataset(datasets.CocoDetection(str(images), str(annotations)), tmp_path / "c.lmdb", progress=False)
+    assert contact_sheet(tmp_path / "c.lmdb", tmp_path / "coco.png", size=48).undecodable == []

@@ -644,3 +644,21 @@ def test_show_draws_masks_over_images_and_outlines_boxes(tmp_path: Path, voc: tu
     images, annotations = make_coco(tmp_path / "coco")
     lmdbfolder.pack_dataset(datasets.CocoDetection(str(images), str(annotations)), tmp_path / "c.lmdb", progress=False)
     assert contact_sheet(tmp_path / "c.lmdb", tmp_path / "coco.png", size=48).undecodable == []
+
+
+def test_the_segmentation_example_of_the_readme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The README's example (workers and batch size made small), as a user runs it.
+    make_voc(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    lmdbfolder.pack_dataset(datasets.VOCSegmentation("data", image_set="train"), "voc.lmdb", progress=False)
+    tf = v2.Compose(
+        [
+            v2.RandomResizedCrop(32),
+            v2.RandomHorizontalFlip(),
+            v2.ToImage(),
+            v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
+        ]
+    )
+    loader = DataLoader(LMDBDataset("voc.lmdb", transforms=tf), batch_size=2, num_workers=2)
+    images, masks = next(iter(loader))
+    assert images.shape == (2, 3, 32, 32) and masks.shape == (2, 1, 32, 32) and masks.dtype == torch.int64

@@ -143,13 +143,13 @@ def export(
         if format == "files":
             _refuse_changed_bytes(found.path, meta.store, params)
         os.makedirs(tmp)
+        shards: list[str] = []
         try:
             if specs is not None:
                 count, nbytes = _write_fields(reader, tmp, progress)
-                list_file, shards = None, []
+                list_file = None
             elif format == "files":
                 count, nbytes, list_file = _write_files(reader, tmp, out, progress)
-                shards: list[str] = []
             elif format == "huggingface":
                 count, nbytes, shards = huggingface.write_huggingface(
                     reader, tmp, limit, progress, split, found.path, _member

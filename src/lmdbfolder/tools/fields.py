@@ -83,10 +83,10 @@ def check_fields(payload: memoryview, checks: FieldChecks) -> tuple[list[str], l
                 problems.append(f"{where}: {problem}")
     image = next((sizes[f.name] for f in checks.fields if f.kind == "image" and f.name in sizes), None)
     for spec in checks.fields:
-        size = sizes.get(spec.name)
-        if spec.kind == "mask" and image is not None and size is not None and size != image:
+        got = sizes.get(spec.name)
+        if spec.kind == "mask" and image is not None and got is not None and got != image:
             problems.append(
-                f"field {spec.name!r} is {size[0]}x{size[1]} but the image is {image[0]}x{image[1]}: "
+                f"field {spec.name!r} is {got[0]}x{got[1]} but the image is {image[0]}x{image[1]}: "
                 "the mask does not cover its image"
             )
     if checks.layout == "coco" and "image_info" in values and "annotations" in values:

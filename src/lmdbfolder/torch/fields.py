@@ -111,16 +111,24 @@ class LMDBDataset(VisionDataset):
         self._wrapper = _Wrapper(self.layout, target_keys)
         self._tensor_fields = tuple(k for k, how in enumerate(self.schema.decoders) if how == TENSOR)
         self.categories: list[Any] = list(self.layout_info.get("categories") or []) if self.layout == "coco" else []
+        self._ids: list[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.reader)
 
     @property
     def ids(self) -> list[Any]:
-        """COCO: the image id of every sample (``CocoDetection.ids``), read from the pack."""
+        """COCO: the image id of every sample (``CocoDetection.ids``), read from the pack once."""
         if self.layout != "coco":
             raise AttributeError("ids: only a pack of the coco layout has image ids")
-        return [self._values(i)[1]["id"] for i in range(len(self))]
+        if self._ids is None:
+            schema = self.schema
+            ids = []
+            for i in range(len(self)):
+                record = self.reader.get(i)
+                ids.append(schema.value(1, schema.split(record.payload, i)[1], i).get("id"))
+            self._ids = ids
+        return list(self._ids)
 
     def _values(self, index: int) -> list[Any]:
         record = self.reader.get(index)

@@ -89,7 +89,7 @@ class FieldSamples:
     mean_size: float = 0.0
 
 
-def _lossy(encoding: str, data: bytes | memoryview) -> bool:
+def _lossy(encoding: str, data: bytes | bytearray | memoryview) -> bool:
     if encoding in _LOSSY:
         return True
     # A WebP is lossy when it holds a "VP8 " (not "VP8L") bitstream chunk.
@@ -143,7 +143,7 @@ def check_fields(
             loaded = load_bytes(data, NO_LABEL, check=field_check, max_pixels=max_pixels)
             if isinstance(loaded, Skipped):
                 return skipped(k, loaded.reason)
-            header, _ = decode_record(loaded.value)
+            header, _ = decode_record(memoryview(loaded.value))
             if header.width and header.height:
                 shapes[k] = (header.width, header.height)
             if first is None and k == 0:

@@ -662,3 +662,43 @@ def test_the_segmentation_example_of_the_readme(tmp_path: Path, monkeypatch: pyt
     loader = DataLoader(LMDBDataset("voc.lmdb", transforms=tf), batch_size=2, num_workers=2)
     images, masks = next(iter(loader))
     assert images.shape == (2, 3, 32, 32) and masks.shape == (2, 1, 32, 32) and masks.dtype == torch.int64
+
+
+def test_a_sharded_pack_of_fields(tmp_path: Path) -> None:
+    root = make_voc(tmp_path / "voc")
+    dataset = datasets.VOCSegmentation(str(root), year="2012", image_set="train")
+    result = lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False)
+    assert result.count == len(dataset) and len(result.shards) == 2  # type: ignore[union-attr]
+    assert (tmp_path / "sharded" / "index.json").is_file()
+    _same_dataset(dataset, LMDBDataset(tmp_path / "sharded"))
+    tf = _pipeline()
+    oracle = datasets.wrap_dataset_for_transforms_v2(
+        datasets.VOCSegmentation(str(root), year="2012", image_set="train", transforms=tf)
+    )
+    _same_under_seed(oracle, LMDBDataset(tmp_path / "sharded", transforms=tf), len(dataset))
+    assert lmdbfolder.verify(tmp_path / "sharded").ok
+    assert lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False).already_packed
+    with pytest.raises(OptionError, match="several fields"):
+        lmdbfolder.pack_dataset(_Pairs(), tmp_path / "x", shards=2)
+
+
+class _Pairs(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        return Image.new("RGB", (3, 3)), i
+
+
+def test_info_show_and_export_of_a_sharded_pack_of_fields(tmp_path: Path) -> None:
+    from lmdbfolder.tools.info import pack_info, pack_statistics
+    from lmdbfolder.tools.show import contact_sheet
+
+    root = make_voc(tmp_path / "voc")
+    dataset = datasets.VOCSegmentation(str(root), year="2012", image_set="train")
+    lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False)
+    assert pack_info(tmp_path / "sharded")["layout"] == "voc"
+    assert pack_statistics(tmp_path / "sharded")["field_stats"]["looked_at"] == len(dataset)
+    assert contact_sheet(tmp_path / "sharded", tmp_path / "s.png", size=32).undecodable == []
+    export(tmp_path / "sharded", tmp_path / "out")
+    _same_dataset(dataset, datasets.VOCSegmentation(str(tmp_path / "out"), year="2012", image_set="train"))

@@ -31,7 +31,7 @@ from lmdbfolder.errors import CorruptRecordError, NotAPackError
 from lmdbfolder.format import Manifest
 from lmdbfolder.format.fields import FieldSpec, decode_array, decode_json, split_field_payloads
 
-__all__ = ["SampleSchema", "SEGMENTATION_LAYOUTS", "decode_image"]
+__all__ = ["SampleSchema", "SEGMENTATION_LAYOUTS", "decode_image", "samples_manifest"]
 
 #: Layouts whose samples are an image and its mask (torchvision's ``VOCSegmentation``,
 #: ``Cityscapes(target_type="semantic")``; ADE20K's folders the same way).
@@ -40,6 +40,19 @@ SEGMENTATION_LAYOUTS = ("voc", "ade20k", "cityscapes")
 RGB, AS_STORED, JSON, ARRAY, TENSOR = "rgb", "as-stored", "json", "array", "tensor"
 #: Shapes of a ``dataset`` layout's item (``layout.info.item``).
 ITEM_SHAPES = ("tuple", "list", "dict", "single")
+
+
+def samples_manifest(reader: Any) -> Manifest:
+    """The manifest that says what a pack's samples hold: a single pack's (``Reader``), or a
+    sharded pack's first shard's (``ShardedReader``: every shard of a split is written by one
+    writer, with the same fields)."""
+    meta = reader.meta
+    if isinstance(meta, Manifest):
+        return meta
+    from lmdbfolder.read.reader import Reader
+
+    with Reader(reader.shards[0], readahead=False, verify_checksums=False) as first:
+        return first.meta
 
 
 def decode_image(payload: bytes | memoryview, *, rgb: bool) -> Image.Image:

@@ -65,6 +65,7 @@ from lmdbfolder.encodings import ENCODINGS, encoding_of
 from lmdbfolder.errors import OptionError, OutputExistsError, SourceError
 from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, Manifest, ShardIndex
 from lmdbfolder.progress import Progress
+from lmdbfolder.read.fields import samples_manifest
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.text import plural, printable
@@ -134,7 +135,8 @@ def export(
     with open_pack(found.path) as reader:
         meta = reader.meta
         params = _params(reader)
-        specs = getattr(meta, "field_specs", None)
+        samples_meta = samples_manifest(reader)
+        specs = samples_meta.field_specs
         if specs is not None and format != "files":
             raise OptionError(
                 f"{found.path} holds samples of several fields: it is exported as the files of its layout only",
@@ -146,7 +148,7 @@ def export(
         shards: list[str] = []
         try:
             if specs is not None:
-                count, nbytes = _write_fields(reader, tmp, progress)
+                count, nbytes = _write_fields(reader, samples_meta, tmp, progress)
                 list_file = None
             elif format == "files":
                 count, nbytes, list_file = _write_files(reader, tmp, out, progress)
@@ -360,14 +362,13 @@ def _partner(layout: str, relpath: str, info: dict[str, Any], mask_ext: str) -> 
     return None
 
 
-def _write_fields(reader: Any, tmp: str, progress: bool | None) -> tuple[int, int]:
+def _write_fields(reader: Any, meta: Manifest, tmp: str, progress: bool | None) -> tuple[int, int]:
     """Export a pack of several fields as the files of its layout (``FIELD_LAYOUTS``): VOC's
     ``VOCdevkit/VOC<year>`` tree with its split file, ADE20K's and Cityscapes' image and
     annotation trees, COCO's images and an ``annotations.json``; torchvision's datasets read
     them as they read the originals."""
     from lmdbfolder.read.fields import SampleSchema
 
-    meta = reader.meta
     layout = meta.layout_name
     if layout not in FIELD_LAYOUTS:
         raise OptionError(

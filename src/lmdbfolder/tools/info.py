@@ -18,6 +18,7 @@ from typing import Any
 from lmdbfolder import packdir
 from lmdbfolder.errors import CorruptRecordError
 from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, Manifest, ShardIndex, SourceRecord
+from lmdbfolder.read.fields import samples_manifest
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
@@ -112,9 +113,9 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
         }
         if (sizes is not None and sizes < 0) or n == 0:
             return out
-        specs = getattr(reader.meta, "field_specs", None)
-        if specs is not None:
-            out["field_stats"] = _field_stats(reader, specs, sizes)
+        samples_meta = samples_manifest(reader)
+        if samples_meta.field_specs is not None:
+            out["field_stats"] = _field_stats(reader, samples_meta, sizes)
         step = 1 if not sizes or sizes >= n else n / sizes
         picks = sorted({int(k * step) for k in range(n if step == 1 else int(sizes or n))})
         widths, heights, unknown, unreadable = [], [], 0, 0
@@ -146,20 +147,20 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
     return out
 
 
-def _field_stats(reader: Any, specs: Any, sizes: int | None) -> dict[str, Any]:
+def _field_stats(reader: Any, meta: Manifest, sizes: int | None) -> dict[str, Any]:
     """A pack of several fields: each field's encodings and the per-category (COCO) or
     per-mask-value counts, from up to ``FIELD_SAMPLE`` evenly spaced records (``sizes``
     when smaller; 0 or None: ``FIELD_SAMPLE``)."""
     n = len(reader)
     want = min(n, sizes or FIELD_SAMPLE, FIELD_SAMPLE)
-    stats = FieldStats(tuple(specs))
-    layout = reader.meta.layout_name
+    stats = FieldStats(tuple(meta.field_specs or ()))
+    layout = meta.layout_name
     for k in range(want):
         try:
             stats.add(reader.get(int(k * n / want)).payload, layout)
         except CorruptRecordError:
             continue
-    categories = reader.meta.layout_info.get("categories") or []
+    categories = meta.layout_info.get("categories") or []
     names = [(c.get("id"), c.get("name")) for c in categories if isinstance(c, dict)]
     return stats.as_dict(names)
 
@@ -199,6 +200,10 @@ def _sharded_info(path: str) -> dict[str, Any]:
         size += shard_size
         shards.append({"name": entry.name, "count": entry.count, "size_on_disk": shard_size})
     info = _summary(reader.path, meta, size)
+    first = samples_manifest(reader)
+    if first.field_specs is not None:  # shards of several fields: the first one's say what they hold
+        info["fields"] = [f.to_json() for f in first.field_specs]
+        info["layout"] = first.layout_name
     info.update(
         format_version=meta.index_version,
         pack_format_version=meta.pack_format_version,

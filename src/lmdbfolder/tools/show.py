@@ -317,11 +317,11 @@ class _Overlay:
     @classmethod
     def of(cls, reader: Any) -> _Overlay | None:
         """The overlay of a pack of several fields; None for one image per record."""
-        meta = reader.meta
-        if getattr(meta, "field_specs", None) is None:
-            return None
-        from lmdbfolder.read.fields import SampleSchema
+        from lmdbfolder.read.fields import SampleSchema, samples_manifest
 
+        meta = samples_manifest(reader)
+        if meta.field_specs is None:
+            return None
         return cls(SampleSchema.of(meta, reader.path))
 
     def image(self, reader: Any, index: int) -> Image.Image:

@@ -25,7 +25,7 @@ import torch
 from torchvision.datasets import VisionDataset
 
 from lmdbfolder.errors import OptionError
-from lmdbfolder.read.fields import SEGMENTATION_LAYOUTS, TENSOR, SampleSchema
+from lmdbfolder.read.fields import SEGMENTATION_LAYOUTS, TENSOR, SampleSchema, samples_manifest
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.torch.options import ReadOptions, read_options
 from lmdbfolder.torch.replay import Replay
@@ -99,7 +99,7 @@ class LMDBDataset(VisionDataset):
             cache_dir=self.options.cache_dir,
             cache_limit=self.options.cache_limit,
         )
-        meta = _manifest(self.reader)
+        meta = samples_manifest(self.reader)
         super().__init__(os.fspath(root), transforms=transforms, transform=transform, target_transform=target_transform)
         self.schema = SampleSchema.of(meta, self.reader.path)
         self.fields = self.schema.fields
@@ -180,16 +180,6 @@ class LMDBDataset(VisionDataset):
     def close(self) -> None:
         """Release this process's handles of the pack."""
         self.reader.close()
-
-
-def _manifest(reader: AnyReader) -> Any:
-    meta = reader.meta
-    if not hasattr(meta, "field_specs"):
-        raise OptionError(
-            f"{reader.path}: a sharded pack of several fields is not read yet",
-            "pack it as a single pack",
-        )
-    return meta
 
 
 class _Wrapper:

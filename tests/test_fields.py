@@ -677,6 +677,8 @@ def test_a_sharded_pack_of_fields(tmp_path: Path) -> None:
     )
     _same_under_seed(oracle, LMDBDataset(tmp_path / "sharded", transforms=tf), len(dataset))
     assert lmdbfolder.verify(tmp_path / "sharded").ok
+    with pytest.raises(OptionError, match="LMDBDataset"):
+        LMDBFolder(tmp_path / "sharded")
     assert lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False).already_packed
     with pytest.raises(OptionError, match="several fields"):
         lmdbfolder.pack_dataset(_Pairs(), tmp_path / "x", shards=2)
@@ -702,3 +704,14 @@ def test_info_show_and_export_of_a_sharded_pack_of_fields(tmp_path: Path) -> Non
     assert contact_sheet(tmp_path / "sharded", tmp_path / "s.png", size=32).undecodable == []
     export(tmp_path / "sharded", tmp_path / "out")
     _same_dataset(dataset, datasets.VOCSegmentation(str(tmp_path / "out"), year="2012", image_set="train"))
+
+
+def test_a_sharded_pack_of_fields_through_object_storage(s3: Any, tmp_path: Path) -> None:
+    root = make_voc(tmp_path / "voc")
+    dataset = datasets.VOCSegmentation(str(root), year="2012", image_set="train")
+    lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False)
+    url = s3.url("voc")
+    lmdbfolder.copy_pack(tmp_path / "sharded", url)
+    _same_dataset(dataset, LMDBDataset(url, cache_dir=tmp_path / "cache"))  # staged shard by shard
+    lmdbfolder.copy_pack(url, tmp_path / "back")
+    _same_dataset(dataset, LMDBDataset(tmp_path / "back"))

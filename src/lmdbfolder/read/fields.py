@@ -28,7 +28,7 @@ from typing import Any, Sequence
 from PIL import Image
 
 from lmdbfolder.errors import CorruptRecordError, NotAPackError
-from lmdbfolder.format import Manifest
+from lmdbfolder.format import FIELDS_FORMAT_VERSION, Manifest
 from lmdbfolder.format.fields import FieldSpec, decode_array, decode_json, split_field_payloads
 
 __all__ = ["SampleSchema", "SEGMENTATION_LAYOUTS", "decode_image", "samples_manifest"]
@@ -42,17 +42,19 @@ RGB, AS_STORED, JSON, ARRAY, TENSOR = "rgb", "as-stored", "json", "array", "tens
 ITEM_SHAPES = ("tuple", "list", "dict", "single")
 
 
-def samples_manifest(reader: Any) -> Manifest:
-    """The manifest that says what a pack's samples hold: a single pack's (``Reader``), or a
-    sharded pack's first shard's (``ShardedReader``: every shard of a split is written by one
-    writer, with the same fields)."""
+def samples_manifest(reader: Any) -> Manifest | None:
+    """The manifest that says what the samples of a pack of several fields hold: a single
+    pack's (``Reader``), or a sharded pack's first shard's (``ShardedReader``: every shard of a
+    split is written by one writer, with the same fields; a pack in object storage stages that
+    shard now). None for a pack of one image per record (a sharded one: told by its index's
+    ``pack_format_version``, no shard opened)."""
     meta = reader.meta
     if isinstance(meta, Manifest):
-        return meta
-    from lmdbfolder.read.reader import Reader
-
-    with Reader(reader.shards[0], readahead=False, verify_checksums=False) as first:
-        return first.meta
+        return meta if meta.field_specs is not None else None
+    if meta.pack_format_version < FIELDS_FORMAT_VERSION:
+        return None
+    first: Manifest = reader.shard(0).meta
+    return first if first.field_specs is not None else None
 
 
 def decode_image(payload: bytes | memoryview, *, rgb: bool) -> Image.Image:

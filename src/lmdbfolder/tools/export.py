@@ -136,7 +136,7 @@ def export(
         meta = reader.meta
         params = _params(reader)
         samples_meta = samples_manifest(reader)
-        specs = samples_meta.field_specs
+        specs = samples_meta.field_specs if samples_meta is not None else None
         if specs is not None and format != "files":
             raise OptionError(
                 f"{found.path} holds samples of several fields: it is exported as the files of its layout only",
@@ -147,7 +147,7 @@ def export(
         os.makedirs(tmp)
         shards: list[str] = []
         try:
-            if specs is not None:
+            if samples_meta is not None:
                 count, nbytes = _write_fields(reader, samples_meta, tmp, progress)
                 list_file = None
             elif format == "files":

@@ -114,7 +114,7 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
         if (sizes is not None and sizes < 0) or n == 0:
             return out
         samples_meta = samples_manifest(reader)
-        if samples_meta.field_specs is not None:
+        if samples_meta is not None:
             out["field_stats"] = _field_stats(reader, samples_meta, sizes)
         step = 1 if not sizes or sizes >= n else n / sizes
         picks = sorted({int(k * step) for k in range(n if step == 1 else int(sizes or n))})
@@ -201,7 +201,7 @@ def _sharded_info(path: str) -> dict[str, Any]:
         shards.append({"name": entry.name, "count": entry.count, "size_on_disk": shard_size})
     info = _summary(reader.path, meta, size)
     first = samples_manifest(reader)
-    if first.field_specs is not None:  # shards of several fields: the first one's say what they hold
+    if first is not None and first.field_specs is not None:  # shards of several fields: the first says
         info["fields"] = [f.to_json() for f in first.field_specs]
         info["layout"] = first.layout_name
     info.update(

@@ -320,7 +320,7 @@ class _Overlay:
         from lmdbfolder.read.fields import SampleSchema, samples_manifest
 
         meta = samples_manifest(reader)
-        if meta.field_specs is None:
+        if meta is None:
             return None
         return cls(SampleSchema.of(meta, reader.path))
 

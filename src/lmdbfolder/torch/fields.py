@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from torchvision.datasets import VisionDataset
 
-from lmdbfolder.errors import OptionError
+from lmdbfolder.errors import NotAPackError, OptionError
 from lmdbfolder.read.fields import SEGMENTATION_LAYOUTS, TENSOR, SampleSchema, samples_manifest
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.torch.options import ReadOptions, read_options
@@ -100,6 +100,12 @@ class LMDBDataset(VisionDataset):
             cache_limit=self.options.cache_limit,
         )
         meta = samples_manifest(self.reader)
+        if meta is None:
+            raise NotAPackError(
+                self.reader.path,
+                "its samples are one image and a label, not several fields",
+                "read it with lmdbfolder.torch.LMDBFolder",
+            )
         super().__init__(os.fspath(root), transforms=transforms, transform=transform, target_transform=target_transform)
         self.schema = SampleSchema.of(meta, self.reader.path)
         self.fields = self.schema.fields

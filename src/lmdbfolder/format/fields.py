@@ -141,8 +141,9 @@ def fields_from_json(value: Any, where: str) -> tuple[FieldSpec, ...]:
 
 
 # -- the record's payload ---------------------------------------------------------------------------
-def pack_field_payloads(payloads: Sequence[bytes | bytearray | memoryview]) -> bytearray:
-    """The payload of a record of several fields: ``n + 1`` u32 offsets, then the payloads."""
+def pack_field_payloads(payloads: Sequence[bytes | bytearray | memoryview], room: int = 0) -> bytearray:
+    """The payload of a record of several fields: ``n + 1`` u32 offsets, then the payloads,
+    behind ``room`` zero bytes (where the writer puts the record header)."""
     n = len(payloads)
     offsets = bytearray(4 * (n + 1))
     total = 0
@@ -152,9 +153,9 @@ def pack_field_payloads(payloads: Sequence[bytes | bytearray | memoryview]) -> b
         if total >= 1 << 32:
             raise ValueError(f"the fields of a sample hold {total:,} bytes, more than a record's 4 GiB")
         _U32.pack_into(offsets, 4 * (k + 1), total)
-    out = bytearray(len(offsets) + total)
-    out[: len(offsets)] = offsets
-    pos = len(offsets)
+    out = bytearray(room + len(offsets) + total)
+    out[room : room + len(offsets)] = offsets
+    pos = room + len(offsets)
     for payload in payloads:
         out[pos : pos + len(payload)] = payload
         pos += len(payload)

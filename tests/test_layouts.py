@@ -512,3 +512,139 @@ def test_the_reader_pickles(tmp_path: Path) -> None:
     make_voc(tmp_path, ["a"])
     samples = scan_layout(tmp_path, "voc")
     assert pickle.loads(pickle.dumps(samples.read))(0) == samples.read(0)
+
+
+# -- end to end: `lmdbfolder pack --layout`, `lmdbfolder import --gt` -------------------------------
+def stored_fields(pack: Path) -> list[list[bytes]]:
+    """Every record's fields, as the pack holds them (checksums verified)."""
+    from lmdbfolder.format.fields import split_field_payloads
+    from lmdbfolder.read.reader import Reader
+
+    reader = Reader(str(pack), verify_checksums=True)
+    try:
+        n = len(reader.meta.field_specs)
+        out = []
+        for i in range(reader.meta.count):
+            parts = split_field_payloads(reader.get(i).payload, n)
+            assert not isinstance(parts, str), parts
+            out.append([bytes(p) for p in parts])
+        return out
+    finally:
+        reader.close()
+
+
+def test_cli_pack_voc_holds_the_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lmdbfolder.cli import main
+
+    make_voc(tmp_path / "src", ["a", "b", "été"], no_mask=("b",))
+    dst = tmp_path / "voc.lmdb"
+    assert main(["pack", str(tmp_path / "src"), str(dst), "--layout", "voc", "--split", "train", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "packed 2 samples of voc (split train), fields image, mask" in out
+    assert "JPEGImages/b.jpg + SegmentationClass/b.png: named by ImageSets/Segmentation/train.txt:2" in out
+    voc = tmp_path / "src/VOCdevkit/VOC2012"
+    assert stored_fields(dst) == [
+        [(voc / f"JPEGImages/{n}.jpg").read_bytes(), (voc / f"SegmentationClass/{n}.png").read_bytes()]
+        for n in ("a", "été")
+    ]
+    assert "SegmentationClass/b.png is missing" in (dst / "skipped.txt").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("layout", ["coco", "table", "pairs", "cityscapes"])
+def test_cli_pack_layouts_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], layout: str) -> None:
+    from lmdbfolder.cli import main
+
+    src = tmp_path / "src"
+    kwargs: dict[str, Any]
+    if layout == "coco":
+        src, ann, _ = make_coco(tmp_path)
+        extra, kwargs = ["--annotations", str(ann)], {"annotations": ann}
+    elif layout == "table":
+        _put(src / "x.jpg", _encoded("cmyk", 9, 9, 1))
+        (tmp_path / "t.csv").write_text("image,caption\nx.jpg,ünï\n", encoding="utf-8")
+        extra, kwargs = ["--annotations", str(tmp_path / "t.csv")], {"annotations": tmp_path / "t.csv"}
+    elif layout == "pairs":
+        make_pairs(src, 3)
+        extra, kwargs = ["--scale", "3"], {"scale": 3}
+    else:
+        make_cityscapes(src)
+        extra, kwargs = ["--split", "val"], {"split": "val"}
+    dst = tmp_path / "out.lmdb"
+    assert main(["pack", str(src), str(dst), "--layout", layout, *extra, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    expected = scan_layout(src, layout, **kwargs)
+    assert report["layout"] == layout and report["count"] == len(expected.relpaths)
+    assert report["fields"] == [f.to_json() for f in expected.fields]
+    assert stored_fields(dst) == [expected.read(i) for i in range(len(expected.relpaths))]
+
+
+def test_cli_pack_layout_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lmdbfolder.cli import main
+    from lmdbfolder.cli.common import EXIT_CODES
+    from lmdbfolder.cli.pack_layouts import LAYOUT_CHOICES
+
+    assert LAYOUT_CHOICES == LAYOUTS
+    make_voc(tmp_path, ["a"])
+    dst = str(tmp_path / "o.lmdb")
+    assert main(["pack", str(tmp_path), dst, "--split", "val"]) == EXIT_CODES["usage"]
+    assert "--split goes with --layout" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path), dst, "--layout", "voc", "--shards", "2"]) == EXIT_CODES["usage"]
+    assert "does not take --shards" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path), dst, "--layout", "voc", "--max-size", "64"]) == EXIT_CODES["usage"]
+    assert main(["pack", str(tmp_path), dst, "--layout", "pairs"]) == EXIT_CODES["usage"]
+    assert "--scale N" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path), dst, "--layout", "voc", "--split", "val"]) == EXIT_CODES["source error"]
+    assert main(["pack", str(tmp_path), dst, "--layout", "voc", "--dry-run"]) == 0
+    assert "holds 1 sample of fields image, mask" in capsys.readouterr().out
+    assert not os.path.exists(dst)
+
+
+def _basicsr_lmdb(path: Path, images: dict[str, bytes]) -> None:
+    """A BasicSR LMDB as scripts/data_preparation/create_lmdb.py makes it: keys are the names without
+    their ending, values the PNG bytes, meta_info.txt one `name (h,w,c) compression` line each."""
+    import lmdb
+
+    path.mkdir(parents=True)
+    env = lmdb.open(str(path), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for name, data in images.items():
+            txn.put(os.path.splitext(name)[0].encode(), data)
+    env.close()
+    lines = []
+    for name, data in images.items():
+        w, h = _pil(data).size
+        lines.append(f"{name} ({h},{w},3) 1\n")
+    (path / "meta_info.txt").write_text("".join(lines), encoding="utf-8")
+
+
+def test_import_basicsr_lmdb_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lmdbfolder.cli import main
+
+    names = ["0801_s002.png", "0002_s001.png", "ünï.png"]
+    lq = {n: _encoded("rgb_png", 5 + k, 4 + k, k) for k, n in enumerate(names)}
+    gt = {n: _encoded("rgb_png", 2 * (5 + k), 2 * (4 + k), 10 + k) for k, n in enumerate(names)}
+    lq["lq_only.png"] = _encoded("rgb_png", 3, 3, 0)
+    gt["bad_scale.png"] = _encoded("rgb_png", 7, 6, 0)
+    lq["bad_scale.png"] = _encoded("rgb_png", 3, 3, 0)
+    _basicsr_lmdb(tmp_path / "LR_X2.lmdb", lq)
+    _basicsr_lmdb(tmp_path / "HR.lmdb", gt)
+    dst = tmp_path / "pairs.lmdb"
+    args = ["import", str(tmp_path / "LR_X2.lmdb"), str(dst), "--gt", str(tmp_path / "HR.lmdb"), "--scale", "2"]
+    assert main([*args, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "imported 3 pairs (fields lq, gt)" in out
+    assert "LR_X2.lmdb/lq_only.png: an LQ image without its GT" in out
+    assert "the GT is 7x6 but the LQ is 3x3" in out
+    # paired_paths_from_lmdb: the keys sorted (basicsr/data/data_util.py lines 143-153)
+    order = sorted(os.path.splitext(n)[0] for n in names)
+    assert stored_fields(dst) == [[lq[k + ".png"], gt[k + ".png"]] for k in order]
+
+
+def test_import_basicsr_pair_scale_from_meta_info(tmp_path: Path) -> None:
+    from lmdbfolder.tools.importing import basicsr_pair_samples
+
+    _basicsr_lmdb(tmp_path / "lq.lmdb", {"a.png": _encoded("rgb_png", 4, 3, 0)})
+    _basicsr_lmdb(tmp_path / "gt.lmdb", {"a.png": _encoded("rgb_png", 16, 12, 0)})
+    samples = basicsr_pair_samples(tmp_path / "lq.lmdb", tmp_path / "gt.lmdb")
+    assert samples.layout_info["scale"] == 4 and samples.field_paths == [("lq.lmdb/a.png", "gt.lmdb/a.png")]
+    assert samples.read(0)[1] == _encoded("rgb_png", 16, 12, 0)

@@ -25,13 +25,13 @@ from typing import Any
 
 from lmdbfolder.errors import OptionError, SourceNotFoundError
 from lmdbfolder.write.fields import FieldSamples
-from lmdbfolder.write.layouts._common import unsafe_name
+from lmdbfolder.write.layouts._common import check_pair_scale, unsafe_name
 from lmdbfolder.write.layouts.coco import scan_coco
-from lmdbfolder.write.layouts.pairs import scan_pairs
+from lmdbfolder.write.layouts.pairs import PAIR_FIELDS, check_scale, scan_pairs
 from lmdbfolder.write.layouts.segmentation import scan_ade20k, scan_cityscapes, scan_voc
 from lmdbfolder.write.layouts.table import scan_table
 
-__all__ = ["LAYOUTS", "scan_layout", "unsafe_name"]
+__all__ = ["LAYOUTS", "scan_layout", "unsafe_name", "check_pair_scale", "check_scale", "PAIR_FIELDS"]
 
 #: The layouts ``scan_layout`` (and ``lmdbfolder pack --layout``) read.
 LAYOUTS = ("voc", "ade20k", "cityscapes", "coco", "pairs", "table")

@@ -22,6 +22,7 @@ __all__ = [
     "read_text",
     "require_dir",
     "FileReader",
+    "check_pair_scale",
     "json_payload",
     "posix",
 ]
@@ -173,11 +174,11 @@ class FileReader:
                     raise SampleError(f"{rel} is too large to pack: {exc.strerror}", files) from None
                 raise SampleError(f"cannot read {rel} ({exc.strerror or exc})", files) from None
         if self.scale is not None:
-            _check_scale(out[0], out[1], self.scale, files)
+            check_pair_scale(out[0], out[1], self.scale, files)
         return out
 
 
-def _check_scale(lq: bytes, gt: bytes, scale: int, paths: Sequence[str]) -> None:
+def check_pair_scale(lq: bytes, gt: bytes, scale: int, paths: Sequence[str]) -> None:
     """SampleError unless the GT image is exactly ``scale`` times the LQ image in both dimensions
     (BasicSR's ``paired_random_crop`` refuses other pairs at training time: here they are listed)."""
     import io

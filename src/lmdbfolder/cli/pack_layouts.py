@@ -186,7 +186,8 @@ def _report_dry(args: argparse.Namespace, samples: Any, fields: list[dict[str, A
     )
     _print_skipped(samples.skipped, "the pack's skipped.txt once packed")
     print(
-        f"to pack: lmdbfolder pack {shlex.quote(args.src)} {shlex.quote(args.dst)} --layout {args.layout} (the same options)"
+        f"to pack: lmdbfolder pack {shlex.quote(args.src)} {shlex.quote(args.dst)} --layout {args.layout} "
+        "(the same options)"
     )
     return 0
 

@@ -627,7 +627,7 @@ class _PairReader:
     gt: str
     lq_keys: list[bytes]
     gt_keys: list[bytes]
-    field_paths: list[tuple[str, str]]
+    field_paths: list[tuple[str, ...]]
     scale: int
     _files: tuple[PageFile, PageFile] | None = None
 
@@ -708,7 +708,7 @@ def basicsr_pair_samples(lq: str | os.PathLike[str], gt: str | os.PathLike[str],
     s = check_scale(scale)
     lq_names = [lq_layout.names[lq_by_key[k]] for k in common]
     gt_names = [gt_layout.names[gt_by_key[k]] for k in common]
-    field_paths = [
+    field_paths: list[tuple[str, ...]] = [
         (f"{os.path.basename(lq_dir)}/{a}", f"{os.path.basename(gt_dir)}/{b}") for a, b in zip(lq_names, gt_names)
     ]
     reader = _PairReader(

@@ -648,3 +648,164 @@ def test_import_basicsr_pair_scale_from_meta_info(tmp_path: Path) -> None:
     samples = basicsr_pair_samples(tmp_path / "lq.lmdb", tmp_path / "gt.lmdb")
     assert samples.layout_info["scale"] == 4 and samples.field_paths == [("lq.lmdb/a.png", "gt.lmdb/a.png")]
     assert samples.read(0)[1] == _encoded("rgb_png", 16, 12, 0)
+
+
+# -- end to end: the pack read back with LMDBDataset equals the reference dataset ------------------
+def _same_item(ours: Any, theirs: Any) -> None:
+    """Two items of a dataset: tuples/lists/dicts of PIL images, tensors and JSON values."""
+    import torch
+
+    if isinstance(theirs, Image.Image):
+        assert isinstance(ours, Image.Image)
+        _same_image(ours, theirs)
+    elif isinstance(theirs, torch.Tensor):
+        assert isinstance(ours, torch.Tensor) and type(ours) is type(theirs)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+        if hasattr(theirs, "format"):  # BoundingBoxes
+            assert ours.format == theirs.format and ours.canvas_size == theirs.canvas_size
+    elif isinstance(theirs, (tuple, list)):
+        assert type(ours) is type(theirs) and len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            _same_item(a, b)
+    elif isinstance(theirs, dict):
+        assert set(ours) == set(theirs)
+        for k in theirs:
+            _same_item(ours[k], theirs[k])
+    else:
+        assert ours == theirs
+
+
+def _lmdbdataset() -> Any:
+    torch_layer = pytest.importorskip("lmdbfolder.torch")
+    return torch_layer.LMDBDataset
+
+
+def test_packed_voc_reads_as_vocsegmentation_also_through_v2(tmp_path: Path) -> None:
+    import torch
+    from torchvision.transforms import v2
+
+    from lmdbfolder.cli import main
+
+    LMDBDataset = _lmdbdataset()
+    make_voc(tmp_path / "src", ["2007_000032", "été_ünïcode", "cmyk", "gray"])
+    dst = tmp_path / "voc.lmdb"
+    assert main(["pack", str(tmp_path / "src"), str(dst), "--layout", "voc", "--no-progress"]) == 0
+    theirs = datasets.VOCSegmentation(str(tmp_path / "src"), image_set="train")
+    ours = LMDBDataset(dst)
+    assert len(ours) == len(theirs) == 4
+    for i in range(len(theirs)):
+        _same_item(ours[i], theirs[i])
+    tf = v2.Compose([v2.RandomResizedCrop((12, 10), antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    wrapped = datasets.wrap_dataset_for_transforms_v2(datasets.VOCSegmentation(str(tmp_path / "src"), transforms=tf))
+    ours = LMDBDataset(dst, transforms=tf)
+    for i in range(len(theirs)):
+        torch.manual_seed(i)
+        expected = wrapped[i]
+        torch.manual_seed(i)
+        _same_item(ours[i], expected)
+
+
+def test_packed_cityscapes_and_ade20k_read_back(tmp_path: Path) -> None:
+    from lmdbfolder.cli import main
+
+    LMDBDataset = _lmdbdataset()
+    make_cityscapes(tmp_path / "cs")
+    assert (
+        main(["pack", str(tmp_path / "cs"), str(tmp_path / "cs.lmdb"), "--layout", "cityscapes", "--no-progress"]) == 0
+    )
+    theirs = datasets.Cityscapes(str(tmp_path / "cs"), split="train", mode="fine", target_type="semantic")
+    ours = LMDBDataset(tmp_path / "cs.lmdb")
+    assert len(ours) == len(theirs) == 6
+    for i in range(len(theirs)):
+        _same_item(ours[i], theirs[i])
+    ade = tmp_path / "ade"
+    _put(ade / "images/training/a.jpg", _encoded("cmyk", 11, 7, 0))
+    _put(ade / "annotations/training/a.png", _encoded("mask16", 11, 7, 0))
+    assert main(["pack", str(ade), str(tmp_path / "ade.lmdb"), "--layout", "ade20k", "--no-progress"]) == 0
+    image, mask = LMDBDataset(tmp_path / "ade.lmdb")[0]
+    _same_image(image, Image.open(ade / "images/training/a.jpg").convert("RGB"))
+    _same_image(mask, Image.open(ade / "annotations/training/a.png"))  # 16 bits, as the file opens
+
+
+def test_packed_coco_reads_as_cocodetection_also_through_v2(tmp_path: Path) -> None:
+    pytest.importorskip("pycocotools")
+    import torch
+    from torchvision.transforms import v2
+
+    from lmdbfolder.cli import main
+
+    LMDBDataset = _lmdbdataset()
+    images, ann, _data = make_coco(tmp_path)
+    dst = tmp_path / "coco.lmdb"
+    assert main(["pack", str(images), str(dst), "--layout", "coco", "--annotations", str(ann), "--no-progress"]) == 0
+    theirs = datasets.CocoDetection(str(images), str(ann))
+    ours = LMDBDataset(dst)
+    assert len(ours) == len(theirs)
+    for i in range(len(theirs)):
+        _same_item(ours[i], theirs[i])
+    tf = v2.Compose([v2.RandomHorizontalFlip(), v2.RandomResizedCrop((16, 16), antialias=True), v2.PILToTensor()])
+    wrapped = datasets.wrap_dataset_for_transforms_v2(datasets.CocoDetection(str(images), str(ann), transforms=tf))
+    ours = LMDBDataset(dst, transforms=tf)
+    for i in range(len(theirs)):
+        torch.manual_seed(i)
+        expected = wrapped[i]
+        torch.manual_seed(i)
+        _same_item(ours[i], expected)
+
+
+def test_packed_pairs_read_back_as_rgb_pairs(tmp_path: Path) -> None:
+    from lmdbfolder.cli import main
+
+    LMDBDataset = _lmdbdataset()
+    make_pairs(tmp_path / "src", 2)
+    assert (
+        main(
+            [
+                "pack",
+                str(tmp_path / "src"),
+                str(tmp_path / "p.lmdb"),
+                "--layout",
+                "pairs",
+                "--scale",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    expected = basicsr_paired_paths_from_folder(str(tmp_path / "src/LQ"), str(tmp_path / "src/GT"), "{}")
+    ours = LMDBDataset(tmp_path / "p.lmdb")
+    assert len(ours) == len(expected) == 4
+    for i, (lq, gt) in enumerate(expected):
+        _same_item(ours[i], (Image.open(lq).convert("RGB"), Image.open(gt).convert("RGB")))
+
+
+def _listed(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def test_packed_table_reads_back_through_dataloader_workers(tmp_path: Path) -> None:
+    import torch.utils.data
+
+    from lmdbfolder.cli import main
+
+    LMDBDataset = _lmdbdataset()
+    rows = [("b/ünï.jpg", "cmyk"), ("a.jpg", "gray"), ("a.jpg", "rgb")]
+    for name, kind in rows:
+        _put(tmp_path / "images" / name, _encoded(kind, 9, 7, len(name)))
+    (tmp_path / "t.jsonl").write_text(
+        "".join(json.dumps({"image": n, "id": k, "caption": f"ü {k}"}) + "\n" for k, (n, _) in enumerate(rows)),
+        encoding="utf-8",
+    )
+    dst = tmp_path / "t.lmdb"
+    args = ["pack", str(tmp_path / "images"), str(dst), "--layout", "table", "--annotations", str(tmp_path / "t.jsonl")]
+    assert main([*args, "--no-progress"]) == 0
+    expected = [
+        (Image.open(tmp_path / "images" / n).convert("RGB"), {"id": k, "caption": f"ü {k}"})
+        for k, (n, _) in enumerate(rows)
+    ]
+    loader = torch.utils.data.DataLoader(LMDBDataset(dst), batch_size=2, num_workers=2, collate_fn=_listed)
+    got = [item for batch in loader for item in batch]
+    assert len(got) == 3
+    for ours, theirs in zip(got, expected):
+        _same_item(tuple(ours), theirs)

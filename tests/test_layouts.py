@@ -327,9 +327,15 @@ def test_coco_missing_and_outside_files_are_listed(tmp_path: Path) -> None:
     _put(tmp_path / "outside.jpg", _encoded("rgb", 8, 8, 0))
     data["images"].append({"id": 40, "file_name": "../outside.jpg"})
     data["images"].append({"id": 41, "file_name": str(tmp_path / "outside.jpg")})
+    data["images"].append({"id": 42, "file_name": "sub\\000000000025.jpg"})  # written on Windows
     ann.write_text(json.dumps(data), encoding="utf-8")
     samples = scan_layout(images, "coco", annotations=ann)
-    assert [p[0] for p in samples.field_paths] == ["000000000009.jpg", "sub/000000000025.jpg", "ünï.jpg"]
+    assert [p[0] for p in samples.field_paths] == [
+        "000000000009.jpg",
+        "sub/000000000025.jpg",
+        "ünï.jpg",
+        "sub/000000000025.jpg",
+    ]
     listed = dict(samples.skipped)
     assert "named by instances_train2017.json: images[3] (id 31)" in listed["gray.jpg"]
     assert "(..)" in listed["instances_train2017.json: images[4] (id 40)"]
@@ -809,3 +815,11 @@ def test_packed_table_reads_back_through_dataloader_workers(tmp_path: Path) -> N
     assert len(got) == 3
     for ours, theirs in zip(got, expected):
         _same_item(tuple(ours), theirs)
+
+
+def test_cityscapes_stray_files_beside_the_cities(tmp_path: Path) -> None:
+    """A README beside the city folders of gtFine/<split> is no city (it made the listing fail)."""
+    make_cityscapes(tmp_path)
+    (tmp_path / "gtFine/train/README").write_text("x")
+    samples = scan_layout(tmp_path, "cityscapes")
+    assert len(samples.relpaths) == 6 and samples.skipped == []

@@ -21,6 +21,7 @@ __all__ = [
     "list_files",
     "read_text",
     "require_dir",
+    "resolve_name",
     "FileReader",
     "check_pair_scale",
     "json_payload",
@@ -54,6 +55,15 @@ def unsafe_name(name: object) -> str | None:
     if ".." in parts:
         return "the file name goes up a folder (..); only paths inside the source folder are packed"
     return None
+
+
+def resolve_name(root: str, name: str) -> str:
+    """The '/'-separated path, relative to ``root``, of a file name read from a JSON or a table
+    (checked by ``unsafe_name`` first): the name as it is when such a file exists, else with its
+    backslashes read as folder separators (a file written on Windows)."""
+    if "\\" in name and not os.path.isfile(os.path.join(root, name)):
+        return name.replace("\\", "/")
+    return name
 
 
 def require_dir(path: str, what: str, hint: str) -> None:

@@ -26,7 +26,7 @@ from lmdbfolder.errors import OptionError, SourceError
 from lmdbfolder.format import NO_LABEL
 from lmdbfolder.format.fields import FieldSpec, encode_json
 from lmdbfolder.write.fields import FieldSamples
-from lmdbfolder.write.layouts._common import FileReader, json_payload, read_text, require_dir, unsafe_name
+from lmdbfolder.write.layouts._common import FileReader, json_payload, read_text, require_dir, resolve_name, unsafe_name
 
 __all__ = ["scan_coco", "COCO_FIELDS", "MAX_COCO_JSON_BYTES", "MAX_CATEGORIES_BYTES"]
 
@@ -106,7 +106,7 @@ def scan_coco(src: str, annotations: str | os.PathLike[str] | None) -> FieldSamp
         if problem is not None:
             skipped.append((label, f"{problem}: {str(file_name)[:200]!r}"))
             continue
-        rel = str(file_name).replace("\\", "/")
+        rel = resolve_name(root, str(file_name))
         full = os.path.join(root, rel)
         if not os.path.isfile(full):
             skipped.append((rel, f"named by {label} but missing from {root}"))

@@ -181,6 +181,8 @@ def scan_cityscapes(src: str, split: str | None) -> FieldSamples:
             field_paths.append((image, mask))
             total += os.path.getsize(os.path.join(image_dir, city, file_name)) + masks[mask_name]
     for city in sorted(os.listdir(mask_dir)):
+        if not os.path.isdir(os.path.join(mask_dir, city)):
+            continue  # a README beside the cities: no masks in it
         for mask_name in list_files(os.path.join(mask_dir, city)):
             mask = f"gtFine/{split}/{city}/{mask_name}"
             if mask_name.endswith(CITYSCAPES_MASK) and mask not in paired_masks:

@@ -24,7 +24,7 @@ from lmdbfolder.errors import OptionError, SourceError
 from lmdbfolder.format import NO_LABEL
 from lmdbfolder.format.fields import FieldSpec
 from lmdbfolder.write.fields import FieldSamples
-from lmdbfolder.write.layouts._common import FileReader, json_payload, read_text, require_dir, unsafe_name
+from lmdbfolder.write.layouts._common import FileReader, json_payload, read_text, require_dir, resolve_name, unsafe_name
 
 __all__ = ["scan_table", "TABLE_FIELDS", "IMAGE_COLUMNS", "MAX_TABLE_LINE", "MAX_TABLE_COLUMNS"]
 
@@ -77,7 +77,7 @@ def scan_table(src: str, annotations: str | os.PathLike[str] | None, image_colum
         if problem is not None:
             skipped.append((where, f"{problem}: {str(path)[:200]!r}"))
             continue
-        rel = str(path).replace("\\", "/")
+        rel = resolve_name(root, str(path))
         full = os.path.join(root, rel)
         if not os.path.isfile(full):
             skipped.append((rel, f"named by {where} but missing from {root}"))

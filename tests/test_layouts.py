@@ -151,6 +151,30 @@ def test_voc_split_names_never_leave_the_source(tmp_path: Path) -> None:
     assert "(..)" in reasons[0] and "absolute" in reasons[1]
 
 
+@pytest.mark.parametrize(
+    "name, safe",
+    [
+        ("a/b.jpg", True),
+        ("ünï:1.jpg", True),
+        ("..a.jpg", True),
+        ("../a.jpg", False),
+        ("a/../../b.jpg", False),
+        ("a\\..\\b.jpg", False),
+        ("/etc/passwd", False),
+        ("\\\\server\\share", False),
+        ("C:\\x.jpg", False),
+        ("", False),
+        (" ", False),
+        ("a\x00b", False),
+        (7, False),
+    ],
+)
+def test_names_read_from_files(name: object, safe: bool) -> None:
+    from lmdbfolder.write.layouts import unsafe_name
+
+    assert (unsafe_name(name) is None) == safe
+
+
 def test_voc_refusals(tmp_path: Path) -> None:
     with pytest.raises(SourceNotFoundError, match="no Pascal VOC tree"):
         scan_layout(tmp_path, "voc")

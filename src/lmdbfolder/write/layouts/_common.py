@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import re
 import stat
 from typing import Sequence
 
@@ -49,7 +50,7 @@ def unsafe_name(name: object) -> str | None:
         return "the file name is empty"
     if "\x00" in name:
         return "the file name holds a NUL character"
-    if name.startswith(("/", "\\")) or os.path.isabs(name) or (len(name) > 1 and name[1] == ":"):
+    if name.startswith(("/", "\\")) or os.path.isabs(name) or re.match(r"[A-Za-z]:", name):
         return "the file name is an absolute path; only paths inside the source folder are packed"
     parts = name.replace("\\", "/").split("/")
     if ".." in parts:

@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
         "pack",
         help="pack an image folder (or a list file) into an LMDB",
         description="Pack SRC into a new pack directory DST. SRC is an ImageFolder tree "
-        "(SRC/<class>/**/<image>) unless --flat or --list says otherwise.",
+        "(SRC/<class>/**/<image>) unless --flat, --list or --layout says otherwise.",
     )
     p.add_argument("src", metavar="SRC", help="source folder (for --list: the folder the list's paths start from)")
     p.add_argument("dst", metavar="DST", help="pack directory to create")

@@ -19,6 +19,7 @@ from lmdbfolder.cli.common import (
     show_progress,
     usage,
 )
+from lmdbfolder.cli.pack_layouts import LAYOUT_CHOICES, add_layout_options, refuse_layout_flags, run_layout
 from lmdbfolder.encodings import DEFAULT_RESIZE_FORMAT, RESIZE_FORMATS
 from lmdbfolder.errors import OptionError, SkippedFilesWarning
 from lmdbfolder.format import SKIPPED_REPORT
@@ -33,13 +34,21 @@ def add_parser(sub: Any) -> None:
         "pack",
         help="pack an image folder (or a list file) into an LMDB",
         description="Pack SRC into a new pack directory DST. SRC is an ImageFolder tree "
-        "(SRC/<class>/**/<image>) unless --flat or --list says otherwise.",
+        "(SRC/<class>/**/<image>) unless --flat, --list or --layout says otherwise.",
     )
     p.add_argument("src", metavar="SRC", help="source folder (for --list: the folder the list's paths start from)")
     p.add_argument("dst", metavar="DST", help="pack directory to create")
     layout = p.add_mutually_exclusive_group()
     layout.add_argument("--list", metavar="FILE", dest="list_file", help="read `relative/path label` lines from FILE")
     layout.add_argument("--flat", action="store_true", help="SRC is a folder of unlabelled images")
+    layout.add_argument(
+        "--layout",
+        choices=LAYOUT_CHOICES,
+        default=None,
+        help="SRC is a dataset of several fields per sample: voc, ade20k, cityscapes (image + mask), coco "
+        "(image + annotations, with --annotations FILE), pairs (BasicSR's LQ + GT folders, with --scale N), "
+        "table (image + a JSON Lines/CSV row, with --annotations FILE)",
+    )
     _add_content_options(p)
     _add_run_options(p)
     _add_source_filters(p)
@@ -51,6 +60,7 @@ def add_parser(sub: Any) -> None:
     )
     add_output_flags(p, "print the summary as JSON")
     _add_shard_options(p)
+    add_layout_options(p)
     p.set_defaults(run=run)
 
 
@@ -276,10 +286,16 @@ def _kept_filters(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``lmdbfolder pack``: one pack, a sharded pack when a shard flag is given, an update, or
-    a dry run: the flags make one request, which the planner plans and its executor runs."""
+    a dry run: the flags make one request, which the planner plans and its executor runs.
+    With ``--layout``: samples of several fields (``cli.pack_layouts``)."""
     from lmdbfolder.write.executors import execute
     from lmdbfolder.write.planner import Kind
 
+    if args.layout is not None:
+        return run_layout(args, _pack_options)
+    refused = refuse_layout_flags(args)
+    if refused is not None:
+        return refused
     refused = _refuse_flags(args)
     if refused is not None:
         return refused

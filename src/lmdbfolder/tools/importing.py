@@ -59,6 +59,8 @@ __all__ = [
     "LegacyLayout",
     "detect_legacy",
     "import_legacy",
+    "basicsr_pair_samples",
+    "import_basicsr_pair",
 ]
 
 CHANNEL_ORDERS = ("bgr", "rgb")
@@ -613,3 +615,152 @@ def _basicsr_loader(
         return Loaded(record, RAW.name, len(value))
 
     return load
+
+
+# -- a pair of BasicSR LMDBs ------------------------------------------------------------------------
+@dataclass
+class _PairReader:
+    """``FieldSamples.read`` of a BasicSR LMDB pair: the LQ and GT values of pair ``i`` (encoded
+    images), the GT checked to be ``scale`` times the LQ. Each LMDB is opened once, on first use."""
+
+    lq: str
+    gt: str
+    lq_keys: list[bytes]
+    gt_keys: list[bytes]
+    field_paths: list[tuple[str, ...]]
+    scale: int
+    _files: tuple[PageFile, PageFile] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_files": None}  # an open LMDB does not travel to another process
+
+    def __call__(self, i: int) -> list[bytes]:
+        from lmdbfolder.write.fields import SampleError
+        from lmdbfolder.write.layouts import check_pair_scale
+
+        if self._files is None:
+            self._files = (_open_old(self.lq), _open_old(self.gt))
+        paths = self.field_paths[i]
+        out = []
+        for pf, key, old, rel in zip(self._files, (self.lq_keys[i], self.gt_keys[i]), (self.lq, self.gt), paths):
+            value = _get(pf, key, old)
+            if value is None:
+                raise SampleError(f"{rel} is listed in meta_info but missing from the LMDB", paths)
+            if not sniff(value).recognised:
+                raise SampleError(
+                    f"{rel} is a raw array, not an encoded image (an old BasicSR LMDB): repack it with "
+                    "BasicSR's scripts/data_preparation/create_lmdb.py, which stores PNG bytes",
+                    paths,
+                )
+            out.append(bytes(value))
+        check_pair_scale(out[0], out[1], self.scale, paths)
+        return out
+
+
+def basicsr_pair_samples(lq: str | os.PathLike[str], gt: str | os.PathLike[str], *, scale: int | None = None) -> Any:
+    """The (LQ, GT) samples of a pair of BasicSR LMDBs, as ``PairedImageDataset`` with
+    ``io_backend: lmdb`` pairs them (basicsr/data/data_util.py ``paired_paths_from_lmdb``): the
+    keys both ``meta_info.txt`` files list, sorted. BasicSR refuses LMDBs whose key sets differ;
+    here a key only one of them holds is skipped and listed. ``scale`` (the GT size over the LQ
+    size) defaults to the one the two ``meta_info`` files' shapes agree on.
+
+    Returns a ``write.fields.FieldSamples`` of layout ``pairs`` (fields ``lq``, ``gt``), for
+    ``write.fields.pack_field_samples``; its ``root`` is the folder holding both LMDBs."""
+    from lmdbfolder.format import NO_LABEL
+    from lmdbfolder.write.fields import FieldSamples
+    from lmdbfolder.write.layouts import PAIR_FIELDS, check_scale
+
+    lq_dir, gt_dir = os.path.abspath(os.fspath(lq)), os.path.abspath(os.fspath(gt))
+    found = []
+    for path in (lq_dir, gt_dir):
+        layout = detect_legacy(path)
+        if layout.kind != "basicsr":
+            raise SourceError(
+                path, "is not a BasicSR LMDB (no meta_info.txt beside data.mdb)", "pass the LQ and GT LMDB folders"
+            )
+        found.append(layout)
+    lq_layout, gt_layout = found
+    lq_by_key = {k: j for j, k in enumerate(lq_layout.keys)}
+    gt_by_key = {k: j for j, k in enumerate(gt_layout.keys)}
+    common = sorted(set(lq_by_key) & set(gt_by_key))  # paired_paths_from_lmdb: sorted(keys)
+    skipped = [
+        (f"{os.path.basename(lq_dir)}/{lq_layout.names[lq_by_key[k]]}", f"an LQ image without its GT (not in {gt_dir})")
+        for k in lq_layout.keys
+        if k not in gt_by_key
+    ] + [
+        (f"{os.path.basename(gt_dir)}/{gt_layout.names[gt_by_key[k]]}", f"a GT image without its LQ (not in {lq_dir})")
+        for k in gt_layout.keys
+        if k not in lq_by_key
+    ]
+    if scale is None:
+        ratios = set()
+        for k in common:
+            a, b = lq_layout.shapes[lq_by_key[k]], gt_layout.shapes[gt_by_key[k]]
+            if a is not None and b is not None and a[0] and b[0] % a[0] == 0:
+                ratios.add(b[0] // a[0])
+        if len(ratios) != 1:
+            raise OptionError(
+                f"the scale of {gt_dir} over {lq_dir} cannot be read from their meta_info shapes "
+                f"({'they disagree' if ratios else 'none fits'})",
+                "pass it: --scale N",
+            )
+        scale = ratios.pop()
+    s = check_scale(scale)
+    lq_names = [lq_layout.names[lq_by_key[k]] for k in common]
+    gt_names = [gt_layout.names[gt_by_key[k]] for k in common]
+    field_paths: list[tuple[str, ...]] = [
+        (f"{os.path.basename(lq_dir)}/{a}", f"{os.path.basename(gt_dir)}/{b}") for a, b in zip(lq_names, gt_names)
+    ]
+    reader = _PairReader(
+        lq_dir,
+        gt_dir,
+        [lq_layout.keys[lq_by_key[k]] for k in common],
+        [gt_layout.keys[gt_by_key[k]] for k in common],
+        field_paths,
+        s,
+    )
+    if lq_dir == gt_dir:
+        raise OptionError(f"the LQ and GT LMDBs are the same folder {lq_dir}", "pass the LQ LMDB, then the GT LMDB")
+    return FieldSamples(
+        layout="pairs",
+        root=os.path.commonpath([lq_dir, gt_dir]),
+        fields=PAIR_FIELDS,
+        relpaths=[p[0] for p in field_paths],
+        field_paths=field_paths,
+        labels=[NO_LABEL] * len(field_paths),
+        classes=[],
+        read=reader,
+        skipped=skipped,
+        layout_info={
+            "scale": s,
+            "source": "basicsr-lmdb",
+            "lq": os.path.basename(lq_dir),
+            "gt": os.path.basename(gt_dir),
+        },
+    )
+
+
+def import_basicsr_pair(
+    lq: str | os.PathLike[str],
+    gt: str | os.PathLike[str],
+    new: str | os.PathLike[str],
+    *,
+    scale: int | None = None,
+    overwrite: bool = False,
+    restart: bool = False,
+    progress: bool | None = None,
+) -> PackResult:
+    """Import a pair of BasicSR LMDBs (LQ and GT, the same keys; ``meta_info.txt`` beside each
+    ``data.mdb``) into one new pack of layout ``pairs`` at ``new``: fields ``lq`` and ``gt``, the
+    encoded images' bytes unchanged, in ``PairedImageDataset``'s order (``basicsr_pair_samples``).
+
+    Example:
+        >>> import_basicsr_pair("DIV2K_train_LR_bicubic_X4_sub.lmdb", "DIV2K_train_HR_sub.lmdb",
+        ...                     "div2k-x4.lmdb")  # doctest: +SKIP
+    """
+    from lmdbfolder.write.fields import pack_field_samples
+
+    samples = basicsr_pair_samples(lq, gt, scale=scale)
+    # one reader: the old LMDBs are read through one PageFile each, from the writer's thread
+    options = PackOptions(workers=1, overwrite=overwrite, restart=restart, progress=progress)
+    return pack_field_samples(samples, new, options)

@@ -618,8 +618,8 @@ def test_cli_pack_layout_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[
     dst = str(tmp_path / "o.lmdb")
     assert main(["pack", str(tmp_path), dst, "--split", "val"]) == EXIT_CODES["usage"]
     assert "--split goes with --layout" in capsys.readouterr().err
-    assert main(["pack", str(tmp_path), dst, "--layout", "voc", "--shards", "2"]) == EXIT_CODES["usage"]
-    assert "does not take --shards" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path), dst, "--layout", "voc", "--shard-index", "0"]) == EXIT_CODES["usage"]
+    assert "does not take --shard-index" in capsys.readouterr().err
     assert main(["pack", str(tmp_path), dst, "--layout", "voc", "--max-size", "64"]) == EXIT_CODES["usage"]
     assert main(["pack", str(tmp_path), dst, "--layout", "pairs"]) == EXIT_CODES["usage"]
     assert "--scale N" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import warnings
 from typing import Any, Callable
 
 from lmdbfolder.cli.common import positive_int, print_json, usage
-from lmdbfolder.errors import SkippedFilesWarning
+from lmdbfolder.errors import OptionError, SkippedFilesWarning
 from lmdbfolder.text import megabytes, plural, printable
 
 __all__ = ["LAYOUT_CHOICES", "add_layout_options", "refuse_layout_flags", "run_layout"]
@@ -31,19 +31,16 @@ LAYOUT_FLAGS = (
     ("--image-column", "image_column"),
 )
 #: ``pack`` flags that a ``--layout`` pack does not take (fields are stored as their files are;
-#: one pack, written anew), with their defaults.
+#: the shards are written here, one after the other), with their defaults.
 _NOT_WITH_LAYOUT = (
     ("--store raw", "store", (None, "encoded")),
     ("--max-size", "max_size", (None,)),
     ("--quality", "quality", (None,)),
     ("--format", "resize_format", (None,)),
     ("--resize-side", "resize_side", (None,)),
-    ("--update", "update", (False,)),
     ("--allow-empty", "allow_empty", (False,)),
     ("--extensions", "extensions", (None,)),
     ("--match", "match", (None,)),
-    ("--shards", "shards", (None,)),
-    ("--shard-size", "shard_size", (None,)),
     ("--shard-index", "shard_index", (None,)),
     ("--ray", "ray", (None,)),
     ("--staging", "staging", (None,)),
@@ -99,7 +96,7 @@ def refuse_layout_flags(args: argparse.Namespace) -> int | None:
         return usage(
             "pack",
             f"--layout {args.layout} does not take {', '.join(refused)}: samples of several fields are stored as "
-            "their files are, in one pack written anew",
+            "their files are, by this command (--shards N or --shard-size SIZE for a sharded pack)",
         )
     return None
 
@@ -113,6 +110,18 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
     refused = refuse_layout_flags(args)
     if refused is not None:
         return refused
+    if args.shards is not None and args.shard_size is not None:
+        return usage("pack", "pass one of --shards N and --shard-size SIZE")
+    if args.dry_run and args.update:
+        return usage("pack", "--dry-run describes a new pack; it cannot preview --update (run --update itself: it is atomic)")
+    if args.update and (args.shards is not None or args.shard_size is not None):
+        return usage(
+            "pack",
+            "--update does not update a sharded pack of several fields yet: pack it again with --overwrite "
+            "(and --shards or --shard-size)",
+        )
+    if args.update:
+        _refuse_update_of(args)  # before the scan, which may take minutes
     options = pack_options(args)
     samples = scan_layout(
         args.src,
@@ -130,30 +139,61 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
         return _report_dry(args, samples, fields)
     with warnings.catch_warnings():  # the skipped samples are listed below instead
         warnings.simplefilter("ignore", SkippedFilesWarning)
-        result = pack_field_samples(samples, args.dst, options)
+        result = pack_field_samples(
+            samples, args.dst, options, shards=args.shards, shard_size=args.shard_size, prefix=args.shard_prefix
+        )
     if args.json:
         print_json({**result.as_dict(), "layout": args.layout, "layout_info": samples.layout_info, "fields": fields})
         return 0
     what = f"{args.layout} ({_info(samples.layout_info)})" if _info(samples.layout_info) else args.layout
     names = ", ".join(f["name"] for f in fields)
+    changes = getattr(result, "changes", None)
+    if changes is not None:
+        compared = f", {plural(changes.unchanged, 'sample')} compared and unchanged" if changes.unchanged else ""
+        print(
+            f"updated {result.path}: {changes.summary()} -> {plural(result.count, 'sample')} of {what}; "
+            f"{plural(changes.read, 'sample')} read ({megabytes(result.input_bytes)}){compared} "
+            f"in {result.seconds:.1f} s"
+        )
+        _print_skipped(result.skipped, f"{result.path}/skipped.txt")
+        return 0
+    if result.already_packed and args.update:
+        print(f"{result.path} is up to date with {samples.root}: nothing changed ({plural(result.count, 'sample')})")
+        return 0
     if result.already_packed:
         print(
             f"{result.path} is already packed from this source with these options: nothing to do "
             f"({plural(result.count, 'sample')}; --overwrite packs it again)"
         )
         return 0
-    resumed = f" (resumed after {plural(result.resumed_from, 'sample')})" if result.resumed_from else ""
+    resumed_from = getattr(result, "resumed_from", 0)
+    resumed = f" (resumed after {plural(resumed_from, 'sample')})" if resumed_from else ""
+    if getattr(result, "shards", None):
+        resumed += f" ({plural(len(result.shards), 'shard')})"
     print(
         f"packed {plural(result.count, 'sample')} of {what}, fields {names}, into {result.path}{resumed}: "
         f"{megabytes(result.input_bytes)} read in {result.seconds:.1f} s"
     )
-    _print_skipped(result.skipped, f"{result.path}/skipped.txt")
+    sharded = not hasattr(result, "resumed_from")
+    _print_skipped(result.skipped, "each shard's skipped.txt" if sharded else f"{result.path}/skipped.txt")
     shell = shlex.quote(result.path)
     print(
         f"next: `lmdbfolder verify {shell}` checks every record;\n"
         f"      in Python: `from lmdbfolder.torch import LMDBDataset; ds = LMDBDataset({result.path!r})`"
     )
     return 0
+
+
+def _refuse_update_of(args: argparse.Namespace) -> None:
+    """OptionError (before the source is listed) when ``--update`` names a sharded pack."""
+    from lmdbfolder import packdir
+
+    found = packdir.inspect(args.dst)
+    if found.kind is packdir.Kind.SHARDED:
+        raise OptionError(
+            f"{args.dst} is a sharded pack: --update does not update a sharded pack of several fields yet",
+            "pack it again with --overwrite (and --shards or --shard-size)",
+        )
 
 
 def _info(info: dict[str, Any]) -> str:

@@ -343,7 +343,30 @@ def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tupl
 
 #: The layouts of packs of several fields that ``export`` writes back (their other files' paths
 #: follow from the first file's, by the layout's own naming).
-FIELD_LAYOUTS = ("voc", "ade20k", "cityscapes", "coco")
+FIELD_LAYOUTS = ("voc", "ade20k", "cityscapes", "coco", "pairs", "table")
+#: The image column of an exported table (``layout_info["image_column"]`` when the pack has one).
+TABLE_IMAGE_COLUMN = "image"
+
+
+def _gt_path(relpath: str, info: dict[str, Any]) -> str | None:
+    """The GT path of a pair whose LQ is stored as ``relpath``: BasicSR names the LQ
+    ``filename_tmpl.format(basename) + ext`` after the GT ``basename + ext``, so the GT is
+    ``gt_dir/basename + ext`` (None: the LQ name does not follow the template)."""
+    lq_dir, gt_dir = str(info.get("lq_dir") or ""), str(info.get("gt_dir") or "")
+    if info.get("source") == "basicsr-lmdb":  # imported from two LMDBs: a pair's files have one name
+        lq_dir, gt_dir = str(info.get("lq") or ""), str(info.get("gt") or "")
+    tmpl = str(info.get("filename_tmpl") or "{}")
+    if not lq_dir or not gt_dir or tmpl.count("{}") != 1 or not relpath.startswith(lq_dir + "/"):
+        return None
+    name = relpath[len(lq_dir) + 1 :]
+    stem, dot, ext = name.rpartition(".")
+    if not dot:
+        stem, ext = name, ""
+    before, after = tmpl.split("{}")
+    if "/" in name or not stem.startswith(before) or not stem.endswith(after) or len(stem) <= len(before + after):
+        return None
+    base = stem[len(before) : len(stem) - len(after)]
+    return f"{gt_dir}/{base}{dot}{ext}"
 
 
 def _partner(layout: str, relpath: str, info: dict[str, Any], mask_ext: str) -> str | None:
@@ -386,6 +409,11 @@ def _write_fields(reader: Any, meta: Manifest, tmp: str, progress: bool | None) 
     stems: list[str] = []
     images: list[Any] = []
     annotations: list[Any] = []
+    rows: list[dict[str, Any]] = []  # table: one JSON object a sample
+    written: set[str] = set()  # table: the images written (several rows may name one)
+    column = str(info.get("image_column") or TABLE_IMAGE_COLUMN)
+    if layout == "table":
+        base = os.path.join(tmp, "images")
     with Progress(len(paths), "export", enabled=progress) as bar:
         for i, relpath in enumerate(paths):
             record = reader.get(i)
@@ -394,6 +422,20 @@ def _write_fields(reader: Any, meta: Manifest, tmp: str, progress: bool | None) 
             if layout == "coco":
                 images.append(schema.value(1, parts[1], i))
                 annotations.extend(schema.value(2, parts[2], i))
+            elif layout == "pairs":
+                gt = _gt_path(relpath, info)
+                if gt is None:
+                    raise SourceError(
+                        relpath,
+                        f"the stored LQ path of record {i} does not follow the pack's gt_dir, lq_dir and "
+                        "filename_tmpl, so its GT's name is not known",
+                        "read the pack with lmdbfolder.torch.LMDBDataset",
+                    )
+                files.append((gt, parts[1]))
+            elif layout == "table":
+                files = [] if relpath in written else [(relpath, parts[0])]
+                written.add(relpath)
+                rows.append({column: relpath, **schema.value(1, parts[1], i)})
             else:
                 ext = "." + (encoding_of(sniff_encoding(parts[1])).extension or "png")
                 mask = _partner(layout, relpath, info, ext)
@@ -429,6 +471,10 @@ def _write_fields(reader: Any, meta: Manifest, tmp: str, progress: bool | None) 
         doc = {"images": images, "annotations": annotations, "categories": categories}
         with open(_target(tmp, "annotations.json", -1), "x", encoding="utf-8") as f:
             json.dump(doc, f, ensure_ascii=False)
+    elif layout == "table":
+        stem = os.path.splitext(os.path.basename(str(info.get("table") or "table.jsonl")))[0] or "table"
+        with open(_target(tmp, f"{printable(stem, 100)}.jsonl", -1), "x", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     return len(paths), nbytes
 
 

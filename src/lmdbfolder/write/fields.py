@@ -20,6 +20,7 @@ listed with their files), one record per sample holding every field (``format.en
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import threading
@@ -35,6 +36,7 @@ from lmdbfolder.format import (
     RECORD_HEADER,
     SHARD_INDEX_FILE,
     SKIPPED_REPORT,
+    UNKNOWN_MTIME,
     decode_record,
     encode_header_into,
     shard_name,
@@ -110,6 +112,11 @@ class FieldSamples:
     layout_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the expected bytes per sample (sizes the map); 0: from the first fields' files
     mean_size: float = 0.0
+    #: per sample, what ``pack --update`` compares (``sample_stamp``): (its bytes, a digest of
+    #: each of its files' path, size and modification time and of its other fields' values), or
+    #: (-1, UNKNOWN_MTIME) when a file cannot be ``stat``-ed. None: an update reads every sample
+    #: again and keeps those whose record comes out the same.
+    stamp: Callable[[int], tuple[int, int]] | None = None
 
 
 def _lossy(encoding: str, data: bytes | bytearray | memoryview) -> bool:
@@ -232,7 +239,15 @@ def pack_field_samples(
 
     ``options`` (or its fields as keywords): ``check``, ``strict``, ``workers`` (threads that
     call ``samples.read``), ``overwrite``, ``restart``, ``progress``, ``commit_every``...
-    ``store="raw"``, ``resize`` and ``update`` are refused: fields are stored as they come.
+    ``store="raw"`` and ``resize`` are refused: fields are stored as they come.
+
+    ``update=True`` brings the finished pack at ``dst`` up to date with ``samples`` in place,
+    as ``pack(update=True)`` does (docs/updates.md): samples added, removed, and read again when
+    any of their files changed (``samples.stamp``: size and modification time; ``check="content"``
+    or no stamp: every sample is read and those whose record is the same are kept), in one
+    transaction. The pack must hold the same fields from the same layout (its split, scale,
+    columns); ``result.changes`` says what changed. A sharded pack is refused (pack it again
+    with ``overwrite=True``).
 
     ``shards`` (a number) or ``shard_size`` (``"4GB"``...) make a sharded pack instead
     (``dst/<prefix>-NNNNN-of-NNNNN.lmdb`` and ``dst/index.json``, as ``pack_sharded``; each
@@ -245,9 +260,11 @@ def pack_field_samples(
             "samples of several fields are stored as their files are: store='raw' and resize are not supported",
             "leave them out",
         )
-    if opts.update:
+    sharded = shards is not None or shard_size is not None
+    if opts.update and (sharded or os.path.isfile(os.path.join(os.fspath(dst), SHARD_INDEX_FILE))):
         raise OptionError(
-            "pack --update does not yet update a pack of several fields", "pack it again with overwrite=True"
+            f"{os.fspath(dst)}: pack --update does not update a sharded pack of several fields",
+            "pack it again with overwrite=True (--overwrite)",
         )
     _check_samples(samples)
     fields = tuple(samples.fields)
@@ -256,15 +273,29 @@ def pack_field_samples(
     lock = threading.Lock()
     max_pixels = Image.MAX_IMAGE_PIXELS
 
+    def stat(i: int) -> tuple[int, int]:
+        if samples.stamp is None:
+            return -1, UNKNOWN_MTIME
+        if i >= n:  # left out while listing: the same reason, listed again without a read
+            reason = samples.skipped[i - n][1].encode("utf-8", "surrogateescape")
+            return len(reason), int.from_bytes(hashlib.blake2b(reason, digest_size=8).digest(), "little") >> 1
+        try:
+            return samples.stamp(i)
+        except OSError:
+            return -1, UNKNOWN_MTIME
+
     def load(i: int) -> Loaded | Skipped:
+        # Stamped before reading: a file changed meanwhile has another stamp at the next update.
+        size, stamp = stat(i)
         if i >= n:  # a sample left out while listing: listed with the others
-            return Skipped(samples.skipped[i - n][1])
+            return Skipped(samples.skipped[i - n][1], size, stamp)
         paths = samples.field_paths[i]
         try:
             payloads = samples.read(i)
         except SampleError as exc:
             named = ", ".join(exc.paths or [p for p in paths if p])
-            return Skipped(f"{exc.why}" + (f" ({named})" if named and named not in exc.why else ""))
+            why = f"{exc.why}" + (f" ({named})" if named and named not in exc.why else "")
+            return Skipped(why, size, stamp)
         except OSError as exc:
             return Skipped(f"cannot read it: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
         checked = check_fields(
@@ -273,7 +304,11 @@ def pack_field_samples(
         if checked.lossy:
             with lock:
                 lossy.extend((samples.relpaths[i], name) for name in checked.lossy)
-        return checked.result
+        if stamp == UNKNOWN_MTIME:
+            return checked.result
+        if isinstance(checked.result, Loaded):
+            return dataclasses.replace(checked.result, source_bytes=size, mtime_ns=stamp)
+        return Skipped(checked.result.reason, size, stamp)  # unchanged, it is skipped again unread
 
     relpaths = list(samples.relpaths) + [path for path, _ in samples.skipped]
     labels = list(samples.labels) + [NO_LABEL] * len(samples.skipped)
@@ -290,11 +325,11 @@ def pack_field_samples(
         "layout": {"name": samples.layout, "info": samples.layout_info},
     }
     result: PackResult | ShardedPackResult
-    if shards is not None or shard_size is not None:
+    if sharded:
         result = _pack_sharded(samples, sources, dst, opts, load, extra, shards, shard_size, prefix)
     else:
         result = pack_sources(
-            sources, dst, opts, loader=load, mean_size=samples.mean_size or None, manifest_extra=extra
+            sources, dst, opts, loader=load, mean_size=samples.mean_size or None, manifest_extra=extra, stat=stat
         )
     if not result.already_packed:
         listed = os.path.join(result.path, SKIPPED_REPORT) if isinstance(result, PackResult) else "each shard's"
@@ -327,11 +362,20 @@ def _pack_sharded(
     n = len(sources)
     if (shards is None) == (shard_size is None):
         raise OptionError("pass one of shards and shard_size", "shards=N, or shard_size='4GB'")
+    # The samples left out while listing come last in ``sources``: a shard of only those would
+    # have nothing to pack, so every shard must start before them.
+    listed = len(samples.relpaths)
     if shards is None:
         mean = samples.mean_size or sources.mean_file_size()
-        shards = max(1, math.ceil(mean * n / parse_size(shard_size or 0)))
-    if not 1 <= shards <= n:
-        raise OptionError(f"cannot split {n} samples into {shards} shards", "use fewer shards (or a larger shard_size)")
+        shards = max(1, min(listed, math.ceil(mean * listed / parse_size(shard_size or 0))))
+        while shards > 1 and plan_split(n, shards)[-1][0] >= listed:
+            shards -= 1
+    if not 1 <= shards <= n or plan_split(n, shards)[-1][0] >= listed:
+        raise OptionError(
+            f"cannot split {listed} samples (and {len(samples.skipped)} left out) into {shards} shards "
+            "that each hold a sample",
+            "use fewer shards (or a larger shard_size)",
+        )
     root = os.path.abspath(os.path.expanduser(os.fspath(dst)))
     digest = sources_digest(sources)
     names = [shard_name(prefix, i, shards) for i in range(shards)]

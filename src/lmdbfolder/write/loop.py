@@ -96,6 +96,8 @@ class Job:
     mean_size: float | None = None
     manifest_extra: Mapping[str, Any] = field(default_factory=dict)
     on_progress: Callable[[int, int], None] | None = None
+    #: with a loader: what an update compares of sample i (``pack_sources``'s ``stat``)
+    stat: Callable[[int], tuple[int, int]] | None = None
 
 
 class _Partial:
@@ -207,6 +209,7 @@ class _Run:
     def __init__(self, job: Job, state: _Partial) -> None:
         self.sources = job.sources
         self.loader = job.loader
+        self.stamped = job.stat is not None
         self.options = job.options
         self.manifest_extra = dict(job.manifest_extra)
         self.on_progress = job.on_progress
@@ -370,7 +373,8 @@ class _Run:
             # Format 4 has format 3's record order: the identity in a fresh pack.
             order=range(kept) if manifest.ordered else None,
             # Files were read: what `pack --update` compares later.
-            stats=self._stats(kept) if self.loader is None else None,
+            # A loader's records have stats when it stamps them (samples of several files).
+            stats=self._stats(kept) if self.loader is None or self.stamped else None,
         )
         self._commit({**tables.encode(), PROGRESS_KEY: None})
         state.env.sync(True)

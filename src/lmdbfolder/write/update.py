@@ -41,7 +41,7 @@ import os
 import shutil
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import lmdb
 import numpy as np
@@ -72,7 +72,7 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.pagefile import PageFile
 from lmdbfolder.progress import Progress
-from lmdbfolder.text import describe_changes, disk_size, escape_field, plural, skipped_line
+from lmdbfolder.text import describe_changes, disk_size, escape_field, plural, printable, skipped_line
 from lmdbfolder.write import resume
 from lmdbfolder.write.compact import LabelList, PathList
 from lmdbfolder.write.loop import (
@@ -166,7 +166,8 @@ class _OldPack:
     pf: PageFile
     meta: Manifest
     labels: np.ndarray  # int32, per sample
-    path_index: dict[bytes, int]  # path (file system bytes) -> sample index
+    path_index: dict[bytes, int]  # path (file system bytes) -> sample index (the first of that path)
+    repeats: dict[bytes, list[int]]  # a path several samples have (a table's rows) -> their indices
     stats: np.ndarray | None  # per sample: size, mtime_ns (None: not recorded)
     order: np.ndarray | None  # per sample: record key (None: the index)
     skipped: dict[bytes, dict[str, Any]]  # path -> {path, reason, size?, mtime_ns?}
@@ -188,7 +189,6 @@ class _OldPack:
                     "it cannot be updated in place",
                     "repack it with --overwrite (once); later changes can then use --update",
                 )
-            refuse_fields(path, meta)
             count = tables.count
             source = packfile.PackSource(pf, path)
             labels = np.frombuffer(bytes(tables.labels(source)), dtype=np.int32)
@@ -196,14 +196,19 @@ class _OldPack:
             offsets = np.frombuffer(blob, dtype="<u8", count=count + 1)
             names = bytes(blob[(count + 1) * 8 :])
             bounds = offsets.tolist()
-            path_index = {names[bounds[i] : bounds[i + 1]]: i for i in range(count)}
+            path_index: dict[bytes, int] = {}
+            repeats: dict[bytes, list[int]] = {}
+            for i in range(count):
+                name = names[bounds[i] : bounds[i + 1]]
+                if path_index.setdefault(name, i) != i:  # a table's image named by several rows
+                    repeats.setdefault(name, [path_index[name]]).append(i)
             stats = tables.stats(source)
             # Every rule, the exhaustive ones too: an update writes over what it trusts.
             order = tables.order(source, exhaustive=True) if tables.ordered else None
             items = tables.skipped(source)
             skipped = {os.fsencode(str(item.get("path"))): item for item in items} if isinstance(items, list) else {}
             history = tables.history(source)
-            _check_record_labels(source, tables, labels, order)
+            _check_record_labels(source, tables, labels, order, _fields_of(meta))
         except BaseException:
             pf.close()
             raise
@@ -216,6 +221,7 @@ class _OldPack:
             meta=meta,
             labels=labels,
             path_index=path_index,
+            repeats=repeats,
             stats=None if stats is None else np.array(stats),
             order=None if order is None else np.array(order),
             skipped=skipped,
@@ -263,7 +269,15 @@ class _OldPack:
         self.pf.close()
 
 
-def _check_record_labels(source: packfile.PackSource, tables: PackTables, labels: np.ndarray, order: Any) -> None:
+def _fields_of(meta: Manifest) -> int | None:
+    """The number of fields of the pack's samples (``decode_record``'s ``fields``); None: one image."""
+    specs = meta.field_specs
+    return None if specs is None else len(specs)
+
+
+def _check_record_labels(
+    source: packfile.PackSource, tables: PackTables, labels: np.ndarray, order: Any, fields: int | None
+) -> None:
     """Refuse a pack whose record headers name other classes than its label table
     (``RECORD_CLASSES.check_records``): a permuted ``record_classes`` would relabel every
     kept record. A permutation moves every record of a class, so the first sample of each
@@ -275,7 +289,7 @@ def _check_record_labels(source: packfile.PackSource, tables: PackTables, labels
         value = source.get(KEY.pack(key))
         if value is None:
             raise PackError(f"{source.where} has no record under key {key}", "repack it with --overwrite")
-        headers.append(decode_record(value, index=i)[0].label)
+        headers.append(decode_record(value, index=i, fields=fields)[0].label)
     RECORD_CLASSES.check_records(headers, labels[first], tables.label_map, where=source.where)
 
 
@@ -340,18 +354,30 @@ def _raw_paths(sources: SourceList) -> list[bytes]:
     return list(paths.iter_raw()) if isinstance(paths, PathList) else [os.fsencode(p) for p in paths]
 
 
-def _plan(old: _OldPack, sources: SourceList, compare_content: bool) -> _Plan:
+def _plan(
+    old: _OldPack, sources: SourceList, compare_content: bool, sample_stat: Callable[[int], tuple[int, int]] | None
+) -> _Plan:
     """``stat`` every source file and decide what to do with it (see ``_Plan``).
 
     One Python loop does what must be done per file (a ``stat``, a dictionary
     lookup of its path); the decisions are numpy expressions over the arrays.
+    ``sample_stat(s)`` replaces the ``stat`` for samples of several files (their
+    bytes and a digest of their files' sizes and times), whose paths may repeat (a
+    table's rows naming one image): the k-th sample of a path is the pack's k-th.
     """
     n = len(sources)
     raw = _raw_paths(sources)
     root = os.fsencode(sources.root) + b"/"
     stat, find = os.stat, old.path_index.get
     found, sizes, mtimes = [-1] * n, [-1] * n, [UNKNOWN_MTIME] * n
-    for s, path in enumerate(raw):
+    if sample_stat is not None:
+        seen: dict[bytes, int] = {}
+        for s, path in enumerate(raw):
+            k = seen[path] = seen.get(path, -1) + 1
+            same = old.repeats.get(path)
+            found[s] = find(path, -1) if k == 0 else same[k] if same is not None and k < len(same) else -1
+            sizes[s], mtimes[s] = sample_stat(s)
+    for s, path in enumerate(raw if sample_stat is None else ()):
         found[s] = find(path, -1)
         try:
             st = stat(path if path.startswith(b"/") else root + path)
@@ -461,10 +487,17 @@ def _same_record(old: memoryview, new: bytes | bytearray | memoryview) -> bool:
 
 
 def _stage(
-    old: _OldPack, sources: SourceList, plan: _Plan, options: PackOptions, staging: str, progress: Any
+    old: _OldPack,
+    sources: SourceList,
+    plan: _Plan,
+    options: PackOptions,
+    staging: str,
+    progress: Any,
+    loader: Callable[[int], Loaded | Skipped] | None = None,
 ) -> tuple[int, int]:
-    """Read the files of ``plan.todo`` into ``staging`` (resuming what is there).
-    Returns (bytes read by this run, files done before it)."""
+    """Read the files of ``plan.todo`` into ``staging`` (resuming what is there), by
+    ``loader(s)`` when given (samples of several fields). Returns (bytes read by this run,
+    files done before it)."""
     fingerprint = {
         "update_of": str(old.meta.pack_id),
         "todo": len(plan.todo),
@@ -497,7 +530,14 @@ def _stage(
         list_file=sources.list_file,
     )
     old_keys = [old.key(i) if i >= 0 else -1 for i in plan.old_index[plan.todo].tolist()]
-    job = Job(sources=todo_sources, dst=staging, options=options, on_progress=progress.on_progress)
+    todo = plan.todo
+    job = Job(
+        sources=todo_sources,
+        dst=staging,
+        options=options,
+        on_progress=progress.on_progress,
+        loader=None if loader is None else (lambda j: loader(todo[j])),
+    )
     run = _StageRun(job, state, old, old_keys)
     try:
         if state.next_source < len(plan.todo):
@@ -624,8 +664,8 @@ def _kept(out: _Assembly, old: _OldPack, sources: SourceList, plan: _Plan) -> _S
     return work
 
 
-def _count_in(out: _Assembly, value: bytes | memoryview) -> None:
-    encoding = decode_record(value)[0].encoding
+def _count_in(out: _Assembly, value: bytes | memoryview, fields: int | None) -> None:
+    encoding = decode_record(value, fields=fields)[0].encoding
     out.encodings[encoding] = out.encodings.get(encoding, 0) + 1
     out.payload_bytes += len(value)
 
@@ -643,7 +683,7 @@ def _take_changed(
             value = old.value(old_key)
             key, out.next_key = out.next_key, out.next_key + 1
             out.puts.append(_Put(key, len(value), old_key=old_key, label=int(plan.header_labels[s])))
-            _count_in(out, value)
+            _count_in(out, value, _fields_of(old.meta))
             changes.changed += 1
             changes.relabelled += 1
             work.keys[s] = key
@@ -667,7 +707,7 @@ def _take_changed(
         else:
             key, out.next_key = out.next_key, out.next_key + 1
             out.puts.append(_Put(key, len(body), staged=todo_at[s]))
-            _count_in(out, body)
+            _count_in(out, body, _fields_of(old.meta))
             work.keys[s] = key
             if i >= 0:
                 changes.changed += 1
@@ -680,7 +720,7 @@ def _drop_unused(out: _Assembly, old: _OldPack, used_old: np.ndarray) -> None:
     for i in np.flatnonzero(~used_old).tolist():
         key = old.key(i)
         value = old.value(key)
-        encoding = _encoding_of(value)
+        encoding = _encoding_of(value, _fields_of(old.meta))
         if encoding in out.encodings:
             out.encodings[encoding] -= 1
             if not out.encodings[encoding]:
@@ -762,9 +802,9 @@ def _apply(
     return _Result(meta, new.changes, [(sources.relpaths[s], r) for s, r in new.skipped])
 
 
-def _encoding_of(value: memoryview) -> str:
+def _encoding_of(value: memoryview, fields: int | None) -> str:
     try:
-        return decode_record(value)[0].encoding
+        return decode_record(value, fields=fields)[0].encoding
     except Exception:  # a damaged record: its encoding is not counted
         return ""
 
@@ -772,7 +812,7 @@ def _encoding_of(value: memoryview) -> str:
 def _record(put: _Put, old: _OldPack, staged: PageFile | None) -> bytes | bytearray:
     """The bytes of ``put``, bound to the pack and its key (one record in memory at a time)."""
     if put.old_key >= 0:
-        header, payload = decode_record(old.value(put.old_key))
+        header, payload = decode_record(old.value(put.old_key), fields=_fields_of(old.meta))
         return encode_record(
             payload,
             label=put.label,
@@ -782,6 +822,7 @@ def _record(put: _Put, old: _OldPack, staged: PageFile | None) -> bytes | bytear
             channels=header.channels,
             binding=old.binding,
             index=put.key,
+            flags=header.flags,  # a record of several fields stays one
         )
     found = staged.get(encode_key(put.staged)) if staged is not None else None
     if found is None:
@@ -908,14 +949,54 @@ def update_spec(spec: SourceSpec, dst: str | os.PathLike[str]) -> SourceSpec:
 
 
 def refuse_fields(path: str, meta: Manifest) -> None:
-    """OptionError for a pack of several fields (format 4): ``pack --update`` does not update one yet."""
+    """OptionError for a pack of several fields (format 4) that an update of a folder of
+    classes (no ``--layout``) was asked for: it needs the layout it was packed from."""
     specs = meta.field_specs
     if specs is not None:
+        layout = meta.layout_name or "L"
         raise OptionError(
-            f"{path} holds samples of several fields ({', '.join(f.name for f in specs)}): "
-            "pack --update does not update such a pack yet",
-            "pack it again with --overwrite",
+            f"{path} holds samples of several fields ({', '.join(f.name for f in specs)}) "
+            f"packed from the {layout} layout; an update without --layout would read a folder of classes",
+            f"update it with `lmdbfolder pack SRC DST --layout {layout} --update` (and that layout's flags)",
         )
+
+
+#: Layout details an update may change (COCO's categories come with the annotations it reads).
+_UPDATABLE_INFO = ("categories",)
+
+
+def _check_same_fields(old: _OldPack, manifest_extra: Mapping[str, Any]) -> None:
+    """OptionError unless the update brings the samples the pack holds: the same fields (none,
+    for a pack of one image per sample), the same layout with the same split, scale, columns."""
+    fields = manifest_extra.get("fields")
+    specs = old.meta.field_specs
+    old_fields = None if specs is None else [f.to_json() for f in specs]
+    if fields is None and old_fields is None:
+        return
+    if fields is None:
+        refuse_fields(old.path, old.meta)
+    def names(given: list[dict[str, Any]] | None) -> str:
+        return "one image and a class" if given is None else ", ".join(str(f["name"]) for f in given)
+
+    if old_fields != fields:
+        raise OptionError(
+            f"{old.path} holds samples of {names(old_fields)}, the update brings {names(fields)}",
+            "update it from the source it was packed from, or pack it again with --overwrite",
+        )
+    layout = manifest_extra.get("layout") or {}
+    given = {k: v for k, v in (layout.get("info") or {}).items() if k not in _UPDATABLE_INFO}
+    had = {k: v for k, v in old.meta.layout_info.items() if k not in _UPDATABLE_INFO}
+    if layout.get("name") != old.meta.layout_name or given != had:
+        raise OptionError(
+            f"{old.path} was packed from the {old.meta.layout_name} layout ({_describe(had)}), "
+            f"the update lists the {layout.get('name')} layout ({_describe(given)}): another dataset",
+            "give the layout, split and flags the pack was made with (see `lmdbfolder info`), "
+            "or pack it again with --overwrite",
+        )
+
+
+def _describe(info: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {printable(str(v), 200)}" for k, v in info.items()) or "no options"
 
 
 # -- the entry point ------------------------------------------------------------------
@@ -948,18 +1029,24 @@ def update(
     *,
     manifest_extra: Mapping[str, Any] | None = None,
     on_progress: Any = None,
+    loader: Callable[[int], Loaded | Skipped] | None = None,
+    stat: Callable[[int], tuple[int, int]] | None = None,
 ) -> Updated:
     """Bring the finished pack ``dst`` up to date with ``sources`` (the caller holds the
-    writer lock): the steps of the module docstring."""
+    writer lock): the steps of the module docstring. Samples of several fields
+    (``write.fields``): ``loader(s)`` reads source ``s``'s record and ``stat(s)`` says what is
+    compared of it instead of its file's ``stat``."""
     staging = staging_path(dst)
     old = _OldPack.load(dst)
     try:
+        _check_same_fields(old, manifest_extra or {})
         effective = check_options(old, options)
         # Other filters select other files: added (or dropped) silently, they would mix
         # another dataset into this one (``update_spec`` fills in the pack's own).
-        check_update_filters(old.meta.source, sources, dst)
+        if old.meta.field_specs is None:  # a layout of several fields: ``_check_same_fields``
+            check_update_filters(old.meta.source, sources, dst)
         fingerprint = resume.pack_fingerprint(sources, effective, manifest_extra)
-        plan = _plan(old, sources, options.check == CONTENT_CHECK or old.stats is None)
+        plan = _plan(old, sources, options.check == CONTENT_CHECK or old.stats is None, stat)
         if plan.same_samples(old, sources):
             if old.meta.fingerprint != fingerprint or old.meta.differs_from(manifest_extra):
                 # The same samples from a source described otherwise (moved, or a
@@ -973,7 +1060,7 @@ def update(
         read_bytes, before = 0, 0
         if plan.todo:
             progress = _Progress(options.progress, on_progress)
-            read_bytes, before = _stage(old, sources, plan, effective, staging, progress)
+            read_bytes, before = _stage(old, sources, plan, effective, staging, progress, loader)
         staged = staging if plan.todo else None
         result = _apply(old, sources, plan, effective, staged, fingerprint, dict(manifest_extra or {}))
     finally:

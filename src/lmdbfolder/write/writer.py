@@ -219,6 +219,7 @@ def pack_sources(
     mean_size: float | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    stat: Callable[[int], tuple[int, int]] | None = None,
     **fields: Any,
 ) -> PackResult:
     """Pack an already built sample list (see ``sources.scan``) into ``dst``; see ``pack``.
@@ -230,7 +231,10 @@ def pack_sources(
     manifest fields (a shard's place in its split); they are part of the
     resume fingerprint. ``on_progress(done, total)`` is called after each
     source file (packed or skipped). ``resize`` (pack-time downscaling)
-    applies to files read from disk only.
+    applies to files read from disk only. ``stat(i)``, with a loader: what
+    ``update=True`` compares of sample ``i`` instead of its file's size and
+    mtime (samples of several files: ``write.fields``); without it, an update
+    of a pack written with a loader is a new pack.
 
     The whole run holds the writer lock of ``dst`` (``write.lock``): a second
     pack of the same ``dst`` meanwhile fails at once, saying which process
@@ -244,6 +248,7 @@ def pack_sources(
         mean_size=mean_size,
         manifest_extra=dict(manifest_extra or {}),
         on_progress=on_progress,
+        stat=stat,
     )
     with writer_lock(job.dst):
         return _write(job)
@@ -252,7 +257,13 @@ def pack_sources(
 def _update(job: Job, start_time: float) -> PackResult:
     """``pack_sources`` of an update (``write.update``)."""
     done = update.update(
-        job.sources, job.dst, job.options, manifest_extra=job.manifest_extra, on_progress=job.on_progress
+        job.sources,
+        job.dst,
+        job.options,
+        manifest_extra=job.manifest_extra,
+        on_progress=job.on_progress,
+        loader=job.loader,
+        stat=job.stat,
     )
     meta = done.meta
     return PackResult(
@@ -280,7 +291,7 @@ def _write(job: Job) -> PackResult:
         output.check_outside_source(sources.root, dst)
     check_manifest_size(encode_meta({"classes": sources.classes, "class_to_idx": sources.class_to_idx}), sources.root)
     if opts.update:
-        if job.loader is None and updatable(dst):
+        if (job.loader is None or job.stat is not None) and updatable(dst):
             return _update(job, start_time)
         # Nothing to update: pack it (or finish the pack started there).
         opts = opts.for_new_pack()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import os
 import re
 import stat
@@ -187,6 +188,25 @@ class FileReader:
         if self.scale is not None:
             check_pair_scale(out[0], out[1], self.scale, files)
         return out
+
+    def stamp(self, i: int) -> tuple[int, int]:
+        """``FieldSamples.stamp``: sample ``i``'s bytes, and a digest of each field's file (its path,
+        size and modification time) or value; OSError when a file cannot be ``stat``-ed."""
+        h = hashlib.blake2b(digest_size=8)
+        size = 0
+        extra = iter(self.values[i] if self.values is not None else ())
+        for rel in self.field_paths[i]:
+            if rel:
+                st = os.stat(os.path.join(self.root, rel))
+                size += st.st_size
+                h.update(b"f%d %d %s\0" % (st.st_size, st.st_mtime_ns, os.fsencode(rel)))
+            else:
+                value = next(extra)
+                size += len(value)
+                h.update(b"v%d\0" % len(value))
+                h.update(value)
+        # Non-negative: never UNKNOWN_MTIME (-1), which an update reads as "not recorded".
+        return size, int.from_bytes(h.digest(), "little") >> 1
 
 
 def check_pair_scale(lq: bytes, gt: bytes, scale: int, paths: Sequence[str]) -> None:

@@ -199,3 +199,52 @@ def test_export_table_gives_the_images_and_json_lines(tmp_path: Path) -> None:
         assert (out / "images" / name).read_bytes() == (tmp_path / "images" / name).read_bytes()
     again = scan_layout(out / "images", "table", annotations=out / "meta.jsonl")
     assert [again.read(i) for i in range(3)] == [samples.read(i) for i in range(3)]
+
+
+# -- verify --against SRC ------------------------------------------------------------------------------
+@pytest.mark.parametrize("shards", [None, 2])
+def test_verify_against_the_source_compares_every_field(tmp_path: Path, shards: int | None) -> None:
+    from lmdbfolder.tools.verify import verify
+
+    src = tmp_path / "src"
+    make_voc(src, ["a", "b", "c"])
+    dst = tmp_path / "voc.lmdb"
+    pack_field_samples(scan_layout(src, "voc"), dst, shards=shards, progress=False)
+    report = verify(dst, against=src, progress=False)
+    assert report.ok, report.problems
+    voc = src / "VOCdevkit/VOC2012"
+    _put(voc / "SegmentationClass/b.png", _encoded("palette", 20, 14, 999))
+    report = verify(dst, against=src, progress=False)
+    assert [(p.index, p.message) for p in report.problems] == [
+        (1, "field mask differs from its file SegmentationClass/b.png")
+    ]
+    (voc / "ImageSets/Segmentation/train.txt").write_text("a\nc\n")
+    report = verify(dst, against=src, progress=False)
+    assert [(p.index, p.path, p.message) for p in report.problems] == [
+        (1, "JPEGImages/b.jpg", "is in the pack but not in the source")
+    ]
+
+
+def test_verify_against_coco_and_pairs_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lmdbfolder.cli import main
+    from lmdbfolder.cli.common import EXIT_CODES
+    from lmdbfolder.tools.verify import verify
+
+    images, ann, data = make_coco(tmp_path)
+    pack_field_samples(scan_layout(images, "coco", annotations=ann), tmp_path / "c.lmdb", progress=False)
+    assert verify(tmp_path / "c.lmdb", against=images, progress=False).ok  # the JSON found beside the images
+    data["annotations"][0]["bbox"] = [2.0, 2.0, 3.0, 3.0]
+    moved = tmp_path / "elsewhere.json"
+    moved.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    report = verify(tmp_path / "c.lmdb", against=images, annotations=moved, progress=False)
+    assert [p.message for p in report.problems] == ["field annotations differs from the source's value"]
+    assert main(["verify", str(tmp_path / "c.lmdb"), "--against", str(images), "--annotations", str(moved)]) == (
+        EXIT_CODES["problems found"]
+    )
+    assert "field annotations differs from the source's value" in capsys.readouterr().err
+    make_pairs(tmp_path / "p", 2)
+    pack_field_samples(scan_layout(tmp_path / "p", "pairs", scale=2), tmp_path / "p.lmdb", progress=False)
+    assert verify(tmp_path / "p.lmdb", against=tmp_path / "p", progress=False).ok
+    _put(tmp_path / "p/GT/0801.png", _encoded("rgb_png", 14, 10, 77))
+    report = verify(tmp_path / "p.lmdb", against=tmp_path / "p", progress=False)
+    assert [p.message for p in report.problems] == ["field gt differs from its file GT/0801.png"]

@@ -25,6 +25,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.add_argument("--against", metavar="SRC", help="compare with the source folder: same files, labels and bytes")
     p.add_argument("--list", metavar="FILE", dest="list_file", help="with --against: the list file to compare with")
+    p.add_argument(
+        "--annotations",
+        metavar="FILE",
+        help="with --against, a pack of the coco or table layout: its annotation file or table "
+        "(default: the file of the recorded name in SRC, beside it or in annotations/ beside it)",
+    )
     add_output_flags(p, "print the report as JSON")
     p.set_defaults(run=run)
 
@@ -41,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         decode=args.decode,
         against=args.against,
         list_file=args.list_file,
+        annotations=args.annotations,
         progress=show_progress(args),
     )
     if args.json:

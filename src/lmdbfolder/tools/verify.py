@@ -148,6 +148,7 @@ def verify(
     against: str | os.PathLike[str] | None = None,
     list_file: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
+    annotations: str | os.PathLike[str] | None = None,
 ) -> VerifyReport:
     """Check every record and table of the pack at ``path`` (see the module docstring).
 
@@ -157,7 +158,11 @@ def verify(
     it). With ``against=SRC`` the source folder is scanned again (same
     layout; ``list_file`` overrides the recorded list file) and the pack must
     hold the same files (minus those the pack skipped), with the same labels
-    and the same bytes (for raw packs: the same decoded pixels).
+    and the same bytes (for raw packs: the same decoded pixels). A pack of several
+    fields is compared with ``SRC`` listed again as its layout (its split, scale,
+    folders from the manifest; COCO's and a table's file: ``annotations``, else the
+    file of the recorded name in ``SRC`` or beside it): the same samples, in the same
+    order, and every field the same bytes as its file (or value).
 
     Raises NotAPackError only when there is nothing to check against: no
     LMDB file, a truncated one, or no readable manifest.
@@ -174,6 +179,12 @@ def verify(
     (``verify_sharded``).
     """
     found = packdir.require_pack(path)
+    if against is not None and _holds_fields(found.path):
+        report = verify(found.path, decode=decode, progress=progress)
+        start = time.perf_counter()
+        _against_fields(found.path, report, os.fspath(against), annotations)
+        report.seconds += time.perf_counter() - start
+        return report
     if found.kind is packdir.Kind.SHARDED:
         report = verify_sharded(found.path, decode=decode, progress=progress)
         if against is not None:
@@ -187,6 +198,102 @@ def verify(
             report.seconds += time.perf_counter() - start
         return report
     return _verify_single(found.path, decode, against, list_file, progress)
+
+
+def _holds_fields(path: str) -> bool:
+    """Whether the pack at ``path`` holds samples of several fields (False when it cannot be
+    opened: the checks say why)."""
+    from lmdbfolder.read.fields import samples_manifest
+    from lmdbfolder.read.opening import open_pack
+
+    try:
+        with open_pack(path) as reader:
+            return samples_manifest(reader) is not None
+    except (LmdbFolderError, OSError):
+        return False
+
+
+def _layout_file(src: str, name: Any, given: str | os.PathLike[str] | None) -> str | None:
+    """COCO's annotation file or a table: ``given``, else the file of the recorded ``name`` in
+    ``src``, beside it, or in an ``annotations`` folder beside it (COCO's own tree)."""
+    if given is not None:
+        return os.fspath(given)
+    if not isinstance(name, str) or not name or os.path.basename(name) != name:
+        return None
+    up = os.path.dirname(os.path.abspath(src))
+    for folder in (src, up, os.path.join(up, "annotations")):
+        if os.path.isfile(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    return None
+
+
+def _against_fields(path: str, report: VerifyReport, src: str, annotations: str | os.PathLike[str] | None) -> None:
+    """``verify --against SRC`` of a pack of several fields: ``SRC`` listed as the pack's
+    layout; the samples the pack holds (those it skipped left out), in its order, and each
+    field's bytes against its file (or the value the layout reads from its annotation file)."""
+    from lmdbfolder.format.fields import split_field_payloads
+    from lmdbfolder.read.fields import samples_manifest
+    from lmdbfolder.read.opening import open_pack
+    from lmdbfolder.write.fields import SampleError
+    from lmdbfolder.write.layouts import LAYOUTS, scan_layout
+
+    def cannot(why: str) -> None:
+        report.problems.append(Problem("source", f"cannot compare with {printable(src, 300)}: {why}"))
+
+    with open_pack(path) as reader:
+        meta = samples_manifest(reader)
+        if meta is None or meta.field_specs is None:
+            return
+        layout, info = meta.layout_name, meta.layout_info
+        if layout not in LAYOUTS or info.get("source") == "basicsr-lmdb":
+            what = "two BasicSR LMDBs" if info.get("source") == "basicsr-lmdb" else f"the layout {layout!r}"
+            return cannot(f"the pack's samples came from {printable(str(what), 60)}, not from a folder")
+        options: dict[str, Any] = {}
+        if layout in ("voc", "ade20k", "cityscapes") and isinstance(info.get("split"), str):
+            options["split"] = info["split"]
+        elif layout == "pairs":
+            options = {k: info.get(k) for k in ("scale", "gt_dir", "lq_dir", "filename_tmpl")}
+        elif layout in ("coco", "table"):
+            name = info.get("annotations" if layout == "coco" else "table")
+            options["annotations"] = _layout_file(src, name, annotations)
+            if options["annotations"] is None:
+                return cannot(f"its {printable(str(name), 200)} is not in it nor beside it: pass it (--annotations FILE)")
+            if layout == "table" and isinstance(info.get("image_column"), str):
+                options["image_column"] = info["image_column"]
+        try:
+            samples = scan_layout(src, layout, **options)
+        except (LmdbFolderError, OSError, ValueError) as exc:
+            return cannot(f"it does not list as the {layout} layout ({printable(str(exc), 300)})")
+        skipped = {item.get("path") for item in _dicts(pack_info(path).get("skipped")) if isinstance(item, dict)}
+        expected = [s for s, p in enumerate(samples.relpaths) if p not in skipped]
+        packed = reader.paths()
+        if [samples.relpaths[s] for s in expected] != list(packed):
+            in_pack, in_source = set(packed), {samples.relpaths[s] for s in expected}
+            for p in sorted(in_source - in_pack)[:100]:
+                report.problems.append(Problem("source", f"{printable(p, 300)} is in the source but not in the pack"))
+            for i, p in enumerate(packed):
+                if p not in in_source and len(report.problems) < 1000:
+                    report.problems.append(Problem("source", "is in the pack but not in the source", i, p))
+            if in_pack == in_source:
+                report.problems.append(Problem("source", "the pack holds the source's samples in another order"))
+            return
+        names = [f.name for f in meta.field_specs]
+        for i, s in enumerate(expected):
+            files = samples.field_paths[s]
+            try:
+                theirs = samples.read(s)
+                ours = split_field_payloads(reader.get(i).payload, len(names))
+            except SampleError as exc:
+                report.problems.append(Problem("source", f"the source sample cannot be read: {exc.why}", i, packed[i]))
+                continue
+            except (LmdbFolderError, OSError):
+                continue  # a damaged record: the checks above reported it
+            if isinstance(ours, str):
+                continue  # reported by the checks above
+            for k, name in enumerate(names):
+                if bytes(ours[k]) != theirs[k]:
+                    where = f"its file {files[k]}" if k < len(files) and files[k] else "the source's value"
+                    report.problems.append(Problem("source", f"field {name} differs from {where}", i, packed[i]))
 
 
 def _verify_single(

@@ -248,3 +248,31 @@ def test_verify_against_coco_and_pairs_sources(tmp_path: Path, capsys: pytest.Ca
     _put(tmp_path / "p/GT/0801.png", _encoded("rgb_png", 14, 10, 77))
     report = verify(tmp_path / "p.lmdb", against=tmp_path / "p", progress=False)
     assert [p.message for p in report.problems] == ["field gt differs from its file GT/0801.png"]
+
+
+# -- bad input: listed with its files, printed with bounds ----------------------------------------------
+def test_cli_lists_bad_samples_with_their_files_escaped_and_bounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lmdbfolder.cli import main
+
+    src = tmp_path / "src"
+    names = ["ok", "wrong\x1b[31msize", *[f"lonely{k:02d}" for k in range(24)]]
+    make_voc(src, names, no_mask=tuple(n for n in names if n.startswith("lonely")))
+    voc = src / "VOCdevkit/VOC2012"
+    _put(voc / "SegmentationClass/wrong\x1b[31msize.png", _encoded("palette", 5, 5, 3))  # not its image's size
+    dst = tmp_path / "voc.lmdb"
+    assert main(["pack", str(src), str(dst), "--layout", "voc", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "packed 1 sample" in out and "skipped 25 samples" in out
+    assert "\x1b" not in out  # a control character in a file name is escaped, never sent to the terminal
+    assert "JPEGImages/lonely00.jpg + SegmentationClass/lonely00.png" in out
+    assert "mask (SegmentationClass/wrong\\x1b[31msize.png): the mask is 5x5 but the image is 20x14" in out
+    assert "... and 5 more" in out  # bounded: 20 shown, every one in skipped.txt
+    listed = (dst / "skipped.txt").read_text(encoding="utf-8", errors="surrogateescape")
+    assert listed.count("\n") == 25 + 2
+    # a COCO annotation naming no image: listed with the file and the entry
+    images, ann, _ = make_coco(tmp_path / "coco")
+    assert main(["pack", str(images), str(tmp_path / "c.lmdb"), "--layout", "coco", "--annotations", str(ann)]) == 0
+    out = capsys.readouterr().out
+    assert "instances_train2017.json: annotations[3]: annotation 99 names image 12345, which no images entry has" in out

@@ -20,7 +20,9 @@ pytest.importorskip("torchvision")
 
 def _voc_files(src: Path, names: list[str]) -> list[list[bytes]]:
     voc = src / "VOCdevkit/VOC2012"
-    return [[(voc / f"JPEGImages/{n}.jpg").read_bytes(), (voc / f"SegmentationClass/{n}.png").read_bytes()] for n in names]
+    return [
+        [(voc / f"JPEGImages/{n}.jpg").read_bytes(), (voc / f"SegmentationClass/{n}.png").read_bytes()] for n in names
+    ]
 
 
 def _touch_later(path: Path) -> None:
@@ -175,7 +177,9 @@ def test_export_pairs_gives_basicsr_folders(tmp_path: Path, tmpl: str) -> None:
         assert (out / os.path.relpath(lq, src)).read_bytes() == Path(lq).read_bytes()
         assert (out / os.path.relpath(gt, src)).read_bytes() == Path(gt).read_bytes()
     again = scan_layout(out, "pairs", scale=2, gt_dir="HR", lq_dir="LR/X2", filename_tmpl=tmpl)
-    assert [again.read(i) for i in range(len(again.relpaths))] == [samples.read(i) for i in range(len(samples.relpaths))]
+    assert [again.read(i) for i in range(len(again.relpaths))] == [
+        samples.read(i) for i in range(len(samples.relpaths))
+    ]
 
 
 def test_export_table_gives_the_images_and_json_lines(tmp_path: Path) -> None:
@@ -238,8 +242,9 @@ def test_verify_against_coco_and_pairs_sources(tmp_path: Path, capsys: pytest.Ca
     moved.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     report = verify(tmp_path / "c.lmdb", against=images, annotations=moved, progress=False)
     assert [p.message for p in report.problems] == ["field annotations differs from the source's value"]
-    assert main(["verify", str(tmp_path / "c.lmdb"), "--against", str(images), "--annotations", str(moved)]) == (
-        EXIT_CODES["problems found"]
+    assert (
+        main(["verify", str(tmp_path / "c.lmdb"), "--against", str(images), "--annotations", str(moved)])
+        == (EXIT_CODES["problems found"])
     )
     assert "field annotations differs from the source's value" in capsys.readouterr().err
     make_pairs(tmp_path / "p", 2)
@@ -276,3 +281,38 @@ def test_cli_lists_bad_samples_with_their_files_escaped_and_bounded(
     assert main(["pack", str(images), str(tmp_path / "c.lmdb"), "--layout", "coco", "--annotations", str(ann)]) == 0
     out = capsys.readouterr().out
     assert "instances_train2017.json: annotations[3]: annotation 99 names image 12345, which no images entry has" in out
+
+
+# -- the exact distributed sampler and seeded replay ---------------------------------------------------
+def test_exact_sampler_over_ranks_reads_every_sample_once_with_replayed_transforms(tmp_path: Path) -> None:
+    from collections import Counter
+
+    from _fields_ddp_worker import crcs, pipeline
+    from conftest import run_ranks
+    from lmdbfolder.torch import LMDBDataset
+
+    src = tmp_path / "src"
+    make_voc(src, [f"s{k}" for k in range(7)])
+    pack = tmp_path / "voc"
+    pack_field_samples(scan_layout(src, "voc"), pack, shards=3, progress=False)
+    spec = {"pack": str(pack), "out": str(tmp_path / "out.jsonl"), "orders": ["random", "shards"], "epochs": [0, 1]}
+    spec["seed"] = 5
+    run_ranks(Path(__file__).parent / "_fields_ddp_worker.py", 2, spec, tmp_path / "spec.json", timeout=300)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(line["order"], line["epoch"]) for line in lines] == [
+        ("random", 0),
+        ("random", 1),
+        ("shards", 0),
+        ("shards", 1),
+    ]
+    here = LMDBDataset(str(pack), transforms=pipeline(), seed=5)
+    for line in lines:
+        ranks = line["ranks"]
+        assert len(ranks[0]) == len(ranks[1])  # equal parts
+        counts = Counter(i for part in ranks for i, _ in part)
+        assert set(counts) == set(range(7)) and sum(counts.values()) == 7 + line["padded"]  # each once, plus padding
+        here.set_epoch(line["epoch"])
+        expected = {i: crcs(here[i]) for i in range(7)}
+        # every rank's worker drew the same transform for a sample as this process does
+        assert all(c == expected[i] for part in ranks for i, c in part)
+    assert lines[0]["ranks"] != lines[1]["ranks"]  # another epoch: another order, other transforms

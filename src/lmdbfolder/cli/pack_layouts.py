@@ -106,6 +106,7 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
     say what would be packed)."""
     from lmdbfolder.write.fields import pack_field_samples
     from lmdbfolder.write.layouts import scan_layout
+    from lmdbfolder.write.shards import ShardedPackResult
 
     refused = refuse_layout_flags(args)
     if refused is not None:
@@ -113,7 +114,9 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
     if args.shards is not None and args.shard_size is not None:
         return usage("pack", "pass one of --shards N and --shard-size SIZE")
     if args.dry_run and args.update:
-        return usage("pack", "--dry-run describes a new pack; it cannot preview --update (run --update itself: it is atomic)")
+        return usage(
+            "pack", "--dry-run describes a new pack; it cannot preview --update (run --update itself: it is atomic)"
+        )
     if args.update and (args.shards is not None or args.shard_size is not None):
         return usage(
             "pack",
@@ -147,7 +150,7 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
         return 0
     what = f"{args.layout} ({_info(samples.layout_info)})" if _info(samples.layout_info) else args.layout
     names = ", ".join(f["name"] for f in fields)
-    changes = getattr(result, "changes", None)
+    changes = result.changes
     if changes is not None:
         compared = f", {plural(changes.unchanged, 'sample')} compared and unchanged" if changes.unchanged else ""
         print(
@@ -166,15 +169,15 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
             f"({plural(result.count, 'sample')}; --overwrite packs it again)"
         )
         return 0
-    resumed_from = getattr(result, "resumed_from", 0)
-    resumed = f" (resumed after {plural(resumed_from, 'sample')})" if resumed_from else ""
-    if getattr(result, "shards", None):
-        resumed += f" ({plural(len(result.shards), 'shard')})"
+    sharded = isinstance(result, ShardedPackResult)
+    if isinstance(result, ShardedPackResult):
+        resumed = f" ({plural(len(result.shards), 'shard')})"
+    else:
+        resumed = f" (resumed after {plural(result.resumed_from, 'sample')})" if result.resumed_from else ""
     print(
         f"packed {plural(result.count, 'sample')} of {what}, fields {names}, into {result.path}{resumed}: "
         f"{megabytes(result.input_bytes)} read in {result.seconds:.1f} s"
     )
-    sharded = not hasattr(result, "resumed_from")
     _print_skipped(result.skipped, "each shard's skipped.txt" if sharded else f"{result.path}/skipped.txt")
     shell = shlex.quote(result.path)
     print(

@@ -257,7 +257,9 @@ def _against_fields(path: str, report: VerifyReport, src: str, annotations: str 
             name = info.get("annotations" if layout == "coco" else "table")
             options["annotations"] = _layout_file(src, name, annotations)
             if options["annotations"] is None:
-                return cannot(f"its {printable(str(name), 200)} is not in it nor beside it: pass it (--annotations FILE)")
+                return cannot(
+                    f"its {printable(str(name), 200)} is not in it nor beside it: pass it (--annotations FILE)"
+                )
             if layout == "table" and isinstance(info.get("image_column"), str):
                 options["image_column"] = info["image_column"]
         try:

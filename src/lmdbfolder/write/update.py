@@ -975,6 +975,7 @@ def _check_same_fields(old: _OldPack, manifest_extra: Mapping[str, Any]) -> None
         return
     if fields is None:
         refuse_fields(old.path, old.meta)
+
     def names(given: list[dict[str, Any]] | None) -> str:
         return "one image and a class" if given is None else ", ".join(str(f["name"]) for f in given)
 

@@ -52,7 +52,7 @@ from lmdbfolder.format.fields import (
     pack_field_payloads,
 )
 from lmdbfolder.text import printable
-from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
 from lmdbfolder.write.planner import DEFAULT_PREFIX
 from lmdbfolder.write.records import Loaded, Skipped, load_bytes
 from lmdbfolder.write.shards import (
@@ -68,6 +68,7 @@ from lmdbfolder.write.shards import (
     write_index,
 )
 from lmdbfolder.write.sources import SourceList
+from lmdbfolder.write.update import recorded_options
 from lmdbfolder.write.writer import PackResult, pack_sources, warn_skipped
 
 __all__ = ["FIELD_KINDS", "FieldSpec", "SampleError", "FieldSamples", "pack_field_samples", "check_fields"]
@@ -268,6 +269,10 @@ def pack_field_samples(
         )
     _check_samples(samples)
     fields = tuple(samples.fields)
+    check = opts.check
+    if check == CONTENT_CHECK:  # an update comparing every sample: read them with the pack's own check
+        recorded = recorded_options(dst)
+        check = recorded.check if recorded is not None else "header"
     n = len(samples.relpaths)
     lossy: list[tuple[str, str]] = []
     lock = threading.Lock()
@@ -299,7 +304,7 @@ def pack_field_samples(
         except OSError as exc:
             return Skipped(f"cannot read it: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
         checked = check_fields(
-            payloads, fields, samples.labels[i], check=opts.check, max_pixels=max_pixels, paths=paths
+            payloads, fields, samples.labels[i], check=check, max_pixels=max_pixels, paths=paths
         )
         if checked.lossy:
             with lock:

@@ -1152,3 +1152,27 @@ def test_exact_sampler_over_ranks_reads_every_sample_once_with_replayed_transfor
         # every rank's worker drew the same transform for a sample as this process does
         assert all(c == expected[i] for part in ranks for i, c in part)
     assert lines[0]["ranks"] != lines[1]["ranks"]  # another epoch: another order, other transforms
+
+
+def test_a_sharded_pack_of_pairs_staged_from_object_storage_in_workers(s3: Any, tmp_path: Path) -> None:
+    import torch
+
+    import lmdbfolder
+    from lmdbfolder.cli import main
+    from lmdbfolder.torch import LMDBDataset
+
+    make_pairs(tmp_path / "src", 2)
+    dst = tmp_path / "p"
+    assert main(["pack", str(tmp_path / "src"), str(dst), "--layout", "pairs", "--scale", "2", "--shards", "2"]) == 0
+    url = s3.url("pairs")
+    lmdbfolder.copy_pack(dst, url)
+    local, remote = LMDBDataset(str(dst)), LMDBDataset(url, cache_dir=tmp_path / "cache")
+    assert len(remote) == len(local) == 4
+    for i in range(len(local)):
+        assert [(im.mode, im.tobytes()) for im in remote[i]] == [(im.mode, im.tobytes()) for im in local[i]]
+    # DataLoader workers (fork) stage and read the shards too
+    loader = torch.utils.data.DataLoader(
+        LMDBDataset(url, cache_dir=tmp_path / "cache2"), batch_size=2, num_workers=2, collate_fn=list
+    )
+    got = [[(im.mode, im.tobytes()) for im in item] for batch in loader for item in batch]
+    assert got == [[(im.mode, im.tobytes()) for im in local[i]] for i in range(4)]

@@ -1176,3 +1176,31 @@ def test_a_sharded_pack_of_pairs_staged_from_object_storage_in_workers(s3: Any, 
     )
     got = [[(im.mode, im.tobytes()) for im in item] for batch in loader for item in batch]
     assert got == [[(im.mode, im.tobytes()) for im in local[i]] for i in range(4)]
+
+
+def test_an_interrupted_update_of_a_pack_of_fields_leaves_the_old_version_and_resumes(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_voc(src, ["a", "b", "c"])
+    dst = tmp_path / "voc.lmdb"
+    pack_field_samples(scan_layout(src, "voc"), dst, progress=False)
+    before = stored_fields(dst)
+    voc = src / "VOCdevkit/VOC2012"
+    for k, name in enumerate(["d", "e", "f"]):
+        _put(voc / f"JPEGImages/{name}.jpg", _encoded("rgb", 9, 7, 40 + k))
+        _put(voc / f"SegmentationClass/{name}.png", _encoded("palette", 9, 7, 50 + k))
+    (voc / "ImageSets/Segmentation/train.txt").write_text("a\nb\nc\nd\ne\nf\n")
+    samples = scan_layout(src, "voc")
+    read = samples.read
+
+    def interrupted(i: int) -> list[bytes]:
+        if i == 4:
+            raise KeyboardInterrupt
+        return read(i)
+
+    samples.read = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        pack_field_samples(samples, dst, update=True, workers=1, commit_every=1, progress=False)
+    assert stored_fields(dst) == before  # the old version, whole
+    result = pack_field_samples(scan_layout(src, "voc"), dst, update=True, workers=1, progress=False)
+    assert result.resumed_from == 1 and result.changes is not None and result.changes.added == 3
+    assert stored_fields(dst) == _voc_files(src, ["a", "b", "c", "d", "e", "f"])

@@ -1,0 +1,497 @@
+"""Fused crops of samples with several fields: one box for every field, decoded by region.
+
+A segmentation or detection sample is an image with a mask, boxes or both; a
+restoration sample is a pair of images. torchvision's v2 transforms crop all the
+fields of a sample jointly, but only after the whole image has been decoded into a
+PIL image. These plans make the same result while decoding only the crop:
+
+``JointPlan`` (image fields under a ``transforms.v2`` pipeline). When the pipeline
+starts with ``v2.RandomResizedCrop`` (optionally followed by ``v2.RandomHorizontalFlip``),
+the dataset hands the sample over with its image fields still encoded
+(``PendingImage``). The plan then does what v2 does, with v2's own code wherever it
+costs nothing: it flattens the sample as v2 does, asks the crop's ``make_params``
+for the box (the same random numbers, drawn from a stand-in of the image's size,
+read from the file's header), draws the flip as v2 does (``torch.rand(1) < p``),
+decodes each image field's crop only (a JPEG's rows and columns of the box, by the
+region decoder, where it reproduces Pillow here) and resizes it as Pillow does
+(``read.plan.ReadPlan``, the same executor as ``LMDBFolder``'s exact fused crop),
+mirrored for the flip. Every other field (``tv_tensors.Mask``: nearest;
+``BoundingBoxes``: cropped, scaled and clamped; keypoints, videos) goes through the
+v2 transform's own ``transform`` with the same parameters. Then the rest of the
+pipeline runs unchanged (``SanitizeBoundingBoxes`` and the photometric steps
+included). Under the same seed the sample equals the unfused pipeline's, pixel for
+pixel. A batch (``batch``) draws every sample's box and flip in the per-sample order,
+then decodes all its crops in one ``ReadPlan.run`` (on the dataset's threads), when
+nothing after the fused steps draws random numbers.
+
+``PairPlan`` (an LQ/GT pair under ``PairedRandomCrop``, BasicSR's ``paired_random_crop``
++ ``augment``): the LQ patch and the ``scale`` times larger GT patch are decoded by
+region, mirrored and turned as small uint8 patches (``read.pairs``).
+
+Both are decided once, when made (per dataset, transform and process), as
+``TransformPlan`` is for ``LMDBFolder``: a pipeline they do not recognise is applied
+as given, to the decoded sample.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from lmdbfolder.errors import MissingDependencyError
+
+try:
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+    from torchvision.transforms.functional import InterpolationMode, pil_modes_mapping
+except ImportError as exc:  # a core-only install: say what to install
+    raise MissingDependencyError(
+        "lmdbfolder.torch.joint (fused crops of several fields)", "torch", "torchvision"
+    ) from exc
+
+from lmdbfolder.encodings import sniff
+from lmdbfolder.read.capabilities import Capabilities, current
+from lmdbfolder.read.pairs import PairDraw, PatchReader, augment_patch, draw_pair
+from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
+
+__all__ = [
+    "PendingImage",
+    "resolve",
+    "split_joint",
+    "joint_key",
+    "JointPlan",
+    "PairedRandomCrop",
+    "split_paired",
+    "PairPlan",
+    "plan_fields",
+]
+
+
+class PendingImage:
+    """An image field of a sample, not decoded yet: its stored file (``payload``) and
+    where it is (``where``, for messages: the pack, the record and the field). A fused
+    plan decodes only its crop; ``resolve`` decodes it whole (an RGB PIL image, as the
+    torchvision dataset's loader gives it)."""
+
+    __slots__ = ("payload", "where", "_info")
+
+    def __init__(self, payload: bytes | memoryview, where: str = "an image field") -> None:
+        self.payload = payload
+        self.where = where
+        self._info: tuple[str, int, int, int] | None = None
+
+    def info(self) -> tuple[str, int, int, int]:
+        """``(encoding, width, height, channels)`` from the file's header (0: unknown)."""
+        if self._info is None:
+            found = sniff(self.payload)
+            self._info = (found.encoding, found.width, found.height, found.channels)
+        return self._info
+
+    def sized(self) -> bool:
+        """Whether the file's header gives its size (else it is decoded whole first)."""
+        _, width, height, _ = self.info()
+        return width > 0 and height > 0
+
+    def decode(self, plan: ReadPlan) -> Image.Image:
+        """The whole image, RGB, as ImageFolder's loader (and VOCSegmentation's) gives it."""
+        name, width, height, channels = self.info()
+        try:
+            return plan.image(self.payload, name, width, height, channels)
+        except Exception as exc:  # Pillow raises many exception types for bad data
+            exc.add_note(f"while decoding {self.where}")
+            raise
+
+    def __repr__(self) -> str:
+        return f"<PendingImage {self.where}>"
+
+
+def resolve(sample: Any, plan: ReadPlan) -> Any:
+    """``sample`` with every ``PendingImage`` in it decoded whole (``PendingImage.decode``)."""
+    flat, spec = tree_flatten(sample)
+    if not any(type(leaf) is PendingImage for leaf in flat):
+        return sample
+    return tree_unflatten([leaf.decode(plan) if type(leaf) is PendingImage else leaf for leaf in flat], spec)
+
+
+# -- the joint crop of an image and its mask, boxes ... ------------------------------------------------------
+def _v2() -> Any:
+    # Only if the caller uses v2 (importing it costs time): a pipeline of v2 steps has imported it.
+    return sys.modules.get("torchvision.transforms.v2")
+
+
+def _interpolation(value: Any) -> InterpolationMode | None:
+    """The ``InterpolationMode`` a v2 transform's ``interpolation`` setting means, if Pillow has it."""
+    mode: Any = value
+    try:
+        if isinstance(value, str):
+            mode = InterpolationMode(value.lower())
+        elif isinstance(value, int) and not isinstance(value, InterpolationMode):
+            from torchvision.transforms.functional import _interpolation_modes_from_int
+
+            mode = _interpolation_modes_from_int(value)
+    except (ValueError, KeyError):
+        return None
+    return mode if isinstance(mode, InterpolationMode) and mode in pil_modes_mapping else None
+
+
+def split_joint(transforms: Any) -> tuple[Any, Any, Any]:
+    """``(crop, flip, rest)`` when ``transforms`` is a ``v2.RandomResizedCrop`` or a
+    ``v2.Compose`` that starts with one (exactly those classes: a subclass may do
+    otherwise), optionally followed by a ``v2.RandomHorizontalFlip`` (``flip``, else
+    None), with an interpolation Pillow has; ``rest``: a ``v2.Compose`` of the steps
+    after them, or None. Else ``(None, None, transforms)``."""
+    v2 = _v2()
+    if v2 is None or transforms is None:
+        return None, None, transforms
+    steps = list(transforms.transforms) if type(transforms) is v2.Compose else [transforms]
+    if not steps or type(steps[0]) is not v2.RandomResizedCrop or _interpolation(steps[0].interpolation) is None:
+        return None, None, transforms
+    crop, flip, at = steps[0], None, 1
+    if len(steps) > 1 and type(steps[1]) is v2.RandomHorizontalFlip:
+        flip, at = steps[1], 2
+    rest = v2.Compose(steps[at:]) if len(steps) > at else None
+    return crop, flip, rest
+
+
+def joint_key(transforms: Any) -> tuple[Any, ...]:
+    """What a ``JointPlan`` copies from ``transforms`` when it is made: the steps of a
+    ``Compose`` and the settings of its leading crop and flip. A plan whose key differs
+    is stale (a training script changed the pipeline in place between epochs)."""
+    found = getattr(transforms, "transforms", None)
+    steps = tuple(found) if isinstance(found, list) else (transforms,)
+    key: list[Any] = [transforms, steps]
+    for step in steps[:2]:
+        for name in ("size", "scale", "ratio", "interpolation", "antialias", "p"):
+            value = getattr(step, name, None)
+            key.append(tuple(value) if isinstance(value, (list, tuple)) else value)
+    return tuple(key)
+
+
+#: v2 steps that draw no random numbers: after the fused steps, a batch's crops may be
+#: decoded together only when the rest of the pipeline is made of these.
+_DETERMINISTIC = (
+    "ToImage",
+    "ToDtype",
+    "ToPureTensor",
+    "PILToTensor",
+    "Normalize",
+    "SanitizeBoundingBoxes",
+    "ClampBoundingBoxes",
+    "ConvertBoundingBoxFormat",
+    "Identity",
+)
+
+
+def _draws_nothing(rest: Any) -> bool:
+    v2 = _v2()
+    if rest is None:
+        return True
+    steps = list(rest.transforms) if v2 is not None and type(rest) is v2.Compose else [rest]
+    return (
+        v2 is not None
+        and all(type(step) is getattr(v2, type(step).__name__, None) for step in steps)
+        and all(type(step).__name__ in _DETERMINISTIC for step in steps)
+    )
+
+
+def _stand_in(width: int, height: int) -> torch.Tensor:
+    """A pure tensor of an image's size, holding one byte: what v2's ``query_size`` reads."""
+    return torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
+
+
+_TYPE_PROBE = Image.new("RGB", (1, 1))
+
+
+class JointPlan:
+    """How a dataset applies a ``transforms.v2`` pipeline to a sample whose image fields
+    are ``PendingImage``: the leading crop and flip fused with decoding (``fused``), or
+    (a pipeline it does not recognise) the images decoded whole and the pipeline as given.
+
+    Args:
+        transforms: the v2 pipeline (None: the decoded sample as it is).
+        decoder: the resolved JPEG decoder (one that gives Pillow's pixels keeps the
+            result equal to the unfused pipeline).
+        threads: threads that decode a batch's crops.
+        caps: the capabilities to decide from (default: this process's).
+    """
+
+    def __init__(
+        self,
+        transforms: Any,
+        *,
+        decoder: Any,
+        threads: int = 1,
+        caps: Capabilities | None = None,
+    ) -> None:
+        caps = current() if caps is None else caps
+        self.transforms = transforms
+        self.key = joint_key(transforms)
+        self.crop, self.flip, self.rest = split_joint(transforms)
+        #: Whether the leading crop (and flip) are fused with decoding.
+        self.fused = self.crop is not None
+        spec = None
+        if self.crop is not None:
+            mode = _interpolation(self.crop.interpolation)
+            spec = CropSpec(tuple(self.crop.size), "pil", int(pil_modes_mapping[mode]), False)  # type: ignore[index]
+        self.read = ReadPlan(decoder, crop=spec, threads=threads, caps=caps)
+        #: Whether a batch's crops are decoded together (``batch``).
+        self.batches = self.fused and _draws_nothing(self.rest)
+
+    def stale(self, transforms: Any) -> bool:
+        """Whether ``transforms`` is no longer what this plan was made from."""
+        return joint_key(transforms) != self.key
+
+    def __call__(self, *inputs: Any) -> Any:
+        """The transformed sample (``inputs``: the fields, as the pipeline is called)."""
+        if not self.fused:
+            sample = resolve(inputs, self.read)
+            if self.transforms is None:
+                return sample if len(sample) > 1 else sample[0]
+            return self.transforms(*sample)
+        return self._rest(self._crop_flip([inputs])[0])
+
+    def batch(self, samples: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Every sample transformed, as ``[self(*s) for s in samples]`` gives them (the
+        same random numbers, in the same order); with ``batches``, the crops of all of
+        them are decoded in one run on the plan's threads."""
+        if not self.batches:
+            return [self(*s) for s in samples]
+        return [self._rest(out) for out in self._crop_flip(samples)]
+
+    def _rest(self, outputs: tuple[Any, ...]) -> Any:
+        # As v2.Compose hands one step's outputs to the next.
+        if self.rest is None:
+            return outputs if len(outputs) > 1 else outputs[0]
+        return self.rest(*outputs)
+
+    def _crop_flip(self, samples: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        crop, flip = self.crop, self.flip
+        read = self.read
+        made: list[tuple[list[Any], Any]] = []
+        jobs: list[CropJob] = []
+        places: list[tuple[int, int, PendingImage]] = []  # (sample, leaf, pending) of each job
+        for k, inputs in enumerate(samples):
+            flat, spec = tree_flatten(inputs if len(inputs) > 1 else inputs[0])
+            pending = [type(leaf) is PendingImage for leaf in flat]
+            if not all(leaf.sized() for leaf, p in zip(flat, pending) if p):
+                # A file whose header gives no size: decoded whole, then v2's own steps.
+                flat = [leaf.decode(read) if p else leaf for leaf, p in zip(flat, pending)]
+                out = crop(*tree_unflatten(flat, spec)) if len(inputs) > 1 else crop(tree_unflatten(flat, spec))
+                if flip is not None:
+                    out = flip(*out) if len(inputs) > 1 else flip(out)
+                made.append(([out], None))
+                continue
+            typed = [_TYPE_PROBE if p else leaf for leaf, p in zip(flat, pending)]
+            crop.check_inputs(typed)
+            needs = crop._needs_transform_list(typed)
+            sizes = [leaf.info() if p else None for leaf, p in zip(flat, pending)]
+            params = crop.make_params(
+                [
+                    _stand_in(info[1], info[2]) if info is not None else leaf
+                    for leaf, info, need in zip(flat, sizes, needs)
+                    if need
+                ]
+            )
+            # v2's RandomHorizontalFlip: ``if torch.rand(1) >= p: return inputs``.
+            flipped = flip is not None and not bool(torch.rand(1) >= flip.p)
+            box = (params["top"], params["left"], params["height"], params["width"])
+            for at, (leaf, info, need) in enumerate(zip(flat, sizes, needs)):
+                if info is not None:
+                    name, width, height, channels = info
+                    enc = read.claim(leaf.payload, name, width, height, channels)
+                    jobs.append(read.job(leaf.payload, enc, width, height, channels, box, flipped))
+                    places.append((k, at, leaf))
+                elif need:
+                    leaf = crop.transform(leaf, params)
+                    flat[at] = flip.transform(leaf, {}) if flipped else leaf
+            made.append((flat, spec))
+        if jobs:
+            out_h, out_w = self.crop.size
+            pixels = np.empty((len(jobs), out_h, out_w, 3), np.uint8)
+            try:
+                read.run(jobs, pixels, planar=False)
+            except BatchItemError as exc:
+                cause = exc.cause
+                cause.add_note(f"while decoding {places[exc.position][2].where}")
+                raise cause from None
+            for j, (k, at, _leaf) in enumerate(places):
+                made[k][0][at] = Image.fromarray(pixels[j], "RGB")
+        results = []
+        for (flat, spec), inputs in zip(made, samples):
+            if spec is None:  # made by v2 itself
+                results.append(flat[0] if len(inputs) > 1 else (flat[0],))
+                continue
+            out = tree_unflatten(flat, spec)
+            results.append(out if len(inputs) > 1 else (out,))
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        """What was decided, for ``repr`` and troubleshooting."""
+        return {"fused": self.fused, "flip": self.flip is not None, "batches": self.batches, **self.read.describe()}
+
+
+# -- pairs: BasicSR's paired_random_crop + augment ---------------------------------------------------------
+class PairedRandomCrop:
+    """BasicSR's ``paired_random_crop`` then ``augment`` as one transform of ``(lq, gt)``.
+
+    The ``gt_size // scale`` square of LQ at a random place and the ``gt_size`` square
+    of GT at ``scale`` times it, both mirrored left-right (``hflip``), upside down and
+    transposed (``rotation``) the same way, each with probability 1/2; the random
+    numbers are Python's ``random``, drawn as BasicSR draws them (``read.pairs``), so
+    under the same seed the patches are BasicSR's (in RGB where BasicSR's are BGR).
+
+    Args:
+        gt_size: the GT patch's side (BasicSR's ``gt_size``).
+        scale: GT's size over LQ's (an integer).
+        hflip, rotation: BasicSR's ``use_hflip`` and ``use_rot``.
+        output: ``"same"`` (PIL images for PIL images, arrays for ``H x W x C``
+            arrays) or ``"tensor"``: uint8 ``C x H x W`` tensors (add
+            ``v2.ToDtype(torch.float32, scale=True)`` for BasicSR's [0, 1] floats).
+
+    An ``LMDBDataset`` of a ``pairs`` pack fuses it with decoding (``PairPlan``): only
+    the patches are decoded (a JPEG's box by region) and turned, never a whole image.
+
+    Example:
+        >>> from lmdbfolder import fused
+        >>> tf = fused.PairedRandomCrop(gt_size=128, scale=4, output="tensor")
+        >>> ds = LMDBDataset("div2k.lmdb", transforms=tf)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, gt_size: int, scale: int, *, hflip: bool = True, rotation: bool = True, output: str = "same"
+    ) -> None:
+        if int(scale) != scale or scale < 1:
+            raise ValueError(f"scale must be a positive integer, got {scale!r}")
+        if gt_size < scale:
+            raise ValueError(f"gt_size must be at least scale ({scale}), got {gt_size}")
+        if output not in ("same", "tensor"):
+            raise ValueError(f"output must be 'same' or 'tensor', got {output!r}")
+        self.gt_size = int(gt_size)
+        self.scale = int(scale)
+        self.hflip = bool(hflip)
+        self.rotation = bool(rotation)
+        self.output = output
+
+    def draw(self, lq_size: tuple[int, int], gt_size: tuple[int, int], where: str = "the pair") -> PairDraw:
+        """The patches and flags for an LQ and GT of these ``(width, height)`` sizes, drawn
+        from Python's ``random`` as BasicSR draws them."""
+        return draw_pair(
+            lq_size, gt_size, self.gt_size, self.scale, hflip=self.hflip, rotation=self.rotation, where=where
+        )
+
+    def __call__(self, lq: Any, gt: Any) -> tuple[Any, Any]:
+        """The ``(lq, gt)`` patches of a decoded pair (PIL images or ``H x W [x C]`` arrays)."""
+        arrays = [np.asarray(img) for img in (lq, gt)]
+        if any(a.ndim not in (2, 3) for a in arrays):
+            raise TypeError("PairedRandomCrop takes PIL images or H x W (x C) arrays")
+        sizes = [(a.shape[1], a.shape[0]) for a in arrays]
+        draw = self.draw(sizes[0], sizes[1])
+        patches = []
+        for arr, (top, left, h, w) in zip(arrays, (draw.lq_box(), draw.gt_box())):
+            patches.append(augment_patch(arr[top : top + h, left : left + w], draw))
+        return self.finish(patches[0], patches[1], like=lq)
+
+    def finish(self, lq: np.ndarray, gt: np.ndarray, like: Any = None) -> tuple[Any, Any]:
+        """The output of two patches (``H x W [x C]`` uint8 arrays): tensors with
+        ``output="tensor"``; else PIL images (for a PIL ``like``, or None) or the arrays."""
+        if self.output == "tensor":
+            return _chw(lq), _chw(gt)
+        if like is None or isinstance(like, Image.Image):
+            mode = like.mode if isinstance(like, Image.Image) else None
+            return _pil(lq, mode), _pil(gt, mode)
+        return lq, gt
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(gt_size={self.gt_size}, scale={self.scale}, hflip={self.hflip}, "
+            f"rotation={self.rotation}, output={self.output!r})"
+        )
+
+
+def _chw(patch: np.ndarray) -> torch.Tensor:
+    arr = patch[:, :, None] if patch.ndim == 2 else patch
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+
+
+def _pil(patch: np.ndarray, mode: str | None) -> Image.Image:
+    img = Image.fromarray(patch)
+    return img.convert(mode) if mode is not None and img.mode != mode else img
+
+
+def split_paired(transforms: Any) -> tuple[PairedRandomCrop | None, Any]:
+    """``(crop, rest)`` when ``transforms`` is a ``PairedRandomCrop`` or a ``Compose``
+    (``transforms.v2``'s, or a list-holding one of the same kind) that starts with one;
+    else ``(None, transforms)``."""
+    if isinstance(transforms, PairedRandomCrop):
+        return transforms, None
+    v2 = _v2()
+    if v2 is not None and type(transforms) is v2.Compose:
+        steps = list(transforms.transforms)
+        if steps and isinstance(steps[0], PairedRandomCrop):
+            return steps[0], (v2.Compose(steps[1:]) if len(steps) > 1 else None)
+    return None, transforms
+
+
+class PairPlan:
+    """How a dataset applies a pipeline to a pair ``(lq, gt)`` of ``PendingImage``: a
+    leading ``PairedRandomCrop`` fused with decoding (only the two patches are decoded,
+    a JPEG's by region, then mirrored and turned as uint8 patches), the rest as given.
+    A pipeline without one: the pair decoded whole, the pipeline as given."""
+
+    def __init__(self, transforms: Any, *, decoder: Any, threads: int = 1, caps: Capabilities | None = None) -> None:
+        caps = current() if caps is None else caps
+        self.transforms = transforms
+        self.key = (transforms, tuple(getattr(transforms, "transforms", None) or ()))
+        self.crop, self.rest = split_paired(transforms)
+        self.fused = self.crop is not None
+        self.read = ReadPlan(decoder, threads=threads, caps=caps)
+        self.patches = PatchReader(self.read)
+        self.batches = False
+
+    def stale(self, transforms: Any) -> bool:
+        """Whether ``transforms`` is no longer what this plan was made from."""
+        return (transforms, tuple(getattr(transforms, "transforms", None) or ())) != self.key
+
+    def __call__(self, lq: Any, gt: Any) -> Any:
+        """The transformed pair."""
+        crop = self.crop
+        if crop is None or type(lq) is not PendingImage or type(gt) is not PendingImage:
+            lq, gt = resolve((lq, gt), self.read)
+            return (lq, gt) if self.transforms is None else self.transforms(lq, gt)
+        sizes = [p.info() for p in (lq, gt)]
+        if not all(w > 0 and h > 0 for _, w, h, _ in sizes):
+            out = crop(*resolve((lq, gt), self.read))
+        else:
+            draw = crop.draw((sizes[0][1], sizes[0][2]), (sizes[1][1], sizes[1][2]), where=lq.where)
+            made = []
+            for pending, box in ((lq, draw.lq_box()), (gt, draw.gt_box())):
+                try:
+                    patch = self.patches.patch(pending.payload, box, pending.where)
+                except Exception as exc:  # Pillow raises many exception types for bad data
+                    exc.add_note(f"while decoding {pending.where}")
+                    raise
+                made.append(augment_patch(patch, draw))
+            out = crop.finish(made[0], made[1])
+        return out if self.rest is None else self.rest(*out)
+
+    def batch(self, samples: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Every pair transformed, in order (the random numbers drawn as one by one)."""
+        return [self(*s) for s in samples]
+
+    def describe(self) -> dict[str, Any]:
+        """What was decided, for ``repr`` and troubleshooting."""
+        return {"fused": self.fused, **self.read.describe()}
+
+
+def plan_fields(
+    transforms: Any, *, decoder: Any, threads: int = 1, caps: Capabilities | None = None, pairs: bool = False
+) -> JointPlan | PairPlan:
+    """The plan for a dataset's ``transforms``: ``PairPlan`` for a pack of pairs
+    (``pairs``) or a pipeline that starts with ``PairedRandomCrop``, else ``JointPlan``."""
+    make: Callable[..., JointPlan | PairPlan] = JointPlan
+    if pairs or split_paired(transforms)[0] is not None:
+        make = PairPlan
+    return make(transforms, decoder=decoder, threads=threads, caps=caps)

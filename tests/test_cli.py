@@ -104,11 +104,11 @@ def test_wrong_version_message(small_pack: Path, capsys: pytest.CaptureFixture[s
     env = lmdb.open(str(small_pack), map_size=1 << 30)
     with env.begin(write=True) as txn:
         meta = json.loads(txn.get(META_KEY))
-        meta["format_version"] = 4
+        meta["format_version"] = 5
         txn.put(META_KEY, json.dumps(meta).encode())
     env.close()
     assert main(["info", str(small_pack)]) == EXIT_CODES["not a pack"]
-    assert "format version 4, this lmdbfolder reads versions 1, 2 and 3" in capsys.readouterr().err
+    assert "format version 5, this lmdbfolder reads versions 1, 2, 3 and 4" in capsys.readouterr().err
 
 
 def test_subprocess_module_and_console_script(small_tree: Path, tmp_path: Path) -> None:

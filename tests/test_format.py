@@ -696,7 +696,7 @@ def test_crc_is_only_checked_when_asked() -> None:
         (b"[1, 2]", NotAPackError, "not a JSON object"),
         (b"{not json", NotAPackError, "not valid JSON"),
         (b'{"format": "other"}', NotAPackError, "format='lmdbfolder'"),
-        (GOLDEN_META.replace(b'"format_version":2', b'"format_version":4'), FormatVersionError, "format version 4"),
+        (GOLDEN_META.replace(b'"format_version":2', b'"format_version":5'), FormatVersionError, "format version 5"),
         (GOLDEN_META.replace(b'"format_version":2', b'"format_version":true'), FormatVersionError, "version True"),
         (GOLDEN_META.replace(b'"count":2', b'"count":-1'), NotAPackError, "count=-1"),
         (GOLDEN_META.replace(b'"store":"encoded"', b'"store":"pickle"'), NotAPackError, "store='pickle'"),

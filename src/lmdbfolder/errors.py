@@ -38,6 +38,7 @@ __all__ = [
     "PackNotFoundError",
     "NoSamplesError",
     "FormatVersionError",
+    "LossyMaskWarning",
     "PackChangedError",
     "CorruptRecordError",
     "SourceError",
@@ -531,6 +532,12 @@ class SkippedFilesWarning(UserWarning):
     the result's ``skipped`` holds every ``(path, reason)``. ``--strict`` /
     ``strict=True`` stops at the first one instead.
     """
+
+
+class LossyMaskWarning(UserWarning):
+    """A mask was packed in a lossy encoding (a JPEG, a lossy WebP): its class indices are
+    not the ones it was drawn with near every edge. It is stored as it is (its bytes kept);
+    the message names the samples. Save masks as PNG."""
 
 
 class SlowPathWarning(UserWarning):

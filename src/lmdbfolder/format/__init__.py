@@ -15,10 +15,18 @@ computes the same CRC-32 about ten times faster) and never unpickles anything.
 
 from __future__ import annotations
 
+from lmdbfolder.format.fields import (
+    FIELD_KINDS,
+    FIELDS_FLAG,
+    FieldSpec,
+    pack_field_payloads,
+    split_field_payloads,
+)
 from lmdbfolder.format.layout import (
     CHECK_KEY,
     ENCODING_IDS,
     ENCODINGS,
+    FIELDS_FORMAT_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
     HISTORY_KEY,
@@ -171,6 +179,12 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "UPDATED_FORMAT_VERSION",
+    "FIELDS_FORMAT_VERSION",
+    "FIELD_KINDS",
+    "FIELDS_FLAG",
+    "FieldSpec",
+    "pack_field_payloads",
+    "split_field_payloads",
     "READABLE_VERSIONS",
     "RECORD_VERSION",
     "RECORD_MAGIC",

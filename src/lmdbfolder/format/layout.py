@@ -18,8 +18,15 @@ FORMAT_VERSION = 2
 #: they keep them when class indices shift. Fresh packs are still written as
 #: version 2, which older readers open.
 UPDATED_FORMAT_VERSION = 3
+#: Version of a pack whose samples have several fields (an image and its mask,
+#: an image and its annotations): format 3 (``__order__``, ``binding_id``,
+#: ``next_record``; a fresh pack has ``binding_id`` = ``pack_id`` and the
+#: identity order) plus the manifest's ``fields`` and ``layout`` and records
+#: whose header has ``flags`` bit 0 set (FORMAT.md, "Several fields per
+#: sample"). Readers of versions 1 to 3 refuse such a pack.
+FIELDS_FORMAT_VERSION = 4
 #: The versions this reader understands; it refuses any other.
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Version of the per-record header layout below (unchanged in format 2:
 #: only what the CRC covers changed, and the pack's format version says so).
 RECORD_VERSION = 1

@@ -13,6 +13,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 from lmdbfolder.errors import FormatVersionError, NotAPackError
 from lmdbfolder.format.layout import (
+    FIELDS_FORMAT_VERSION,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_INDEX,
@@ -170,11 +171,11 @@ def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
         problems.append("classes and class_to_idx contradict each other")
     if meta.get("store") not in ("encoded", "raw"):
         problems.append(f"store={_short(meta.get('store'))} is neither 'encoded' nor 'raw'")
-    if meta.get("format_version") in (2, 3):
+    if meta.get("format_version") in (2, 3, 4):
         pack_id = meta.get("pack_id")
         if not isinstance(pack_id, str) or not _PACK_ID.match(pack_id):
             problems.append(f"pack_id={_short(pack_id)} is not {2 * PACK_ID_BYTES} hex digits")
-    if meta.get("format_version") == 3:
+    if meta.get("format_version") in (3, 4):
         binding_id = meta.get("binding_id")
         if not isinstance(binding_id, str) or not _PACK_ID.match(binding_id):
             problems.append(f"binding_id={_short(binding_id)} is not {2 * PACK_ID_BYTES} hex digits")
@@ -186,6 +187,17 @@ def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
         next_record = meta.get("next_record")
         if type(next_record) is not int or not 0 <= next_record <= MAX_INDEX + 1:
             problems.append(f"next_record={_short(next_record)} is not a record key count")
+    if meta.get("format_version") == FIELDS_FORMAT_VERSION:
+        from lmdbfolder.format.fields import fields_problem
+
+        problem = fields_problem(meta.get("fields"))
+        if problem is not None:
+            problems.append(problem)
+        layout = meta.get("layout")
+        if layout is not None and not _is_layout(layout):
+            problems.append("layout is not an object with a string name")
+        if meta.get("store") != "encoded":
+            problems.append("a pack of several fields must have store='encoded'")
     if problems:
         raise NotAPackError(where, "its manifest is invalid: " + "; ".join(problems), DAMAGED_HINT)
 
@@ -263,10 +275,16 @@ def _is_names(value: Any) -> bool:
 
 def _is_fields(value: Any) -> bool:
     # The sample schema (docs/design.md, "Samples with several fields"): a list of
-    # objects, each with a distinct string ``name``. Nothing writes it yet.
+    # objects, each with a distinct string ``name``. Format 4 requires a valid one
+    # (``format.fields.fields_problem``); older versions only keep it.
     if not isinstance(value, list) or not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in value):
         return False
     return len({f["name"] for f in value}) == len(value)
+
+
+def _is_layout(value: Any) -> bool:
+    # Format 4: where the samples came from ({"name": "voc", "info": {...}}).
+    return isinstance(value, dict) and isinstance(value.get("name"), str)
 
 
 #: The manifest fields ``Manifest`` holds as attributes (of the same name), and the
@@ -285,6 +303,7 @@ _TYPED: dict[str, Callable[[Any], bool]] = {
     "next_record": lambda v: type(v) is int and 0 <= v <= MAX_INDEX + 1,
     **_INFORMATIONAL,
     "fields": _is_fields,
+    "layout": _is_layout,
 }
 
 
@@ -353,6 +372,7 @@ class Manifest(JsonView):
     skipped: list[dict[str, Any]] | None = None
     skipped_count: int | None = None
     fields: list[dict[str, Any]] | None = None
+    layout: dict[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     format: ClassVar[str] = FORMAT_NAME
@@ -486,6 +506,28 @@ class Manifest(JsonView):
         return list(self.skipped or [])
 
     @property
+    def field_specs(self) -> tuple[Any, ...] | None:
+        """The fields of each sample of a format-4 pack (``format.fields.FieldSpec``s, in the
+        order of the record's payloads); None for a pack of one image per sample (a
+        ``fields`` entry in an older version's manifest is kept, never acted on)."""
+        if self.format_version < FIELDS_FORMAT_VERSION or self.fields is None:
+            return None
+        from lmdbfolder.format.fields import FieldSpec
+
+        return tuple(FieldSpec(f["name"], f["kind"]) for f in self.fields)
+
+    @property
+    def layout_name(self) -> str | None:
+        """Format 4: the layout the samples came from (``"voc"``, ``"coco"``, ``"dataset"``...)."""
+        return self.layout.get("name") if self.layout is not None else None
+
+    @property
+    def layout_info(self) -> dict[str, Any]:
+        """Format 4: what the layout recorded (``{"split": ...}``, COCO categories...); {} if none."""
+        info = self.layout.get("info") if self.layout is not None else None
+        return info if isinstance(info, dict) else {}
+
+    @property
     def sample_fields(self) -> list[dict[str, Any]]:
         """The fields of a sample (docs/design.md): ``fields``, or, absent, the one
         field of every pack of today, an image with its label."""
@@ -516,9 +558,15 @@ class Manifest(JsonView):
         """The manifest of a freshly written pack (format ``FORMAT_VERSION``), or shard
         (its ``shard`` field in ``extra``). ``extra``: fields a caller adds
         (``pack(manifest_extra=...)``); ValueError when one would replace a field
-        this constructor sets."""
+        this constructor sets. With ``fields`` in ``extra`` (samples of several
+        fields), format ``FIELDS_FORMAT_VERSION``: ``binding_id`` is the
+        ``pack_id``, ``next_record`` the count (the writer adds the identity
+        ``__order__``)."""
+        several = extra is not None and "fields" in extra
         made = cls(
-            format_version=FORMAT_VERSION,
+            format_version=FIELDS_FORMAT_VERSION if several else FORMAT_VERSION,
+            binding_id=pack_id if several else None,
+            next_record=count if several else None,
             count=count,
             classes=classes,
             class_to_idx=class_to_idx,
@@ -566,7 +614,8 @@ class Manifest(JsonView):
         if binding is None:
             raise ValueError("pack --update writes over format 2 and 3 packs only")
         return self._replaced(
-            format_version=UPDATED_FORMAT_VERSION,
+            # A pack of several fields stays format 4 (format 3's rules, and its fields).
+            format_version=max(UPDATED_FORMAT_VERSION, self.format_version),
             count=count,
             classes=classes,
             class_to_idx=class_to_idx,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmdbfolder.errors import CorruptRecordError
+from lmdbfolder.format.fields import FIELDS_FLAG
 from lmdbfolder.format.layout import (
     _CRC,
     _CRC_OFFSET,
@@ -34,6 +35,8 @@ class RecordHeader:
     label: int
     crc32: int
     payload_len: int
+    #: ``FIELDS_FLAG`` for a record of several fields (format 4), else 0.
+    flags: int = 0
 
 
 def encode_key(index: int) -> bytes:
@@ -91,9 +94,14 @@ def _pack_header(
     width: int,
     height: int,
     channels: int,
+    flags: int = 0,
 ) -> None:
     """Write the header into ``buf[:32]``, CRC last (it covers the header and the payload)."""
     _check_header_args(label, encoding, width, height, channels)
+    if flags not in (0, FIELDS_FLAG):
+        raise ValueError(f"record flags must be 0 or {FIELDS_FLAG} (several fields), got {flags}")
+    if flags and ENCODING_IDS[encoding] == RAW_ENCODING_ID:
+        raise ValueError("a record of several fields holds encoded images, not raw pixels")
     RECORD_HEADER.pack_into(
         buf,
         0,
@@ -101,7 +109,7 @@ def _pack_header(
         RECORD_VERSION,
         ENCODING_IDS[encoding],
         channels,
-        0,
+        flags,
         0,
         width,
         height,
@@ -123,10 +131,12 @@ def encode_record(
     channels: int = 0,
     binding: bytes | None = None,
     index: int | None = None,
+    flags: int = 0,
 ) -> bytes:
     """Return header + payload for one sample.
 
-    ``width``, ``height`` and ``channels`` are 0 when unknown. With
+    ``width``, ``height`` and ``channels`` are 0 when unknown (for a record of
+    several fields, ``flags=FIELDS_FLAG``, they describe field 0). With
     ``binding`` (``pack_binding(meta)``, format 2) and ``index``, the CRC is
     bound to that pack and index (``bind_record``); without, it covers header
     and payload only (format 1, or a record not yet bound). The payload is
@@ -134,7 +144,7 @@ def encode_record(
     ``encode_header_into`` to avoid that copy.
     """
     header = bytearray(RECORD_HEADER.size)
-    _pack_header(header, payload, label, encoding, width, height, channels)
+    _pack_header(header, payload, label, encoding, width, height, channels, flags)
     value = b"".join((header, payload))
     if binding is None:
         return value
@@ -151,6 +161,7 @@ def encode_header_into(
     width: int = 0,
     height: int = 0,
     channels: int = 0,
+    flags: int = 0,
 ) -> bytearray | memoryview:
     """Fill in the header of a record whose payload is already at ``value[32:]``.
 
@@ -160,7 +171,7 @@ def encode_header_into(
     """
     payload = memoryview(value)[RECORD_HEADER.size :]
     try:
-        _pack_header(value, payload, label, encoding, width, height, channels)
+        _pack_header(value, payload, label, encoding, width, height, channels, flags)
     finally:
         payload.release()
     return value
@@ -198,6 +209,7 @@ def decode_record(
     verify: bool = False,
     binding: bytes | None = None,
     key: int | None = None,
+    fields: int | None = None,
 ) -> tuple[RecordHeader, memoryview]:
     """Split a stored value into its header and a zero-copy payload view.
 
@@ -210,6 +222,12 @@ def decode_record(
     the record's key number, so a record found under another key, or from
     another pack, fails the check. The key number is ``key`` (format 3: the
     sample's ``__order__`` entry), else ``index`` (format 2: key = index).
+
+    ``fields``: the number of fields of the pack's samples (format 4), None for
+    a pack of one image per sample. A record with ``flags`` bit 0 is refused
+    unless ``fields`` is given, and one without it when it is: a record is
+    never read as the other kind. The payload returned is then the whole
+    payload (offsets and fields: ``format.fields.split_field_payloads``).
     """
     view = value if isinstance(value, memoryview) else memoryview(value)
     if len(view) < RECORD_HEADER.size:
@@ -226,8 +244,8 @@ def decode_record(
     encoding = ENCODINGS.get(enc_id)
     if encoding is None:
         raise CorruptRecordError(index, f"unknown encoding id {enc_id}")
-    if flags or reserved:
-        raise CorruptRecordError(index, f"reserved header bits set (flags={flags}, reserved={reserved})")
+    if flags or reserved or fields is not None:
+        _check_flags(index, flags, reserved, fields, enc_id)
     payload = view[RECORD_HEADER.size :]
     if len(payload) != length:
         raise CorruptRecordError(index, f"payload is {len(payload)} bytes but the header says {length}")
@@ -244,5 +262,21 @@ def decode_record(
             actual = checksum(record_binding(binding, bound), actual)
         if actual != crc:
             raise CorruptRecordError(index, f"record CRC-32 is {actual:08x}, header says {crc:08x}", kind="checksum")
-    header = RecordHeader(encoding, channels, width, height, label, crc, length)
+    header = RecordHeader(encoding, channels, width, height, label, crc, length, flags)
     return header, payload
+
+
+def _check_flags(index: int | None, flags: int, reserved: int, fields: int | None, enc_id: int) -> None:
+    """``decode_record``'s check of the header's flags (off the path of a record with none)."""
+    if reserved or flags & ~FIELDS_FLAG:
+        raise CorruptRecordError(index, f"reserved header bits set (flags={flags}, reserved={reserved})")
+    if fields is None:
+        raise CorruptRecordError(
+            index,
+            f"reserved header bits set (flags={flags}): bit 0 marks a record of several fields, "
+            "but the pack's manifest lists none",
+        )
+    if not flags:
+        raise CorruptRecordError(index, f"the pack's samples have {fields} fields, but the record holds one payload")
+    if enc_id == RAW_ENCODING_ID:
+        raise CorruptRecordError(index, "a record of several fields says raw pixels: only encoded images are")

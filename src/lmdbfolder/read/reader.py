@@ -263,6 +263,10 @@ class Reader(PackAPI):
         self._labels: array.array | None = None  # copied from the pack when first asked for
         self._binding = tables.binding
         self._count: int = self.meta.count
+        # Format 4: the number of fields each record holds (its payload is their offsets
+        # and bytes: ``format.split_field_payloads``); None for one image per record.
+        specs = self.meta.field_specs
+        self._fields: int | None = len(specs) if specs is not None else None
         self._reset_handles()
 
     def _reset_handles(self) -> None:
@@ -462,7 +466,12 @@ class Reader(PackAPI):
         # ``i`` is the index in this pack; ``reported`` the one the Record carries.
         try:
             header, payload = decode_record(
-                value, index=i, verify=self.verify_checksums, binding=self._binding, key=self._key(i)
+                value,
+                index=i,
+                verify=self.verify_checksums,
+                binding=self._binding,
+                key=self._key(i),
+                fields=self._fields,
             )
         except CorruptRecordError as exc:
             raise exc.locate(self._safe_path(i), self.path) from None

@@ -6,6 +6,8 @@ one job each (docs/design.md, "Module boundaries"):
 
 * ``dataset``: the two dataset classes (torchvision's ``ImageFolder`` /
   ``DatasetFolder`` subclasses: the adapter from a pack, a ``Selection`` and a plan);
+* ``fields``: ``LMDBDataset``, the dataset of a pack of several fields (image + mask,
+  COCO annotations, pairs), whose items are torchvision's datasets' items;
 * ``options``: ``ReadOptions``, lmdbfolder's own settings of a dataset as one value;
 * ``loader``: ``PackLoader``, the dataset's ``loader`` bound to the pack;
 * ``batches``: the fast path's batch (``Sample``, ``BatchSamples``) and ``collate``;
@@ -35,15 +37,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lmdbfolder.torch.batches import BatchSamples, collate
     from lmdbfolder.torch.dataset import LMDBDatasetFolder, LMDBFolder
+    from lmdbfolder.torch.fields import LMDBDataset
     from lmdbfolder.torch.loader import PackLoader
     from lmdbfolder.torch.options import ReadOptions
 
-__all__ = ["LMDBFolder", "LMDBDatasetFolder", "PackLoader", "BatchSamples", "collate", "ReadOptions"]
+__all__ = ["LMDBFolder", "LMDBDatasetFolder", "LMDBDataset", "PackLoader", "BatchSamples", "collate", "ReadOptions"]
 
 # Where each public name lives (PEP 562: looked up on first use).
 _HOMES = {
     "LMDBFolder": "lmdbfolder.torch.dataset",
     "LMDBDatasetFolder": "lmdbfolder.torch.dataset",
+    "LMDBDataset": "lmdbfolder.torch.fields",
     "PackLoader": "lmdbfolder.torch.loader",
     "BatchSamples": "lmdbfolder.torch.batches",
     "collate": "lmdbfolder.torch.batches",

@@ -251,6 +251,7 @@ class LMDBDatasetFolder(DatasetFolder):
         self._samples: list[tuple[str, Any]] | None = None
         self._assigned_targets: Any = None
         self.reader: AnyReader = self._open(root)
+        _refuse_fields(self.reader)
         self._selection = Selection.of(None, None, len(self.reader))
         VisionDataset.__init__(
             self, _root_as_given(root, self.reader.path), transform=transform, target_transform=target_transform
@@ -801,6 +802,17 @@ def _warn_if_slow() -> None:
             "`lmdbfolder doctor` says what to install (usually: apt-get install libjpeg-dev, then reinstall)",
             SlowPathWarning,
             stacklevel=level,  # the user's line that made the dataset
+        )
+
+
+def _refuse_fields(reader: AnyReader) -> None:
+    """OptionError for a pack of several fields (format 4): its samples are not images."""
+    specs = getattr(reader.meta, "field_specs", None)
+    if specs is not None:
+        raise OptionError(
+            f"{reader.path}: its samples hold several fields ({', '.join(f.name for f in specs)}), "
+            "not an image and a label",
+            "read it with lmdbfolder.torch.LMDBDataset",
         )
 
 

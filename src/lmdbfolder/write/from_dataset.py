@@ -25,9 +25,11 @@ image bytes while packing (``_Adapter``):
   pack it; the classes are ``classes=``, else ``dataset.classes``, else ``"0"``,
   ``"1"``, ...
 
-Samples of several fields (segmentation masks, boxes, image pairs) will be
-further adapters of the same entry point (the issue "Samples with several
-fields"); a dataset no adapter takes is refused with what each one needs.
+Samples of several fields (torchvision's ``VOCSegmentation``, ``Cityscapes``,
+``CocoDetection``, and any map-style dataset whose items are several values)
+are adapters of the same entry point (``write.dataset_fields``), packed by
+``pack_field_samples`` into a pack of several fields; a dataset no adapter
+takes is refused with what each one needs.
 
 The pack is written by ``pack_sources`` with a loader (as ``import_legacy``
 does): resumable, atomic, each image checked as ``pack`` checks a file
@@ -47,6 +49,8 @@ from PIL import Image
 from lmdbfolder.encodings import encoding_of, sniff
 from lmdbfolder.errors import OptionError, SourceError
 from lmdbfolder.format import NO_LABEL, SKIPPED_REPORT
+from lmdbfolder.write.dataset_fields import field_samples_of
+from lmdbfolder.write.fields import pack_field_samples
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.records import Loaded, Skipped, load_bytes
 from lmdbfolder.write.sources import SourceList
@@ -326,7 +330,14 @@ def pack_dataset(
     classes: Sequence[str] | None = None,
     **fields: Any,
 ) -> PackResult:
-    """Pack the samples of a dataset object into a new classification pack at ``dst``.
+    """Pack the samples of a dataset object into a new pack at ``dst``.
+
+    Datasets of several fields (torchvision's ``VOCSegmentation``, ``Cityscapes`` with
+    ``target_type="semantic"``, ``CocoDetection``: the files they name, bytes kept; any
+    map-style dataset whose items are tuples, lists or dicts of PIL images, arrays, tensors
+    and JSON values: as they come) make a pack of several fields, read back with
+    ``lmdbfolder.torch.LMDBDataset`` (docs/fields.md). Datasets of ``(image, label)``
+    items make a classification pack:
 
     Args:
         dataset: a Hugging Face ``datasets.Dataset`` with an ``Image`` and a
@@ -366,6 +377,15 @@ def pack_dataset(
         )
     if opts.update:
         raise OptionError("pack_dataset writes a new pack: update=True is for packs of folders", "leave it out")
+    several = None if _is_huggingface(dataset) else field_samples_of(dataset)
+    if several is not None:
+        if classes is not None or image is not None or label is not None:
+            raise OptionError(
+                "classes=, image= and label= are for datasets of (image, label) items", "leave them out"
+            )
+        if several.layout == "dataset" and opts.workers is None:
+            opts = opts.replace(workers=1)  # the dataset's own __getitem__ may not be thread-safe
+        return pack_field_samples(several, dst, opts)
     if opts.workers is None:
         opts = opts.replace(workers=1)
     adapter = _adapter(dataset, image, label, classes)

@@ -367,6 +367,8 @@ class _Run:
             _paths_table(self.sources.relpaths, skipped),
             skipped_entries(self.sources.relpaths, state.skipped, state.skipped_stats),
             [event],
+            # Format 4 has format 3's record order: the identity in a fresh pack.
+            order=range(kept) if manifest.ordered else None,
             # Files were read: what `pack --update` compares later.
             stats=self._stats(kept) if self.loader is None else None,
         )

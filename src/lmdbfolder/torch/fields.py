@@ -1,0 +1,263 @@
+"""``LMDBDataset``: the dataset of a pack of several fields (an image and its mask, an image and
+its COCO annotations, an image pair), whose items are what torchvision's own dataset class gives.
+
+* ``LMDBDataset(pack)[i]`` equals ``dataset[i]`` of the torchvision dataset the pack was made from
+  (``VOCSegmentation``, ``Cityscapes(target_type="semantic")``, ``CocoDetection``; a map-style
+  dataset packed with ``pack_dataset``: its item as it came). See ``lmdbfolder.read.fields``.
+* With ``transforms`` (or ``transform`` / ``target_transform``), the item is first wrapped as
+  ``torchvision.datasets.wrap_dataset_for_transforms_v2`` wraps that dataset's (the mask a
+  ``tv_tensors.Mask``; COCO's target a dict of ``image_id``, ``boxes`` as ``BoundingBoxes``
+  in XYXY and ``labels``), then transformed jointly: ``LMDBDataset(pack, transforms=tf)[i]``
+  equals ``tf(*wrap_dataset_for_transforms_v2(dataset)[i])`` under the same random state.
+
+How a sample is made is decided once, when the dataset is made (``SampleSchema``, the wrapper of
+the pack's layout); ``__getitem__`` reads the record, splits it into its fields, decodes each and
+applies the transforms: the path a fused joint crop can later replace as a whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable
+
+import torch
+from torchvision.datasets import VisionDataset
+
+from lmdbfolder.errors import OptionError
+from lmdbfolder.read.fields import SEGMENTATION_LAYOUTS, TENSOR, SampleSchema
+from lmdbfolder.read.opening import AnyReader, open_pack
+from lmdbfolder.torch.options import ReadOptions, read_options
+from lmdbfolder.torch.replay import Replay
+
+__all__ = ["LMDBDataset"]
+
+#: ReadOptions fields that a dataset of several fields does not use (they are about decoding
+#: one image on the classification fast path); a value other than the default is refused.
+_UNUSED = ("source_root", "decoder", "size_hint", "prefetch", "threads", "class_order")
+#: COCO target keys: what ``wrap_dataset_for_transforms_v2`` offers and gives by default.
+COCO_TARGET_KEYS = frozenset(
+    {"segmentation", "area", "iscrowd", "image_id", "bbox", "category_id", "boxes", "masks", "labels"}
+)
+COCO_DEFAULT_KEYS = frozenset({"image_id", "boxes", "labels"})
+
+
+class LMDBDataset(VisionDataset):
+    """A pack of several fields as a map-style dataset (see the module docstring).
+
+    Args:
+        root: the pack (a directory made by ``lmdbfolder.pack_dataset``, ``pack_field_samples``
+            or ``lmdbfolder pack --layout ...``; a sharded pack's directory or URL too).
+        transforms: a callable taking the item's parts (``transforms(image, target)``), such as a
+            ``torchvision.transforms.v2`` pipeline: the parts are wrapped for v2 first.
+        transform, target_transform: torchvision's: applied to the image and to the target
+            (after the same wrapping).
+        wrap: wrap the item for ``transforms.v2`` (None: when a transform is given, as
+            ``wrap_dataset_for_transforms_v2`` with the dataset's transforms).
+        target_keys: COCO only: the target keys of the wrapped item (None: ``image_id``,
+            ``boxes``, ``labels``; ``"all"``; or a collection of ``COCO_TARGET_KEYS``), as
+            ``wrap_dataset_for_transforms_v2``'s ``target_keys``.
+        options: ``ReadOptions`` (or its fields as keywords): ``readahead``, ``verify_checksums``,
+            ``torch_threads``, ``cache_dir``, ``cache_limit``, ``seed`` apply.
+
+    Attributes: ``reader`` (the pack), ``fields`` (its ``FieldSpec``s), ``layout`` (``"voc"``,
+    ``"coco"``...), ``schema`` (``SampleSchema``), ``ids`` (COCO: the image id of each sample),
+    ``categories`` (COCO: the annotation file's categories), ``classes``.
+
+    Example:
+        >>> from torchvision.transforms import v2
+        >>> from lmdbfolder.torch import LMDBDataset
+        >>> tf = v2.Compose([v2.RandomResizedCrop(256), v2.RandomHorizontalFlip(), v2.ToDtype(...)])
+        >>> ds = LMDBDataset("voc-train.lmdb", transforms=tf)  # doctest: +SKIP
+        >>> image, mask = ds[0]  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transforms: Callable[..., Any] | None = None,
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[..., Any] | None = None,
+        *,
+        wrap: bool | None = None,
+        target_keys: Any = None,
+        options: ReadOptions | None = None,
+        **settings: Any,
+    ) -> None:
+        self.options: ReadOptions = read_options(options, settings, f"{type(self).__name__}.__init__")
+        defaults = ReadOptions()
+        for name in _UNUSED:
+            if getattr(self.options, name) != getattr(defaults, name):
+                raise OptionError(
+                    f"LMDBDataset does not use the setting {name} (it is about LMDBFolder's images)",
+                    "leave it out",
+                )
+        self.reader: AnyReader = open_pack(
+            root,
+            readahead=self.options.readahead,
+            verify_checksums=self.options.verify_checksums,
+            cache_dir=self.options.cache_dir,
+            cache_limit=self.options.cache_limit,
+        )
+        meta = _manifest(self.reader)
+        super().__init__(os.fspath(root), transforms=transforms, transform=transform, target_transform=target_transform)
+        self.schema = SampleSchema.of(meta, self.reader.path)
+        self.fields = self.schema.fields
+        self.layout = self.schema.layout
+        self.layout_info = dict(meta.layout_info)
+        self.classes: list[str] = list(meta.classes)
+        self.replay: Replay | None = None if self.options.seed is None else Replay(self.options.seed)
+        self.wrap = (self.transforms is not None) if wrap is None else bool(wrap)
+        self._wrapper = _wrapper(self, target_keys)
+        self._tensor_fields = tuple(k for k, how in enumerate(self.schema.decoders) if how == TENSOR)
+        self.categories: list[Any] = list(self.layout_info.get("categories") or []) if self.layout == "coco" else []
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    @property
+    def ids(self) -> list[Any]:
+        """COCO: the image id of every sample (``CocoDetection.ids``), read from the pack."""
+        if self.layout != "coco":
+            raise AttributeError("ids: only a pack of the coco layout has image ids")
+        return [self._values(i)[1]["id"] for i in range(len(self))]
+
+    def _values(self, index: int) -> list[Any]:
+        record = self.reader.get(index)
+        values = self.schema.values(record.payload, record.index)
+        for k in self._tensor_fields:
+            values[k] = torch.from_numpy(values[k])
+        return values
+
+    def __getitem__(self, index: int) -> Any:
+        """Sample ``index``: the item of the pack's layout, wrapped for v2 and transformed as
+        the dataset was made to (see the class docstring)."""
+        values = self._values(index)
+        item = self.schema.item(values)
+        if not self.wrap and self.transforms is None:
+            return item
+        with self._torch_threads():
+            if self.wrap:
+                item = self._wrapper(values, item)
+            if self.transforms is None:
+                return item
+            if self.replay is not None:
+                with self.replay.seeded(index):
+                    return self._transformed(item)
+            return self._transformed(item)
+
+    def _transformed(self, item: Any) -> Any:
+        assert self.transforms is not None
+        return self.transforms(*item) if isinstance(item, tuple) else self.transforms(item)
+
+    def _torch_threads(self) -> Any:
+        """One torch thread while a sample is made in the main process, like a DataLoader worker."""
+        n = self.options.torch_threads
+        if n is None or torch.utils.data.get_worker_info() is not None:
+            return contextlib.nullcontext()
+        from lmdbfolder.torch.dataset import _torch_threads
+
+        return _torch_threads(n)
+
+    def set_epoch(self, epoch: int) -> None:
+        """With ``seed``: make ``epoch`` the current one (every worker sees it)."""
+        if self.replay is None:
+            raise OptionError("set_epoch needs a dataset made with seed=...", "pass seed=S")
+        self.replay.epoch.set(epoch)
+
+    def extra_repr(self) -> str:
+        """The layout and the fields, for ``repr``."""
+        return f"Layout: {self.layout}\nFields: " + ", ".join(f"{f.name} ({f.kind})" for f in self.fields)
+
+    def close(self) -> None:
+        """Release this process's handles of the pack."""
+        self.reader.close()
+
+
+def _manifest(reader: AnyReader) -> Any:
+    meta = reader.meta
+    if not hasattr(meta, "field_specs"):
+        raise OptionError(
+            f"{reader.path}: a sharded pack of several fields is not read yet",
+            "pack it as a single pack",
+        )
+    return meta
+
+
+def _wrapper(dataset: LMDBDataset, target_keys: Any) -> Callable[[list[Any], Any], Any]:
+    """How a sample's item is wrapped for ``transforms.v2``, as ``wrap_dataset_for_transforms_v2``
+    wraps the item of the torchvision dataset of the pack's layout (decided once)."""
+    from torchvision import tv_tensors
+
+    layout = dataset.layout
+    if layout == "coco":
+        keys = _coco_keys(target_keys)
+        return lambda values, item: _coco_target(values, item, keys)
+    if target_keys is not None:
+        raise OptionError(
+            f"target_keys apply to packs of the coco layout, not to {layout!r}", "leave target_keys out"
+        )
+    if layout in SEGMENTATION_LAYOUTS:
+        return lambda values, item: (item[0], tv_tensors.Mask(item[1]))
+    return lambda values, item: item  # pairs, datasets: as they are (the wrapper's identity)
+
+
+def _coco_keys(target_keys: Any) -> frozenset[str]:
+    if target_keys is None:
+        return COCO_DEFAULT_KEYS
+    if target_keys == "all":
+        return COCO_TARGET_KEYS
+    if isinstance(target_keys, str) or not all(isinstance(k, str) for k in target_keys):
+        raise OptionError(f"target_keys must be None, 'all' or a collection of strings, got {target_keys!r}")
+    keys = frozenset(target_keys)
+    extra = keys - COCO_TARGET_KEYS
+    if extra:
+        raise OptionError(f"target keys {sorted(extra)} are not available", f"choose from {sorted(COCO_TARGET_KEYS)}")
+    return keys
+
+
+def _coco_target(values: list[Any], item: Any, keys: frozenset[str]) -> Any:
+    """The COCO item as ``wrap_dataset_for_transforms_v2`` makes it: a dict of lists, with
+    ``boxes`` (XYXY ``BoundingBoxes``), ``masks`` and ``labels`` as tv_tensors and tensors."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as F
+
+    image, annotations = item
+    image_id = values[1].get("id")
+    if not annotations:
+        return image, {"image_id": image_id}
+    canvas_size = tuple(F.get_size(image))
+    batched: dict[str, list[Any]] = {}
+    for annotation in annotations:
+        for key, value in annotation.items():
+            batched.setdefault(key, []).append(value)
+    target: dict[str, Any] = {}
+    if "image_id" in keys:
+        target["image_id"] = image_id
+    if "boxes" in keys:
+        target["boxes"] = F.convert_bounding_box_format(
+            tv_tensors.BoundingBoxes(batched["bbox"], format=tv_tensors.BoundingBoxFormat.XYWH, canvas_size=canvas_size),
+            new_format=tv_tensors.BoundingBoxFormat.XYXY,
+        )
+    if "masks" in keys:
+        target["masks"] = tv_tensors.Mask(
+            torch.stack([_segmentation_mask(s, canvas_size) for s in batched["segmentation"]])
+        )
+    if "labels" in keys:
+        target["labels"] = torch.tensor(batched["category_id"])
+    for key in keys - {"image_id", "boxes", "masks", "labels"}:
+        target[key] = batched[key]
+    return image, target
+
+
+def _segmentation_mask(segmentation: Any, canvas_size: tuple[int, ...]) -> torch.Tensor:
+    from pycocotools import mask
+
+    if isinstance(segmentation, dict):
+        if not isinstance(segmentation["counts"], str):  # an uncompressed RLE
+            segmentation = mask.frPyObjects(segmentation, *canvas_size)
+    elif isinstance(segmentation, list):
+        segmentation = mask.merge(mask.frPyObjects(segmentation, *canvas_size))
+    else:
+        raise ValueError(f"COCO segmentation expected to be a dict or a list, got {type(segmentation)}")
+    return torch.from_numpy(mask.decode(segmentation))

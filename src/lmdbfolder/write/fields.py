@@ -1,0 +1,266 @@
+"""Pack samples of several named fields (an image and its mask, an image pair, an image and its
+annotations): the sample list (``FieldSamples``), the checks of each field and the writer
+(``pack_field_samples``).
+
+The list is built before anything is written (by ``write.layouts`` for folders on disk, by
+``write.from_dataset`` for dataset objects); ``read(i)`` gives sample ``i``'s payloads in field
+order, each of its field's kind (FORMAT.md, "Several fields per sample"):
+
+* ``image``, ``mask``: the source file's bytes, unchanged (a mask's palette and mode are kept
+  because its bytes are). Both must decode; a mask in a lossy encoding (JPEG, lossy WebP) is
+  packed but reported (``PackResult.lossy_masks`` is not a thing: a ``LossyMaskWarning``).
+* ``json``: compact UTF-8 JSON (``encode_json``), at most ``MAX_JSON_FIELD_BYTES``.
+* ``array``: the ``.npy`` bytes of a numpy array (``encode_array``: never pickled), bounded in
+  dimensions and size.
+
+The records are written by ``pack_sources`` with a loader (resumable, atomic, skipped samples
+listed with their files), one record per sample holding every field (``format.encode_fields``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import warnings
+from typing import Any, Callable, Sequence
+
+from PIL import Image
+
+from lmdbfolder.errors import LossyMaskWarning, OptionError
+from lmdbfolder.format import NO_LABEL, RECORD_HEADER, SKIPPED_REPORT, decode_record, encode_header_into
+from lmdbfolder.format.fields import (
+    FIELD_KINDS,
+    FIELDS_FLAG,
+    IMAGE_KINDS,
+    MAX_FIELDS,
+    FieldSpec,
+    array_problem,
+    decode_json,
+    pack_field_payloads,
+)
+from lmdbfolder.text import printable
+from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.records import Loaded, Skipped, load_bytes
+from lmdbfolder.write.sources import SourceList
+from lmdbfolder.write.writer import PackResult, pack_sources, warn_skipped
+
+__all__ = ["FIELD_KINDS", "FieldSpec", "SampleError", "FieldSamples", "pack_field_samples", "check_fields"]
+
+_HEAD = RECORD_HEADER.size
+#: Encodings that lose information: a mask stored in one is reported.
+_LOSSY = ("jpeg",)
+
+
+class SampleError(Exception):
+    """A sample that cannot be packed (``FieldSamples.read(i)`` raises it): it is skipped and
+    listed with its files (``paths``, relative to the source root) and ``why``."""
+
+    def __init__(self, why: str, paths: Sequence[str] = ()) -> None:
+        super().__init__(why)
+        self.why = why
+        self.paths = tuple(paths)
+
+
+@dataclasses.dataclass
+class FieldSamples:
+    """The samples of several fields a pack will hold, listed before anything is written."""
+
+    #: where the samples come from: ``"voc"``, ``"ade20k"``, ``"cityscapes"``, ``"coco"``,
+    #: ``"pairs"``, ``"table"``, ``"dataset"``... (recorded in the manifest's ``layout``)
+    layout: str
+    #: the source root (messages, update)
+    root: str
+    fields: tuple[FieldSpec, ...]
+    #: per sample: the stored path ('/'-separated, relative to root) of its first field's file
+    relpaths: list[str]
+    #: per sample: each field's file relpath ('' for a field that is not a file)
+    field_paths: list[tuple[str, ...]]
+    #: per sample: class index, or NO_LABEL
+    labels: list[int]
+    classes: list[str]
+    #: sample i's payloads, in field order; may raise SampleError
+    read: Callable[[int], list[bytes]]
+    #: (file path(s), why) of samples left out while listing (missing partners ...)
+    skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: JSON-able, kept in the manifest (e.g. {"split": "train"}, {"scale": 4}, COCO categories)
+    layout_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the expected bytes per sample (sizes the map); 0: from the first fields' files
+    mean_size: float = 0.0
+
+
+def _lossy(encoding: str, data: bytes | memoryview) -> bool:
+    if encoding in _LOSSY:
+        return True
+    # A WebP is lossy when it holds a "VP8 " (not "VP8L") bitstream chunk.
+    return encoding == "webp" and b"VP8 " in bytes(memoryview(data)[:4096])
+
+
+@dataclasses.dataclass
+class _Checked:
+    """What ``check_fields`` learnt of a sample: its record, or why it is skipped, and the
+    masks it holds in a lossy encoding (stored, and reported)."""
+
+    result: Loaded | Skipped
+    lossy: tuple[str, ...] = ()
+
+
+def check_fields(
+    payloads: Sequence[bytes | bytearray | memoryview],
+    fields: Sequence[FieldSpec],
+    label: int,
+    *,
+    check: str = "header",
+    max_pixels: int | None = None,
+    paths: Sequence[str] = (),
+) -> _Checked:
+    """Check every field of one sample and build its record (not yet bound to its index).
+
+    Images and masks get ``pack``'s check of an image (``check``: ``"header"``, ``"decode"``,
+    ``"none"``; masks are always decoded unless ``"none"``: a mask is small and its pixels are
+    the labels), a mask of another size than the sample's first image is refused, ``json``
+    fields must parse within the bounds and ``array`` fields be plain ``.npy`` arrays. A field
+    that fails makes the whole sample a ``Skipped`` naming the field and its file (``paths``).
+    """
+
+    def skipped(k: int, why: str) -> _Checked:
+        where = fields[k].name + (f" ({paths[k]})" if k < len(paths) and paths[k] else "")
+        return _Checked(Skipped(f"{where}: {why}"))
+
+    if len(payloads) != len(fields):
+        return _Checked(Skipped(f"the sample has {len(payloads)} fields, the pack {len(fields)}"))
+    shapes: list[tuple[int, int] | None] = []
+    first: tuple[str, int, int, int] | None = None
+    lossy: list[str] = []
+    size = 0
+    for k, (spec, data) in enumerate(zip(fields, payloads)):
+        size += len(data)
+        shapes.append(None)
+        if spec.kind in IMAGE_KINDS:
+            if not len(data):
+                return skipped(k, "empty (0 bytes)")
+            field_check = "decode" if spec.kind == "mask" and check != "none" else check
+            loaded = load_bytes(data, NO_LABEL, check=field_check, max_pixels=max_pixels)
+            if isinstance(loaded, Skipped):
+                return skipped(k, loaded.reason)
+            header, _ = decode_record(loaded.value)
+            if header.width and header.height:
+                shapes[k] = (header.width, header.height)
+            if first is None and k == 0:
+                first = (header.encoding, header.width, header.height, header.channels)
+            if spec.kind == "mask" and _lossy(header.encoding, data):
+                lossy.append(spec.name + (f" ({paths[k]})" if k < len(paths) and paths[k] else ""))
+        elif spec.kind == "json":
+            try:
+                decode_json(data, spec.name)
+            except ValueError as exc:
+                return skipped(k, str(exc))
+        elif spec.kind == "array":
+            problem = array_problem(data)
+            if problem is not None:
+                return skipped(k, problem)
+    image_shape = next((shapes[k] for k, f in enumerate(fields) if f.kind == "image" and shapes[k]), None)
+    for k, spec in enumerate(fields):
+        if spec.kind == "mask" and image_shape is not None and shapes[k] is not None and shapes[k] != image_shape:
+            w, h = shapes[k]  # type: ignore[misc]
+            return skipped(k, f"the mask is {w}x{h} but the image is {image_shape[0]}x{image_shape[1]}")
+    value = pack_field_payloads(payloads, room=_HEAD)
+    encoding, width, height, channels = first or ("other", 0, 0, 0)
+    encode_header_into(
+        value, label=label, encoding=encoding, width=width, height=height, channels=channels, flags=FIELDS_FLAG
+    )
+    return _Checked(Loaded(value, encoding, size), tuple(lossy))
+
+
+def _check_samples(samples: FieldSamples) -> None:
+    fields = tuple(samples.fields)
+    if not fields or len(fields) > MAX_FIELDS:
+        raise OptionError(f"{samples.root}: a pack of several fields holds 1 to {MAX_FIELDS} fields, not {len(fields)}")
+    if not all(isinstance(f, FieldSpec) for f in fields):
+        raise OptionError(f"{samples.root}: the fields must be FieldSpec objects")
+    if len({f.name for f in fields}) != len(fields):
+        raise OptionError(f"{samples.root}: two fields have the same name ({', '.join(f.name for f in fields)})")
+    n = len(samples.relpaths)
+    if len(samples.labels) != n or len(samples.field_paths) != n:
+        raise ValueError(
+            f"{n} samples but {len(samples.labels)} labels and {len(samples.field_paths)} field paths: "
+            "FieldSamples lists each sample once in each"
+        )
+
+
+def pack_field_samples(
+    samples: FieldSamples,
+    dst: str | os.PathLike[str],
+    options: PackOptions | None = None,
+    **settings: Any,
+) -> PackResult:
+    """Pack ``samples`` into a new pack of several fields at ``dst`` (format 4).
+
+    ``pack``'s rules: ``dst`` is never overwritten without ``overwrite=True``, an interrupted
+    pack resumes when the same call is made again, the pack appears at ``dst`` only when
+    complete. Every field of every sample is checked (``check_fields``); a sample that fails,
+    or whose ``read`` raises ``SampleError`` or OSError, is skipped and listed with its files
+    (``result.skipped``, ``dst/skipped.txt``), as are ``samples.skipped`` (left out while
+    listing). Masks in a lossy encoding are packed and reported (``LossyMaskWarning``).
+
+    ``options`` (or its fields as keywords): ``check``, ``strict``, ``workers`` (threads that
+    call ``samples.read``), ``overwrite``, ``restart``, ``progress``, ``commit_every``...
+    ``store="raw"``, ``resize`` and ``update`` are refused: fields are stored as they come.
+    """
+    opts = pack_options(options, settings)
+    if opts.store != "encoded" or opts.resize is not None:
+        raise OptionError(
+            "samples of several fields are stored as their files are: store='raw' and resize are not supported",
+            "leave them out",
+        )
+    if opts.update:
+        raise OptionError(
+            "pack --update does not yet update a pack of several fields", "pack it again with overwrite=True"
+        )
+    _check_samples(samples)
+    fields = tuple(samples.fields)
+    n = len(samples.relpaths)
+    lossy: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    max_pixels = Image.MAX_IMAGE_PIXELS
+
+    def load(i: int) -> Loaded | Skipped:
+        if i >= n:  # a sample left out while listing: listed with the others
+            return Skipped(samples.skipped[i - n][1])
+        paths = samples.field_paths[i]
+        try:
+            payloads = samples.read(i)
+        except SampleError as exc:
+            named = ", ".join(exc.paths or [p for p in paths if p])
+            return Skipped(f"{exc.why}" + (f" ({named})" if named and named not in exc.why else ""))
+        except OSError as exc:
+            return Skipped(f"cannot read it: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
+        checked = check_fields(payloads, fields, samples.labels[i], check=opts.check, max_pixels=max_pixels, paths=paths)
+        if checked.lossy:
+            with lock:
+                lossy.extend((samples.relpaths[i], name) for name in checked.lossy)
+        return checked.result
+
+    relpaths = list(samples.relpaths) + [path for path, _ in samples.skipped]
+    labels = list(samples.labels) + [NO_LABEL] * len(samples.skipped)
+    sources = SourceList(
+        samples.root, samples.layout, relpaths, labels, list(samples.classes),
+        {name: k for k, name in enumerate(samples.classes)},
+    )
+    extra = {
+        "fields": [f.to_json() for f in fields],
+        "layout": {"name": samples.layout, "info": samples.layout_info},
+    }
+    result = pack_sources(sources, dst, opts, loader=load, mean_size=samples.mean_size or None, manifest_extra=extra)
+    if not result.already_packed:
+        warn_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+        if lossy:
+            first = "; ".join(f"{printable(p, 200)}: {printable(name, 200)}" for p, name in lossy[:3])
+            warnings.warn(
+                f"{len(lossy):,} mask{'s are' if len(lossy) != 1 else ' is'} stored in a lossy encoding ({first}"
+                f"{'; ...' if len(lossy) > 3 else ''}): their class indices are not exact near edges; "
+                "save masks as PNG",
+                LossyMaskWarning,
+                stacklevel=2,
+            )
+    return result

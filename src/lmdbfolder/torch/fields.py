@@ -24,8 +24,8 @@ from typing import Any, Callable
 import torch
 from torchvision.datasets import VisionDataset
 
-from lmdbfolder.errors import OptionError
-from lmdbfolder.read.fields import SEGMENTATION_LAYOUTS, TENSOR, SampleSchema
+from lmdbfolder.errors import CorruptRecordError, OptionError
+from lmdbfolder.read.fields import RGB, SEGMENTATION_LAYOUTS, TENSOR, SampleSchema
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.torch.options import ReadOptions, read_options
 from lmdbfolder.torch.replay import Replay
@@ -111,6 +111,10 @@ class LMDBDataset(VisionDataset):
         self._wrapper = _wrapper(self, target_keys)
         self._tensor_fields = tuple(k for k, how in enumerate(self.schema.decoders) if how == TENSOR)
         self.categories: list[Any] = list(self.layout_info.get("categories") or []) if self.layout == "coco" else []
+        #: The fused crop of the item's image fields (``lmdbfolder.torch.joint``), decided once: a
+        #: v2 pipeline that starts with RandomResizedCrop (+ RandomHorizontalFlip), or
+        #: PairedRandomCrop for pairs; None: every field decoded whole, then ``transforms``.
+        self._fused = _fused_slot(self)
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -132,6 +136,10 @@ class LMDBDataset(VisionDataset):
     def __getitem__(self, index: int) -> Any:
         """Sample ``index``: the item of the pack's layout, wrapped for v2 and transformed as
         the dataset was made to (see the class docstring)."""
+        if self._fused is not None:
+            plan = self._fused.get(self.transforms)
+            if plan.fused:
+                return self._fused_item(index, plan)
         values = self._values(index)
         item = self.schema.item(values)
         if not self.wrap and self.transforms is None:
@@ -145,6 +153,39 @@ class LMDBDataset(VisionDataset):
                 with self.replay.seeded(index):
                     return self._transformed(item)
             return self._transformed(item)
+
+    def _fused_item(self, index: int, plan: Any) -> Any:
+        """Sample ``index`` through a fused plan: its image fields handed over still encoded
+        (``PendingImage``), the other fields decoded and wrapped as ``__getitem__`` does."""
+        from lmdbfolder.torch.joint import ImageFieldError, PendingImage, size_stand_in
+
+        record = self.reader.get(index)
+        schema = self.schema
+        parts = schema.split(record.payload, record.index)
+        values: list[Any] = []
+        for k, data in enumerate(parts):
+            if schema.decoders[k] == RGB:
+                name = self.fields[k].name
+                values.append(PendingImage(data, f"{self.reader.path}: sample {index}, field {name!r}", name))
+            else:
+                values.append(schema.value(k, data, record.index))
+        for k in self._tensor_fields:
+            values[k] = torch.from_numpy(values[k])
+        item = schema.item(values)
+        # The wrapper may read the image's size (COCO's boxes): it sees a stand-in of that size.
+        image = item[0]
+        probe = size_stand_in(image, plan.read)
+        item = (image, *self._wrapper(values, (probe, *item[1:]))[1:])
+        try:
+            with self._torch_threads():
+                if self.replay is not None:
+                    with self.replay.seeded(index):
+                        return plan(*item)
+                return plan(*item)
+        except ImageFieldError as exc:
+            raise CorruptRecordError(
+                record.index, f"its field {exc.pending.field!r} cannot be read: {exc.cause}"
+            ) from exc.cause
 
     def _transformed(self, item: Any) -> Any:
         assert self.transforms is not None
@@ -174,6 +215,16 @@ class LMDBDataset(VisionDataset):
         self.reader.close()
 
 
+def _fused_slot(dataset: LMDBDataset) -> Any:
+    """The dataset's ``PlanSlot`` when its transforms start with steps a plan fuses, else None."""
+    if dataset.transforms is None or not dataset.wrap or dataset.layout not in (*SEGMENTATION_LAYOUTS, "coco", "pairs"):
+        return None
+    from lmdbfolder.torch.joint import PlanSlot, fusable
+
+    pairs = dataset.layout == "pairs"
+    return PlanSlot(pairs=pairs) if fusable(dataset.transforms, pairs=pairs) else None
+
+
 def _manifest(reader: AnyReader) -> Any:
     meta = reader.meta
     if not hasattr(meta, "field_specs"):
@@ -194,9 +245,7 @@ def _wrapper(dataset: LMDBDataset, target_keys: Any) -> Callable[[list[Any], Any
         keys = _coco_keys(target_keys)
         return lambda values, item: _coco_target(values, item, keys)
     if target_keys is not None:
-        raise OptionError(
-            f"target_keys apply to packs of the coco layout, not to {layout!r}", "leave target_keys out"
-        )
+        raise OptionError(f"target_keys apply to packs of the coco layout, not to {layout!r}", "leave target_keys out")
     if layout in SEGMENTATION_LAYOUTS:
         return lambda values, item: (item[0], tv_tensors.Mask(item[1]))
     return lambda values, item: item  # pairs, datasets: as they are (the wrapper's identity)
@@ -236,7 +285,9 @@ def _coco_target(values: list[Any], item: Any, keys: frozenset[str]) -> Any:
         target["image_id"] = image_id
     if "boxes" in keys:
         target["boxes"] = F.convert_bounding_box_format(
-            tv_tensors.BoundingBoxes(batched["bbox"], format=tv_tensors.BoundingBoxFormat.XYWH, canvas_size=canvas_size),
+            tv_tensors.BoundingBoxes(
+                batched["bbox"], format=tv_tensors.BoundingBoxFormat.XYWH, canvas_size=canvas_size
+            ),
             new_format=tv_tensors.BoundingBoxFormat.XYXY,
         )
     if "masks" in keys:

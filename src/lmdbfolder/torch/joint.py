@@ -59,6 +59,8 @@ from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
 
 __all__ = [
     "PendingImage",
+    "ImageFieldError",
+    "PlanSlot",
     "resolve",
     "split_joint",
     "joint_key",
@@ -67,6 +69,8 @@ __all__ = [
     "split_paired",
     "PairPlan",
     "plan_fields",
+    "fusable",
+    "size_stand_in",
 ]
 
 
@@ -76,11 +80,12 @@ class PendingImage:
     plan decodes only its crop; ``resolve`` decodes it whole (an RGB PIL image, as the
     torchvision dataset's loader gives it)."""
 
-    __slots__ = ("payload", "where", "_info")
+    __slots__ = ("payload", "where", "field", "_info")
 
-    def __init__(self, payload: bytes | memoryview, where: str = "an image field") -> None:
+    def __init__(self, payload: bytes | memoryview, where: str = "an image field", field: str = "image") -> None:
         self.payload = payload
         self.where = where
+        self.field = field
         self._info: tuple[str, int, int, int] | None = None
 
     def info(self) -> tuple[str, int, int, int]:
@@ -101,11 +106,21 @@ class PendingImage:
         try:
             return plan.image(self.payload, name, width, height, channels)
         except Exception as exc:  # Pillow raises many exception types for bad data
-            exc.add_note(f"while decoding {self.where}")
-            raise
+            raise ImageFieldError(self, exc) from exc
 
     def __repr__(self) -> str:
         return f"<PendingImage {self.where}>"
+
+
+class ImageFieldError(Exception):
+    """An image field that cannot be decoded (damaged, or a header its file denies): ``pending``
+    names it (``where``, ``field``), ``cause`` is what the decoder raised (also chained). A
+    dataset turns it into its own error naming the record."""
+
+    def __init__(self, pending: PendingImage, cause: BaseException) -> None:
+        super().__init__(f"{pending.where}: cannot be decoded: {type(cause).__name__}: {cause}")
+        self.pending = pending
+        self.cause = cause
 
 
 def resolve(sample: Any, plan: ReadPlan) -> Any:
@@ -205,6 +220,18 @@ def _stand_in(width: int, height: int) -> torch.Tensor:
 _TYPE_PROBE = Image.new("RGB", (1, 1))
 
 
+def size_stand_in(image: Any, plan: ReadPlan) -> Any:
+    """What code that only reads an image's size (``F.get_size``) may be given for ``image``: a
+    one-byte tensor of its size for a ``PendingImage`` whose header gives it, the decoded image
+    for one whose header does not, ``image`` itself for anything else."""
+    if type(image) is not PendingImage:
+        return image
+    if not image.sized():
+        return image.decode(plan)
+    _, width, height, _ = image.info()
+    return _stand_in(width, height)
+
+
 class JointPlan:
     """How a dataset applies a ``transforms.v2`` pipeline to a sample whose image fields
     are ``PendingImage``: the leading crop and flip fused with decoding (``fused``), or
@@ -301,7 +328,10 @@ class JointPlan:
             for at, (leaf, info, need) in enumerate(zip(flat, sizes, needs)):
                 if info is not None:
                     name, width, height, channels = info
-                    enc = read.claim(leaf.payload, name, width, height, channels)
+                    try:
+                        enc = read.claim(leaf.payload, name, width, height, channels)
+                    except Exception as exc:  # Pillow raises many exception types for bad data
+                        raise ImageFieldError(leaf, exc) from exc
                     jobs.append(read.job(leaf.payload, enc, width, height, channels, box, flipped))
                     places.append((k, at, leaf))
                 elif need:
@@ -314,9 +344,7 @@ class JointPlan:
             try:
                 read.run(jobs, pixels, planar=False)
             except BatchItemError as exc:
-                cause = exc.cause
-                cause.add_note(f"while decoding {places[exc.position][2].where}")
-                raise cause from None
+                raise ImageFieldError(places[exc.position][2], exc.cause) from exc.cause
             for j, (k, at, _leaf) in enumerate(places):
                 made[k][0][at] = Image.fromarray(pixels[j], "RGB")
         results = []
@@ -471,8 +499,7 @@ class PairPlan:
                 try:
                     patch = self.patches.patch(pending.payload, box, pending.where)
                 except Exception as exc:  # Pillow raises many exception types for bad data
-                    exc.add_note(f"while decoding {pending.where}")
-                    raise
+                    raise ImageFieldError(pending, exc) from exc
                 made.append(augment_patch(patch, draw))
             out = crop.finish(made[0], made[1])
         return out if self.rest is None else self.rest(*out)
@@ -495,3 +522,41 @@ def plan_fields(
     if pairs or split_paired(transforms)[0] is not None:
         make = PairPlan
     return make(transforms, decoder=decoder, threads=threads, caps=caps)
+
+
+def fusable(transforms: Any, *, pairs: bool = False) -> bool:
+    """Whether ``transforms`` starts with steps a plan fuses (a cheap look at its types)."""
+    if pairs or split_paired(transforms)[0] is not None:
+        return split_paired(transforms)[0] is not None
+    return split_joint(transforms)[0] is not None
+
+
+class PlanSlot:
+    """A dataset's fused plan, made in the process that uses it (a plan holds this process's
+    libraries and threads: never pickled, so a spawned DataLoader worker makes its own) and
+    made again when the dataset's transforms change (``stale``). ``decoder``: the resolved
+    decoder's name (None: ``auto``, the fastest that gives Pillow's pixels here)."""
+
+    def __init__(self, *, pairs: bool = False, decoder: str | None = None) -> None:
+        self.pairs = pairs
+        self.decoder = decoder
+        self._plan: JointPlan | PairPlan | None = None
+        self._pid = 0
+
+    def get(self, transforms: Any) -> JointPlan | PairPlan:
+        """The plan for ``transforms`` in this process."""
+        import os
+
+        plan = self._plan
+        if plan is None or self._pid != os.getpid() or plan.stale(transforms):
+            caps = current()
+            decoder = caps.decoder(self.decoder or caps.auto_decoder())
+            plan = self._plan = plan_fields(transforms, decoder=decoder, caps=caps, pairs=self.pairs)
+            self._pid = os.getpid()
+        return plan
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"pairs": self.pairs, "decoder": self.decoder}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]

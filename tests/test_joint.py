@@ -468,8 +468,19 @@ def test_lmdbdataset_reports_a_damaged_image_by_its_record(tmp_path: Path) -> No
     dst = tmp_path / "damaged.lmdb"
     lmdbfolder.pack_dataset(VOCSegmentation(str(root), year="2012", image_set="train"), dst, strict=False)
     ds = LMDBDataset(dst, transforms=_tf())
-    for i in range(len(ds)):
-        try:
+    with pytest.raises(CorruptRecordError, match="field 'image' cannot be read"):
+        for i in range(len(ds)):
             ds[i]
-        except CorruptRecordError as exc:
-            assert "'image'" in str(exc)
+
+
+def test_lmdbdataset_batches_equal_samples_one_by_one(tmp_path: Path) -> None:
+    from lmdbfolder.torch import LMDBDataset
+
+    root, dst = _voc_pack(tmp_path)
+    for tf, batches in ((_tf(), True), (v2.Compose([v2.RandomResizedCrop(16), v2.RandomPhotometricDistort()]), False)):
+        ds = LMDBDataset(dst, transforms=tf)
+        assert ds._fused.get(tf).batches is batches
+        torch.manual_seed(4)
+        want = [_voc_oracle(root, tf)[i] for i in (5, 0, 3, 3)]
+        torch.manual_seed(4)
+        _same(want, ds.__getitems__([5, 0, 3, 3]))

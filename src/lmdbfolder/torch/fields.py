@@ -154,10 +154,22 @@ class LMDBDataset(VisionDataset):
                     return self._transformed(item)
             return self._transformed(item)
 
-    def _fused_item(self, index: int, plan: Any) -> Any:
-        """Sample ``index`` through a fused plan: its image fields handed over still encoded
-        (``PendingImage``), the other fields decoded and wrapped as ``__getitem__`` does."""
-        from lmdbfolder.torch.joint import ImageFieldError, PendingImage, size_stand_in
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """Samples ``indices`` (a DataLoader's batch): with a fused plan that batches
+        (``JointPlan.batches``: nothing after the crop and flip draws random numbers), every
+        sample's box and flip drawn in order, then all their crops decoded in one run; else
+        ``[self[i] for i in indices]``. The same samples either way."""
+        plan = self._fused.get(self.transforms) if self._fused is not None else None
+        if plan is None or not plan.fused or not plan.batches or self.replay is not None:
+            return [self[i] for i in indices]
+        made = [self._pending_item(i, plan) for i in indices]
+        items = [item for item, _ in made]
+        return self._run_fused(_owners(made), lambda: plan.batch(items))
+
+    def _pending_item(self, index: int, plan: Any) -> tuple[tuple[Any, ...], int]:
+        """Sample ``index``'s item, wrapped, with its image fields still encoded
+        (``PendingImage``), and its record's index."""
+        from lmdbfolder.torch.joint import PendingImage, size_stand_in
 
         record = self.reader.get(index)
         schema = self.schema
@@ -175,17 +187,36 @@ class LMDBDataset(VisionDataset):
         # The wrapper may read the image's size (COCO's boxes): it sees a stand-in of that size.
         image = item[0]
         probe = size_stand_in(image, plan.read)
-        item = (image, *self._wrapper(values, (probe, *item[1:]))[1:])
+        return (image, *self._wrapper(values, (probe, *item[1:]))[1:]), record.index
+
+    def _fused_item(self, index: int, plan: Any) -> Any:
+        """Sample ``index`` through a fused plan (``lmdbfolder.torch.joint``)."""
+        item, record = self._pending_item(index, plan)
+        owners = _owners([(item, record)])
+        if self.replay is not None:
+            replay = self.replay
+
+            def seeded() -> Any:
+                with replay.seeded(index):
+                    return plan(*item)
+
+            return self._run_fused(owners, seeded)
+        return self._run_fused(owners, lambda: plan(*item))
+
+    def _run_fused(self, owners: dict[int, int], make: Callable[[], Any]) -> Any:
+        """``make()`` in the dataset's torch threads; an image field it cannot decode is
+        reported as ``CorruptRecordError`` naming its record (``owners``: the record of
+        each ``PendingImage``, by id) and field."""
+        from lmdbfolder.torch.joint import ImageFieldError
+
         try:
             with self._torch_threads():
-                if self.replay is not None:
-                    with self.replay.seeded(index):
-                        return plan(*item)
-                return plan(*item)
+                return make()
         except ImageFieldError as exc:
-            raise CorruptRecordError(
-                record.index, f"its field {exc.pending.field!r} cannot be read: {exc.cause}"
-            ) from exc.cause
+            record = owners.get(id(exc.pending), -1)
+            raise CorruptRecordError(record, f"its field {exc.pending.field!r} cannot be read: {exc.cause}") from (
+                exc.cause
+            )
 
     def _transformed(self, item: Any) -> Any:
         assert self.transforms is not None
@@ -213,6 +244,13 @@ class LMDBDataset(VisionDataset):
     def close(self) -> None:
         """Release this process's handles of the pack."""
         self.reader.close()
+
+
+def _owners(made: list[tuple[tuple[Any, ...], int]]) -> dict[int, int]:
+    """The record index of each encoded image field of these items, by the field's id."""
+    from lmdbfolder.torch.joint import PendingImage
+
+    return {id(part): record for item, record in made for part in item if type(part) is PendingImage}
 
 
 def _fused_slot(dataset: LMDBDataset) -> Any:

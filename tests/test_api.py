@@ -60,6 +60,7 @@ def test_public_api_snapshot() -> None:
     assert lmdbfolder.torch.__all__ == [
         "LMDBFolder",
         "LMDBDatasetFolder",
+        "LMDBDataset",
         "PackLoader",
         "BatchSamples",
         "collate",
@@ -73,7 +74,8 @@ def test_core_import_does_not_import_torch_or_tqdm() -> None:
     code = (
         "import sys, lmdbfolder, lmdbfolder.cli, lmdbfolder.write.shards, lmdbfolder.read.sharded\n"
         "import lmdbfolder.tools.copy, lmdbfolder.write.ray, lmdbfolder.read.staging, lmdbfolder.remote\n"
-        "import lmdbfolder.tools.export, lmdbfolder.write.from_dataset\n"
+        "import lmdbfolder.tools.export, lmdbfolder.write.from_dataset, lmdbfolder.write.dataset_fields\n"
+        "import lmdbfolder.read.fields\n"
         "print(sorted(m for m in ('torch', 'torchvision', 'tqdm', 'ray', 'torchdata', 'fsspec', 's3fs', 'botocore',"
         " 'pyarrow', 'datasets') if m in sys.modules))"
     )

@@ -351,7 +351,7 @@ def _voc_pack(tmp_path: Path, *, deep: bool = True) -> tuple[Path, Path]:
     from torchvision.datasets import VOCSegmentation
 
     import lmdbfolder
-    from fields_trees import VOC_SAMPLES, make_voc
+    from conftest import VOC_SAMPLES, make_voc
 
     samples = VOC_SAMPLES + [("big_3", "RGB", (90, 70), "P"), ("tall_4", "RGB", (41, 95), "L")]
     if not deep:  # torch cannot send a uint16 tensor from a worker (its storage does not unpickle)
@@ -455,7 +455,7 @@ def test_lmdbdataset_reports_a_damaged_image_by_its_record(tmp_path: Path) -> No
     from lmdbfolder.torch import LMDBDataset
 
     root, _ = _voc_pack(tmp_path)
-    from fields_trees import VOC_SAMPLES
+    from conftest import VOC_SAMPLES
 
     path = root / "VOCdevkit" / "VOC2012" / "JPEGImages" / f"{VOC_SAMPLES[0][0]}.jpg"
     data = bytearray(path.read_bytes())

@@ -27,6 +27,7 @@ import struct
 from typing import Any, Sequence
 
 from lmdbfolder.errors import NotAPackError
+from lmdbfolder.format.layout import MAX_JSON_CONTAINERS
 
 __all__ = [
     "FIELD_KINDS",
@@ -192,18 +193,18 @@ def encode_json(value: Any, where: str = "a json field") -> bytes:
 
 def decode_json(data: bytes | memoryview, where: str) -> Any:
     """The value of a ``json`` field (bounds checked first); ValueError naming ``where``."""
-    from lmdbfolder.format.manifest import loads_json
+    from lmdbfolder.format.manifest import _scan_json
 
+    if len(data) > MAX_JSON_FIELD_BYTES:
+        raise ValueError(f"{where}: its JSON is {len(data):,} bytes, more than the {MAX_JSON_FIELD_BYTES:,} allowed")
+    raw = bytes(data)
+    why = _scan_json(raw, "JSON", MAX_JSON_FIELD_DEPTH, MAX_JSON_CONTAINERS)
+    if why is not None:
+        raise ValueError(f"{where}: {why}")
     try:
-        return loads_json(
-            data,
-            where=where,
-            what="json field",
-            max_bytes=MAX_JSON_FIELD_BYTES,
-            max_depth=MAX_JSON_FIELD_DEPTH,
-        )
-    except NotAPackError as exc:
-        raise ValueError(str(exc)) from None
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{where}: not valid UTF-8 JSON ({exc})") from None
 
 
 # -- array fields -----------------------------------------------------------------------------------

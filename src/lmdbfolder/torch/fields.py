@@ -108,7 +108,7 @@ class LMDBDataset(VisionDataset):
         self.classes: list[str] = list(meta.classes)
         self.replay: Replay | None = None if self.options.seed is None else Replay(self.options.seed)
         self.wrap = (self.transforms is not None) if wrap is None else bool(wrap)
-        self._wrapper = _wrapper(self, target_keys)
+        self._wrapper = _Wrapper(self.layout, target_keys)
         self._tensor_fields = tuple(k for k, how in enumerate(self.schema.decoders) if how == TENSOR)
         self.categories: list[Any] = list(self.layout_info.get("categories") or []) if self.layout == "coco" else []
         #: The fused crop of the item's image fields (``lmdbfolder.torch.joint``), decided once: a
@@ -273,20 +273,27 @@ def _manifest(reader: AnyReader) -> Any:
     return meta
 
 
-def _wrapper(dataset: LMDBDataset, target_keys: Any) -> Callable[[list[Any], Any], Any]:
+class _Wrapper:
     """How a sample's item is wrapped for ``transforms.v2``, as ``wrap_dataset_for_transforms_v2``
-    wraps the item of the torchvision dataset of the pack's layout (decided once)."""
-    from torchvision import tv_tensors
+    wraps the item of the torchvision dataset of the pack's layout (decided once; picklable, for
+    spawned workers)."""
 
-    layout = dataset.layout
-    if layout == "coco":
-        keys = _coco_keys(target_keys)
-        return lambda values, item: _coco_target(values, item, keys)
-    if target_keys is not None:
-        raise OptionError(f"target_keys apply to packs of the coco layout, not to {layout!r}", "leave target_keys out")
-    if layout in SEGMENTATION_LAYOUTS:
-        return lambda values, item: (item[0], tv_tensors.Mask(item[1]))
-    return lambda values, item: item  # pairs, datasets: as they are (the wrapper's identity)
+    def __init__(self, layout: str, target_keys: Any) -> None:
+        self.layout = layout
+        self.keys = _coco_keys(target_keys) if layout == "coco" else None
+        if layout != "coco" and target_keys is not None:
+            raise OptionError(
+                f"target_keys apply to packs of the coco layout, not to {layout!r}", "leave target_keys out"
+            )
+
+    def __call__(self, values: list[Any], item: Any) -> Any:
+        if self.keys is not None:
+            return _coco_target(values, item, self.keys)
+        if self.layout in SEGMENTATION_LAYOUTS:
+            from torchvision import tv_tensors
+
+            return item[0], tv_tensors.Mask(item[1])
+        return item  # pairs, datasets: as they are (the wrapper's identity)
 
 
 def _coco_keys(target_keys: Any) -> frozenset[str]:

@@ -121,6 +121,9 @@ class BasicSRPairs:
     def __init__(self, lq_dir: str, gt_dir: str, gt_size: int, scale: int) -> None:
         import cv2
 
+        # One OpenCV thread, as everything else here: its pool's spinning would count as
+        # BasicSR's CPU (in a DataLoader worker OpenCV's threads compete with the workers).
+        cv2.setNumThreads(1)
         self.cv2 = cv2
         names = sorted(os.listdir(gt_dir))
         self.paths = [(os.path.join(lq_dir, n), os.path.join(gt_dir, n)) for n in names]
@@ -371,8 +374,33 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "lmdbfolder", "pack", os.path.join(work, "pairs"), pairs_pack]
             cmd += ["--layout", "pairs", "--scale", str(args.scale)]
             done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode:
-                raise ValueError((done.stderr or done.stdout).strip().splitlines()[-1:])
+            if done.returncode == 0:
+                return
+            # No --layout pairs in this checkout: the same pack from Python (pack_field_samples).
+            from lmdbfolder.format import NO_LABEL
+            from lmdbfolder.write.fields import FieldSamples, FieldSpec, pack_field_samples
+
+            names = sorted(os.listdir(gt_dir))
+
+            def read(i: int) -> list[bytes]:
+                out = []
+                for folder in (lq_dir, gt_dir):
+                    with open(os.path.join(folder, names[i]), "rb") as f:
+                        out.append(f.read())
+                return out
+
+            samples = FieldSamples(
+                layout="pairs",
+                root=os.path.join(work, "pairs"),
+                fields=(FieldSpec("lq", "image"), FieldSpec("gt", "image")),
+                relpaths=[f"lq/{n}" for n in names],
+                field_paths=[(f"lq/{n}", f"gt/{n}") for n in names],
+                labels=[NO_LABEL] * len(names),
+                classes=[],
+                read=read,
+                layout_info={"scale": args.scale},
+            )
+            pack_field_samples(samples, pairs_pack)
 
         basicsr = BasicSRPairs(lq_dir, gt_dir, args.gt_size, args.scale)
         contestants_b = {

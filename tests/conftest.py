@@ -943,8 +943,15 @@ def make_coco(root: Path) -> tuple[Path, Path]:
             ann_id += 1
     # A degenerate box (zero width): SanitizeBoundingBoxes removes it on both sides.
     annotations.append(
-        {"id": ann_id, "image_id": 3, "category_id": 2, "bbox": [4.0, 5.0, 0.0, 6.0], "area": 0.0, "iscrowd": 0,
-         "segmentation": [[4.0, 5.0, 4.0, 11.0, 4.5, 11.0]]}
+        {
+            "id": ann_id,
+            "image_id": 3,
+            "category_id": 2,
+            "bbox": [4.0, 5.0, 0.0, 6.0],
+            "area": 0.0,
+            "iscrowd": 0,
+            "segmentation": [[4.0, 5.0, 4.0, 11.0, 4.5, 11.0]],
+        }
     )
     categories = [{"id": 1, "name": "cat"}, {"id": 2, "name": "dög"}, {"id": 3, "name": "bird"}]
     ann_file = root / "annotations.json"

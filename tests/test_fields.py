@@ -34,13 +34,22 @@ PACK_ID = bytes(range(16))
 #: A record of two fields (image ``abc``: jpeg 2x3x3; mask ``de``), unlabelled, under key 0 of a
 #: format-4 pack whose ``binding_id`` is 00 01 .. 0f: flags 1, three u32 offsets, the payloads.
 GOLDEN_FIELDS_RECORD = bytes.fromhex(
-    "4c46" "01" "01" "03" "01" "0000"  # magic, version, jpeg, 3 channels, flags=1 (several fields), reserved
-    "02000000" "03000000"  # width, height of field 0
+    "4c46"
+    "01"
+    "01"
+    "03"
+    "01"
+    "0000"  # magic, version, jpeg, 3 channels, flags=1 (several fields), reserved
+    "02000000"
+    "03000000"  # width, height of field 0
     "1100000000000000"  # payload length 17 = 3 offsets (12 bytes) + 5 bytes of fields
     "ffffffff"  # label -1
     "0c1209ca"  # crc32: header[0:28], the payload, then binding_id || u64le(key 0)
-    "00000000" "03000000" "05000000"  # offsets 0, 3, 5
-    "616263" "6465"  # "abc", "de"
+    "00000000"
+    "03000000"
+    "05000000"  # offsets 0, 3, 5
+    "616263"
+    "6465"  # "abc", "de"
 )
 GOLDEN_FIELDS_MANIFEST_EXCERPT = (
     b'"fields":[{"kind":"image","name":"image"},{"kind":"mask","name":"mask"}],"format":"lmdbfolder",'
@@ -69,7 +78,14 @@ def _canonical(obj: dict[str, Any]) -> bytes:
 def test_golden_record_of_two_fields() -> None:
     payload = fmt.pack_field_payloads([b"abc", b"de"])
     record = fmt.encode_record(
-        payload, label=-1, encoding="jpeg", width=2, height=3, channels=3, flags=fmt.FIELDS_FLAG, binding=PACK_ID,
+        payload,
+        label=-1,
+        encoding="jpeg",
+        width=2,
+        height=3,
+        channels=3,
+        flags=fmt.FIELDS_FLAG,
+        binding=PACK_ID,
         index=0,
     )
     assert record == GOLDEN_FIELDS_RECORD
@@ -78,6 +94,17 @@ def test_golden_record_of_two_fields() -> None:
     header, body = fmt.decode_record(record, index=0, verify=True, binding=PACK_ID, key=0, fields=2)
     assert header.flags == fmt.FIELDS_FLAG and (header.encoding, header.width, header.height) == ("jpeg", 2, 3)
     assert [bytes(p) for p in fmt.split_field_payloads(body, 2)] == [b"abc", b"de"]  # type: ignore[union-attr]
+
+
+def test_format_md_shows_the_golden_bytes_of_format_4() -> None:
+    with open(Path(__file__).parent.parent / "FORMAT.md", encoding="utf-8") as f:
+        doc = f.read()
+    flat = doc.replace(" ", "").replace("\n", "")
+    assert GOLDEN_FIELDS_RECORD.hex() in flat
+    assert GOLDEN_FIELDS_MANIFEST_EXCERPT.decode() in doc
+    assert f"version {fmt.FIELDS_FORMAT_VERSION}" in doc
+    for kind in fmt.FIELD_KINDS:
+        assert f"| `{kind}` |" in doc
 
 
 def test_a_record_is_never_read_as_the_other_kind() -> None:
@@ -96,8 +123,11 @@ def test_a_record_is_never_read_as_the_other_kind() -> None:
 
 @pytest.mark.parametrize(
     "offsets",
-    [b"\x01\x00\x00\x00\x03\x00\x00\x00\x05\x00\x00\x00", b"\x00\x00\x00\x00\x04\x00\x00\x00\x03\x00\x00\x00",
-     b"\x00\x00\x00\x00\x03\x00\x00\x00\x06\x00\x00\x00"],
+    [
+        b"\x01\x00\x00\x00\x03\x00\x00\x00\x05\x00\x00\x00",
+        b"\x00\x00\x00\x00\x04\x00\x00\x00\x03\x00\x00\x00",
+        b"\x00\x00\x00\x00\x03\x00\x00\x00\x06\x00\x00\x00",
+    ],
 )
 def test_field_offsets_that_do_not_split_the_record_are_refused(offsets: bytes) -> None:
     body = memoryview(offsets + b"abcde")
@@ -161,8 +191,15 @@ def _samples(reads: list[Any], fields: tuple[FieldSpec, ...], skipped: list[tupl
 
     n = len(reads)
     return FieldSamples(
-        "voc", "/src", fields, [f"x{i}.jpg" for i in range(n)], [(f"x{i}.jpg", f"x{i}.png") for i in range(n)],
-        [-1] * n, [], read, skipped=list(skipped or []),
+        "voc",
+        "/src",
+        fields,
+        [f"x{i}.jpg" for i in range(n)],
+        [(f"x{i}.jpg", f"x{i}.png") for i in range(n)],
+        [-1] * n,
+        [],
+        read,
+        skipped=list(skipped or []),
     )
 
 
@@ -185,7 +222,7 @@ def test_bad_samples_are_skipped_and_listed_with_their_files(tmp_path: Path) -> 
     assert result.count == 2
     reasons = dict(result.skipped)
     assert set(reasons) == {"x1.jpg", "x2.jpg", "x3.jpg", "x4.jpg", "JPEGImages/lonely.jpg"}
-    assert "mask (x1.png): the mask is 5x5 but the image is 9x7" == reasons["x1.jpg"]
+    assert reasons["x1.jpg"] == "mask (x1.png): the mask is 5x5 but the image is 9x7"
     assert reasons["x2.jpg"].startswith("mask (x2.png): ")
     assert "SegmentationClass/x3.png" in reasons["x3.jpg"] and "truncated" in reasons["x4.jpg"]
     assert "lonely.png" in (tmp_path / "p.lmdb" / "skipped.txt").read_text()
@@ -377,7 +414,9 @@ def test_coco_reads_back_and_transforms_as_the_oracle(tmp_path: Path) -> None:
             for k in a[1]:
                 assert_same(a[1][k], b[1][k])
     tf = _pipeline(detection=True)
-    oracle = datasets.wrap_dataset_for_transforms_v2(datasets.CocoDetection(str(images), str(annotations), transforms=tf))
+    oracle = datasets.wrap_dataset_for_transforms_v2(
+        datasets.CocoDetection(str(images), str(annotations), transforms=tf)
+    )
     _same_under_seed(oracle, LMDBDataset(tmp_path / "coco.lmdb", transforms=tf), len(dataset))
 
 

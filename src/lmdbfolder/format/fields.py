@@ -20,14 +20,20 @@ The payload of each field kind:
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
-import re
 import struct
 from typing import Any, Sequence
 
-from lmdbfolder.errors import NotAPackError
 from lmdbfolder.format.layout import MAX_JSON_CONTAINERS
+from lmdbfolder.format.manifest import (
+    FIELD_KINDS,
+    IMAGE_KINDS,
+    MAX_FIELDS,
+    FieldSpec,
+    _scan_json,
+    fields_from_json,
+    fields_problem,
+)
 
 __all__ = [
     "FIELD_KINDS",
@@ -46,19 +52,11 @@ __all__ = [
     "decode_array",
     "array_problem",
     "fields_from_json",
+    "fields_problem",
 ]
 
-#: The kinds of field a sample may hold, and what its payload is (module docstring).
-FIELD_KINDS = ("image", "mask", "json", "array")
-#: The kinds whose payload is an encoded image.
-IMAGE_KINDS = ("image", "mask")
 #: ``flags`` bit 0 of a record header: its payload is several fields.
 FIELDS_FLAG = 1
-#: A pack holds at most this many fields per sample.
-MAX_FIELDS = 64
-#: A field name: lower-case letters, digits and ``_``, starting with a letter.
-MAX_FIELD_NAME = 64
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 #: A ``json`` field longer than this is refused (writing and reading).
 MAX_JSON_FIELD_BYTES = 16 << 20
 #: A ``json`` field nested deeper than this is refused.
@@ -72,73 +70,6 @@ _U32 = struct.Struct("<I")
 _NPY_MAGIC = b"\x93NUMPY"
 #: dtype kinds an ``array`` field may have: bool, integers, floats, complex.
 _ARRAY_DTYPE_KINDS = "biufc"
-
-
-@dataclasses.dataclass(frozen=True)
-class FieldSpec:
-    """One entry of the manifest's ``fields`` list: a field's ``name`` (distinct within a pack,
-    ``[a-z][a-z0-9_]*``, at most 64 characters) and ``kind`` (one of ``FIELD_KINDS``)."""
-
-    name: str
-    kind: str
-
-    def __post_init__(self) -> None:
-        problem = self.problem()
-        if problem is not None:
-            raise ValueError(problem)
-
-    def problem(self) -> str | None:
-        """Why this is not a valid field, or None."""
-        if not isinstance(self.name, str) or not _NAME.match(self.name) or len(self.name) > MAX_FIELD_NAME:
-            return (
-                f"field name {str(self.name)[:80]!r} is not [a-z][a-z0-9_]* of at most {MAX_FIELD_NAME} characters"
-            )
-        if self.kind not in FIELD_KINDS:
-            return f"field {self.name!r} has kind {str(self.kind)[:80]!r}, not one of {', '.join(FIELD_KINDS)}"
-        return None
-
-    def to_json(self) -> dict[str, Any]:
-        """The manifest entry: ``{"name": ..., "kind": ...}``."""
-        return {"name": self.name, "kind": self.kind}
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> FieldSpec:
-        """The field an entry of a manifest's ``fields`` describes; NotAPackError naming
-        ``where`` when it is not a valid one."""
-        if not isinstance(value, dict):
-            raise NotAPackError(where, f"its manifest's fields hold a {type(value).__name__}, not an object")
-        try:
-            return cls(value.get("name"), value.get("kind"))
-        except ValueError as exc:
-            raise NotAPackError(where, f"its manifest's fields are invalid: {exc}") from None
-
-
-def fields_problem(value: Any) -> str | None:
-    """Why ``value`` (a manifest's ``fields``) is not a valid field list, or None."""
-    if not isinstance(value, list) or not value:
-        return "fields is not a non-empty list"
-    if len(value) > MAX_FIELDS:
-        return f"fields lists {len(value)} fields, more than {MAX_FIELDS}"
-    names = set()
-    for entry in value:
-        if not isinstance(entry, dict):
-            return "fields holds an entry that is not an object"
-        try:
-            FieldSpec(entry.get("name"), entry.get("kind"))
-        except ValueError as exc:
-            return str(exc)
-        names.add(entry["name"])
-    if len(names) != len(value):
-        return "fields names a field twice"
-    return None
-
-
-def fields_from_json(value: Any, where: str) -> tuple[FieldSpec, ...]:
-    """The fields of a manifest's ``fields`` list; NotAPackError naming ``where`` when invalid."""
-    problem = fields_problem(value)
-    if problem is not None:
-        raise NotAPackError(where, f"its manifest is invalid: {problem}")
-    return tuple(FieldSpec.from_json(entry, where) for entry in value)
 
 
 # -- the record's payload ---------------------------------------------------------------------------
@@ -193,8 +124,6 @@ def encode_json(value: Any, where: str = "a json field") -> bytes:
 
 def decode_json(data: bytes | memoryview, where: str) -> Any:
     """The value of a ``json`` field (bounds checked first); ValueError naming ``where``."""
-    from lmdbfolder.format.manifest import _scan_json
-
     if len(data) > MAX_JSON_FIELD_BYTES:
         raise ValueError(f"{where}: its JSON is {len(data):,} bytes, more than the {MAX_JSON_FIELD_BYTES:,} allowed")
     raw = bytes(data)

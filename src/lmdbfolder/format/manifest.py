@@ -188,8 +188,6 @@ def _check_meta_fields(meta: dict[str, Any], where: str) -> None:
         if type(next_record) is not int or not 0 <= next_record <= MAX_INDEX + 1:
             problems.append(f"next_record={_short(next_record)} is not a record key count")
     if meta.get("format_version") == FIELDS_FORMAT_VERSION:
-        from lmdbfolder.format.fields import fields_problem
-
         problem = fields_problem(meta.get("fields"))
         if problem is not None:
             problems.append(problem)
@@ -254,6 +252,83 @@ def informational(meta: Mapping[str, Any], key: str, default: Any = None) -> Any
 def invalid_fields(meta: Mapping[str, Any]) -> list[str]:
     """The informational fields of ``meta`` that do not have their documented type, sorted."""
     return sorted(key for key, valid in _INFORMATIONAL.items() if key in meta and not valid(meta[key]))
+
+
+# -- the fields of a pack of several fields (format 4) -------------------------------
+#: The kinds of field a sample may hold, and what its payload is (module docstring).
+FIELD_KINDS = ("image", "mask", "json", "array")
+#: The kinds whose payload is an encoded image.
+IMAGE_KINDS = ("image", "mask")
+#: A pack holds at most this many fields per sample.
+MAX_FIELDS = 64
+#: A field name: lower-case letters, digits and ``_``, starting with a letter.
+MAX_FIELD_NAME = 64
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    """One entry of the manifest's ``fields`` list: a field's ``name`` (distinct within a pack,
+    ``[a-z][a-z0-9_]*``, at most 64 characters) and ``kind`` (one of ``FIELD_KINDS``)."""
+
+    name: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem is not None:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        """Why this is not a valid field, or None."""
+        if not isinstance(self.name, str) or not _NAME.match(self.name) or len(self.name) > MAX_FIELD_NAME:
+            return f"field name {str(self.name)[:80]!r} is not [a-z][a-z0-9_]* of at most {MAX_FIELD_NAME} characters"
+        if self.kind not in FIELD_KINDS:
+            return f"field {self.name!r} has kind {str(self.kind)[:80]!r}, not one of {', '.join(FIELD_KINDS)}"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest entry: ``{"name": ..., "kind": ...}``."""
+        return {"name": self.name, "kind": self.kind}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> FieldSpec:
+        """The field an entry of a manifest's ``fields`` describes; NotAPackError naming
+        ``where`` when it is not a valid one."""
+        if not isinstance(value, dict):
+            raise NotAPackError(where, f"its manifest's fields hold a {type(value).__name__}, not an object")
+        try:
+            return cls(value.get("name"), value.get("kind"))
+        except ValueError as exc:
+            raise NotAPackError(where, f"its manifest's fields are invalid: {exc}") from None
+
+
+def fields_problem(value: Any) -> str | None:
+    """Why ``value`` (a manifest's ``fields``) is not a valid field list, or None."""
+    if not isinstance(value, list) or not value:
+        return "fields is not a non-empty list"
+    if len(value) > MAX_FIELDS:
+        return f"fields lists {len(value)} fields, more than {MAX_FIELDS}"
+    names = set()
+    for entry in value:
+        if not isinstance(entry, dict):
+            return "fields holds an entry that is not an object"
+        try:
+            FieldSpec(entry.get("name"), entry.get("kind"))
+        except ValueError as exc:
+            return str(exc)
+        names.add(entry["name"])
+    if len(names) != len(value):
+        return "fields names a field twice"
+    return None
+
+
+def fields_from_json(value: Any, where: str) -> tuple[FieldSpec, ...]:
+    """The fields of a manifest's ``fields`` list; NotAPackError naming ``where`` when invalid."""
+    problem = fields_problem(value)
+    if problem is not None:
+        raise NotAPackError(where, f"its manifest is invalid: {problem}")
+    return tuple(FieldSpec.from_json(entry, where) for entry in value)
 
 
 # -- the manifest as an object --------------------------------------------------------
@@ -506,14 +581,12 @@ class Manifest(JsonView):
         return list(self.skipped or [])
 
     @property
-    def field_specs(self) -> tuple[Any, ...] | None:
+    def field_specs(self) -> tuple[FieldSpec, ...] | None:
         """The fields of each sample of a format-4 pack (``format.fields.FieldSpec``s, in the
         order of the record's payloads); None for a pack of one image per sample (a
         ``fields`` entry in an older version's manifest is kept, never acted on)."""
         if self.format_version < FIELDS_FORMAT_VERSION or self.fields is None:
             return None
-        from lmdbfolder.format.fields import FieldSpec
-
         return tuple(FieldSpec(f["name"], f["kind"]) for f in self.fields)
 
     @property

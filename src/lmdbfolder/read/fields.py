@@ -135,7 +135,7 @@ class SampleSchema:
         how = self.decoders[k]
         where = f"sample {index}, field {self.fields[k].name!r}"
         try:
-            if how == RGB or how == AS_STORED:
+            if how in (RGB, AS_STORED):
                 return decode_image(data, rgb=how == RGB)
             if how == JSON:
                 return decode_json(data, where)

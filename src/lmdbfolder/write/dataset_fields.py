@@ -61,7 +61,9 @@ def _file_reader(root: str, files: Sequence[Sequence[str]]) -> Callable[[int], l
             try:
                 out.append(_read(path))
             except FileNotFoundError:
-                raise SampleError(f"{_relpath(path, root)} does not exist", [_relpath(p, root) for p in files[i]])
+                raise SampleError(
+                    f"{_relpath(path, root)} does not exist", [_relpath(p, root) for p in files[i]]
+                ) from None
         return out
 
     return read
@@ -130,7 +132,7 @@ def _coco(dataset: Any) -> FieldSamples:
         try:
             image = _read(path)
         except FileNotFoundError:
-            raise SampleError(f"{relpaths[i]} does not exist (named by image id {ids[i]})", [relpaths[i]])
+            raise SampleError(f"{relpaths[i]} does not exist (named by image id {ids[i]})", [relpaths[i]]) from None
         annotations = coco.loadAnns(coco.getAnnIds(ids[i]))
         try:
             return [image, encode_json(infos[i], "image_info"), encode_json(annotations, "annotations")]

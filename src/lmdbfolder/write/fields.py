@@ -235,7 +235,9 @@ def pack_field_samples(
             return Skipped(f"{exc.why}" + (f" ({named})" if named and named not in exc.why else ""))
         except OSError as exc:
             return Skipped(f"cannot read it: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
-        checked = check_fields(payloads, fields, samples.labels[i], check=opts.check, max_pixels=max_pixels, paths=paths)
+        checked = check_fields(
+            payloads, fields, samples.labels[i], check=opts.check, max_pixels=max_pixels, paths=paths
+        )
         if checked.lossy:
             with lock:
                 lossy.extend((samples.relpaths[i], name) for name in checked.lossy)
@@ -244,7 +246,11 @@ def pack_field_samples(
     relpaths = list(samples.relpaths) + [path for path, _ in samples.skipped]
     labels = list(samples.labels) + [NO_LABEL] * len(samples.skipped)
     sources = SourceList(
-        samples.root, samples.layout, relpaths, labels, list(samples.classes),
+        samples.root,
+        samples.layout,
+        relpaths,
+        labels,
+        list(samples.classes),
         {name: k for k, name in enumerate(samples.classes)},
     )
     extra = {

@@ -380,9 +380,7 @@ def pack_dataset(
     several = None if _is_huggingface(dataset) else field_samples_of(dataset)
     if several is not None:
         if classes is not None or image is not None or label is not None:
-            raise OptionError(
-                "classes=, image= and label= are for datasets of (image, label) items", "leave them out"
-            )
+            raise OptionError("classes=, image= and label= are for datasets of (image, label) items", "leave them out")
         if several.layout == "dataset" and opts.workers is None:
             opts = opts.replace(workers=1)  # the dataset's own __getitem__ may not be thread-safe
         return pack_field_samples(several, dst, opts)

@@ -484,3 +484,22 @@ def test_lmdbdataset_batches_equal_samples_one_by_one(tmp_path: Path) -> None:
         want = [_voc_oracle(root, tf)[i] for i in (5, 0, 3, 3)]
         torch.manual_seed(4)
         _same(want, ds.__getitems__([5, 0, 3, 3]))
+
+
+def test_lmdbdataset_fused_shared_by_threads(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmdbfolder.torch import LMDBDataset
+
+    root, dst = _voc_pack(tmp_path)
+    # Random steps whose outcome does not depend on the numbers (threads share torch's generator):
+    # no allowed box fits in ten draws, so v2 takes its fallback, the whole image; always flipped.
+    tf = v2.Compose(
+        [v2.RandomResizedCrop((20, 24), scale=(1.0, 1.0), ratio=(0.01, 100.0)), v2.RandomHorizontalFlip(p=1.0)]
+    )
+    ds, oracle = LMDBDataset(dst, transforms=tf), _voc_oracle(root, tf)
+    assert ds._fused is not None and ds._fused.get(tf).fused
+    order = [i % len(ds) for i in range(24)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(ds.__getitem__, order))
+    _same([oracle[i] for i in order], got)

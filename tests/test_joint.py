@@ -503,3 +503,38 @@ def test_lmdbdataset_fused_shared_by_threads(tmp_path: Path) -> None:
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(ds.__getitem__, order))
     _same([oracle[i] for i in order], got)
+
+
+def test_nearest_indices_are_torchs() -> None:
+    from lmdbfolder.torch.joint import nearest_indices
+
+    for size in (1, 2, 3, 7, 16, 97, 224, 375, 500):
+        for out in (1, 2, 5, 16, 24, 97, 224, 225, 448, 512, 1000):
+            src = torch.arange(size, dtype=torch.float32).reshape(1, 1, 1, size)
+            want = torch.nn.functional.interpolate(src, size=(1, out), mode="nearest").flatten().to(torch.int64)
+            assert np.array_equal(nearest_indices(size, out), want.numpy()), (size, out)
+
+
+@pytest.mark.parametrize("mode,fmt", [("P", "PNG"), ("L", "PNG"), ("1", "PNG"), ("I;16", "PNG"), ("I", "TIFF")])
+def test_a_pending_mask_crops_as_v2(mode: str, fmt: str) -> None:
+    from lmdbfolder.torch.joint import PendingMask
+
+    rng = np.random.default_rng(1)
+    values = rng.integers(0, 40000 if mode.startswith("I") else 256, (37, 53)).astype(np.int32)
+    img = Image.fromarray(values.astype(np.uint16)).convert(mode) if mode != "I" else Image.fromarray(values, "I")
+    if mode in ("P", "L", "1"):
+        img = Image.fromarray((values % 256).astype(np.uint8), "L").convert(mode)
+    out = io.BytesIO()
+    img.save(out, fmt)
+    data = out.getvalue()
+    whole = PendingMask(data).decode()
+    assert torch.equal(whole, tv_tensors.Mask(Image.open(io.BytesIO(data))))
+    for box, size, flip in [
+        ((3, 5, 20, 30), [16, 24], False),
+        ((0, 0, 37, 53), [37, 53], True),
+        ((9, 1, 7, 9), [50, 40], True),
+    ]:
+        want = v2.functional.resized_crop(whole, *box, size=size)
+        want = v2.functional.horizontal_flip(want) if flip else want
+        got = PendingMask(data).crop(box, size, flip)
+        assert type(got) is tv_tensors.Mask and got.dtype == want.dtype and torch.equal(got, want)

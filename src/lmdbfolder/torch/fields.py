@@ -168,22 +168,29 @@ class LMDBDataset(VisionDataset):
 
     def _pending_item(self, index: int, plan: Any) -> tuple[tuple[Any, ...], int]:
         """Sample ``index``'s item, wrapped, with its image fields still encoded
-        (``PendingImage``), and its record's index."""
-        from lmdbfolder.torch.joint import PendingImage, size_stand_in
+        (``PendingImage``; a segmentation mask: ``PendingMask``), and its record's index."""
+        from lmdbfolder.torch.joint import PendingImage, PendingMask, size_stand_in
 
         record = self.reader.get(index)
         schema = self.schema
         parts = schema.split(record.payload, record.index)
+        segmentation = self.layout in SEGMENTATION_LAYOUTS
         values: list[Any] = []
         for k, data in enumerate(parts):
+            name = self.fields[k].name
+            where = f"{self.reader.path}: sample {index}, field {name!r}"
             if schema.decoders[k] == RGB:
-                name = self.fields[k].name
-                values.append(PendingImage(data, f"{self.reader.path}: sample {index}, field {name!r}", name))
+                values.append(PendingImage(data, where, name))
+            elif segmentation and self.fields[k].kind == "mask":
+                values.append(PendingMask(data, where, name))
             else:
                 values.append(schema.value(k, data, record.index))
         for k in self._tensor_fields:
             values[k] = torch.from_numpy(values[k])
         item = schema.item(values)
+        if segmentation:
+            # (image, mask): the wrapper's Mask is what PendingMask makes (its crop only).
+            return item, record.index
         # The wrapper may read the image's size (COCO's boxes): it sees a stand-in of that size.
         image = item[0]
         probe = size_stand_in(image, plan.read)
@@ -250,7 +257,7 @@ def _owners(made: list[tuple[tuple[Any, ...], int]]) -> dict[int, int]:
     """The record index of each encoded image field of these items, by the field's id."""
     from lmdbfolder.torch.joint import PendingImage
 
-    return {id(part): record for item, record in made for part in item if type(part) is PendingImage}
+    return {id(part): record for item, record in made for part in item if isinstance(part, PendingImage)}
 
 
 def _fused_slot(dataset: LMDBDataset) -> Any:

@@ -410,7 +410,7 @@ def test_lmdbdataset_fused_in_dataloader_workers(tmp_path: Path, context: str) -
         loader = torch.utils.data.DataLoader(
             ds,
             batch_size=2,
-            num_workers=2,
+            num_workers=2 if context == "fork" else 1,  # a spawned worker imports torch: one is enough
             multiprocessing_context=context,
             generator=torch.Generator().manual_seed(7),
             collate_fn=list,
@@ -538,3 +538,26 @@ def test_a_pending_mask_crops_as_v2(mode: str, fmt: str) -> None:
         want = v2.functional.horizontal_flip(want) if flip else want
         got = PendingMask(data).crop(box, size, flip)
         assert type(got) is tv_tensors.Mask and got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_open_rows_decodes_a_png_down_to_the_rows_asked_and_nothing_else_differs() -> None:
+    from lmdbfolder.read.pairs import open_rows, rows_match_pillow
+
+    assert rows_match_pillow()  # this Pillow reads PNG rows that way (else open_rows decodes whole)
+    img = Image.fromarray(np.random.default_rng(2).integers(0, 256, (90, 70, 3), dtype=np.uint8))
+    for kind, extra in (("PNG", {}), ("JPEG", {}), ("WEBP", {"lossless": True})):
+        out = io.BytesIO()
+        img.save(out, kind, **extra)
+        whole = np.asarray(Image.open(io.BytesIO(out.getvalue())))
+        part = open_rows(out.getvalue(), 31)
+        assert part.size == ((70, 31) if kind == "PNG" else (70, 90))
+        assert np.array_equal(np.asarray(part), whole[: part.height])
+
+
+def test_open_rows_decodes_whole_where_pillow_was_not_found_to_match(capabilities) -> None:
+    from lmdbfolder.read.pairs import open_rows
+
+    caps = capabilities(**{"pillow.png_rows": False})
+    out = io.BytesIO()
+    Image.fromarray(np.zeros((40, 30), np.uint8)).save(out, "PNG")
+    assert open_rows(out.getvalue(), 10, caps).size == (30, 40)

@@ -28,10 +28,11 @@ import numpy as np
 from PIL import Image
 
 from lmdbfolder.encodings import PayloadMismatch, sniff
+from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import Box, thread_buffer
 from lmdbfolder.read.plan import ReadPlan
 
-__all__ = ["PairDraw", "draw_pair", "augment_patch", "PatchReader"]
+__all__ = ["PairDraw", "draw_pair", "augment_patch", "PatchReader", "open_rows", "rows_match_pillow"]
 
 
 class PairDraw(NamedTuple):
@@ -160,15 +161,88 @@ class PatchReader:
 
 
 def _pillow_patch(payload: bytes | memoryview, box: Box, width: int, height: int, where: str) -> np.ndarray:
-    """ImageFolder's RGB pixels of ``box``: decoded by Pillow, cropped, then converted.
+    """ImageFolder's RGB pixels of ``box``: decoded by Pillow (a PNG only down to the box's
+    last row, ``open_rows``), cropped, then converted.
 
     Every conversion to RGB works pixel by pixel, so converting the patch gives the
     pixels of the converted image's patch, while only the patch is copied and
     converted (a GT image of DIV2K is 8 MB of pixels; its patch a few hundred KB).
     """
     top, left, rows, cols = box
-    img = Image.open(io.BytesIO(payload))
-    if img.size != (width, height):
+    img = open_rows(payload, top + rows)
+    if img.width != width or img.height not in (height, top + rows):
         raise PayloadMismatch(f"{where}: its header says {width}x{height}, Pillow opens it as {img.width}x{img.height}")
     part = img.crop((left, top, left + cols, top + rows))
     return np.asarray(part if part.mode == "RGB" else part.convert("RGB"))
+
+
+def open_rows(payload: bytes | memoryview, rows: int, caps: Capabilities | None = None) -> Image.Image:
+    """The file opened by Pillow and loaded: for a PNG (not interlaced, one frame), only its
+    first ``rows`` rows are decoded (the image is then ``rows`` tall), where this process's
+    Pillow was found to give the full decode's rows that way (``rows_match_pillow``, asked
+    once per process); any other file whole.
+
+    A PNG's rows are compressed as one stream, each row filtered against the one above, so
+    the rows below a crop cost their decoding and nothing else needs them: on average about
+    half of a large image's rows under a random crop.
+    """
+    img = Image.open(io.BytesIO(payload))
+    caps = current() if caps is None else caps
+    if 0 < rows < img.height and caps.answer("pillow.png_rows", rows_match_pillow) and _cut(img, rows):
+        try:
+            img.load()
+            if img.size == (img.width, rows):
+                return img
+        except Exception:  # noqa: S110 - the whole decode below decides what the file is
+            pass
+        img = Image.open(io.BytesIO(payload))
+    img.load()
+    return img
+
+
+def _cut(img: Image.Image, rows: int) -> bool:
+    """Make ``img`` (opened, not loaded) decode only its first ``rows`` rows; False (and
+    ``img`` unchanged) when it is not a PNG Pillow reads that way: interlaced rows come in
+    seven passes, an animation has more frames, several tiles are not one stream."""
+    tile = getattr(img, "tile", None)
+    if img.format != "PNG" or img.info.get("interlace") or getattr(img, "n_frames", 1) != 1 or not tile:
+        return False
+    if len(tile) != 1 or tuple(tile[0][1] or ()) != (0, 0, img.width, img.height):
+        return False
+    # Pillow's decoder stops when the tile is full, and its PNG reader skips the rest of
+    # the image data after it (load_end): the rows above are the full decode's.
+    img.tile = [tile[0]._replace(extents=(0, 0, img.width, rows))]
+    img._size = (img.width, rows)
+    return True
+
+
+def rows_match_pillow() -> bool:
+    """Whether ``open_rows`` gives exactly the full decode's rows here: PNGs of every colour
+    type and depth Pillow writes, several image data chunks, rows cut at every filter's
+    reach (asked once per process through the capabilities)."""
+    rng = np.random.default_rng(3)
+    smooth = np.cumsum(rng.integers(0, 3, (67, 91, 3)), axis=1).astype(np.uint8)
+    try:
+        images = [
+            Image.fromarray(smooth),
+            Image.fromarray(smooth[:, :, 0]),
+            Image.fromarray(smooth[:, :, 0]).convert("P"),
+            Image.fromarray(np.dstack([smooth, smooth[:, :, :1]])),
+            Image.fromarray(smooth[:, :, 0].astype(np.uint16) * 251),
+            Image.fromarray(rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)),  # several IDAT chunks
+        ]
+        for img in images:
+            out = io.BytesIO()
+            img.save(out, "PNG")
+            data = out.getvalue()
+            whole = np.asarray(Image.open(io.BytesIO(data)))
+            for rows in (1, 2, img.height // 2, img.height - 1):
+                part = Image.open(io.BytesIO(data))
+                if not _cut(part, rows):
+                    return False
+                part.load()
+                if part.size != (img.width, rows) or not np.array_equal(np.asarray(part), whole[:rows]):
+                    return False
+    except Exception:  # a Pillow that reads these otherwise does not match either
+        return False
+    return True

@@ -56,7 +56,7 @@ except ImportError as exc:  # a core-only install: say what to install
 
 from lmdbfolder.encodings import sniff
 from lmdbfolder.read.capabilities import Capabilities, current
-from lmdbfolder.read.pairs import PairDraw, PatchReader, augment_patch, draw_pair
+from lmdbfolder.read.pairs import PairDraw, PatchReader, augment_patch, draw_pair, open_rows
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
 
 __all__ = [
@@ -123,10 +123,11 @@ class PendingMask(PendingImage):
 
     __slots__ = ()
 
-    def _open(self) -> Image.Image:
-        img = Image.open(io.BytesIO(self.payload))
+    def _open(self, rows: int = 0) -> Image.Image:
+        # A PNG only down to row ``rows`` where that gives the full decode's rows (open_rows).
+        img = open_rows(self.payload, rows) if rows else Image.open(io.BytesIO(self.payload))
         _, width, height, _ = self.info()
-        if width > 0 and height > 0 and img.size != (width, height):
+        if width > 0 and height > 0 and (img.width != width or img.height not in (height, rows)):
             raise ValueError(f"its header says {width}x{height}, Pillow opens it as {img.width}x{img.height}")
         return img
 
@@ -153,7 +154,7 @@ class PendingMask(PendingImage):
 
         top, left, height, width = box
         try:
-            part = F.pil_to_tensor(self._open().crop((left, top, left + width, top + height)))
+            part = F.pil_to_tensor(self._open(top + height).crop((left, top, left + width, top + height)))
         except Exception as exc:  # Pillow raises many exception types for bad data
             raise ImageFieldError(self, exc) from exc
         out_h, out_w = size

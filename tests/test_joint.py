@@ -25,6 +25,7 @@ from lmdbfolder.torch.joint import (
     PairedRandomCrop,
     PairPlan,
     PendingImage,
+    PendingMask,
     plan_fields,
     split_joint,
 )
@@ -561,3 +562,21 @@ def test_open_rows_decodes_whole_where_pillow_was_not_found_to_match(capabilitie
     out = io.BytesIO()
     Image.fromarray(np.zeros((40, 30), np.uint8)).save(out, "PNG")
     assert open_rows(out.getvalue(), 10, caps).size == (30, 40)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "P", "RGBA"])
+@pytest.mark.parametrize("interpolation", [v2.InterpolationMode.BILINEAR, v2.InterpolationMode.BICUBIC])
+def test_png_images_decoded_down_to_the_box_equal_v2(mode: str, interpolation: v2.InterpolationMode) -> None:
+    tf = v2.Compose([v2.RandomResizedCrop((30, 26), interpolation=interpolation), v2.RandomHorizontalFlip()])
+    plan = JointPlan(tf, decoder=_decoder())
+    for seed in range(4):
+        rgb = Image.open(io.BytesIO(photo_jpeg(71 + seed, 53, seed=seed))).convert(mode)
+        out = io.BytesIO()
+        rgb.save(out, "PNG")
+        png = out.getvalue()
+        mask = _mask_png(71 + seed, 53, seed)
+        torch.manual_seed(seed)
+        want = tf(Image.open(io.BytesIO(png)).convert("RGB"), tv_tensors.Mask(Image.open(io.BytesIO(mask))))
+        torch.manual_seed(seed)
+        got = plan(PendingImage(png), PendingMask(mask))
+        _same(want, got)

@@ -32,7 +32,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import Box, thread_buffer
 from lmdbfolder.read.plan import ReadPlan
 
-__all__ = ["PairDraw", "draw_pair", "augment_patch", "PatchReader", "open_rows", "rows_match_pillow"]
+__all__ = ["PairDraw", "draw_pair", "augment_patch", "PatchReader", "pillow_patch", "open_rows", "rows_match_pillow"]
 
 
 class PairDraw(NamedTuple):
@@ -152,7 +152,7 @@ class PatchReader:
             if enc.stores_pixels or (enc.fusable(channels) and self.plan.decoder.name != "pillow"):
                 pixels = enc.pixels(payload, width, height, channels, self.plan.decoder, 1, None)
             else:
-                return _pillow_patch(payload, box, width, height, where)
+                return pillow_patch(payload, box, width, height, where)
         else:
             pixels = self.plan.pixels(payload, name, width, height, channels)
             if top + rows > pixels.shape[0] or left + cols > pixels.shape[1]:
@@ -160,7 +160,7 @@ class PatchReader:
         return pixels[top : top + rows, left : left + cols]
 
 
-def _pillow_patch(payload: bytes | memoryview, box: Box, width: int, height: int, where: str) -> np.ndarray:
+def pillow_patch(payload: bytes | memoryview, box: Box, width: int, height: int, where: str) -> np.ndarray:
     """ImageFolder's RGB pixels of ``box``: decoded by Pillow (a PNG only down to the box's
     last row, ``open_rows``), cropped, then converted.
 

@@ -56,7 +56,8 @@ except ImportError as exc:  # a core-only install: say what to install
 
 from lmdbfolder.encodings import sniff
 from lmdbfolder.read.capabilities import Capabilities, current
-from lmdbfolder.read.pairs import PairDraw, PatchReader, augment_patch, draw_pair, open_rows
+from lmdbfolder.read.crops import exact_resize_into, resize_region
+from lmdbfolder.read.pairs import PairDraw, PatchReader, augment_patch, draw_pair, open_rows, pillow_patch
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
 
 __all__ = [
@@ -385,6 +386,7 @@ class JointPlan:
         made: list[tuple[list[Any], Any]] = []
         jobs: list[CropJob] = []
         places: list[tuple[int, int, PendingImage]] = []  # (sample, leaf, pending) of each job
+        rows_jobs: list[tuple[int, int, PendingImage, tuple[int, int, int, int], bool]] = []
         for k, inputs in enumerate(samples):
             flat, spec = tree_flatten(inputs if len(inputs) > 1 else inputs[0])
             pending = [type(leaf) is PendingImage for leaf in flat]
@@ -422,6 +424,10 @@ class JointPlan:
                         enc = read.claim(leaf.payload, name, width, height, channels)
                     except Exception as exc:  # Pillow raises many exception types for bad data
                         raise ImageFieldError(leaf, exc) from exc
+                    if name == "png":
+                        # Pillow decodes it: only down to the box's last row (open_rows).
+                        rows_jobs.append((k, at, leaf, box, flipped))
+                        continue
                     jobs.append(read.job(leaf.payload, enc, width, height, channels, box, flipped))
                     places.append((k, at, leaf))
                 elif m:
@@ -439,6 +445,8 @@ class JointPlan:
                 raise ImageFieldError(places[exc.position][2], exc.cause) from exc.cause
             for j, (k, at, _leaf) in enumerate(places):
                 made[k][0][at] = Image.fromarray(pixels[j], "RGB")
+        for k, at, leaf, box, flipped in rows_jobs:
+            made[k][0][at] = self._png_crop(leaf, box, flipped)
         results = []
         for (flat, spec), inputs in zip(made, samples):
             if spec is None:  # made by v2 itself
@@ -447,6 +455,27 @@ class JointPlan:
             out = tree_unflatten(flat, spec)
             results.append(out if len(inputs) > 1 else (out,))
         return results
+
+    def _png_crop(self, pending: PendingImage, box: tuple[int, int, int, int], flip: bool) -> Image.Image:
+        """A PNG image field's crop, resized and flipped as v2 does to its RGB PIL image: the
+        rows down to the box decoded (``read.pairs.pillow_patch``), then Pillow's resize (its
+        arithmetic in the compiled module where that reproduces it here)."""
+        _, width, height, _ = pending.info()
+        out_h, out_w = self.crop.size
+        resample = self.read.crop.resample  # type: ignore[union-attr]
+        try:
+            patch = pillow_patch(pending.payload, box, width, height, pending.where)
+        except Exception as exc:  # Pillow raises many exception types for bad data
+            raise ImageFieldError(pending, exc) from exc
+        rows, cols = patch.shape[:2]
+        whole = (0, 0, cols, rows)
+        exact = self.read.exact
+        if exact is not None and resample == Image.Resampling.BILINEAR:
+            out = np.empty((out_h, out_w, 3), np.uint8)
+            if exact_resize_into(exact[0], exact[1], patch, whole, (out_w, out_h), out, flip=flip):
+                return Image.fromarray(out, "RGB")
+        img = resize_region(patch, whole, (out_w, out_h), resample=resample)
+        return img.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else img
 
     def describe(self) -> dict[str, Any]:
         """What was decided, for ``repr`` and troubleshooting."""

@@ -27,6 +27,7 @@ import lmdbfolder
 from conftest import make_cityscapes, make_coco, make_voc, mask_png, photo_jpeg
 from lmdbfolder import format as fmt
 from lmdbfolder.errors import CorruptRecordError, LossyMaskWarning, NotAPackError, OptionError
+from lmdbfolder.tools.export import export
 from lmdbfolder.torch import LMDBDataset, LMDBFolder
 from lmdbfolder.write.fields import FieldSamples, FieldSpec, SampleError, check_fields, pack_field_samples
 
@@ -509,3 +510,208 @@ def test_settings_of_lmdbfolder_that_do_not_apply_are_refused(voc: tuple[Any, Pa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         repr(LMDBDataset(pack))
+
+
+# -- verify and info ----------------------------------------------------------------------------------
+def test_verify_checks_every_field(tmp_path: Path) -> None:
+    from conftest import forge_record
+
+    images, annotations = make_coco(tmp_path / "coco")
+    lmdbfolder.pack_dataset(datasets.CocoDetection(str(images), str(annotations)), tmp_path / "c.lmdb", progress=False)
+    assert lmdbfolder.verify(tmp_path / "c.lmdb", decode=True).ok
+    ours = LMDBDataset(tmp_path / "c.lmdb")
+    info, anns = ours._values(0)[1], ours._values(0)[2]
+    image = bytes(fmt.split_field_payloads(lmdbfolder.Reader(tmp_path / "c.lmdb").get(0).payload, 3)[0])  # type: ignore[index]
+    foreign = [dict(anns[0], image_id=999), dict(anns[1], category_id=42), dict(anns[2], bbox=[1, 2, "x", 4])]
+    forge_record(
+        tmp_path / "c.lmdb",
+        0,
+        flags=fmt.FIELDS_FLAG,
+        label=-1,
+        payload=fmt.pack_field_payloads([image, json.dumps(info).encode(), json.dumps(foreign).encode()]),
+    )
+    forge_record(
+        tmp_path / "c.lmdb",
+        1,
+        flags=fmt.FIELDS_FLAG,
+        label=-1,
+        payload=fmt.pack_field_payloads([image[:-30], b"{", b"[]"]),
+    )
+    report = lmdbfolder.verify(tmp_path / "c.lmdb")
+    found = [(p.index, p.kind, p.message) for p in report.problems]
+    assert not report.ok and {i for i, *_ in found} == {0, 1}
+    text = " | ".join(m for *_, m in found)
+    for expected in (
+        "names image 999, not this sample's image",
+        "names category 42",
+        "not four finite numbers",
+        "field 'image' is truncated",
+        "field 'image_info': not valid UTF-8 JSON",
+    ):
+        assert expected in text
+
+
+def test_verify_reports_a_mask_of_another_size_an_empty_one_and_a_lossy_one(voc: tuple[Any, Path]) -> None:
+    from conftest import forge_record
+
+    _, pack = voc
+    image = _jpeg((37, 29))
+    forge_record(
+        pack, 0, flags=fmt.FIELDS_FLAG, label=-1, payload=fmt.pack_field_payloads([image, mask_png("P", (5, 5), 0)])
+    )
+    forge_record(pack, 1, flags=fmt.FIELDS_FLAG, label=-1, payload=fmt.pack_field_payloads([image, b""]))
+    forge_record(
+        pack, 2, flags=fmt.FIELDS_FLAG, label=-1, payload=fmt.pack_field_payloads([image, _jpeg((37, 29), "L")])
+    )
+    report = lmdbfolder.verify(pack)
+    found = {p.index: p.message for p in report.problems}
+    assert set(found) == {0, 1}
+    assert "is 5x5 but the image is 37x29" in found[0] and "empty (a missing mask)" in found[1]
+    assert any("lossy jpeg" in note for note in report.notes)
+
+
+def test_info_lists_the_fields_and_the_counts(tmp_path: Path, voc: tuple[Any, Path]) -> None:
+    from lmdbfolder.tools.info import format_info, pack_info, pack_statistics
+
+    _, pack = voc
+    info = pack_info(pack)
+    assert info["fields"] == [{"name": "image", "kind": "image"}, {"name": "mask", "kind": "mask"}]
+    stats = pack_statistics(pack)["field_stats"]
+    assert stats["fields"][1]["encodings"] == {"png": 4} and stats["mask_values"]["255"] == 2
+    images, annotations = make_coco(tmp_path / "coco")
+    lmdbfolder.pack_dataset(datasets.CocoDetection(str(images), str(annotations)), tmp_path / "c.lmdb", progress=False)
+    info = pack_info(tmp_path / "c.lmdb")
+    stats = pack_statistics(tmp_path / "c.lmdb")
+    info.update({k: v for k, v in stats.items() if k not in ("path", "count", "encodings")})  # as the CLI does
+    info["encoding_shares"] = {"jpeg": 1.0}
+    text = format_info(info)
+    assert "layout:" in text and "field annotations: json (json 3)" in text
+    assert "categories:" in text and "(annotations in 3 samples)" in text
+    assert {c["name"]: c["annotations"] for c in info["field_stats"]["categories"]} == {
+        name: sum(1 for a in json.loads(annotations.read_text())["annotations"] if a["category_id"] == cid)
+        for cid, name in ((1, "cat"), (2, "dög"), (3, "bird"))
+    }
+
+
+# -- export, copy, update ---------------------------------------------------------------------------
+def _same_dataset(a: Any, b: Any) -> None:
+    assert len(a) == len(b)
+    for i in range(len(a)):
+        assert_same(a[i], b[i])
+
+
+def test_export_writes_the_layout_back_for_torchvision(tmp_path: Path, voc: tuple[Any, Path]) -> None:
+    dataset, pack = voc
+    export(pack, tmp_path / "voc-out")
+    _same_dataset(dataset, datasets.VOCSegmentation(str(tmp_path / "voc-out"), year="2012", image_set="train"))
+    root = make_cityscapes(tmp_path / "cityscapes")
+    city = datasets.Cityscapes(str(root), split="train", target_type="semantic")
+    lmdbfolder.pack_dataset(city, tmp_path / "cs.lmdb", progress=False)
+    export(tmp_path / "cs.lmdb", tmp_path / "cs-out")
+    back = datasets.Cityscapes(str(tmp_path / "cs-out"), split="train", target_type="semantic")
+    by_path = {Path(p).name: i for i, p in enumerate(back.images)}  # os.listdir order differs
+    for i, image in enumerate(city.images):
+        assert_same(city[i], back[by_path[Path(image).name]])
+    images, annotations = make_coco(tmp_path / "coco")
+    coco = datasets.CocoDetection(str(images), str(annotations))
+    lmdbfolder.pack_dataset(coco, tmp_path / "coco.lmdb", progress=False)
+    export(tmp_path / "coco.lmdb", tmp_path / "coco-out")
+    out = tmp_path / "coco-out"
+    _same_dataset(coco, datasets.CocoDetection(str(out), str(out / "annotations.json")))
+    with pytest.raises(OptionError, match="--format files"):
+        export(pack, tmp_path / "wds", format="webdataset")
+
+
+def test_copy_and_update_of_a_pack_of_fields(tmp_path: Path, voc: tuple[Any, Path]) -> None:
+    dataset, pack = voc
+    lmdbfolder.copy_pack(pack, tmp_path / "copy.lmdb")
+    _same_dataset(dataset, LMDBDataset(tmp_path / "copy.lmdb"))
+    assert lmdbfolder.verify(tmp_path / "copy.lmdb").ok
+    with pytest.raises(OptionError, match="does not update such a pack yet"):
+        lmdbfolder.pack(tmp_path / "voc", pack, update=True, progress=False)
+
+
+def test_show_draws_masks_over_images_and_outlines_boxes(tmp_path: Path, voc: tuple[Any, Path]) -> None:
+    from lmdbfolder.tools.show import contact_sheet
+
+    dataset, pack = voc
+    sheet = contact_sheet(pack, tmp_path / "voc.png", indices=[0], size=64)
+    assert sheet.undecodable == [] and sheet.indices == [0]
+    left, top, right, bottom = sheet.boxes[0]
+    tile = np.asarray(Image.open(tmp_path / "voc.png").convert("RGB"))[top:bottom, left:right]
+    plain = np.asarray(dataset[0][0].resize((right - left, bottom - top), Image.Resampling.BILINEAR))
+    assert np.abs(tile.astype(int) - plain.astype(int)).mean() > 10  # the mask's colours are over it
+    images, annotations = make_coco(tmp_path / "coco")
+    lmdbfolder.pack_dataset(datasets.CocoDetection(str(images), str(annotations)), tmp_path / "c.lmdb", progress=False)
+    assert contact_sheet(tmp_path / "c.lmdb", tmp_path / "coco.png", size=48).undecodable == []
+
+
+def test_the_segmentation_example_of_the_readme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The README's example (workers and batch size made small), as a user runs it.
+    make_voc(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    lmdbfolder.pack_dataset(datasets.VOCSegmentation("data", image_set="train"), "voc.lmdb", progress=False)
+    tf = v2.Compose(
+        [
+            v2.RandomResizedCrop(32),
+            v2.RandomHorizontalFlip(),
+            v2.ToImage(),
+            v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64}, scale=True),
+        ]
+    )
+    loader = DataLoader(LMDBDataset("voc.lmdb", transforms=tf), batch_size=2, num_workers=2)
+    images, masks = next(iter(loader))
+    assert images.shape == (2, 3, 32, 32) and masks.shape == (2, 1, 32, 32) and masks.dtype == torch.int64
+
+
+def test_a_sharded_pack_of_fields(tmp_path: Path) -> None:
+    root = make_voc(tmp_path / "voc")
+    dataset = datasets.VOCSegmentation(str(root), year="2012", image_set="train")
+    result = lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False)
+    assert result.count == len(dataset) and len(result.shards) == 2  # type: ignore[union-attr]
+    assert (tmp_path / "sharded" / "index.json").is_file()
+    _same_dataset(dataset, LMDBDataset(tmp_path / "sharded"))
+    tf = _pipeline()
+    oracle = datasets.wrap_dataset_for_transforms_v2(
+        datasets.VOCSegmentation(str(root), year="2012", image_set="train", transforms=tf)
+    )
+    _same_under_seed(oracle, LMDBDataset(tmp_path / "sharded", transforms=tf), len(dataset))
+    assert lmdbfolder.verify(tmp_path / "sharded").ok
+    with pytest.raises(OptionError, match="LMDBDataset"):
+        LMDBFolder(tmp_path / "sharded")
+    assert lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False).already_packed
+    with pytest.raises(OptionError, match="several fields"):
+        lmdbfolder.pack_dataset(_Pairs(), tmp_path / "x", shards=2)
+
+
+class _Pairs(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        return Image.new("RGB", (3, 3)), i
+
+
+def test_info_show_and_export_of_a_sharded_pack_of_fields(tmp_path: Path) -> None:
+    from lmdbfolder.tools.info import pack_info, pack_statistics
+    from lmdbfolder.tools.show import contact_sheet
+
+    root = make_voc(tmp_path / "voc")
+    dataset = datasets.VOCSegmentation(str(root), year="2012", image_set="train")
+    lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False)
+    assert pack_info(tmp_path / "sharded")["layout"] == "voc"
+    assert pack_statistics(tmp_path / "sharded")["field_stats"]["looked_at"] == len(dataset)
+    assert contact_sheet(tmp_path / "sharded", tmp_path / "s.png", size=32).undecodable == []
+    export(tmp_path / "sharded", tmp_path / "out")
+    _same_dataset(dataset, datasets.VOCSegmentation(str(tmp_path / "out"), year="2012", image_set="train"))
+
+
+def test_a_sharded_pack_of_fields_through_object_storage(s3: Any, tmp_path: Path) -> None:
+    root = make_voc(tmp_path / "voc")
+    dataset = datasets.VOCSegmentation(str(root), year="2012", image_set="train")
+    lmdbfolder.pack_dataset(dataset, tmp_path / "sharded", shards=2, progress=False)
+    url = s3.url("voc")
+    lmdbfolder.copy_pack(tmp_path / "sharded", url)
+    _same_dataset(dataset, LMDBDataset(url, cache_dir=tmp_path / "cache"))  # staged shard by shard
+    lmdbfolder.copy_pack(url, tmp_path / "back")
+    _same_dataset(dataset, LMDBDataset(tmp_path / "back"))

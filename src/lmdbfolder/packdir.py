@@ -22,6 +22,7 @@ Every name it reasons about comes from ``lmdbfolder.format``.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import errno
 import json
@@ -511,7 +512,7 @@ def copy_single(src: str, out: str) -> tuple[int, int, int]:
     meta = decode_meta(tables[0], where=src)
     count = meta.count
     os.makedirs(out, exist_ok=True)
-    _read_checked(src, meta, lambda pf, binding: _copy_items(pf, src, out, binding))
+    _read_checked(src, meta, lambda pf, rules: _copy_items(pf, src, out, rules))
     report = os.path.join(src, SKIPPED_REPORT)
     if os.path.isfile(report):
         shutil.copy2(report, os.path.join(out, SKIPPED_REPORT))
@@ -531,20 +532,30 @@ def check_single(src: str) -> int:
     never sent on with a digest that vouches for it. Returns the count."""
     meta = decode_meta(packfile.read_tables(src)[0], where=src)
 
-    def walk(pf: PageFile, binding: bytes | None) -> None:
+    def walk(pf: PageFile, rules: _RecordRules) -> None:
         for key, value in pf.items():
-            _check_item(key, value, binding)
+            _check_item(key, value, rules)
 
     _read_checked(src, meta, walk)
     return meta.count
 
 
-def _read_checked(src: str, meta: Manifest, body: Callable[[PageFile, bytes | None], None]) -> None:
-    """``body(pf, binding)`` over the checked reader of ``src``; damage is a PackError."""
+@dataclasses.dataclass(frozen=True)
+class _RecordRules:
+    """What every record of a pack is checked against while it is copied: the CRC's binding,
+    and (format 4) the number of fields each record holds."""
+
+    binding: bytes | None
+    fields: int | None
+
+
+def _read_checked(src: str, meta: Manifest, body: Callable[[PageFile, _RecordRules], None]) -> None:
+    """``body(pf, rules)`` over the checked reader of ``src``; damage is a PackError."""
     pf = packfile.open_data(src, readahead=True)
+    specs = meta.field_specs
     try:
         try:
-            body(pf, meta.binding)
+            body(pf, _RecordRules(meta.binding, len(specs) if specs is not None else None))
         finally:
             # Two `pack --update` commits during the copy may have reused pages it read.
             if pf.committed_txnid() > pf.txnid + 1:
@@ -563,16 +574,16 @@ def _read_checked(src: str, meta: Manifest, body: Callable[[PageFile, bytes | No
         pf.close()
 
 
-def _check_item(key: bytes, value: memoryview, binding: bytes | None) -> None:
+def _check_item(key: bytes, value: memoryview, rules: _RecordRules) -> None:
     if key[:1] == b"\x00" and len(key) == KEY.size:
-        decode_record(value, index=KEY.unpack(key)[0], verify=True, binding=binding)
+        decode_record(value, index=KEY.unpack(key)[0], verify=True, binding=rules.binding, fields=rules.fields)
 
 
 #: Bytes appended per write transaction by ``copy_single``.
 _COPY_BATCH = 64 << 20
 
 
-def _copy_items(pf: PageFile, src: str, out: str, binding: bytes | None) -> None:
+def _copy_items(pf: PageFile, src: str, out: str, rules: _RecordRules) -> None:
     """Append every key and value of ``pf`` in key order to a new LMDB in ``out``,
     each record checked (CorruptRecordError) as a reader would check it."""
     map_size = pf.size + pf.size // 4 + (64 << 20)
@@ -587,7 +598,7 @@ def _copy_items(pf: PageFile, src: str, out: str, binding: bytes | None) -> None
         batch: list[tuple[bytes, memoryview]] = []
         size = 0
         for key, value in pf.items():
-            _check_item(key, value, binding)
+            _check_item(key, value, rules)
             batch.append((key, value))
             size += len(value)
             if size >= _COPY_BATCH:

@@ -122,7 +122,7 @@ def encode_json(value: Any, where: str = "a json field") -> bytes:
     return data
 
 
-def decode_json(data: bytes | memoryview, where: str) -> Any:
+def decode_json(data: bytes | bytearray | memoryview, where: str) -> Any:
     """The value of a ``json`` field (bounds checked first); ValueError naming ``where``."""
     if len(data) > MAX_JSON_FIELD_BYTES:
         raise ValueError(f"{where}: its JSON is {len(data):,} bytes, more than the {MAX_JSON_FIELD_BYTES:,} allowed")
@@ -193,7 +193,7 @@ def _npy_header(data: memoryview) -> tuple[dict[str, Any], int] | str:
     return header, start + hlen
 
 
-def array_problem(data: bytes | memoryview) -> str | None:
+def array_problem(data: bytes | bytearray | memoryview) -> str | None:
     """Why ``data`` is not an ``array`` field this format accepts, or None (checks the header
     and that the data has the size it gives; nothing is allocated)."""
     import numpy as np

@@ -298,7 +298,7 @@ class FieldSpec:
         if not isinstance(value, dict):
             raise NotAPackError(where, f"its manifest's fields hold a {type(value).__name__}, not an object")
         try:
-            return cls(value.get("name"), value.get("kind"))
+            return cls(value.get("name"), value.get("kind"))  # type: ignore[arg-type]  # checked by __post_init__
         except ValueError as exc:
             raise NotAPackError(where, f"its manifest's fields are invalid: {exc}") from None
 
@@ -314,7 +314,7 @@ def fields_problem(value: Any) -> str | None:
         if not isinstance(entry, dict):
             return "fields holds an entry that is not an object"
         try:
-            FieldSpec(entry.get("name"), entry.get("kind"))
+            FieldSpec(entry.get("name"), entry.get("kind"))  # type: ignore[arg-type]  # checked by __post_init__
         except ValueError as exc:
             return str(exc)
         names.add(entry["name"])

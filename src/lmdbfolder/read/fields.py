@@ -28,10 +28,10 @@ from typing import Any, Sequence
 from PIL import Image
 
 from lmdbfolder.errors import CorruptRecordError, NotAPackError
-from lmdbfolder.format import Manifest
+from lmdbfolder.format import FIELDS_FORMAT_VERSION, Manifest
 from lmdbfolder.format.fields import FieldSpec, decode_array, decode_json, split_field_payloads
 
-__all__ = ["SampleSchema", "SEGMENTATION_LAYOUTS", "decode_image"]
+__all__ = ["SampleSchema", "SEGMENTATION_LAYOUTS", "decode_image", "samples_manifest"]
 
 #: Layouts whose samples are an image and its mask (torchvision's ``VOCSegmentation``,
 #: ``Cityscapes(target_type="semantic")``; ADE20K's folders the same way).
@@ -40,6 +40,21 @@ SEGMENTATION_LAYOUTS = ("voc", "ade20k", "cityscapes")
 RGB, AS_STORED, JSON, ARRAY, TENSOR = "rgb", "as-stored", "json", "array", "tensor"
 #: Shapes of a ``dataset`` layout's item (``layout.info.item``).
 ITEM_SHAPES = ("tuple", "list", "dict", "single")
+
+
+def samples_manifest(reader: Any) -> Manifest | None:
+    """The manifest that says what the samples of a pack of several fields hold: a single
+    pack's (``Reader``), or a sharded pack's first shard's (``ShardedReader``: every shard of a
+    split is written by one writer, with the same fields; a pack in object storage stages that
+    shard now). None for a pack of one image per record (a sharded one: told by its index's
+    ``pack_format_version``, no shard opened)."""
+    meta = reader.meta
+    if isinstance(meta, Manifest):
+        return meta if meta.field_specs is not None else None
+    if meta.pack_format_version < FIELDS_FORMAT_VERSION:
+        return None
+    first: Manifest = reader.shard(0).meta
+    return first if first.field_specs is not None else None
 
 
 def decode_image(payload: bytes | memoryview, *, rgb: bool) -> Image.Image:

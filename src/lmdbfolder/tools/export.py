@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -64,6 +65,7 @@ from lmdbfolder.encodings import ENCODINGS, encoding_of
 from lmdbfolder.errors import OptionError, OutputExistsError, SourceError
 from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, Manifest, ShardIndex
 from lmdbfolder.progress import Progress
+from lmdbfolder.read.fields import samples_manifest
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.text import plural, printable
@@ -133,13 +135,23 @@ def export(
     with open_pack(found.path) as reader:
         meta = reader.meta
         params = _params(reader)
+        samples_meta = samples_manifest(reader)
+        specs = samples_meta.field_specs if samples_meta is not None else None
+        if specs is not None and format != "files":
+            raise OptionError(
+                f"{found.path} holds samples of several fields: it is exported as the files of its layout only",
+                "use --format files (the default)",
+            )
         if format == "files":
             _refuse_changed_bytes(found.path, meta.store, params)
         os.makedirs(tmp)
+        shards: list[str] = []
         try:
-            if format == "files":
+            if samples_meta is not None:
+                count, nbytes = _write_fields(reader, samples_meta, tmp, progress)
+                list_file = None
+            elif format == "files":
                 count, nbytes, list_file = _write_files(reader, tmp, out, progress)
-                shards: list[str] = []
             elif format == "huggingface":
                 count, nbytes, shards = huggingface.write_huggingface(
                     reader, tmp, limit, progress, split, found.path, _member
@@ -327,6 +339,104 @@ def _write_files(reader: Any, tmp: str, out: str, progress: bool | None) -> tupl
             rel = relpath.lstrip("/\\") if os.path.isabs(relpath) else relpath
             f.write(f"{rel} {classes[label] if by_name else label}\n")
     return len(paths), nbytes, name
+
+
+#: The layouts of packs of several fields that ``export`` writes back (their other files' paths
+#: follow from the first file's, by the layout's own naming).
+FIELD_LAYOUTS = ("voc", "ade20k", "cityscapes", "coco")
+
+
+def _partner(layout: str, relpath: str, info: dict[str, Any], mask_ext: str) -> str | None:
+    """The stored path of the mask beside the image ``relpath`` in ``layout`` (None: not of its naming)."""
+    parts = relpath.split("/")
+    stem, _, _ = parts[-1].rpartition(".")
+    if layout == "voc" and len(parts) == 2 and parts[0] == "JPEGImages" and stem:
+        return f"SegmentationClass/{stem}{mask_ext}"
+    if layout == "ade20k" and len(parts) >= 3 and parts[0] == "images" and stem:
+        return "/".join(["annotations", *parts[1:-1], stem + mask_ext])
+    suffix = "_leftImg8bit.png"
+    if layout == "cityscapes" and len(parts) >= 4 and parts[0] == "leftImg8bit" and parts[-1].endswith(suffix):
+        mode = str(info.get("mode") or "gtFine")
+        name = parts[-1][: -len(suffix)] + f"_{mode}_labelIds{mask_ext}"
+        return "/".join([mode, *parts[1:-1], name])
+    return None
+
+
+def _write_fields(reader: Any, meta: Manifest, tmp: str, progress: bool | None) -> tuple[int, int]:
+    """Export a pack of several fields as the files of its layout (``FIELD_LAYOUTS``): VOC's
+    ``VOCdevkit/VOC<year>`` tree with its split file, ADE20K's and Cityscapes' image and
+    annotation trees, COCO's images and an ``annotations.json``; torchvision's datasets read
+    them as they read the originals."""
+    from lmdbfolder.read.fields import SampleSchema
+
+    layout = meta.layout_name
+    if layout not in FIELD_LAYOUTS:
+        raise OptionError(
+            f"{reader.path}: its samples came from the layout {printable(str(layout), 40)!s}, which export does not "
+            "write back (it writes " + ", ".join(FIELD_LAYOUTS) + ")",
+            "read it with lmdbfolder.torch.LMDBDataset",
+        )
+    info = meta.layout_info
+    schema = SampleSchema.of(meta, reader.path)
+    base = tmp
+    if layout == "voc":
+        base = os.path.join(tmp, "VOCdevkit", f"VOC{printable(str(info.get('year') or '2012'), 8)}")
+    paths = reader.paths()
+    nbytes = 0
+    stems: list[str] = []
+    images: list[Any] = []
+    annotations: list[Any] = []
+    with Progress(len(paths), "export", enabled=progress) as bar:
+        for i, relpath in enumerate(paths):
+            record = reader.get(i)
+            parts = schema.split(record.payload, i)
+            files = [(relpath, parts[0])]
+            if layout == "coco":
+                images.append(schema.value(1, parts[1], i))
+                annotations.extend(schema.value(2, parts[2], i))
+            else:
+                ext = "." + (encoding_of(sniff_encoding(parts[1])).extension or "png")
+                mask = _partner(layout, relpath, info, ext)
+                if mask is None:
+                    raise SourceError(
+                        relpath,
+                        f"the stored path of record {i} does not follow the {layout} layout's naming, so its "
+                        "mask's path is not known",
+                        "read the pack with lmdbfolder.torch.LMDBDataset",
+                    )
+                files.append((mask, parts[1]))
+                stems.append(relpath.rsplit("/", 1)[-1].rpartition(".")[0])
+            for rel, data in files:
+                target = _target(base, rel, i)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "xb") as f:  # "x": a path twice in one pack must not overwrite
+                    f.write(data)
+                nbytes += len(data)
+            bar.update(1, sum(len(d) for _, d in files))
+    if layout == "voc":
+        split = os.path.join(
+            base, "ImageSets", "Segmentation", f"{printable(str(info.get('split') or 'train'), 40)}.txt"
+        )
+        _target(base, os.path.relpath(split, base), -1)
+        os.makedirs(os.path.dirname(split), exist_ok=True)
+        with open(split, "x", encoding="utf-8", errors="surrogateescape") as f:
+            f.writelines(f"{stem}\n" for stem in stems)
+    elif layout == "coco":
+        categories = info.get("categories")
+        if not isinstance(categories, list):
+            ids = sorted({a.get("category_id") for a in annotations if isinstance(a, dict)}, key=str)
+            categories = [{"id": c, "name": str(c)} for c in ids]
+        doc = {"images": images, "annotations": annotations, "categories": categories}
+        with open(_target(tmp, "annotations.json", -1), "x", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False)
+    return len(paths), nbytes
+
+
+def sniff_encoding(data: bytes | memoryview) -> str:
+    """The encoding a field's bytes have (``encodings.sniff``), for their file extension."""
+    from lmdbfolder.encodings import sniff
+
+    return sniff(data).encoding
 
 
 def webdataset_key(relpath: str) -> str:

@@ -18,10 +18,12 @@ from typing import Any
 from lmdbfolder import packdir
 from lmdbfolder.errors import CorruptRecordError
 from lmdbfolder.format import INVALID, NO_LABEL, SHARD_INDEX_FILE, Manifest, ShardIndex, SourceRecord
+from lmdbfolder.read.fields import samples_manifest
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.read.sharded import ShardedReader
 from lmdbfolder.text import describe_changes, megabytes, plural, printable
+from lmdbfolder.tools.fields import FieldStats
 
 __all__ = ["pack_info", "pack_statistics", "format_info", "DEFAULT_SIZE_SAMPLE", "SHOWN_CLASSES", "INVALID"]
 
@@ -31,6 +33,8 @@ __all__ = ["pack_info", "pack_statistics", "format_info", "DEFAULT_SIZE_SAMPLE",
 DEFAULT_SIZE_SAMPLE = 10_000
 #: How many of the smallest and largest classes are named.
 SHOWN_CLASSES = 3
+#: Records of a pack of several fields whose fields ``pack_statistics`` looks at, at most.
+FIELD_SAMPLE = 2000
 
 
 def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -58,6 +62,10 @@ def pack_info(path: str | os.PathLike[str]) -> dict[str, Any]:
             skipped=reader.skipped(),
             history=reader.history(),
         )
+    specs = meta.field_specs
+    if specs is not None:  # format 4: the fields of every sample, and where they came from
+        info["fields"] = [f.to_json() for f in specs]
+        info["layout"] = meta.layout_name
     if meta.format_version < 2:
         info["note"] = "format version 1: records are not bound to their index and pack (repack to get format 2)"
     return info
@@ -105,6 +113,9 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
         }
         if (sizes is not None and sizes < 0) or n == 0:
             return out
+        samples_meta = samples_manifest(reader)
+        if samples_meta is not None:
+            out["field_stats"] = _field_stats(reader, samples_meta, sizes)
         step = 1 if not sizes or sizes >= n else n / sizes
         picks = sorted({int(k * step) for k in range(n if step == 1 else int(sizes or n))})
         widths, heights, unknown, unreadable = [], [], 0, 0
@@ -134,6 +145,24 @@ def pack_statistics(path: str | os.PathLike[str], *, sizes: int | None = DEFAULT
             "height": spread(heights),
         }
     return out
+
+
+def _field_stats(reader: Any, meta: Manifest, sizes: int | None) -> dict[str, Any]:
+    """A pack of several fields: each field's encodings and the per-category (COCO) or
+    per-mask-value counts, from up to ``FIELD_SAMPLE`` evenly spaced records (``sizes``
+    when smaller; 0 or None: ``FIELD_SAMPLE``)."""
+    n = len(reader)
+    want = min(n, sizes or FIELD_SAMPLE, FIELD_SAMPLE)
+    stats = FieldStats(tuple(meta.field_specs or ()))
+    layout = meta.layout_name
+    for k in range(want):
+        try:
+            stats.add(reader.get(int(k * n / want)).payload, layout)
+        except CorruptRecordError:
+            continue
+    categories = meta.layout_info.get("categories") or []
+    names = [(c.get("id"), c.get("name")) for c in categories if isinstance(c, dict)]
+    return stats.as_dict(names)
 
 
 def _summary(path: str, meta: Manifest | ShardIndex, size: int) -> dict[str, Any]:
@@ -171,6 +200,10 @@ def _sharded_info(path: str) -> dict[str, Any]:
         size += shard_size
         shards.append({"name": entry.name, "count": entry.count, "size_on_disk": shard_size})
     info = _summary(reader.path, meta, size)
+    first = samples_manifest(reader)
+    if first is not None and first.field_specs is not None:  # shards of several fields: the first says
+        info["fields"] = [f.to_json() for f in first.field_specs]
+        info["layout"] = first.layout_name
     info.update(
         format_version=meta.index_version,
         pack_format_version=meta.pack_format_version,
@@ -206,7 +239,7 @@ def format_info(info: dict[str, Any], skipped_shown: int = 20) -> str:
         shown_shards = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
         rows.insert(3, ("shards", f"{info['num_shards']:,} ({shown_shards})"))
     after_classes = [k for k, _ in rows].index("classes") + 1
-    rows[after_classes:after_classes] = _class_rows(info)
+    rows[after_classes:after_classes] = _class_rows(info) + _field_rows(info)
     sizes_info = info.get("image_sizes")
     if sizes_info and sizes_info["width"]:
         # before "skipped", whose list follows the rows
@@ -239,6 +272,30 @@ def _main_rows(info: dict[str, Any], skipped: list[Any], skipped_shown: int) -> 
         ("created", f"{printable(info.get('created_at'), 40)} by {printable(info.get('created_by'), 80)}"),
         ("skipped", _skipped_text(info["skipped"], skipped, skipped_shown)),
     ]
+
+
+def _field_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    """A pack of several fields: the layout, each field (kind, encodings), and the counts per
+    COCO category or per mask value, from the records ``pack_statistics`` looked at."""
+    if not info.get("fields"):
+        return []
+    stats = info.get("field_stats") or {}
+    encodings = {f["name"]: f["encodings"] for f in stats.get("fields", [])}
+    rows = [("layout", printable(info.get("layout") or "-", 40))]
+    for f in info["fields"]:
+        seen = encodings.get(f["name"]) or {}
+        shown = ", ".join(f"{printable(k, 20)} {v:,}" for k, v in seen.items())
+        rows.append((f"field {printable(f['name'], 64)}", f"{f['kind']}" + (f" ({shown})" if shown else "")))
+    looked = stats.get("looked_at")
+    if stats.get("categories"):
+        cats = sorted(stats["categories"], key=lambda c: -c["annotations"])
+        text = ", ".join(f"{printable(c['name'] or c['id'], 40)} {c['annotations']:,}" for c in cats[:8])
+        rows.append(("categories", text + (", ..." if len(cats) > 8 else "") + f" (annotations in {looked:,} samples)"))
+    if stats.get("mask_values"):
+        values = list(stats["mask_values"].items())
+        text = ", ".join(f"{printable(v, 12)}: {n:,}" for v, n in values[:12])
+        rows.append(("mask values", text + (", ..." if len(values) > 12 else "") + f" (samples, of {looked:,})"))
+    return rows
 
 
 def _encodings_text(info: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ import math
 import os
 import random as _random
 import tempfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -238,6 +239,7 @@ def contact_sheet(
     _check_output(out, found.path)
     with open_pack(found.path) as reader:
         classes = reader.classes
+        overlay = _Overlay.of(reader)
         chosen, columns = choose_samples(
             reader.labels, len(classes), per_class=per_class, random=random, indices=indices, seed=seed
         )
@@ -262,7 +264,7 @@ def contact_sheet(
             x, y = PAD + (k % columns) * cell_w, PAD + (k // columns) * cell_h
             label = reader.labels[index]
             name = classes[label] if 0 <= label < len(classes) else ""
-            box = _draw_tile(reader, index, sheet, draw, font, (x, y), size, broken)
+            box = _draw_tile(reader, index, sheet, draw, font, (x, y), size, broken, overlay)
             caption = _fit(printable(f"{index} {name}".strip(), None), draw, font, size)
             draw.text((x, y + size + 1), caption, fill=_TEXT, font=font)
             boxes.append(box)
@@ -280,12 +282,14 @@ def _draw_tile(
     at: tuple[int, int],
     size: int,
     broken: list[int],
+    overlay: _Overlay | None = None,
 ) -> tuple[int, int, int, int]:
     """Draw sample ``index`` in the tile at ``at`` (its thumbnail, centred; a red tile that
-    says why for a sample that does not decode, appended to ``broken``); the box drawn."""
+    says why for a sample that does not decode, appended to ``broken``); the box drawn.
+    A sample of several fields is drawn by ``overlay`` (its mask over its image, its boxes)."""
     x, y = at
     try:
-        image = reader.image(index)
+        image = reader.image(index) if overlay is None else overlay.image(reader, index)
     except (DecodeError, CorruptRecordError) as exc:  # undecodable, or a damaged record
         broken.append(index)
         draw.rectangle((x, y, x + size - 1, y + size - 1), fill=_BROKEN)
@@ -296,6 +300,82 @@ def _draw_tile(
     left, top = x + (size - image.width) // 2, y + (size - image.height) // 2
     sheet.paste(image, (left, top))
     return (left, top, left + image.width, top + image.height)
+
+
+class _Overlay:
+    """How a sample of several fields is drawn (decided once per pack): its first image, its
+    mask blended over it (each class value its own colour, 255, VOC's border, in white), and
+    COCO's boxes outlined in their category's colour."""
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema
+        kinds = [f.kind for f in schema.fields]
+        self.image_at = kinds.index("image") if "image" in kinds else None
+        self.mask_at = kinds.index("mask") if "mask" in kinds else None
+        self.boxes_at = 2 if schema.layout == "coco" else None
+
+    @classmethod
+    def of(cls, reader: Any) -> _Overlay | None:
+        """The overlay of a pack of several fields; None for one image per record."""
+        from lmdbfolder.read.fields import SampleSchema, samples_manifest
+
+        meta = samples_manifest(reader)
+        if meta is None:
+            return None
+        return cls(SampleSchema.of(meta, reader.path))
+
+    def image(self, reader: Any, index: int) -> Image.Image:
+        """Sample ``index`` drawn as one RGB image; CorruptRecordError for a field that cannot be read."""
+        import numpy as np
+
+        from lmdbfolder.read.fields import decode_image
+
+        record = reader.get(index)
+        parts = self.schema.split(record.payload, index)
+        at = self.image_at if self.image_at is not None else self.mask_at
+        if at is None:
+            raise CorruptRecordError(index, "the sample has no image to show")
+        try:
+            image = decode_image(parts[at], rgb=True)
+            if self.mask_at is not None and self.mask_at != at:
+                mask = np.asarray(decode_image(parts[self.mask_at], rgb=False)).astype(np.int64)
+                if mask.ndim == 2 and mask.shape == (image.height, image.width):
+                    colours = _colours(mask)
+                    shown = (mask != 0)[..., None]
+                    pixels = np.asarray(image, dtype=np.float32)
+                    image = Image.fromarray(np.where(shown, 0.45 * pixels + 0.55 * colours, pixels).astype(np.uint8))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            raise DecodeError(index, None, f"{type(exc).__name__}: {exc}") from None
+        if self.boxes_at is not None:
+            annotations = self.schema.value(self.boxes_at, parts[self.boxes_at], index)
+            draw = ImageDraw.Draw(image)
+            for ann in annotations if isinstance(annotations, list) else []:
+                box = ann.get("bbox") if isinstance(ann, dict) else None
+                if isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) for v in box):
+                    x, y, w, h = box
+                    colour = tuple(
+                        int(c)
+                        for c in _colours(np.array([[zlib.crc32(str(ann.get("category_id")).encode()) % 997 + 1]]))[
+                            0, 0
+                        ]
+                    )
+                    draw.rectangle(
+                        (x, y, x + max(w, 0), y + max(h, 0)), outline=colour, width=max(1, image.width // 128)
+                    )
+        return image
+
+
+def _colours(values: Any) -> Any:
+    """An RGB colour per class value (golden-ratio hues, bright); 255 (an ignored border) white."""
+    import colorsys
+
+    import numpy as np
+
+    out = np.zeros((*values.shape, 3), dtype=np.float32)
+    for v in np.unique(values).tolist()[:4096]:
+        rgb = (1.0, 1.0, 1.0) if v == 255 else colorsys.hsv_to_rgb((v * 0.618034) % 1.0, 0.85, 1.0)
+        out[values == v] = np.array(rgb, dtype=np.float32) * 255
+    return out
 
 
 def _save_png(sheet: Image.Image, out: str) -> None:

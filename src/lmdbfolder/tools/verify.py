@@ -76,6 +76,7 @@ from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, read_regular
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.sharded import ShardedReader, out_of_place
 from lmdbfolder.text import plural, printable
+from lmdbfolder.tools.fields import FieldChecks, check_fields
 from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.sources import scan
@@ -302,7 +303,14 @@ class _Checked:
         sources: dict[str, tuple[str, int | None]] | None,
     ) -> None:
         count, paths, labels = self.count, self.path_list, self.labels
-        rules = _RecordRules(len(self.meta.classes), decode, self.binding, self.meta.store, self.label_map)
+        rules = _RecordRules(
+            len(self.meta.classes),
+            decode,
+            self.binding,
+            self.meta.store,
+            self.label_map,
+            _field_checks(self.meta, decode),
+        )
         resize = _pack_resize(self.meta)
         if self.version >= 3 and self.order is None:
             return  # no record can be found without its key: the table problem is reported
@@ -579,6 +587,22 @@ class _RecordRules:
     store: str
     #: Format 3 with ``record_classes``: header label -> sample label (``format.label_map``).
     mapping: list[int] | None
+    #: Format 4: the checks of each record's fields (None: one image per record).
+    fields: FieldChecks | None = None
+
+
+def _field_checks(meta: Manifest, decode: bool) -> FieldChecks | None:
+    """The checks of a format-4 pack's fields (None for one image per record)."""
+    specs = meta.field_specs
+    if specs is None:
+        return None
+    categories = meta.layout_info.get("categories")
+    ids = (
+        frozenset(c.get("id") for c in categories if isinstance(c, dict) and isinstance(c.get("id"), (int, str)))
+        if isinstance(categories, list)
+        else None
+    )
+    return FieldChecks(specs, meta.layout_name, ids, decode)
 
 
 def _check_one(
@@ -593,8 +617,11 @@ def _check_one(
     """Check one record (stored under ``key``, default ``index``; format 3's header
     labels go through ``rules.mapping``, ``format.label_map``); returns its header (the
     label a sample's) and payload, or None if it cannot be parsed."""
+    n_fields = len(rules.fields.fields) if rules.fields is not None else None
     try:
-        header, payload = decode_record(value, index=index, verify=True, binding=rules.binding, key=key)
+        header, payload = decode_record(
+            value, index=index, verify=True, binding=rules.binding, key=key, fields=n_fields
+        )
     except CorruptRecordError as exc:
         report.problems.append(Problem(exc.kind, exc.why, index, path))
         return None
@@ -617,6 +644,13 @@ def _check_one(
         report.problems.append(
             Problem("label", f"label {header.label} is not a class index (0..{n_classes - 1})", index, path)
         )
+    if rules.fields is not None:  # format 4: every field on its own (tools.fields)
+        problems, notes = check_fields(payload, rules.fields)
+        report.problems += [Problem("field", why, index, path) for why in problems]
+        for note in notes:
+            if len(report.notes) < 100:
+                report.notes.append(f"sample {index} ({printable(path or '', 200)}): {note}")
+        return None  # not compared with a source file: its bytes are several files'
     if store is not None and encoding_of(header.encoding).stores_pixels != (store == "raw"):
         report.problems.append(
             Problem("header", f"a {header.encoding} record in a pack of {store} images", index, path)

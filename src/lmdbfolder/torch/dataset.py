@@ -807,7 +807,10 @@ def _warn_if_slow() -> None:
 
 def _refuse_fields(reader: AnyReader) -> None:
     """OptionError for a pack of several fields (format 4): its samples are not images."""
-    specs = getattr(reader.meta, "field_specs", None)
+    from lmdbfolder.read.fields import samples_manifest
+
+    meta = samples_manifest(reader)
+    specs = meta.field_specs if meta is not None else None
     if specs is not None:
         raise OptionError(
             f"{reader.path}: its samples hold several fields ({', '.join(f.name for f in specs)}), "

@@ -24,8 +24,8 @@ from typing import Any, Callable
 import torch
 from torchvision.datasets import VisionDataset
 
-from lmdbfolder.errors import CorruptRecordError, OptionError
-from lmdbfolder.read.fields import RGB, SEGMENTATION_LAYOUTS, TENSOR, SampleSchema
+from lmdbfolder.errors import CorruptRecordError, NotAPackError, OptionError
+from lmdbfolder.read.fields import RGB, SEGMENTATION_LAYOUTS, TENSOR, SampleSchema, samples_manifest
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.torch.options import ReadOptions, read_options
 from lmdbfolder.torch.replay import Replay
@@ -99,7 +99,13 @@ class LMDBDataset(VisionDataset):
             cache_dir=self.options.cache_dir,
             cache_limit=self.options.cache_limit,
         )
-        meta = _manifest(self.reader)
+        meta = samples_manifest(self.reader)
+        if meta is None:
+            raise NotAPackError(
+                self.reader.path,
+                "its samples are one image and a label, not several fields",
+                "read it with lmdbfolder.torch.LMDBFolder",
+            )
         super().__init__(os.fspath(root), transforms=transforms, transform=transform, target_transform=target_transform)
         self.schema = SampleSchema.of(meta, self.reader.path)
         self.fields = self.schema.fields
@@ -111,6 +117,7 @@ class LMDBDataset(VisionDataset):
         self._wrapper = _Wrapper(self.layout, target_keys)
         self._tensor_fields = tuple(k for k, how in enumerate(self.schema.decoders) if how == TENSOR)
         self.categories: list[Any] = list(self.layout_info.get("categories") or []) if self.layout == "coco" else []
+        self._ids: list[Any] | None = None
         #: The fused crop of the item's image fields (``lmdbfolder.torch.joint``), decided once: a
         #: v2 pipeline that starts with RandomResizedCrop (+ RandomHorizontalFlip), or
         #: PairedRandomCrop for pairs; None: every field decoded whole, then ``transforms``.
@@ -121,10 +128,17 @@ class LMDBDataset(VisionDataset):
 
     @property
     def ids(self) -> list[Any]:
-        """COCO: the image id of every sample (``CocoDetection.ids``), read from the pack."""
+        """COCO: the image id of every sample (``CocoDetection.ids``), read from the pack once."""
         if self.layout != "coco":
             raise AttributeError("ids: only a pack of the coco layout has image ids")
-        return [self._values(i)[1]["id"] for i in range(len(self))]
+        if self._ids is None:
+            schema = self.schema
+            ids = []
+            for i in range(len(self)):
+                record = self.reader.get(i)
+                ids.append(schema.value(1, schema.split(record.payload, i)[1], i).get("id"))
+            self._ids = ids
+        return list(self._ids)
 
     def _values(self, index: int) -> list[Any]:
         record = self.reader.get(index)
@@ -268,16 +282,6 @@ def _fused_slot(dataset: LMDBDataset) -> Any:
 
     pairs = dataset.layout == "pairs"
     return PlanSlot(pairs=pairs) if fusable(dataset.transforms, pairs=pairs) else None
-
-
-def _manifest(reader: AnyReader) -> Any:
-    meta = reader.meta
-    if not hasattr(meta, "field_specs"):
-        raise OptionError(
-            f"{reader.path}: a sharded pack of several fields is not read yet",
-            "pack it as a single pack",
-        )
-    return meta
 
 
 class _Wrapper:

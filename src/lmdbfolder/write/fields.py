@@ -20,15 +20,25 @@ listed with their files), one record per sample holding every field (``format.en
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
+import time
 import warnings
 from typing import Any, Callable, Sequence
 
 from PIL import Image
 
 from lmdbfolder.errors import LossyMaskWarning, OptionError
-from lmdbfolder.format import NO_LABEL, RECORD_HEADER, SKIPPED_REPORT, decode_record, encode_header_into
+from lmdbfolder.format import (
+    NO_LABEL,
+    RECORD_HEADER,
+    SHARD_INDEX_FILE,
+    SKIPPED_REPORT,
+    decode_record,
+    encode_header_into,
+    shard_name,
+)
 from lmdbfolder.format.fields import (
     FIELD_KINDS,
     FIELDS_FLAG,
@@ -41,7 +51,20 @@ from lmdbfolder.format.fields import (
 )
 from lmdbfolder.text import printable
 from lmdbfolder.write.options import PackOptions, pack_options
+from lmdbfolder.write.planner import DEFAULT_PREFIX
 from lmdbfolder.write.records import Loaded, Skipped, load_bytes
+from lmdbfolder.write.shards import (
+    ShardedPackResult,
+    ShardResult,
+    _same_shard,
+    pack_shard,
+    parse_size,
+    plan_split,
+    prepare_sharded_output,
+    shard_field,
+    sources_digest,
+    write_index,
+)
 from lmdbfolder.write.sources import SourceList
 from lmdbfolder.write.writer import PackResult, pack_sources, warn_skipped
 
@@ -89,7 +112,7 @@ class FieldSamples:
     mean_size: float = 0.0
 
 
-def _lossy(encoding: str, data: bytes | memoryview) -> bool:
+def _lossy(encoding: str, data: bytes | bytearray | memoryview) -> bool:
     if encoding in _LOSSY:
         return True
     # A WebP is lossy when it holds a "VP8 " (not "VP8L") bitstream chunk.
@@ -143,7 +166,7 @@ def check_fields(
             loaded = load_bytes(data, NO_LABEL, check=field_check, max_pixels=max_pixels)
             if isinstance(loaded, Skipped):
                 return skipped(k, loaded.reason)
-            header, _ = decode_record(loaded.value)
+            header, _ = decode_record(memoryview(loaded.value))
             if header.width and header.height:
                 shapes[k] = (header.width, header.height)
             if first is None and k == 0:
@@ -192,8 +215,12 @@ def pack_field_samples(
     samples: FieldSamples,
     dst: str | os.PathLike[str],
     options: PackOptions | None = None,
+    *,
+    shards: int | None = None,
+    shard_size: int | str | None = None,
+    prefix: str = DEFAULT_PREFIX,
     **settings: Any,
-) -> PackResult:
+) -> PackResult | ShardedPackResult:
     """Pack ``samples`` into a new pack of several fields at ``dst`` (format 4).
 
     ``pack``'s rules: ``dst`` is never overwritten without ``overwrite=True``, an interrupted
@@ -206,6 +233,11 @@ def pack_field_samples(
     ``options`` (or its fields as keywords): ``check``, ``strict``, ``workers`` (threads that
     call ``samples.read``), ``overwrite``, ``restart``, ``progress``, ``commit_every``...
     ``store="raw"``, ``resize`` and ``update`` are refused: fields are stored as they come.
+
+    ``shards`` (a number) or ``shard_size`` (``"4GB"``...) make a sharded pack instead
+    (``dst/<prefix>-NNNNN-of-NNNNN.lmdb`` and ``dst/index.json``, as ``pack_sharded``; each
+    shard a pack of several fields): a ``ShardedPackResult``. An interrupted run resumes
+    where it stopped; a finished one is kept (``already_packed``).
     """
     opts = pack_options(options, settings)
     if opts.store != "encoded" or opts.resize is not None:
@@ -257,9 +289,16 @@ def pack_field_samples(
         "fields": [f.to_json() for f in fields],
         "layout": {"name": samples.layout, "info": samples.layout_info},
     }
-    result = pack_sources(sources, dst, opts, loader=load, mean_size=samples.mean_size or None, manifest_extra=extra)
+    result: PackResult | ShardedPackResult
+    if shards is not None or shard_size is not None:
+        result = _pack_sharded(samples, sources, dst, opts, load, extra, shards, shard_size, prefix)
+    else:
+        result = pack_sources(
+            sources, dst, opts, loader=load, mean_size=samples.mean_size or None, manifest_extra=extra
+        )
     if not result.already_packed:
-        warn_skipped(result.skipped, os.path.join(result.path, SKIPPED_REPORT))
+        listed = os.path.join(result.path, SKIPPED_REPORT) if isinstance(result, PackResult) else "each shard's"
+        warn_skipped(result.skipped, listed + (" skipped.txt" if not isinstance(result, PackResult) else ""))
         if lossy:
             first = "; ".join(f"{printable(p, 200)}: {printable(name, 200)}" for p, name in lossy[:3])
             warnings.warn(
@@ -270,3 +309,63 @@ def pack_field_samples(
                 stacklevel=2,
             )
     return result
+
+
+def _pack_sharded(
+    samples: FieldSamples,
+    sources: SourceList,
+    dst: str | os.PathLike[str],
+    opts: PackOptions,
+    load: Callable[[int], Loaded | Skipped],
+    extra: dict[str, Any],
+    shards: int | None,
+    shard_size: int | str | None,
+    prefix: str,
+) -> ShardedPackResult:
+    """``pack_field_samples`` as a sharded pack: each shard by ``pack_shard`` with the loader, then the index."""
+    start = time.perf_counter()
+    n = len(sources)
+    if (shards is None) == (shard_size is None):
+        raise OptionError("pass one of shards and shard_size", "shards=N, or shard_size='4GB'")
+    if shards is None:
+        mean = samples.mean_size or sources.mean_file_size()
+        shards = max(1, math.ceil(mean * n / parse_size(shard_size or 0)))
+    if not 1 <= shards <= n:
+        raise OptionError(f"cannot split {n} samples into {shards} shards", "use fewer shards (or a larger shard_size)")
+    root = os.path.abspath(os.path.expanduser(os.fspath(dst)))
+    digest = sources_digest(sources)
+    names = [shard_name(prefix, i, shards) for i in range(shards)]
+    if not opts.overwrite and os.path.isfile(os.path.join(root, SHARD_INDEX_FILE)):
+        kept = [
+            _same_shard(
+                os.path.join(root, names[i]), shard_field(sources, i, shards, prefix=prefix, digest=digest), opts
+            )
+            for i in range(shards)
+        ]
+        if all(same for same, _, _ in kept):
+            results = [
+                ShardResult(names[i], i, os.path.join(root, names[i]), count, b - a, kept=True)
+                for i, ((_, _, count), (a, b)) in enumerate(zip(kept, plan_split(n, shards)))
+            ]
+            return ShardedPackResult(root, sum(r.count for r in results), results, 0.0, already_packed=True)
+    root = prepare_sharded_output(
+        root, prefix=prefix, num_shards=shards, overwrite=opts.overwrite, restart=opts.restart
+    )
+    each = opts.replace(overwrite=False, restart=False)
+    results = [
+        pack_shard(
+            sources,
+            root,
+            i,
+            shards,
+            each,
+            prefix=prefix,
+            digest=digest,
+            loader=load,
+            manifest_extra=extra,
+            mean_size=samples.mean_size or None,
+        )
+        for i in range(shards)
+    ]
+    index = write_index(root, prefix=prefix)
+    return ShardedPackResult(root, index.count, results, time.perf_counter() - start)

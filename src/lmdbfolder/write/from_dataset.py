@@ -53,6 +53,7 @@ from lmdbfolder.write.dataset_fields import field_samples_of
 from lmdbfolder.write.fields import pack_field_samples
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.records import Loaded, Skipped, load_bytes
+from lmdbfolder.write.shards import ShardedPackResult
 from lmdbfolder.write.sources import SourceList
 from lmdbfolder.write.writer import PackResult, pack_sources, warn_skipped
 
@@ -328,8 +329,10 @@ def pack_dataset(
     image: str | None = None,
     label: str | None = None,
     classes: Sequence[str] | None = None,
+    shards: int | None = None,
+    shard_size: int | str | None = None,
     **fields: Any,
-) -> PackResult:
+) -> PackResult | ShardedPackResult:
     """Pack the samples of a dataset object into a new pack at ``dst``.
 
     Datasets of several fields (torchvision's ``VOCSegmentation``, ``Cityscapes`` with
@@ -359,6 +362,8 @@ def pack_dataset(
             without a ``ClassLabel`` column makes an unlabelled pack.
         classes: the class names of a dataset that has none (label ``i`` is
             ``classes[i]``); default: ``dataset.classes``, else ``"0"``, ``"1"``...
+        shards, shard_size: a dataset of several fields only: write a sharded pack
+            (``pack_field_samples``); a ``ShardedPackResult``.
 
     Returns:
         ``pack``'s PackResult; samples whose image cannot be read or fails the
@@ -383,7 +388,12 @@ def pack_dataset(
             raise OptionError("classes=, image= and label= are for datasets of (image, label) items", "leave them out")
         if several.layout == "dataset" and opts.workers is None:
             opts = opts.replace(workers=1)  # the dataset's own __getitem__ may not be thread-safe
-        return pack_field_samples(several, dst, opts)
+        return pack_field_samples(several, dst, opts, shards=shards, shard_size=shard_size)
+    if shards is not None or shard_size is not None:
+        raise OptionError(
+            "shards and shard_size are for datasets of several fields here",
+            "pack the image files with lmdbfolder.pack_sharded",
+        )
     if opts.workers is None:
         opts = opts.replace(workers=1)
     adapter = _adapter(dataset, image, label, classes)

@@ -213,7 +213,9 @@ def load_sample(
     return Loaded(result.value, result.encoding, result.source_bytes, st.st_mtime_ns)
 
 
-def load_bytes(data: bytes | memoryview, label: int, *, check: str, max_pixels: int | None) -> Loaded | Skipped:
+def load_bytes(
+    data: bytes | bytearray | memoryview, label: int, *, check: str, max_pixels: int | None
+) -> Loaded | Skipped:
     """``load_sample`` for an encoded image that is not a file (a value of another
     LMDB, for ``import``): the same ``check`` (a value that is not an image, or is
     cut short, is a Skipped with the reason ``pack`` gives), stored as it is."""

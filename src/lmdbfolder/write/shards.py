@@ -468,6 +468,9 @@ def pack_shard(
     digest: str | None = None,
     staging: str | os.PathLike[str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    loader: Callable[[int], Any] | None = None,
+    manifest_extra: Mapping[str, Any] | None = None,
+    mean_size: float | None = None,
     **fields: Any,
 ) -> ShardResult:
     """Pack shard ``index`` of the ``num_shards``-way contiguous split of ``sources`` into ``dst``.
@@ -485,7 +488,9 @@ def pack_shard(
     into ``dst`` when it is finished, for a ``dst`` on a network file system,
     where LMDB must not be written. ``digest`` is ``sources_digest(sources)``
     if the caller has it already. ``on_progress(done, total)`` is called as
-    source files of this shard are handled.
+    source files of this shard are handled. ``loader(i)``, ``manifest_extra`` and
+    ``mean_size``: ``pack_sources``' (``i`` the index in the whole of ``sources``;
+    samples of several fields are packed so).
 
     Example:
         >>> from lmdbfolder.write.sources import scan
@@ -508,9 +513,12 @@ def pack_shard(
             )
         return ShardResult(name, index, target, count, stop - start, kept=True)
     part = shard_sources(sources, start, stop)
-    extra = {SHARD_FIELD: expected}
+    extra = {**(manifest_extra or {}), SHARD_FIELD: expected}
+    more: dict[str, Any] = {}
+    if loader is not None:
+        more = {"loader": lambda s: loader(start + s), "mean_size": mean_size}
     if staging is None:
-        result = pack_sources(part, target, opts, manifest_extra=extra, on_progress=on_progress)
+        result = pack_sources(part, target, opts, manifest_extra=extra, on_progress=on_progress, **more)
     else:
         built = os.path.join(os.path.abspath(os.path.expanduser(os.fspath(staging))), name)
         os.makedirs(os.path.dirname(built), exist_ok=True)
@@ -521,7 +529,9 @@ def pack_shard(
                 return ShardResult(name, index, target, count, stop - start, kept=True)
             if packdir.inspect(built).kind is packdir.Kind.PACK:
                 packdir.remove(built)  # a finished shard of other options: repack it
-        result = pack_sources(part, built, opts.replace(overwrite=False), manifest_extra=extra, on_progress=on_progress)
+        result = pack_sources(
+            part, built, opts.replace(overwrite=False), manifest_extra=extra, on_progress=on_progress, **more
+        )
         _move_into(built, target)
     return ShardResult(
         name,

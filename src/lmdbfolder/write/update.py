@@ -188,6 +188,7 @@ class _OldPack:
                     "it cannot be updated in place",
                     "repack it with --overwrite (once); later changes can then use --update",
                 )
+            refuse_fields(path, meta)
             count = tables.count
             source = packfile.PackSource(pf, path)
             labels = np.frombuffer(bytes(tables.labels(source)), dtype=np.int32)
@@ -902,7 +903,19 @@ def update_spec(spec: SourceSpec, dst: str | os.PathLike[str]) -> SourceSpec:
     if found is None:
         return spec
     path, meta = found
+    refuse_fields(path, meta)
     return spec.for_update(meta.source, path)
+
+
+def refuse_fields(path: str, meta: Manifest) -> None:
+    """OptionError for a pack of several fields (format 4): ``pack --update`` does not update one yet."""
+    specs = meta.field_specs
+    if specs is not None:
+        raise OptionError(
+            f"{path} holds samples of several fields ({', '.join(f.name for f in specs)}): "
+            "pack --update does not update such a pack yet",
+            "pack it again with --overwrite",
+        )
 
 
 # -- the entry point ------------------------------------------------------------------

@@ -580,3 +580,17 @@ def test_png_images_decoded_down_to_the_box_equal_v2(mode: str, interpolation: v
         torch.manual_seed(seed)
         got = plan(PendingImage(png), PendingMask(mask))
         _same(want, got)
+
+
+def test_lmdbdataset_fused_with_a_replay_seed(tmp_path: Path) -> None:
+    from lmdbfolder.torch import LMDBDataset
+    from lmdbfolder.torch.replay import stream
+
+    root, dst = _voc_pack(tmp_path)
+    tf = _tf()
+    ds, oracle = LMDBDataset(dst, transforms=tf, seed=3), _voc_oracle(root, tf)
+    for i in range(len(ds)):
+        with stream(ds.replay.sample_seed(i)):  # type: ignore[union-attr]
+            want = oracle[i]
+        _same(want, ds[i])
+        _same(want, ds.__getitems__([i])[0])

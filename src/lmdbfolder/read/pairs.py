@@ -25,7 +25,7 @@ import threading
 from typing import Any, NamedTuple
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFile
 
 from lmdbfolder.encodings import PayloadMismatch, sniff
 from lmdbfolder.read.capabilities import Capabilities, current
@@ -200,7 +200,7 @@ def open_rows(payload: bytes | memoryview, rows: int, caps: Capabilities | None 
     return img
 
 
-def _cut(img: Image.Image, rows: int) -> bool:
+def _cut(img: ImageFile.ImageFile, rows: int) -> bool:
     """Make ``img`` (opened, not loaded) decode only its first ``rows`` rows; False (and
     ``img`` unchanged) when it is not a PNG Pillow reads that way: interlaced rows come in
     seven passes, an animation has more frames, several tiles are not one stream."""

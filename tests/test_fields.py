@@ -715,3 +715,41 @@ def test_a_sharded_pack_of_fields_through_object_storage(s3: Any, tmp_path: Path
     _same_dataset(dataset, LMDBDataset(url, cache_dir=tmp_path / "cache"))  # staged shard by shard
     lmdbfolder.copy_pack(url, tmp_path / "back")
     _same_dataset(dataset, LMDBDataset(tmp_path / "back"))
+
+
+def test_pairs_and_other_layouts_read_as_tuples_of_their_fields(tmp_path: Path) -> None:
+    lq = [photo_jpeg(8, 6, seed=k) for k in range(2)]
+    gt = [photo_jpeg(16, 12, seed=k, mode="L") for k in range(2)]
+    pairs = FieldSamples(
+        "pairs", "/src", (FieldSpec("lq", "image"), FieldSpec("gt", "image")), ["a.jpg", "b.jpg"],
+        [("LQ/a.jpg", "GT/a.jpg"), ("LQ/b.jpg", "GT/b.jpg")], [-1, -1], [], lambda i: [lq[i], gt[i]],
+        layout_info={"scale": 2},
+    )  # fmt: skip
+    pack_field_samples(pairs, tmp_path / "pairs.lmdb", progress=False)
+    ours = LMDBDataset(tmp_path / "pairs.lmdb")
+    for i in range(2):
+        got_lq, got_gt = ours[i]
+        assert_same_image(got_lq, Image.open(io.BytesIO(lq[i])).convert("RGB"))
+        assert_same_image(got_gt, Image.open(io.BytesIO(gt[i])).convert("RGB"))
+    assert ours.layout_info == {"scale": 2}
+    depth = fmt.fields.encode_array(np.arange(6, dtype="<i2").reshape(2, 3))
+    table = FieldSamples(
+        "table", "/src", (FieldSpec("image", "image"), FieldSpec("meta", "json"), FieldSpec("depth", "array")),
+        ["a.jpg"], [("a.jpg", "", "")], [0], ["cat"], lambda i: [lq[0], b'{"caption":"\\u00e9t\\u00e9"}', depth],
+    )  # fmt: skip
+    pack_field_samples(table, tmp_path / "table.lmdb", progress=False)
+    image, meta, array = LMDBDataset(tmp_path / "table.lmdb")[0]
+    assert image.mode == "RGB" and meta == {"caption": "été"} and array.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert LMDBDataset(tmp_path / "table.lmdb").classes == ["cat"]
+
+
+def test_seeded_transforms_replay(voc: tuple[Any, Path]) -> None:
+    _, pack = voc
+    ours = LMDBDataset(pack, transforms=_pipeline(), seed=7)
+    first = [ours[i] for i in range(2)]
+    torch.manual_seed(123)  # the global state does not matter with a seed
+    again = [ours[i] for i in range(2)]
+    for a, b in zip(first, again):
+        assert_same(a, b)
+    ours.set_epoch(1)
+    assert not torch.equal(ours[0][0], first[0][0])

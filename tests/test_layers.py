@@ -172,3 +172,15 @@ def test_an_old_flat_path_is_in_no_layer() -> None:
     for old in ("lmdbfolder.reader", "lmdbfolder.writer", "lmdbfolder.decoders", "lmdbfolder.ray"):
         with pytest.raises(AssertionError, match="is in no layer"):
             layer_of(old)
+
+
+def test_the_modules_of_samples_of_several_fields_have_their_layers() -> None:
+    # Issue 35: the format of the fields is the core's, their reading and writing each side's,
+    # their checks a tool's, the dataset the torch layer's (the only one importing torch).
+    assert layer_of("lmdbfolder.format.fields") == (0, "core")
+    assert layer_of("lmdbfolder.read.fields") == (1, "read")
+    assert layer_of("lmdbfolder.write.fields") == layer_of("lmdbfolder.write.dataset_fields") == (1, "write")
+    assert layer_of("lmdbfolder.tools.fields") == (2, "tools")
+    assert layer_of("lmdbfolder.torch.fields") == (3, "torch")
+    for module in ("lmdbfolder.format.fields", "lmdbfolder.read.fields", "lmdbfolder.write.fields"):
+        assert module in GRAPH

@@ -43,7 +43,6 @@ per sample of the files' rows. Results: a Markdown table on stdout, JSON with
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
@@ -181,12 +180,8 @@ def _voc_files(root: str, tf: Any) -> Callable[[int], Any]:
 
 
 def _fused_bytes(root: str, tf: Any) -> Callable[[int], Any]:
-    from PIL import Image
-    from torchvision import tv_tensors
-    from torchvision.transforms.v2.functional import pil_to_tensor
-
     from lmdbfolder.read.capabilities import current
-    from lmdbfolder.torch.joint import JointPlan, PendingImage
+    from lmdbfolder.torch.joint import JointPlan, PendingImage, PendingMask
 
     caps = current()
     plan = JointPlan(tf, decoder=caps.decoder(caps.auto_decoder()))
@@ -198,7 +193,7 @@ def _fused_bytes(root: str, tf: Any) -> Callable[[int], Any]:
         with open(os.path.join(base, "JPEGImages", names[i] + ".jpg"), "rb") as f:
             image = PendingImage(f.read())
         with open(os.path.join(base, "SegmentationClass", names[i] + ".png"), "rb") as f:
-            mask = tv_tensors.Mask(pil_to_tensor(Image.open(io.BytesIO(f.read()))).squeeze(0))
+            mask = PendingMask(f.read())
         return plan(image, mask)
 
     return item

@@ -13,20 +13,24 @@ costs nothing: it flattens the sample as v2 does, asks the crop's ``make_params`
 for the box (the same random numbers, drawn from a stand-in of the image's size,
 read from the file's header), draws the flip as v2 does (``torch.rand(1) < p``),
 decodes each image field's crop only (a JPEG's rows and columns of the box, by the
-region decoder, where it reproduces Pillow here) and resizes it as Pillow does
-(``read.plan.ReadPlan``, the same executor as ``LMDBFolder``'s exact fused crop),
-mirrored for the flip. Every other field (``tv_tensors.Mask``: nearest;
-``BoundingBoxes``: cropped, scaled and clamped; keypoints, videos) goes through the
-v2 transform's own ``transform`` with the same parameters. Then the rest of the
-pipeline runs unchanged (``SanitizeBoundingBoxes`` and the photometric steps
-included). Under the same seed the sample equals the unfused pipeline's, pixel for
-pixel. A batch (``batch``) draws every sample's box and flip in the per-sample order,
-then decodes all its crops in one ``ReadPlan.run`` (on the dataset's threads), when
-nothing after the fused steps draws random numbers.
+region decoder, where it reproduces Pillow here; a PNG down to the box's last row,
+``read.pairs.open_rows``) and resizes it as Pillow does (``read.plan.ReadPlan``, the
+same executor as ``LMDBFolder``'s exact fused crop), mirrored for the flip. A
+segmentation mask handed over encoded (``PendingMask``) is decoded down to the box,
+cut to it, then resized by the rows and columns torch's nearest resize takes. Every
+other field (``tv_tensors.Mask``: nearest; ``BoundingBoxes``: cropped, scaled and
+clamped; keypoints, videos) goes through the v2 transform's own ``transform`` with
+the same parameters. Then the rest of the pipeline runs unchanged
+(``SanitizeBoundingBoxes`` and the photometric steps included). Under the same seed
+the sample equals the unfused pipeline's, pixel for pixel. A batch (``batch``) draws
+every sample's box and flip in the per-sample order, then decodes all its JPEG crops
+in one ``ReadPlan.run`` (on the plan's threads), when nothing after the fused steps
+draws random numbers.
 
 ``PairPlan`` (an LQ/GT pair under ``PairedRandomCrop``, BasicSR's ``paired_random_crop``
-+ ``augment``): the LQ patch and the ``scale`` times larger GT patch are decoded by
-region, mirrored and turned as small uint8 patches (``read.pairs``).
++ ``augment``): the LQ patch and the ``scale`` times larger GT patch are decoded alone
+(a JPEG's by region, a PNG down to the patch), then mirrored and turned as small uint8
+patches (``read.pairs``).
 
 Both are decided once, when made (per dataset, transform and process), as
 ``TransformPlan`` is for ``LMDBFolder``: a pipeline they do not recognise is applied

@@ -22,11 +22,12 @@ one sample at a time (no DataLoader: the CPU of one sample is what is compared):
     DIV2K-like sizes scaled down by ``--pair-size``): a ``--gt-size`` patch, flips and rotation
     - ``basicsr-files``: BasicSR's ``PairedImageDataset`` training path written out here
       (BasicSR is not a dependency): read each file's bytes, ``cv2.imdecode`` to BGR,
-      float32 / 255 (basicsr/utils/img_util.py ``imfrombytes``, lines 141-161), then
-      ``paired_random_crop`` (basicsr/data/transforms.py, lines 26-88), ``augment``
-      (same file, lines 91-150: cv2.flip, transpose) and ``img2tensor`` (img_util.py,
-      lines 8-31: BGR to RGB, HWC to CHW float32), as ``PairedImageDataset.__getitem__``
-      (basicsr/data/paired_image_dataset.py, lines 68-104) calls them;
+      float32 / 255 (basicsr/utils/img_util.py ``imfrombytes``, lines 114-132), then
+      ``paired_random_crop`` (basicsr/data/transforms.py, lines 26-91), ``augment``
+      (same file, lines 94-158: cv2.flip, transpose) and ``img2tensor`` (img_util.py,
+      lines 9-35: BGR to RGB, HWC to CHW float32), as ``PairedImageDataset.__getitem__``
+      (basicsr/data/paired_image_dataset.py, lines 63-103) calls them; line numbers of
+      XPixelGroup/BasicSR at commit 8d56e3a;
     - ``lmdbfolder-pairs``: ``LMDBDataset`` on a pack of the pairs with
       ``PairedRandomCrop(gt_size, scale, output="tensor")`` then
       ``v2.ToDtype(torch.float32, scale=True)`` (BasicSR's float32 [0, 1] RGB tensors);

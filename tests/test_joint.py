@@ -448,7 +448,10 @@ def test_lmdbdataset_fuses_pairs_as_basicsr(tmp_path: Path) -> None:
         random.seed(i)
         want = tf(*(Image.open(io.BytesIO(b)).convert("RGB") for b in pairs[i]))
         random.seed(i)
-        _same(want, ds[i])
+        got = ds[i]
+        _same(want, got)
+        # GT too: both patches are images to v2 (a plain second tensor would pass through)
+        assert [t.dtype for t in got] == [torch.float32, torch.float32]
 
 
 def test_lmdbdataset_reports_a_damaged_image_by_its_record(tmp_path: Path) -> None:

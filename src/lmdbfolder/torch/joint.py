@@ -501,7 +501,8 @@ class PairedRandomCrop:
         scale: GT's size over LQ's (an integer).
         hflip, rotation: BasicSR's ``use_hflip`` and ``use_rot``.
         output: ``"same"`` (PIL images for PIL images, arrays for ``H x W x C``
-            arrays) or ``"tensor"``: uint8 ``C x H x W`` tensors (add
+            arrays) or ``"tensor"``: uint8 ``C x H x W`` ``tv_tensors.Image`` (so later v2
+            steps transform both; add
             ``v2.ToDtype(torch.float32, scale=True)`` for BasicSR's [0, 1] floats).
 
     An ``LMDBDataset`` of a ``pairs`` pack fuses it with decoding (``PairPlan``): only
@@ -565,8 +566,13 @@ class PairedRandomCrop:
 
 
 def _chw(patch: np.ndarray) -> torch.Tensor:
+    # A tv_tensors.Image, not a plain tensor: v2 treats only the first plain tensor of a
+    # sample as an image and passes the others through, so a later ToDtype or Normalize
+    # would change LQ and leave GT as it was.
+    from torchvision import tv_tensors
+
     arr = patch[:, :, None] if patch.ndim == 2 else patch
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    return tv_tensors.Image(torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))))
 
 
 def _pil(patch: np.ndarray, mode: str | None) -> Image.Image:

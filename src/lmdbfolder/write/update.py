@@ -104,10 +104,40 @@ COMPACT_FREE_FRACTION = 0.5
 
 # What ``_plan`` decides for each source file.
 _KEEP, _RELABEL, _READ, _SKIP_AGAIN = 0, 1, 2, 3
-# What a staged value holds: kind (u8), the file's size (u64) and mtime (i64), then
-# a record (unbound), nothing (the same record as the pack's), or a skip reason.
-_STAGED = struct.Struct("<BQq")
+# What a staged value holds: kind (u8), the file's size (u64) and mtime (i64) when it was
+# read, a checksum (``_staged_digest``), then a record (unbound), nothing (the same record
+# as the pack's), or a skip reason. A rerun reuses it only while the checksum holds and the
+# file's size and mtime are still those (``_StageRun.refresh``).
+_STAGED = struct.Struct("<BQq16s")
 _RECORD, _SAME, _SKIPPED = 0, 1, 2
+#: Bumped when the staged values change: a staging folder of another layout is started again.
+_STAGED_LAYOUT = 2
+
+
+def _staged_digest(j: int, kind: int, size: int, mtime: int, body: bytes | bytearray | memoryview) -> bytes:
+    """The checksum of staged value ``j``: its position, kind, stat and body (BLAKE2b, 16
+    bytes). A staged value damaged or altered since it was written, or moved under another
+    position, no longer matches: it is read again from the source, never published."""
+    h = hashlib.blake2b(encode_key(j), digest_size=16)
+    h.update(struct.pack("<BQq", kind, size, mtime))
+    h.update(body)
+    return h.digest()
+
+
+def _staged_value(j: int, kind: int, size: int, mtime: int, body: bytes | bytearray | memoryview = b"") -> bytes:
+    """Staged value ``j``: ``_STAGED`` (with its checksum) and ``body``."""
+    return b"".join((_STAGED.pack(kind, size, mtime, _staged_digest(j, kind, size, mtime, body)), body))
+
+
+def _unstage(j: int, value: memoryview | bytes) -> tuple[int, int, int, memoryview] | None:
+    """(kind, size, mtime, body) of staged value ``j``; None when its checksum does not hold."""
+    if len(value) < _STAGED.size:
+        return None
+    kind, size, mtime, digest = _STAGED.unpack_from(value)
+    body = memoryview(value)[_STAGED.size :]
+    if kind not in (_RECORD, _SAME, _SKIPPED) or digest != _staged_digest(j, kind, size, mtime, body):
+        return None
+    return kind, size, mtime, body
 
 
 def check_updatable(path: str) -> None:
@@ -409,33 +439,38 @@ class _StageRun(_Run):
         self.old = old
         self.old_keys = old_keys  # per file to read: the record key of its sample in the pack, or -1
 
+    def _value(self, j: int, result: Loaded | Skipped) -> bytes:
+        """The staged value of file ``j`` read as ``result`` (SourceError for a skipped file
+        under ``--strict``, after committing what is staged)."""
+        if isinstance(result, Skipped):
+            if self.options.strict:
+                self._commit()
+                raise SourceError(
+                    self.sources.abspath(j),
+                    result.reason,
+                    "fix or remove the file and run the same command again to resume, "
+                    "or update without --strict to skip such files",
+                )
+            return _staged_value(
+                j, _SKIPPED, result.size, result.mtime_ns, result.reason.encode("utf-8", "surrogateescape")
+            )
+        self.input_bytes += result.source_bytes
+        key = self.old_keys[j]
+        if key >= 0 and _same_record(self.old.value(key), result.value):
+            return _staged_value(j, _SAME, result.source_bytes, result.mtime_ns)
+        return _staged_value(j, _RECORD, result.source_bytes, result.mtime_ns, result.value)
+
     def _write(self, todo: range, results: Iterable[Loaded | Skipped], progress: bool | None) -> None:
         state = self.state
         with Progress(len(self.sources), "update", enabled=progress, initial=state.next_source) as bar:
             for j, result in zip(todo, results):
                 if self.interrupted:
                     raise KeyboardInterrupt
+                value = self._value(j, result)
                 if isinstance(result, Skipped):
-                    if self.options.strict:
-                        self._commit()
-                        raise SourceError(
-                            self.sources.abspath(j),
-                            result.reason,
-                            "fix or remove the file and run the same command again to resume, "
-                            "or update without --strict to skip such files",
-                        )
-                    value = _STAGED.pack(_SKIPPED, result.size, result.mtime_ns) + result.reason.encode(
-                        "utf-8", "surrogateescape"
-                    )
                     bar.write(skipped_line(self.sources.relpaths[j], result.reason))
                 else:
-                    self.input_bytes += result.source_bytes
                     bar.update(1, result.source_bytes)
-                    key = self.old_keys[j]
-                    if key >= 0 and _same_record(self.old.value(key), result.value):
-                        value = _STAGED.pack(_SAME, result.source_bytes, result.mtime_ns)
-                    else:
-                        value = b"".join((_STAGED.pack(_RECORD, result.source_bytes, result.mtime_ns), result.value))
                 self.batch.append((encode_key(j), value))
                 self.batch_bytes += len(value)
                 state.next_source = j + 1
@@ -445,6 +480,37 @@ class _StageRun(_Run):
                     self.on_progress(j + 1, len(self.sources))
         if self.interrupted:
             raise KeyboardInterrupt
+
+    def refresh(self, sizes: np.ndarray, mtimes: np.ndarray) -> int:
+        """Read again the files staged by an earlier run that can no longer be trusted:
+        a staged value whose checksum does not hold (damaged or altered since), or a
+        file whose size or mtime (``sizes``, ``mtimes``: the ``stat`` of this run, per
+        file to read) differs from when it was staged (it changed while the update was
+        stopped). Returns how many were read again."""
+        state = self.state
+        stale = []
+        with state.env.begin(buffers=True) as txn:
+            for j in range(state.next_source):
+                value = txn.get(encode_key(j))
+                staged = None if value is None else _unstage(j, value)
+                if (
+                    staged is None
+                    or staged[2] == UNKNOWN_MTIME
+                    or (staged[1], staged[2]) != (int(sizes[j]), int(mtimes[j]))
+                ):
+                    stale.append(j)
+        puts: dict[bytes, bytes | bytearray | None] = {}
+        held = 0
+        for j in stale:
+            value = self._value(j, self._load(j))
+            puts[encode_key(j)] = value
+            held += len(value)
+            if held >= self.batch_limit:
+                state.commit([], puts)
+                puts, held = {}, 0
+        if puts:
+            state.commit([], puts)
+        return len(stale)
 
     def finish(self) -> None:
         self._commit({PROGRESS_KEY: self.state.checkpoint()})
@@ -465,6 +531,7 @@ def _stage(
     """Read the files of ``plan.todo`` into ``staging`` (resuming what is there).
     Returns (bytes read by this run, files done before it)."""
     fingerprint = {
+        "staged_layout": _STAGED_LAYOUT,
         "update_of": str(old.meta.pack_id),
         "todo": len(plan.todo),
         "todo_sha256": plan.todo_digest(sources),
@@ -499,6 +566,8 @@ def _stage(
     job = Job(sources=todo_sources, dst=staging, options=options, on_progress=progress.on_progress)
     run = _StageRun(job, state, old, old_keys)
     try:
+        if done_before:  # staged by a run that stopped: reused only where it can be trusted
+            run.refresh(plan.sizes[plan.todo], plan.mtimes[plan.todo])
         if state.next_source < len(plan.todo):
             if options.space_check:
                 need = 2 * int(todo_sizes[state.next_source :].sum()) + (64 << 20)
@@ -650,8 +719,10 @@ def _take_changed(
         found = staged.get(encode_key(todo_at[s])) if staged is not None else None
         if found is None:
             raise PackError(f"the staged update has no entry for {sources.relpaths[s]}", "run the update again")
-        kind, size, mtime = _STAGED.unpack_from(found)
-        body = found[_STAGED.size :]
+        unstaged = _unstage(todo_at[s], found)
+        if unstaged is None:
+            raise _damaged_staging(sources.relpaths[s])
+        kind, size, mtime, body = unstaged
         changes.read += 1
         work.sizes[s], work.mtimes[s] = size, mtime
         if kind == _SKIPPED:
@@ -785,7 +856,20 @@ def _record(put: _Put, old: _OldPack, staged: PageFile | None) -> bytes | bytear
     found = staged.get(encode_key(put.staged)) if staged is not None else None
     if found is None:
         raise PackError(f"the staged update lost its file {put.staged}", "run the update again")
-    return bind_record(bytearray(found[_STAGED.size :]), old.binding, put.key)  # type: ignore[return-value]
+    # Checked on the copy that is published: the checksum the binding gives it vouches for these bytes.
+    value = bytearray(found)
+    unstaged = _unstage(put.staged, value)
+    if unstaged is None or unstaged[0] != _RECORD:
+        raise _damaged_staging(f"source file {put.staged} of the update")
+    return bind_record(unstaged[3], old.binding, put.key)  # type: ignore[return-value]
+
+
+def _damaged_staging(what: str) -> PackError:
+    return PackError(
+        f"the staged copy of {what} does not match its checksum (damaged or altered since it was staged); "
+        "nothing was changed",
+        "run the same command again: it reads the file again from the source",
+    )
 
 
 def _commit(

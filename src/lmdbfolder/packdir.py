@@ -29,6 +29,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,8 @@ __all__ = [
     "overlap",
     "why_not_replaceable",
     "check_replaceable",
+    "not_ours",
+    "check_own_files",
     "remove",
     "make_temp_dir",
     "clear_temp_dir",
@@ -324,6 +327,11 @@ def why_not_replaceable(path: str | os.PathLike[str]) -> str | None:
     names = set(os.listdir(p))
     if not names:
         return None
+    # Nothing lmdbfolder writes is a link, a FIFO or a device: a directory holding one
+    # was planted, and writing into it would follow or block on what was planted.
+    odd = [f"{name} ({what})" for name in sorted(names) if (what := not_ours(os.path.join(p, name), dirs=True))]
+    if odd:
+        return f"it holds {', '.join(odd[:3])}{' ...' if len(odd) > 3 else ''}, which lmdbfolder never makes"
     shards = shard_entries(p)
     names -= _writer_locks(p, names)
     if TEMP_MARKER in names:
@@ -399,6 +407,52 @@ def _json_field(blob: bytes | memoryview, name: str) -> Any:
 def _listing(root: str, names: list[str], shown: int = 5) -> str:
     shown_names = [n + ("/" if os.path.isdir(os.path.join(root, n)) else "") for n in names[:shown]]
     return ", ".join(shown_names) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def not_ours(path: str, *, dirs: bool = False) -> str | None:
+    """What ``path`` is when it is not something lmdbfolder makes there (None: missing, a
+    regular file, or with ``dirs`` a real directory): "a symbolic link (to ...)", "a FIFO",
+    ... Never follows a link nor opens the path (a FIFO's open would wait)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    mode = st.st_mode
+    if stat.S_ISREG(mode) or (dirs and stat.S_ISDIR(mode)):
+        return None
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symbolic link to {os.readlink(path)}"
+        except OSError:
+            return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def check_own_files(folder: str, names: Iterable[str], *, doing: str) -> None:
+    """OutputExistsError unless ``folder`` is a directory (not a link) whose entries ``names``
+    are regular files or missing: what an update writes or opens there is then what
+    lmdbfolder made, never a link or a FIFO someone planted (``doing``: what would have
+    used it, for the message)."""
+    what = not_ours(folder, dirs=True)
+    if what is None and os.path.lexists(folder) and not os.path.isdir(folder):
+        what = "a file"
+    if what is not None:
+        raise OutputExistsError(
+            folder,
+            f"is {what}, not a folder lmdbfolder made; {doing} never writes through it",
+            f"remove {folder} (or pass the folder it stands for), then run the same command again",
+        )
+    for name in names:
+        path = os.path.join(folder, name)
+        what = not_ours(path)
+        if what is not None:
+            raise OutputExistsError(
+                path,
+                f"is {what}, not a file lmdbfolder wrote; {doing} never follows or opens it",
+                f"remove {path} (lmdbfolder makes it again when it needs it), then run the same command again",
+            )
 
 
 def check_replaceable(path: str | os.PathLike[str], *, hint: str | None = None) -> None:

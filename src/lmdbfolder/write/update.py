@@ -36,9 +36,11 @@ update.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -129,7 +131,7 @@ def _staged_value(j: int, kind: int, size: int, mtime: int, body: bytes | bytear
     return b"".join((_STAGED.pack(kind, size, mtime, _staged_digest(j, kind, size, mtime, body)), body))
 
 
-def _unstage(j: int, value: memoryview | bytes) -> tuple[int, int, int, memoryview] | None:
+def _unstage(j: int, value: bytes | bytearray | memoryview) -> tuple[int, int, int, memoryview] | None:
     """(kind, size, mtime, body) of staged value ``j``; None when its checksum does not hold."""
     if len(value) < _STAGED.size:
         return None
@@ -205,9 +207,13 @@ class _OldPack:
     record_classes: list[str]  # the class each record header's label names
     next_record: int
     check: dict[bytes, tuple[int, int]]  # __check__: the tables the pack has
+    identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the data.mdb read: the one the update writes
 
     @classmethod
     def load(cls, path: str) -> _OldPack:
+        # What the update writes is the pack's own file, never one a link leads to.
+        packdir.check_own_files(path, (DATA_FILE, LOCK_FILE, SKIPPED_REPORT), doing="an update")
+        before = os.lstat(os.path.join(path, DATA_FILE))
         pf = packfile.open_data(path, readahead=False)
         try:
             tables = packfile.load_tables(pf, path)
@@ -253,6 +259,7 @@ class _OldPack:
             record_classes=list(names_in_records if names_in_records is not None else meta.classes),
             next_record=meta.next_record if meta.next_record is not None and tables.version >= 3 else count,
             check=dict(tables.check or {}),
+            identity=(before.st_dev, before.st_ino),
         )
 
     @property
@@ -502,9 +509,9 @@ class _StageRun(_Run):
         puts: dict[bytes, bytes | bytearray | None] = {}
         held = 0
         for j in stale:
-            value = self._value(j, self._load(j))
-            puts[encode_key(j)] = value
-            held += len(value)
+            again = self._value(j, self._load(j))
+            puts[encode_key(j)] = again
+            held += len(again)
             if held >= self.batch_limit:
                 state.commit([], puts)
                 puts, held = {}, 0
@@ -538,8 +545,7 @@ def _stage(
         "root": sources.root,
         **options.fingerprint(),
     }
-    if os.path.lexists(staging):
-        packdir.check_replaceable(staging, hint=f"it is in the way of the update's staging folder: remove {staging}")
+    _check_staging(staging)
     os.makedirs(staging, exist_ok=True)
     todo_sizes = np.maximum(plan.sizes[plan.todo], 0)
     mean = float(todo_sizes.mean()) if plan.todo else 0.0
@@ -872,6 +878,42 @@ def _damaged_staging(what: str) -> PackError:
     )
 
 
+_WRITABLE_HINT = (
+    "make {data} writable (`chmod u+w`; `lsattr` shows whether it is immutable: `chattr -i`), "
+    "then run the same command again; nothing was changed"
+)
+
+
+def _check_writable(old: _OldPack, data: str) -> None:
+    """PackError naming ``data`` (the pack's ``data.mdb``) when this process may not write
+    it (a read-only or immutable file): said as what it is, before LMDB opens it."""
+    try:
+        fd = os.open(data, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ETXTBSY):
+            raise PackError(f"cannot update {data}: {exc.strerror}", _WRITABLE_HINT.format(data=data)) from None
+        if exc.errno == errno.ELOOP:  # a link put there since the update began
+            _check_identity(old, data)
+        raise PackError(*os_refusal(exc, "cannot update", data)) from None
+    os.close(fd)
+    _check_identity(old, data)
+
+
+def _check_identity(old: _OldPack, data: str) -> None:
+    """PackError when ``data`` is no longer the regular file the update read (replaced by
+    another file or a link while it ran): it must not be written."""
+    try:
+        st = os.lstat(data)
+        same = stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == old.identity
+    except OSError:
+        same = False
+    if not same:
+        raise PackError(
+            f"{data} was replaced while the update ran (it is not the file the update read); nothing was changed",
+            "check what replaced it, then run the same command again",
+        )
+
+
 def _commit(
     old: _OldPack,
     puts: list[_Put],
@@ -882,18 +924,16 @@ def _commit(
     """One write transaction on the pack's ``data.mdb``: ``puts`` (their bytes made one at
     a time: LMDB keeps the transaction's pages, spilling them to free pages past its
     limit), ``deletes``, ``tables``. A map too small is grown and the transaction run again."""
-    size = os.path.getsize(os.path.join(old.path, DATA_FILE))
+    data = os.path.join(old.path, DATA_FILE)
+    size = os.path.getsize(data)
     need = sum(p.size for p in puts) + sum(len(v) for v in tables.values())
     map_size = size + 2 * need + (64 << 20)
     lock = os.path.join(old.path, LOCK_FILE)
+    _check_writable(old, data)
     try:
-        # LMDB writes lock.mdb through a shared map: on a full disk, SIGBUS inside lmdb.open.
-        packdir.reserve_lock_file(old.path)
-    except OSError as exc:
-        if os.path.exists(lock):
-            os.remove(lock)  # the published pack keeps only its own files
-        raise PackError(*os_refusal(exc, "cannot update", old.path)) from None
-    try:
+        # No lock file (MDB_NOLOCK): readers never use LMDB's, and the writer lock
+        # (``<dst>.lock``) keeps writers apart. So nothing in the pack folder but data.mdb
+        # is opened, and a refused open leaves nothing behind.
         env = lmdb.open(
             os.fsencode(old.path),
             map_size=map_size,
@@ -903,10 +943,16 @@ def _commit(
             max_dbs=0,
             sync=True,
             metasync=True,
+            lock=False,
             writemap=False,  # a full disk must fail the commit, never SIGBUS
         )
     except lmdb.Error as exc:
         raise PackError(f"cannot open {old.path} to update it: {exc}", "run `lmdbfolder verify` on it") from None
+    try:
+        _check_identity(old, data)  # the file LMDB opened by name is still the one read
+    except BaseException:
+        env.close()
+        raise
     try:
         while True:
             txn = env.begin(write=True)
@@ -1025,6 +1071,13 @@ def update(
     staging = staging_path(dst)
     old = _OldPack.load(dst)
     try:
+        # Before anything is written: every way out (the report, the staged files) goes
+        # through the staging folder, which must be ours, never a link or a planted folder.
+        _check_staging(staging)
+    except BaseException:
+        old.close()
+        raise
+    try:
         effective = check_options(old, options)
         # Other filters select other files: added (or dropped) silently, they would mix
         # another dataset into this one (``update_spec`` fills in the pack's own).
@@ -1087,6 +1140,13 @@ def _finish_up(dst: str, staging: str, old: _OldPack) -> None:
         packdir.remove(staging)
 
 
+def _check_staging(staging: str) -> None:
+    """OutputExistsError unless ``staging`` is missing or provably ours (``packdir``: a real
+    folder holding only files an update writes, no link, no FIFO)."""
+    if os.path.lexists(staging):
+        packdir.check_replaceable(staging, hint=f"it is in the way of the update's staging folder: remove {staging}")
+
+
 def _write_report(dst: str, staging: str, root: str, skipped: Sequence[tuple[str, str]]) -> None:
     """``<dst>/skipped.txt`` for the new version: written in the staging folder (ours, so
     a kill leaves nothing foreign in ``dst``), then renamed into place."""
@@ -1097,7 +1157,11 @@ def _write_report(dst: str, staging: str, root: str, skipped: Sequence[tuple[str
         return
     os.makedirs(staging, exist_ok=True)
     tmp = os.path.join(staging, SKIPPED_REPORT)
-    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+    if os.path.lexists(tmp):
+        os.remove(tmp)  # a report of an interrupted run (a link is removed, never followed)
+    # A new file (O_EXCL never follows a link): what is renamed into the pack is what was written here.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
         f.write(
             f"# {plural(len(skipped), 'source file')} not packed (path<TAB>reason), relative to {root}\n"
             "# a backslash, tab, newline or carriage return in a path or reason is written as \\\\, \\t, \\n, \\r\n"

@@ -128,6 +128,41 @@ def _fresh(src: Path, tmp_path: Path) -> Path:
     return out
 
 
+def test_a_planted_compaction_folder_is_refused_before_the_update_writes(tmp_path: Path) -> None:
+    """An update that frees half the file compacts it through ``DST/compact.tmp``: a link
+    planted there had LMDB's copy written where it led (and the update failed after its commit)."""
+    from lmdbfolder.format import COMPACT_DIR
+
+    src = make_small_tree(tmp_path / "src", classes=2, per_class=12)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    folders = [dst]
+    for path in src.glob("*/img*.jpg"):
+        if path.name != "img0.jpg":
+            path.unlink()  # most of the pack goes: it is compacted
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, dst / COMPACT_DIR)
+    before = _snapshot(folders)
+    _refused(_update_cli(src, dst, False), dst / COMPACT_DIR)
+    assert os.listdir(outside) == [] and _snapshot(folders) == before
+    (dst / COMPACT_DIR).unlink()
+    assert pack(src, dst, update=True, progress=False).compacted  # what the message says works
+    assert contents(dst) == contents(_fresh(src, tmp_path))
+
+
+def test_a_planted_lock_file_in_an_unfinished_pack_is_refused(tmp_path: Path) -> None:
+    """``DST.partial`` is kept to resume: a link planted there as ``lock.mdb`` was written through."""
+    src = make_small_tree(tmp_path / "src", classes=2, per_class=2)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    partial = tmp_path / "p.partial"
+    partial.mkdir()
+    os.symlink(victim, partial / "lock.mdb")
+    _refused(_cli("pack", str(src), str(tmp_path / "p")), partial / "lock.mdb")
+    assert victim.read_bytes() == b"precious"
+
+
 # -- the staging folder ---------------------------------------------------------------------
 _PLANTS = ["lock.mdb link beside staged files", "data.mdb and lock.mdb links", "data.mdb FIFO", "folder link"]
 

@@ -430,11 +430,11 @@ def not_ours(path: str, *, dirs: bool = False) -> str | None:
     return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
-def check_own_files(folder: str, names: Iterable[str], *, doing: str) -> None:
+def check_own_files(folder: str, names: Iterable[str], *, doing: str, folders: Iterable[str] = ()) -> None:
     """OutputExistsError unless ``folder`` is a directory (not a link) whose entries ``names``
-    are regular files or missing: what an update writes or opens there is then what
-    lmdbfolder made, never a link or a FIFO someone planted (``doing``: what would have
-    used it, for the message)."""
+    are regular files or missing (and ``folders``, real directories or missing): what an
+    update writes or opens there is then what lmdbfolder made, never a link or a FIFO
+    someone planted (``doing``: what would have used it, for the message)."""
     what = not_ours(folder, dirs=True)
     if what is None and os.path.lexists(folder) and not os.path.isdir(folder):
         what = "a file"
@@ -444,9 +444,9 @@ def check_own_files(folder: str, names: Iterable[str], *, doing: str) -> None:
             f"is {what}, not a folder lmdbfolder made; {doing} never writes through it",
             f"remove {folder} (or pass the folder it stands for), then run the same command again",
         )
-    for name in names:
+    for name, is_dir in [*((n, False) for n in names), *((n, True) for n in folders)]:
         path = os.path.join(folder, name)
-        what = not_ours(path)
+        what = not_ours(path, dirs=is_dir)
         if what is not None:
             raise OutputExistsError(
                 path,
@@ -499,7 +499,12 @@ LOCK_RESERVE = 16 << 10
 def reserve_lock_file(folder: str) -> None:
     """Make ``folder/lock.mdb`` at least ``LOCK_RESERVE`` bytes, allocated on disk (not
     sparse), before ``lmdb.open`` maps it; OSError (ENOSPC, ...) when the disk cannot."""
-    fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    # Never through a link, never waiting on a FIFO (ELOOP, or a FIFO's ENXIO/EINVAL below).
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(os.path.join(folder, LOCK_FILE), flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "it is not a regular file", os.path.join(folder, LOCK_FILE))
     try:
         if hasattr(os, "posix_fallocate"):
             try:

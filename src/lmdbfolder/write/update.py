@@ -52,6 +52,7 @@ from lmdbfolder import packdir, packfile
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError, os_refusal
 from lmdbfolder.format import (
     CHECK_KEY,
+    COMPACT_DIR,
     DATA_FILE,
     KEY,
     LOCK_FILE,
@@ -212,7 +213,7 @@ class _OldPack:
     @classmethod
     def load(cls, path: str) -> _OldPack:
         # What the update writes is the pack's own file, never one a link leads to.
-        packdir.check_own_files(path, (DATA_FILE, LOCK_FILE, SKIPPED_REPORT), doing="an update")
+        packdir.check_own_files(path, (DATA_FILE, LOCK_FILE, SKIPPED_REPORT), doing="an update", folders=(COMPACT_DIR,))
         before = os.lstat(os.path.join(path, DATA_FILE))
         pf = packfile.open_data(path, readahead=False)
         try:

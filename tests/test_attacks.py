@@ -163,6 +163,38 @@ def test_a_planted_lock_file_in_an_unfinished_pack_is_refused(tmp_path: Path) ->
     assert victim.read_bytes() == b"precious"
 
 
+@pytest.mark.parametrize("planted", ["link", "FIFO"])
+def test_a_planted_writer_lock_is_refused(tmp_path: Path, planted: str) -> None:
+    """``DST.lock`` (the writer lock beside DST): a link planted there had the writer's pid
+    written into the file it named."""
+    src, dst, folders = _made(tmp_path, False)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    lock = tmp_path / "p.lock"
+    if planted == "link":
+        os.symlink(victim, lock)
+    else:
+        os.mkfifo(lock)
+    before = _snapshot(folders)
+    _refused(_update_cli(src, dst, False), lock)
+    assert victim.read_bytes() == b"precious" and _snapshot(folders) == before
+
+
+def test_a_planted_temporary_index_is_never_written_through(tmp_path: Path) -> None:
+    """A sharded update writes ``index.json`` through ``index.json.tmp``: a link planted
+    there had the index written into the file it named."""
+    from lmdbfolder.format import SHARD_INDEX_TMP
+
+    src, dst, _ = _made(tmp_path, True)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    os.symlink(victim, dst / SHARD_INDEX_TMP)
+    proc = _update_cli(src, dst, True)
+    assert proc.returncode == 0, proc.stderr
+    assert victim.read_bytes() == b"precious" and not os.path.lexists(dst / SHARD_INDEX_TMP)
+    assert contents(dst) == contents(_fresh(src, tmp_path))
+
+
 # -- the staging folder ---------------------------------------------------------------------
 _PLANTS = ["lock.mdb link beside staged files", "data.mdb and lock.mdb links", "data.mdb FIFO", "folder link"]
 

@@ -684,7 +684,10 @@ def write_atomically(directory: str, name: str, data: bytes | Iterable[bytes], t
     """Write ``directory/name`` through ``directory/tmp_name`` and a rename, durably.
     ``data``: the bytes, or pieces of them written in turn (never all in memory at once)."""
     tmp = os.path.join(directory, tmp_name)
-    with open(tmp, "wb") as f:
+    if os.path.lexists(tmp):
+        os.remove(tmp)  # a killed run's (a link planted there is removed, never followed)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "wb") as f:
         for piece in (data,) if isinstance(data, bytes) else data:
             f.write(piece)
         f.flush()

@@ -219,7 +219,7 @@ def test_what_is_planted_in_the_staging_folder_is_never_followed_or_opened(
         (staging / "lock.mdb").unlink(missing_ok=True)
         os.symlink(outside / "victim", staging / "lock.mdb")
     else:
-        staging = Path(staging_path(str(folders[0])))
+        staging = Path(staging_path(str(folders[-1])))  # the last shard: checked before the first changes
         if planted == "folder link":
             _update_api(src, dst, sharded)  # the broken file is skipped by the pack now
             (src / "class0" / "img0.jpg").unlink()  # nothing to read: only the report goes through it

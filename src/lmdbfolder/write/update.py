@@ -151,10 +151,12 @@ def _unstage(
 
 def check_updatable(path: str) -> None:
     """Every rule an update checks of the pack at ``path`` before it writes (its tables,
-    the exhaustive rules too, and a record of each class against ``record_classes``):
-    NotAPackError, or OptionError for a pack that cannot be updated in place, naming the
-    pack. A sharded update checks every shard so before it changes any."""
+    the exhaustive rules too, and a record of each class against ``record_classes``; its
+    files and its staging folder: lmdbfolder's own, no link or FIFO): NotAPackError,
+    OptionError for a pack that cannot be updated in place, or OutputExistsError, naming
+    the path. A sharded update checks every shard so before it changes any."""
     _OldPack.load(path).pf.close()
+    _check_staging(staging_path(path))
 
 
 def staging_path(dst: str) -> str:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import S3, free_port, make_small_tree
+from conftest import S3, free_port, make_small_tree, make_voc
 from lmdbfolder import Resize, pack
 from lmdbfolder.write.shards import pack_sharded
 
@@ -89,6 +89,31 @@ os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0
 _TRANSFORM = (
     "from torchvision import transforms as T\ntrain_transform = T.Compose([T.RandomResizedCrop(32), T.PILToTensor()])\n"
 )
+
+
+def _voc(work: Path) -> None:
+    make_voc(work / "data")
+
+
+def _pairs(work: Path) -> None:
+    # BasicSR's folders at x4 (DIV2K's names), packed as the README's shell line says.
+    import numpy as np
+    from PIL import Image
+
+    from lmdbfolder.cli import main
+
+    rng = np.random.default_rng(0)
+    (work / "DIV2K/DIV2K_train_HR").mkdir(parents=True)
+    (work / "DIV2K/DIV2K_train_LR_bicubic/X4").mkdir(parents=True)
+    for name in ("0001", "0002", "0003"):
+        gt = Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+        gt.save(work / f"DIV2K/DIV2K_train_HR/{name}.png")
+        gt.resize((16, 12), Image.BICUBIC).save(work / f"DIV2K/DIV2K_train_LR_bicubic/X4/{name}x4.png")
+    argv = ["pack", str(work / "DIV2K"), str(work / "sr.lmdb"), "--layout", "pairs", "--scale", "4", "--no-progress"]
+    assert (
+        main([*argv, "--gt-dir", "DIV2K_train_HR", "--lq-dir", "DIV2K_train_LR_bicubic/X4", "--filename-tmpl", "{}x4"])
+        == 0
+    )
 
 
 @dataclass
@@ -188,6 +213,25 @@ RUNNERS = [
         prelude="from lmdbfolder.torch import LMDBFolder\n",
         epilogue="ds = SkipBad('train.lmdb')\nassert ds[0][1] == 0\n",
     ),
+    Runner(
+        'lmdbfolder.pack_dataset(datasets.VOCSegmentation("data", image_set="train"), "voc.lmdb")',
+        _voc,
+        swaps={
+            "RandomResizedCrop(320)": "RandomResizedCrop(32)",
+            "batch_size=16, num_workers=8": "batch_size=2, num_workers=2",
+        },
+        epilogue="images, masks = next(iter(loader))\n"
+        "assert images.shape == (2, 3, 32, 32) and masks.shape == (2, 1, 32, 32)\n",
+    ),
+    Runner(
+        'fused.PairedRandomCrop(128, 4, output="tensor")',
+        _pairs,
+        swaps={
+            "PairedRandomCrop(128, 4": "PairedRandomCrop(32, 4",
+            "batch_size=16, num_workers=8": "batch_size=3, num_workers=2",
+        },
+        epilogue="assert lq.shape == (3, 3, 8, 8) and gt.shape == (3, 3, 32, 32) and gt.dtype == torch.float32\n",
+    ),
 ]
 
 
@@ -200,7 +244,7 @@ SNIPPETS = snippets()
 
 
 def test_every_snippet_has_a_runner() -> None:
-    assert len(SNIPPETS) >= 14  # README 2, the docs pages 12 (the fast settings twice)
+    assert len(SNIPPETS) >= 16  # README 4, the docs pages 12 (the fast settings twice)
     for page, n, code in SNIPPETS:
         assert runner_of(code) is not None, f"{page}, snippet {n + 1}: add a Runner to tests/test_docs_snippets.py"
     used = {runner_of(code).marker for _, _, code in SNIPPETS}  # type: ignore[union-attr]

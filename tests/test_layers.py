@@ -7,12 +7,12 @@ the bottom (docs/design.md, "Module boundaries"):
 
 0. core: the format, errors, the stored encodings, progress bars, the checked page
    reader (pagefile), opening a pack on it (packfile), the pack directory;
-1. the read side (``lmdbfolder.read``) and the write side (``lmdbfolder.write``),
-   which share only the core;
+1. the read side (``lmdbfolder.read``, BasicSR's pair geometry ``read.pairs`` included)
+   and the write side (``lmdbfolder.write``), which share only the core;
 2. the tools (``lmdbfolder.tools``);
 3. the PyTorch layer: the package ``lmdbfolder.torch`` (the dataset, its
-   options, loader, batches, transform plan, fused crop, transport, gpu,
-   sampler) and the public paths ``fused``, ``sampler``, ``gpu``, ``transport``
+   options, loader, batches, transform plan, fused crop, fused crops of several
+   fields (``joint``), transport, gpu, sampler) and the public paths ``fused``, ``sampler``, ``gpu``, ``transport``
    that re-export from it;
 4. the benchmarks and the demo (``lmdbfolder.bench``);
 5. the command line (``lmdbfolder.cli``) and the package's public surface.

@@ -229,3 +229,32 @@ def test_values_that_are_not_whole_images_are_skipped_as_pack_skips_files(tmp_pa
     with Reader(tmp_path / "new") as r:
         assert r.paths() == [names[0], names[3]] and [bytes(rec.payload) for rec in r] == [good, good]
     assert verify(tmp_path / "new", decode=True, progress=False).ok
+
+
+@pytest.mark.parametrize("recipe", ["basicsr", "pickled"])
+def test_an_update_of_an_imported_pack_says_it_was_imported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], recipe: str
+) -> None:
+    """Issue 34, messages: the update called an imported pack "damaged, or not written by
+    lmdbfolder" while `verify` found it fine. It says what it is, and what works."""
+    from lmdbfolder import pack
+
+    old = tmp_path / "old"
+    if recipe == "basicsr":
+        _basicsr(old, meta="txt", encoded=True)
+    else:
+        folder2lmdb(old, 4, with_keys=True)
+    new = tmp_path / "new"
+    import_legacy(old, new, progress=False)
+    assert verify(new, progress=False).ok
+    src = tmp_path / "src"
+    data, _ = image_bytes("rgb_jpeg", np.random.default_rng(0), w=9, h=9)
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "x.jpg").write_bytes(data)
+    capsys.readouterr()
+    assert main(["pack", str(src), str(new), "--update"]) == EXIT_CODES["usage"]
+    err = capsys.readouterr().err
+    assert "was imported from another LMDB" in err and "--overwrite" in err and "damaged" not in err, err
+    with pytest.raises(Exception, match="was imported from another LMDB"):
+        pack(src, new, update=True, progress=False)
+    assert main(["pack", str(src), str(new), "--overwrite", "--no-progress"]) == 0  # what it says works

@@ -614,3 +614,111 @@ def test_a_forged_remote_index_names_the_url_and_says_to_upload_again(
         LMDBFolder(url, cache_dir=tmp_path / "cache")[0]
     assert f"{url}/{SHARD_INDEX_FILE}" in caught.value.message
     assert "upload it again" in caught.value.hint and "lmdbfolder index" not in caught.value.hint
+
+
+# -- what is planted in a shared cache folder is never followed or waited on (issue 34, 6) ------
+@pytest.fixture
+def small_upload(s3: S3, tmp_path: Path) -> str:
+    """A 2-shard pack of 8 images in the bucket."""
+    local = tmp_path / "small"
+    pack_sharded(noise_tree(tmp_path / "small-tree", classes=2, per_class=4), local, shards=2, progress=False)
+    url = s3.url("small")
+    copy_pack(local, url)
+    return url
+
+
+def test_a_linked_data_file_in_a_copying_folder_is_never_written_through(
+    s3: S3, small_upload: str, tmp_path: Path
+) -> None:
+    """A ``<shard>.copying`` folder that looks like ours (its marker) with a link as its
+    ``data.mdb``: the download wrote the shard into the file the link named."""
+    from lmdbfolder import packdir
+    from lmdbfolder.format import COPYING_SUFFIX
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    pack = StagedPack(small_upload, tmp_path / "cache", ahead=0)
+    copying = Path(pack.path(0) + COPYING_SUFFIX)
+    packdir.make_temp_dir(str(copying))
+    os.symlink(victim, copying / DATA_FILE)
+    with pytest.raises(RemoteError, match="remove") as caught:
+        pack.ensure(0)
+    assert caught.value.kind == "disk" and str(copying) in str(caught.value)
+    assert victim.read_bytes() == b"precious" and 0 not in pack.staged()
+    (copying / DATA_FILE).unlink()
+    pack.ensure(0)  # what it says works
+    assert pack.staged() == [0]
+
+
+def test_a_linked_cache_folder_of_the_pack_is_refused(s3: S3, small_upload: str, tmp_path: Path) -> None:
+    """The pack's folder in ``cache_dir`` planted as a link: index.json and every shard
+    were written where it led."""
+    name = os.path.basename(StagedPack(small_upload, tmp_path / "first", ahead=0).root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "cache").mkdir()
+    os.symlink(outside, tmp_path / "cache" / name)
+    with pytest.raises(RemoteError, match="remove") as caught:
+        StagedPack(small_upload, tmp_path / "cache", ahead=0)
+    assert caught.value.kind == "disk" and name in str(caught.value)
+    assert os.listdir(outside) == []
+
+
+def test_a_linked_list_of_needs_is_never_written_through(
+    s3: S3, small_upload: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link planted under the name of a rank's ``.needs`` file (its pid and a counter):
+    the rank wrote its list into the file the link named."""
+    import itertools
+
+    from lmdbfolder.format import NEEDS_PREFIX
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    pack = StagedPack(small_upload, tmp_path / "cache", ahead=0)
+    monkeypatch.setattr(staging, "_FOLLOWERS", itertools.count(1000))
+    planted = Path(pack.root) / f"{NEEDS_PREFIX}{os.getpid()}-1000"
+    os.symlink(victim, planted)
+    with pytest.raises(RemoteError, match="remove") as caught:
+        pack.follow([(0, 9)])
+    assert str(planted) in str(caught.value)
+    assert victim.read_bytes() == b"precious"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # a cache_limit below one shard: said so
+@pytest.mark.parametrize("planted", ["FIFO", "link to a FIFO"])
+def test_a_fifo_named_like_a_list_of_needs_is_not_waited_on(
+    s3: S3, small_upload: str, tmp_path: Path, planted: str
+) -> None:
+    """With ``cache_limit`` set, deciding what to evict read every ``.needs-*`` file: a FIFO
+    under such a name blocked the reader for ever. It is not a list a rank wrote: ignored."""
+    from lmdbfolder.format import NEEDS_PREFIX
+
+    pack = StagedPack(small_upload, tmp_path / "cache", cache_limit=1, ahead=0)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    name = Path(pack.root) / f"{NEEDS_PREFIX}1-0"
+    if planted == "FIFO":
+        os.mkfifo(name)
+    else:
+        os.symlink(fifo, name)
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def read_both() -> None:
+        try:
+            pack.ensure(0)
+            pack.ensure(1)  # no room for both: shard 0 is evicted
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=read_both, daemon=True)
+    thread.start()
+    finished = done.wait(120)  # a guard against a hang, not a measurement
+    if not finished:  # open the FIFO's other end, so that the blocked reader returns
+        os.close(os.open(name, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(60)
+    assert finished and not failed, failed
+    assert pack.staged() == [1] and name.exists()

@@ -762,3 +762,120 @@ def test_a_sharded_update_refuses_a_forged_shard_before_changing_any(tmp_path: P
         pack_sharded(src, dst, shards=2, update=True, progress=False)
     assert [(p / "data.mdb").read_bytes() for p in shard_dirs] == before
     assert (dst / "index.json").read_bytes() == index_before
+
+
+# -- staged work is bound to its file and to a checksum (issue 34, items 2 and 3) ------------
+def _stage_and_die(src: Path, dst: Path, k: int = 4) -> None:
+    """An update killed after staging ``k`` of the files it reads (committed two at a time)."""
+    done = _run_child(src, dst, "read", k)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert os.path.isdir(staging_path(str(dst)))
+
+
+def _rewrite(path: Path, how: str) -> None:
+    """Another image at ``path``: of another size, or of the same size (padded: JPEG ignores
+    what follows its end) with a later mtime."""
+    st = path.stat()
+    if how == "content":
+        new_image(path, 99, w=40, h=30)
+        return
+    data, _ = image_bytes("rgb_jpeg", np.random.default_rng(98), w=8, h=8)
+    assert len(data) < st.st_size
+    path.write_bytes(data + b"\0" * (st.st_size - len(data)))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert path.stat().st_size == st.st_size
+
+
+def _damage_staged(staging: Path, how: str, j: int = 1) -> None:
+    """Staged file ``j`` of an interrupted update changed in ``<dst>.update`` as a disk or
+    someone with access to it could: a byte flipped, another file's value, cut short."""
+    from lmdbfolder.format import encode_key
+
+    env = lmdb.open(str(staging), subdir=True, max_dbs=0)
+    try:
+        with env.begin(write=True) as txn:
+            value = bytearray(txn.get(encode_key(j)))
+            if how == "flipped":
+                value[-20] ^= 0x55
+            elif how == "swapped":
+                value = bytearray(txn.get(encode_key(j - 1)))
+            else:
+                value = value[: len(value) // 2]
+            txn.put(encode_key(j), bytes(value))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("how", ["content", "same size, later mtime"])
+def test_a_file_changed_after_it_was_staged_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Issue 34, 2: killed after staging a file, the file changed, the rerun published the
+    staged copy (the checkpoint covered paths, not sizes and times)."""
+    src = tree(tmp_path / "src", per_class=5)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    for k in range(6):
+        new_image(src / "dog" / f"new{k}.jpg", 30 + k)
+    _stage_and_die(src, dst)  # new0 .. new3 staged
+    _rewrite(src / "dog" / "new1.jpg", "content" if how == "content" else "same")
+    reads = CountReads(monkeypatch)
+    result = pack(src, dst, update=True, workers=1, commit_every=2, progress=False)
+    assert contents(dst) == contents(fresh(src, tmp_path))  # before: new1's old bytes
+    assert verify(dst, progress=False).ok
+    assert result.resumed_from == 4 and sorted(reads.paths) == ["new1.jpg", "new4.jpg", "new5.jpg"]
+    assert pack(src, dst, update=True, progress=False).already_packed  # its size and time are the pack's
+
+
+@pytest.mark.parametrize("how", ["flipped", "swapped", "cut short"])
+def test_a_staged_file_damaged_before_the_rerun_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Issue 34, 3: a staged record altered or damaged before the rerun was published with a
+    fresh checksum over the bad bytes (``verify`` failed from then on)."""
+    src = tree(tmp_path / "src", per_class=5)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    for k in range(6):
+        new_image(src / "dog" / f"new{k}.jpg", 30 + k)
+    _stage_and_die(src, dst)
+    _damage_staged(Path(staging_path(str(dst))), how)
+    reads = CountReads(monkeypatch)
+    pack(src, dst, update=True, workers=1, commit_every=2, progress=False)
+    assert contents(dst) == contents(fresh(src, tmp_path))
+    report = verify(dst, progress=False)
+    assert report.ok, report.problems
+    assert sorted(reads.paths) == ["new1.jpg", "new4.jpg", "new5.jpg"]
+
+
+@pytest.mark.parametrize("how", ["changed", "damaged"])
+def test_a_sharded_update_never_publishes_a_stale_or_damaged_staged_file(tmp_path: Path, how: str) -> None:
+    """Issue 34, 2 and 3 on the sharded pack: each shard's update stages in its own
+    ``<shard>.update``, by the same rules."""
+    src = tree(tmp_path / "src", classes=("cat", "dog"))
+    dst = tmp_path / "sh"
+    pack_sharded(src, dst, shards=2, progress=False)
+    for k in range(3):
+        new_image(src / "cat" / f"new{k}.jpg", 40 + k)
+        new_image(src / "dog" / f"new{k}.jpg", 50 + k)
+    code = f"""
+import os, signal, sys
+sys.path.insert(0, {str(SRC_DIR)!r})
+import lmdbfolder.write.update as update
+update._commit = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+from lmdbfolder import pack_sharded
+pack_sharded({str(src)!r}, {str(dst)!r}, shards=2, update=True, progress=False, workers=1)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    first = sorted(p for p in dst.iterdir() if p.is_dir())[0]
+    staging = Path(staging_path(str(first)))
+    assert staging.is_dir()  # the first shard's files, all staged, killed before its commit
+    if how == "changed":
+        _rewrite(src / "cat" / "new1.jpg", "content")
+    else:
+        _damage_staged(staging, "flipped")
+    pack_sharded(src, dst, shards=2, update=True, progress=False)
+    assert_imagefolder(src, dst)
+    report = verify(dst, progress=False)
+    assert report.ok, report.problems

@@ -30,6 +30,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,8 @@ __all__ = [
     "overlap",
     "why_not_replaceable",
     "check_replaceable",
+    "not_ours",
+    "check_own_files",
     "remove",
     "make_temp_dir",
     "clear_temp_dir",
@@ -325,6 +328,11 @@ def why_not_replaceable(path: str | os.PathLike[str]) -> str | None:
     names = set(os.listdir(p))
     if not names:
         return None
+    # Nothing lmdbfolder writes is a link, a FIFO or a device: a directory holding one
+    # was planted, and writing into it would follow or block on what was planted.
+    odd = [f"{name} ({what})" for name in sorted(names) if (what := not_ours(os.path.join(p, name), dirs=True))]
+    if odd:
+        return f"it holds {', '.join(odd[:3])}{' ...' if len(odd) > 3 else ''}, which lmdbfolder never makes"
     shards = shard_entries(p)
     names -= _writer_locks(p, names)
     if TEMP_MARKER in names:
@@ -402,6 +410,52 @@ def _listing(root: str, names: list[str], shown: int = 5) -> str:
     return ", ".join(shown_names) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
+def not_ours(path: str, *, dirs: bool = False) -> str | None:
+    """What ``path`` is when it is not something lmdbfolder makes there (None: missing, a
+    regular file, or with ``dirs`` a real directory): "a symbolic link (to ...)", "a FIFO",
+    ... Never follows a link nor opens the path (a FIFO's open would wait)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    mode = st.st_mode
+    if stat.S_ISREG(mode) or (dirs and stat.S_ISDIR(mode)):
+        return None
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symbolic link to {os.readlink(path)}"
+        except OSError:
+            return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def check_own_files(folder: str, names: Iterable[str], *, doing: str, folders: Iterable[str] = ()) -> None:
+    """OutputExistsError unless ``folder`` is a directory (not a link) whose entries ``names``
+    are regular files or missing (and ``folders``, real directories or missing): what an
+    update writes or opens there is then what lmdbfolder made, never a link or a FIFO
+    someone planted (``doing``: what would have used it, for the message)."""
+    what = not_ours(folder, dirs=True)
+    if what is None and os.path.lexists(folder) and not os.path.isdir(folder):
+        what = "a file"
+    if what is not None:
+        raise OutputExistsError(
+            folder,
+            f"is {what}, not a folder lmdbfolder made; {doing} never writes through it",
+            f"remove {folder} (or pass the folder it stands for), then run the same command again",
+        )
+    for name, is_dir in [*((n, False) for n in names), *((n, True) for n in folders)]:
+        path = os.path.join(folder, name)
+        what = not_ours(path, dirs=is_dir)
+        if what is not None:
+            raise OutputExistsError(
+                path,
+                f"is {what}, not a file lmdbfolder wrote; {doing} never follows or opens it",
+                f"remove {path} (lmdbfolder makes it again when it needs it), then run the same command again",
+            )
+
+
 def check_replaceable(path: str | os.PathLike[str], *, hint: str | None = None) -> None:
     """Raise OutputExistsError unless ``path`` is provably ours (see ``why_not_replaceable``)."""
     why = why_not_replaceable(path)
@@ -446,7 +500,12 @@ LOCK_RESERVE = 16 << 10
 def reserve_lock_file(folder: str) -> None:
     """Make ``folder/lock.mdb`` at least ``LOCK_RESERVE`` bytes, allocated on disk (not
     sparse), before ``lmdb.open`` maps it; OSError (ENOSPC, ...) when the disk cannot."""
-    fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    # Never through a link, never waiting on a FIFO (ELOOP, or a FIFO's ENXIO/EINVAL below).
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(os.path.join(folder, LOCK_FILE), flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "it is not a regular file", os.path.join(folder, LOCK_FILE))
     try:
         if hasattr(os, "posix_fallocate"):
             try:
@@ -636,7 +695,10 @@ def write_atomically(directory: str, name: str, data: bytes | Iterable[bytes], t
     """Write ``directory/name`` through ``directory/tmp_name`` and a rename, durably.
     ``data``: the bytes, or pieces of them written in turn (never all in memory at once)."""
     tmp = os.path.join(directory, tmp_name)
-    with open(tmp, "wb") as f:
+    if os.path.lexists(tmp):
+        os.remove(tmp)  # a killed run's (a link planted there is removed, never followed)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "wb") as f:
         for piece in (data,) if isinstance(data, bytes) else data:
             f.write(piece)
         f.flush()

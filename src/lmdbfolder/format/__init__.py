@@ -65,6 +65,7 @@ from lmdbfolder.format.manifest import (
     DAMAGED_HINT as DAMAGED_HINT,
 )
 from lmdbfolder.format.manifest import (
+    IMPORTED_LAYOUT_PREFIX,
     INVALID,
     MAX_RECORDED_EXTENSIONS,
     MAX_RECORDED_MATCH,
@@ -270,6 +271,7 @@ __all__ = [
     "SourceRecord",
     "ShardPlace",
     "SOURCE_LAYOUTS",
+    "IMPORTED_LAYOUT_PREFIX",
     "MAX_RECORDED_MATCH",
     "MAX_RECORDED_EXTENSIONS",
     "Shown",

@@ -798,6 +798,8 @@ class ShardPlace:
 
 #: The layouts a pack's ``source`` records (``write.sources.SourceList.layout``).
 SOURCE_LAYOUTS = ("imagefolder", "flat", "list")
+#: The layout of an imported pack starts with this (``lmdbfolder import``: ``legacy-<recipe>``).
+IMPORTED_LAYOUT_PREFIX = "legacy-"
 #: Bounds of a recorded ``source`` (read from a file: a forged one may hold anything).
 MAX_RECORDED_MATCH = 4096
 MAX_RECORDED_EXTENSIONS = 1000

@@ -51,12 +51,13 @@ import json
 import os
 import re
 import shutil
+import stat
 import threading
 import warnings
 from typing import Any, Iterator, Sequence
 
 from lmdbfolder import packdir, packfile
-from lmdbfolder.errors import NotAPackError, RemoteError
+from lmdbfolder.errors import NotAPackError, OutputExistsError, RemoteError
 from lmdbfolder.format import (
     COPYING_SUFFIX,
     DATA_FILE,
@@ -70,7 +71,7 @@ from lmdbfolder.format import (
     ShardIndex,
     shard_matches,
 )
-from lmdbfolder.pagefile import read_regular
+from lmdbfolder.pagefile import NotRegularFileError, read_regular
 from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, ObjectInfo, Remote, download
 
 __all__ = ["StagedPack", "fetch_shard", "fetch_index"]
@@ -140,6 +141,8 @@ def fetch_shard(
             packdir.make_temp_dir(tmp)
         except OSError as exc:  # a cache folder this process may not write, a full disk
             raise disk_error(exc, src.url, directory) from None
+        except OutputExistsError as exc:  # not ours (a link, a FIFO planted in it): never written through
+            raise RemoteError(src.url, f"cannot stage it: {exc.message}", f"remove {tmp}", kind="disk") from None
     info = info or src.info()
     expected = entry.data_bytes
     if expected is not None and expected != info.size:
@@ -185,6 +188,13 @@ def fetch_shard(
 def disk_error(exc: OSError, url: str, where: str) -> RemoteError:
     """A local OSError while staging (full disk, permission) as a RemoteError naming both."""
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    if isinstance(exc, NotRegularFileError):  # a link or FIFO planted in the cache folder
+        return RemoteError(
+            url,
+            f"cannot store it in {where}: {exc.filename}: {exc.strerror}",
+            f"remove {exc.filename} (lmdbfolder makes it again), then run the same command again",
+            kind="disk",
+        )
     return RemoteError(
         url,
         f"cannot store it in {where}: {exc.strerror or exc}" + (" (the disk is full)" if full else ""),
@@ -219,12 +229,12 @@ def _flock(path: str, mode: int, *, create: bool = True) -> Iterator[int | None]
     by this process."""
     flags = os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
     try:
-        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+        fd = _open_own(path, flags)
     except OSError as exc:
         if not create or exc.errno not in _READ_ONLY:
             raise
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _open_own(path, os.O_RDONLY)
         except FileNotFoundError:
             if mode & fcntl.LOCK_EX:
                 raise exc from None
@@ -237,6 +247,33 @@ def _flock(path: str, mode: int, *, create: bool = True) -> Iterator[int | None]
     finally:
         if _HELD.pop(fd, None) == os.getpid():
             os.close(fd)  # closing drops the lock
+
+
+def _open_own(path: str, flags: int) -> int:
+    """A descriptor of ``path``, a regular file of the cache folder (``flags``: how to open
+    it). A cache folder is often shared by every user of a node: a link or a FIFO planted
+    under a name lmdbfolder uses is never followed nor waited on, but refused
+    (``NotRegularFileError``, naming the path and saying to remove it)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFileError(errno.ELOOP, _planted("a symbolic link"), path) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a special file"
+            raise NotRegularFileError(errno.EINVAL, _planted(what), path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _planted(what: str) -> str:
+    return f"it is {what}, which lmdbfolder never makes in a cache folder: remove it"
 
 
 def _drop_inherited_locks() -> None:
@@ -310,6 +347,17 @@ class StagedPack:
         self.root = os.path.join(cache, f"{prefix}-{key}")
         try:
             os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise disk_error(exc, self.url, self.root) from None
+        what = packdir.not_ours(self.root, dirs=True)
+        if what is not None:  # a link planted under this pack's name: its shards would land elsewhere
+            raise RemoteError(
+                self.url,
+                f"cannot stage it in {self.root}: it is {what}, not a folder lmdbfolder made",
+                f"remove {self.root} (it is made again), then open the pack again",
+                kind="disk",
+            )
+        try:
             index_file = os.path.join(self.root, SHARD_INDEX_FILE)
             if not os.path.isfile(index_file):
                 tmp = f"{index_file}.{os.getpid()}.tmp"
@@ -487,7 +535,13 @@ class StagedPack:
                 continue  # its rank has just stopped following
             except BlockingIOError:
                 pass  # its rank lives (it writes and removes its list only under ROOM_LOCK, held here)
-            with open(path, "rb") as f:
+            except NotRegularFileError:
+                continue  # not a list a rank wrote (a link, a FIFO): never followed, never waited on
+            try:
+                fd = _open_own(path, os.O_RDONLY)
+            except OSError:
+                continue
+            with open(fd, "rb") as f:
                 raw = f.read(1 << 20)
             try:
                 for soon, k in enumerate(json.loads(raw)):
@@ -603,9 +657,16 @@ class _Follower:
         self._needs_fd: int | None = None
         try:
             with pack._deciding():  # created, held and written before any decision sees it
-                self._needs_fd = os.open(self._needs, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._needs_fd = _open_own(self._needs, os.O_RDWR | os.O_CREAT)
                 fcntl.flock(self._needs_fd, fcntl.LOCK_SH)
                 self._put_needs()
+        except NotRegularFileError as exc:
+            raise RemoteError(
+                pack.url,
+                f"cannot keep this rank's list of needs in {self._needs}: {exc.strerror}",
+                f"remove {self._needs}, then run the same command again",
+                kind="disk",
+            ) from None
         except OSError as exc:
             if exc.errno not in _READ_ONLY:
                 raise

@@ -41,7 +41,7 @@ from PIL import Image
 
 from lmdbfolder.encodings import RAW, sniff
 from lmdbfolder.errors import NotAPackError, OptionError, SourceError, UnsafePickleError, os_hint
-from lmdbfolder.format import DATA_FILE, encode_record
+from lmdbfolder.format import DATA_FILE, IMPORTED_LAYOUT_PREFIX, encode_record
 from lmdbfolder.pagefile import P_LEAF, PageDamage, PageFile, open_regular, read_regular
 from lmdbfolder.write.options import PackOptions
 from lmdbfolder.write.records import Loaded, Skipped, load_bytes
@@ -508,7 +508,12 @@ def import_legacy(
             store = _basicsr_store(pf, layout, old)
             loader = _basicsr_loader(pf, layout, store, channel_order, old)
         sources = SourceList(
-            old, "legacy-" + layout.kind, layout.names, labels, classes, {c: i for i, c in enumerate(classes)}
+            old,
+            IMPORTED_LAYOUT_PREFIX + layout.kind,
+            layout.names,
+            labels,
+            classes,
+            {c: i for i, c in enumerate(classes)},
         )
         options = PackOptions(
             store=store,

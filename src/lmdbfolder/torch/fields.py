@@ -24,8 +24,8 @@ from typing import Any, Callable
 import torch
 from torchvision.datasets import VisionDataset
 
-from lmdbfolder.errors import NotAPackError, OptionError
-from lmdbfolder.read.fields import SEGMENTATION_LAYOUTS, TENSOR, SampleSchema, samples_manifest
+from lmdbfolder.errors import CorruptRecordError, NotAPackError, OptionError
+from lmdbfolder.read.fields import RGB, SEGMENTATION_LAYOUTS, TENSOR, SampleSchema, samples_manifest
 from lmdbfolder.read.opening import AnyReader, open_pack
 from lmdbfolder.torch.options import ReadOptions, read_options
 from lmdbfolder.torch.replay import Replay
@@ -118,6 +118,10 @@ class LMDBDataset(VisionDataset):
         self._tensor_fields = tuple(k for k, how in enumerate(self.schema.decoders) if how == TENSOR)
         self.categories: list[Any] = list(self.layout_info.get("categories") or []) if self.layout == "coco" else []
         self._ids: list[Any] | None = None
+        #: The fused crop of the item's image fields (``lmdbfolder.torch.joint``), decided once: a
+        #: v2 pipeline that starts with RandomResizedCrop (+ RandomHorizontalFlip), or
+        #: PairedRandomCrop for pairs; None: every field decoded whole, then ``transforms``.
+        self._fused = _fused_slot(self)
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -146,6 +150,10 @@ class LMDBDataset(VisionDataset):
     def __getitem__(self, index: int) -> Any:
         """Sample ``index``: the item of the pack's layout, wrapped for v2 and transformed as
         the dataset was made to (see the class docstring)."""
+        if self._fused is not None:
+            plan = self._fused.get(self.transforms)
+            if plan.fused:
+                return self._fused_item(index, plan)
         values = self._values(index)
         item = self.schema.item(values)
         if not self.wrap and self.transforms is None:
@@ -159,6 +167,77 @@ class LMDBDataset(VisionDataset):
                 with self.replay.seeded(index):
                     return self._transformed(item)
             return self._transformed(item)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """Samples ``indices`` (a DataLoader's batch): with a fused plan that batches
+        (``JointPlan.batches``: nothing after the crop and flip draws random numbers), every
+        sample's box and flip drawn in order, then all their crops decoded in one run; else
+        ``[self[i] for i in indices]``. The same samples either way."""
+        plan = self._fused.get(self.transforms) if self._fused is not None else None
+        if plan is None or not plan.fused or not plan.batches or self.replay is not None:
+            return [self[i] for i in indices]
+        made = [self._pending_item(i, plan) for i in indices]
+        items = [item for item, _ in made]
+        return self._run_fused(_owners(made), lambda: plan.batch(items))
+
+    def _pending_item(self, index: int, plan: Any) -> tuple[tuple[Any, ...], int]:
+        """Sample ``index``'s item, wrapped, with its image fields still encoded
+        (``PendingImage``; a segmentation mask: ``PendingMask``), and its record's index."""
+        from lmdbfolder.torch.joint import PendingImage, PendingMask, size_stand_in
+
+        record = self.reader.get(index)
+        schema = self.schema
+        parts = schema.split(record.payload, record.index)
+        segmentation = self.layout in SEGMENTATION_LAYOUTS
+        values: list[Any] = []
+        for k, data in enumerate(parts):
+            name = self.fields[k].name
+            where = f"{self.reader.path}: sample {index}, field {name!r}"
+            if schema.decoders[k] == RGB:
+                values.append(PendingImage(data, where, name))
+            elif segmentation and self.fields[k].kind == "mask":
+                values.append(PendingMask(data, where, name))
+            else:
+                values.append(schema.value(k, data, record.index))
+        for k in self._tensor_fields:
+            values[k] = torch.from_numpy(values[k])
+        item = schema.item(values)
+        if segmentation:
+            # (image, mask): the wrapper's Mask is what PendingMask makes (its crop only).
+            return item, record.index
+        # The wrapper may read the image's size (COCO's boxes): it sees a stand-in of that size.
+        image = item[0]
+        probe = size_stand_in(image, plan.read)
+        return (image, *self._wrapper(values, (probe, *item[1:]))[1:]), record.index
+
+    def _fused_item(self, index: int, plan: Any) -> Any:
+        """Sample ``index`` through a fused plan (``lmdbfolder.torch.joint``)."""
+        item, record = self._pending_item(index, plan)
+        owners = _owners([(item, record)])
+        if self.replay is not None:
+            replay = self.replay
+
+            def seeded() -> Any:
+                with replay.seeded(index):
+                    return plan(*item)
+
+            return self._run_fused(owners, seeded)
+        return self._run_fused(owners, lambda: plan(*item))
+
+    def _run_fused(self, owners: dict[int, int], make: Callable[[], Any]) -> Any:
+        """``make()`` in the dataset's torch threads; an image field it cannot decode is
+        reported as ``CorruptRecordError`` naming its record (``owners``: the record of
+        each ``PendingImage``, by id) and field."""
+        from lmdbfolder.torch.joint import ImageFieldError
+
+        try:
+            with self._torch_threads():
+                return make()
+        except ImageFieldError as exc:
+            record = owners.get(id(exc.pending), -1)
+            raise CorruptRecordError(record, f"its field {exc.pending.field!r} cannot be read: {exc.cause}") from (
+                exc.cause
+            )
 
     def _transformed(self, item: Any) -> Any:
         assert self.transforms is not None
@@ -186,6 +265,23 @@ class LMDBDataset(VisionDataset):
     def close(self) -> None:
         """Release this process's handles of the pack."""
         self.reader.close()
+
+
+def _owners(made: list[tuple[tuple[Any, ...], int]]) -> dict[int, int]:
+    """The record index of each encoded image field of these items, by the field's id."""
+    from lmdbfolder.torch.joint import PendingImage
+
+    return {id(part): record for item, record in made for part in item if isinstance(part, PendingImage)}
+
+
+def _fused_slot(dataset: LMDBDataset) -> Any:
+    """The dataset's ``PlanSlot`` when its transforms start with steps a plan fuses, else None."""
+    if dataset.transforms is None or not dataset.wrap or dataset.layout not in (*SEGMENTATION_LAYOUTS, "coco", "pairs"):
+        return None
+    from lmdbfolder.torch.joint import PlanSlot, fusable
+
+    pairs = dataset.layout == "pairs"
+    return PlanSlot(pairs=pairs) if fusable(dataset.transforms, pairs=pairs) else None
 
 
 class _Wrapper:

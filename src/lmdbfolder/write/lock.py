@@ -18,9 +18,11 @@ notices (the path then names another file) and tries again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
+import stat
 from typing import Iterator
 
 from lmdbfolder.errors import OutputExistsError, PackError, os_refusal
@@ -48,6 +50,14 @@ def _holder(fd: int) -> str:
         return "a process whose id it did not record"
 
 
+def _planted(path: str, what: str) -> OutputExistsError:
+    return OutputExistsError(
+        path,
+        f"is {what}, not a writer lock lmdbfolder made; it is never followed or written",
+        f"remove {path}, then run the same command again",
+    )
+
+
 @contextlib.contextmanager
 def writer_lock(dst: str) -> Iterator[None]:
     """Hold the writer lock of ``dst`` for the ``with`` block.
@@ -65,10 +75,17 @@ def writer_lock(dst: str) -> Iterator[None]:
     except OSError as exc:
         raise PackError(*os_refusal(exc, "cannot make the folder of", dst)) from None
     while True:
+        # Never through a link, never waiting on a FIFO: a file planted under this name is refused.
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
         except OSError as exc:  # a read-only folder, a full disk: before anything else is written
+            if exc.errno == errno.ELOOP:
+                raise _planted(path, "a symbolic link") from None
             raise PackError(*os_refusal(exc, "cannot create the writer lock")) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise _planted(path, "a FIFO or another special file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

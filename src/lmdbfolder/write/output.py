@@ -69,6 +69,8 @@ def _prepare_output(dst: str, *, overwrite: bool, restart: bool) -> str:
     call: only a directory that is provably an lmdbfolder pack (or our own
     unfinished one) ever is.
     """
+    if os.path.islink(dst):
+        raise _linked_output(dst)
     if os.path.lexists(dst):
         if not overwrite:
             raise OutputExistsError(dst)
@@ -86,6 +88,24 @@ def _prepare_output(dst: str, *, overwrite: bool, restart: bool) -> str:
             partial, "is in the way (it is not a directory)", "remove it or choose another output path"
         )
     return partial
+
+
+def _linked_output(dst: str) -> OutputExistsError:
+    """The refusal of a ``dst`` that is a symbolic link (with or without --overwrite or
+    --update: a pack is never written, updated or replaced through a link), saying what works."""
+    target = os.readlink(dst)
+    real = os.path.realpath(dst)
+    hint = (
+        f"pass the folder it points to, {real}, as DST (the same command then writes, updates or "
+        "replaces the pack there), or remove the link"
+        if os.path.isdir(real)
+        else "remove the link (what it points to does not exist), or choose another output path"
+    )
+    return OutputExistsError(
+        dst,
+        f"is a symbolic link (to {target}); lmdbfolder never writes, updates or replaces a pack through a link",
+        hint,
+    )
 
 
 def _check_free_space(partial: str, plan: sizing.Plan, done: int) -> None:

@@ -23,6 +23,8 @@ import lmdb
 from lmdbfolder import packdir, packfile
 from lmdbfolder.errors import NotAPackError, OutputExistsError, PackError, os_refusal
 from lmdbfolder.format import (
+    DATA_FILE,
+    LOCK_FILE,
     META_KEY,
     PROGRESS_KEY,
     SKIPPED_KEY,
@@ -129,6 +131,8 @@ def describe_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 
 
 def _open_env(partial: str, map_size: int) -> lmdb.Environment:
+    # DST.partial (or DST.update) kept to resume: what LMDB opens in it by name is ours.
+    packdir.check_own_files(partial, (DATA_FILE, LOCK_FILE), doing="a pack")
     try:
         packdir.reserve_lock_file(partial)
     except OSError as exc:

@@ -25,13 +25,14 @@ Only the standard library is used; no file is opened except the list file
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from lmdbfolder.errors import ListFileError, OptionError, PackError, SourceError, SourceNotFoundError, os_hint
-from lmdbfolder.format import MAX_MANIFEST_BYTES, NO_LABEL, SOURCE_LAYOUTS, SourceRecord
+from lmdbfolder.format import IMPORTED_LAYOUT_PREFIX, MAX_MANIFEST_BYTES, NO_LABEL, SOURCE_LAYOUTS, SourceRecord
 from lmdbfolder.pagefile import open_regular
 from lmdbfolder.text import printable
 from lmdbfolder.write.compact import LabelList, PathList
@@ -255,6 +256,24 @@ def _no_valid_file(empty: list[str], exts: tuple[str, ...], fields: dict[str, st
     return why
 
 
+def _is_class_folder(entry: os.DirEntry[str]) -> bool:
+    """``entry.is_dir()`` (links followed, as torchvision does); SourceError naming the entry
+    when it cannot be told (a symbolic link that leads back to itself, as torchvision
+    raises it too), never the source folder around it."""
+    try:
+        return entry.is_dir()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SourceError(
+                entry.path,
+                "is a symbolic link that loops (it leads back to itself), so it is neither a class folder nor a file",
+                "remove the link, or point it at the folder it stands for",
+            ) from None
+        raise SourceError(
+            entry.path, f"cannot tell whether it is a class folder ({exc.strerror or exc})", os_hint(exc)
+        ) from None
+
+
 def scan_imagefolder(
     root: str,
     *,
@@ -270,7 +289,7 @@ def scan_imagefolder(
     keep, exts, fields = _file_filter(extensions, is_valid_file, match)
     try:
         with os.scandir(root) as entries:
-            classes = sorted(e.name for e in entries if e.is_dir())
+            classes = sorted(e.name for e in entries if _is_class_folder(e))
     except OSError as exc:
         raise SourceError(root, f"cannot list this folder ({exc.strerror or exc})", os_hint(exc)) from None
     if not classes:
@@ -561,6 +580,14 @@ class _Filters:
         record = SourceRecord.of(source)
         if record is None or not record.recorded:
             return None
+        if record.layout is not None and record.layout.startswith(IMPORTED_LAYOUT_PREFIX):
+            # A valid pack (``verify`` says so) whose samples came from another LMDB, not a folder.
+            raise OptionError(
+                f"{where} was imported from another LMDB (`lmdbfolder import`; its source is "
+                f"{printable(record.layout, 60)} {printable(record.root or '?', 200)}), not packed from a source "
+                "folder, so an update cannot bring it up to date with one",
+                "pack the folder afresh with --overwrite, or import the LMDB again",
+            )
         if record.problem is not None or record.layout is None:
             raise PackError(
                 f"{where}: its manifest records a source layout or file filters that are not valid "

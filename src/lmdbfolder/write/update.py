@@ -36,9 +36,11 @@ update.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -50,6 +52,7 @@ from lmdbfolder import packdir, packfile
 from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError, os_refusal
 from lmdbfolder.format import (
     CHECK_KEY,
+    COMPACT_DIR,
     DATA_FILE,
     KEY,
     LOCK_FILE,
@@ -104,18 +107,56 @@ COMPACT_FREE_FRACTION = 0.5
 
 # What ``_plan`` decides for each source file.
 _KEEP, _RELABEL, _READ, _SKIP_AGAIN = 0, 1, 2, 3
-# What a staged value holds: kind (u8), the file's size (u64) and mtime (i64), then
-# a record (unbound), nothing (the same record as the pack's), or a skip reason.
-_STAGED = struct.Struct("<BQq")
+# What a staged value holds: kind (u8), the file's size (u64) and mtime (i64) when it was
+# read, a checksum (``_staged_digest``), then a record (unbound), nothing (the same record
+# as the pack's), or a skip reason. A rerun reuses it only while the checksum holds and the
+# file's size and mtime are still those (``_StageRun.refresh``).
+_STAGED = struct.Struct("<BQq16s")
 _RECORD, _SAME, _SKIPPED = 0, 1, 2
+#: Bumped when the staged values change: a staging folder of another layout is started again.
+_STAGED_LAYOUT = 2
+
+
+def _staged_digest(j: int, kind: int, size: int, mtime: int, body: bytes | bytearray | memoryview) -> bytes:
+    """The checksum of staged value ``j``: its position, kind, stat and body (SHA-256, the
+    first 16 bytes; SHA-256 is the faster where the CPU has its instructions). A staged
+    value damaged or altered since it was written, or moved under another position, no
+    longer matches: it is read again from the source, never published."""
+    h = hashlib.sha256(encode_key(j))
+    h.update(struct.pack("<BQq", kind, size, mtime))
+    h.update(body)
+    return h.digest()[:16]
+
+
+def _staged_value(j: int, kind: int, size: int, mtime: int, body: bytes | bytearray | memoryview = b"") -> bytes:
+    """Staged value ``j``: ``_STAGED`` (with its checksum) and ``body``."""
+    return b"".join((_STAGED.pack(kind, size, mtime, _staged_digest(j, kind, size, mtime, body)), body))
+
+
+def _unstage(
+    j: int, value: bytes | bytearray | memoryview, *, check_records: bool = True
+) -> tuple[int, int, int, memoryview] | None:
+    """(kind, size, mtime, body) of staged value ``j``; None when its checksum does not hold.
+    ``check_records=False`` leaves a record's checksum to the caller that publishes it."""
+    if len(value) < _STAGED.size:
+        return None
+    kind, size, mtime, digest = _STAGED.unpack_from(value)
+    body = memoryview(value)[_STAGED.size :]
+    if kind not in (_RECORD, _SAME, _SKIPPED):
+        return None
+    if (check_records or kind != _RECORD) and digest != _staged_digest(j, kind, size, mtime, body):
+        return None
+    return kind, size, mtime, body
 
 
 def check_updatable(path: str) -> None:
     """Every rule an update checks of the pack at ``path`` before it writes (its tables,
-    the exhaustive rules too, and a record of each class against ``record_classes``):
-    NotAPackError, or OptionError for a pack that cannot be updated in place, naming the
-    pack. A sharded update checks every shard so before it changes any."""
+    the exhaustive rules too, and a record of each class against ``record_classes``; its
+    files and its staging folder: lmdbfolder's own, no link or FIFO): NotAPackError,
+    OptionError for a pack that cannot be updated in place, or OutputExistsError, naming
+    the path. A sharded update checks every shard so before it changes any."""
     _OldPack.load(path).pf.close()
+    _check_staging(staging_path(path))
 
 
 def staging_path(dst: str) -> str:
@@ -176,9 +217,13 @@ class _OldPack:
     record_classes: list[str]  # the class each record header's label names
     next_record: int
     check: dict[bytes, tuple[int, int]]  # __check__: the tables the pack has
+    identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the data.mdb read: the one the update writes
 
     @classmethod
     def load(cls, path: str) -> _OldPack:
+        # What the update writes is the pack's own file, never one a link leads to.
+        packdir.check_own_files(path, (DATA_FILE, LOCK_FILE, SKIPPED_REPORT), doing="an update", folders=(COMPACT_DIR,))
+        before = os.lstat(os.path.join(path, DATA_FILE))
         pf = packfile.open_data(path, readahead=False)
         try:
             tables = packfile.load_tables(pf, path)
@@ -230,6 +275,7 @@ class _OldPack:
             record_classes=list(names_in_records if names_in_records is not None else meta.classes),
             next_record=meta.next_record if meta.next_record is not None and tables.version >= 3 else count,
             check=dict(tables.check or {}),
+            identity=(before.st_dev, before.st_ino),
         )
 
     @property
@@ -436,33 +482,38 @@ class _StageRun(_Run):
         self.old = old
         self.old_keys = old_keys  # per file to read: the record key of its sample in the pack, or -1
 
+    def _value(self, j: int, result: Loaded | Skipped) -> bytes:
+        """The staged value of file ``j`` read as ``result`` (SourceError for a skipped file
+        under ``--strict``, after committing what is staged)."""
+        if isinstance(result, Skipped):
+            if self.options.strict:
+                self._commit()
+                raise SourceError(
+                    self.sources.abspath(j),
+                    result.reason,
+                    "fix or remove the file and run the same command again to resume, "
+                    "or update without --strict to skip such files",
+                )
+            return _staged_value(
+                j, _SKIPPED, result.size, result.mtime_ns, result.reason.encode("utf-8", "surrogateescape")
+            )
+        self.input_bytes += result.source_bytes
+        key = self.old_keys[j]
+        if key >= 0 and _same_record(self.old.value(key), result.value):
+            return _staged_value(j, _SAME, result.source_bytes, result.mtime_ns)
+        return _staged_value(j, _RECORD, result.source_bytes, result.mtime_ns, result.value)
+
     def _write(self, todo: range, results: Iterable[Loaded | Skipped], progress: bool | None) -> None:
         state = self.state
         with Progress(len(self.sources), "update", enabled=progress, initial=state.next_source) as bar:
             for j, result in zip(todo, results):
                 if self.interrupted:
                     raise KeyboardInterrupt
+                value = self._value(j, result)
                 if isinstance(result, Skipped):
-                    if self.options.strict:
-                        self._commit()
-                        raise SourceError(
-                            self.sources.abspath(j),
-                            result.reason,
-                            "fix or remove the file and run the same command again to resume, "
-                            "or update without --strict to skip such files",
-                        )
-                    value = _STAGED.pack(_SKIPPED, result.size, result.mtime_ns) + result.reason.encode(
-                        "utf-8", "surrogateescape"
-                    )
                     bar.write(skipped_line(self.sources.relpaths[j], result.reason))
                 else:
-                    self.input_bytes += result.source_bytes
                     bar.update(1, result.source_bytes)
-                    key = self.old_keys[j]
-                    if key >= 0 and _same_record(self.old.value(key), result.value):
-                        value = _STAGED.pack(_SAME, result.source_bytes, result.mtime_ns)
-                    else:
-                        value = b"".join((_STAGED.pack(_RECORD, result.source_bytes, result.mtime_ns), result.value))
                 self.batch.append((encode_key(j), value))
                 self.batch_bytes += len(value)
                 state.next_source = j + 1
@@ -472,6 +523,37 @@ class _StageRun(_Run):
                     self.on_progress(j + 1, len(self.sources))
         if self.interrupted:
             raise KeyboardInterrupt
+
+    def refresh(self, sizes: np.ndarray, mtimes: np.ndarray) -> int:
+        """Read again the files staged by an earlier run that can no longer be trusted:
+        a staged value whose checksum does not hold (damaged or altered since), or a
+        file whose size or mtime (``sizes``, ``mtimes``: the ``stat`` of this run, per
+        file to read) differs from when it was staged (it changed while the update was
+        stopped). Returns how many were read again."""
+        state = self.state
+        stale = []
+        with state.env.begin(buffers=True) as txn:
+            for j in range(state.next_source):
+                value = txn.get(encode_key(j))
+                staged = None if value is None else _unstage(j, value)
+                if (
+                    staged is None
+                    or staged[2] == UNKNOWN_MTIME
+                    or (staged[1], staged[2]) != (int(sizes[j]), int(mtimes[j]))
+                ):
+                    stale.append(j)
+        puts: dict[bytes, bytes | bytearray | None] = {}
+        held = 0
+        for j in stale:
+            again = self._value(j, self._load(j))
+            puts[encode_key(j)] = again
+            held += len(again)
+            if held >= self.batch_limit:
+                state.commit([], puts)
+                puts, held = {}, 0
+        if puts:
+            state.commit([], puts)
+        return len(stale)
 
     def finish(self) -> None:
         self._commit({PROGRESS_KEY: self.state.checkpoint()})
@@ -499,14 +581,14 @@ def _stage(
     ``loader(s)`` when given (samples of several fields). Returns (bytes read by this run,
     files done before it)."""
     fingerprint = {
+        "staged_layout": _STAGED_LAYOUT,
         "update_of": str(old.meta.pack_id),
         "todo": len(plan.todo),
         "todo_sha256": plan.todo_digest(sources),
         "root": sources.root,
         **options.fingerprint(),
     }
-    if os.path.lexists(staging):
-        packdir.check_replaceable(staging, hint=f"it is in the way of the update's staging folder: remove {staging}")
+    _check_staging(staging)
     os.makedirs(staging, exist_ok=True)
     todo_sizes = np.maximum(plan.sizes[plan.todo], 0)
     mean = float(todo_sizes.mean()) if plan.todo else 0.0
@@ -540,6 +622,8 @@ def _stage(
     )
     run = _StageRun(job, state, old, old_keys)
     try:
+        if done_before:  # staged by a run that stopped: reused only where it can be trusted
+            run.refresh(plan.sizes[plan.todo], plan.mtimes[plan.todo])
         if state.next_source < len(plan.todo):
             if options.space_check:
                 need = 2 * int(todo_sizes[state.next_source :].sum()) + (64 << 20)
@@ -691,8 +775,11 @@ def _take_changed(
         found = staged.get(encode_key(todo_at[s])) if staged is not None else None
         if found is None:
             raise PackError(f"the staged update has no entry for {sources.relpaths[s]}", "run the update again")
-        kind, size, mtime = _STAGED.unpack_from(found)
-        body = found[_STAGED.size :]
+        # A record's checksum is checked where it is published (``_record``): hashed once there.
+        unstaged = _unstage(todo_at[s], found, check_records=False)
+        if unstaged is None:
+            raise _damaged_staging(sources.relpaths[s])
+        kind, size, mtime, body = unstaged
         changes.read += 1
         work.sizes[s], work.mtimes[s] = size, mtime
         if kind == _SKIPPED:
@@ -827,7 +914,56 @@ def _record(put: _Put, old: _OldPack, staged: PageFile | None) -> bytes | bytear
     found = staged.get(encode_key(put.staged)) if staged is not None else None
     if found is None:
         raise PackError(f"the staged update lost its file {put.staged}", "run the update again")
-    return bind_record(bytearray(found[_STAGED.size :]), old.binding, put.key)  # type: ignore[return-value]
+    # Checked on the copy that is published: the checksum the binding gives it vouches for these bytes.
+    value = bytearray(found)
+    unstaged = _unstage(put.staged, value)
+    if unstaged is None or unstaged[0] != _RECORD:
+        raise _damaged_staging(f"source file {put.staged} of the update")
+    return bind_record(unstaged[3], old.binding, put.key)  # type: ignore[return-value]
+
+
+def _damaged_staging(what: str) -> PackError:
+    return PackError(
+        f"the staged copy of {what} does not match its checksum (damaged or altered since it was staged); "
+        "nothing was changed",
+        "run the same command again: it reads the file again from the source",
+    )
+
+
+_WRITABLE_HINT = (
+    "make {data} writable (`chmod u+w`; `lsattr` shows whether it is immutable: `chattr -i`), "
+    "then run the same command again; nothing was changed"
+)
+
+
+def _check_writable(old: _OldPack, data: str) -> None:
+    """PackError naming ``data`` (the pack's ``data.mdb``) when this process may not write
+    it (a read-only or immutable file): said as what it is, before LMDB opens it."""
+    try:
+        fd = os.open(data, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ETXTBSY):
+            raise PackError(f"cannot update {data}: {exc.strerror}", _WRITABLE_HINT.format(data=data)) from None
+        if exc.errno == errno.ELOOP:  # a link put there since the update began
+            _check_identity(old, data)
+        raise PackError(*os_refusal(exc, "cannot update", data)) from None
+    os.close(fd)
+    _check_identity(old, data)
+
+
+def _check_identity(old: _OldPack, data: str) -> None:
+    """PackError when ``data`` is no longer the regular file the update read (replaced by
+    another file or a link while it ran): it must not be written."""
+    try:
+        st = os.lstat(data)
+        same = stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == old.identity
+    except OSError:
+        same = False
+    if not same:
+        raise PackError(
+            f"{data} was replaced while the update ran (it is not the file the update read); nothing was changed",
+            "check what replaced it, then run the same command again",
+        )
 
 
 def _commit(
@@ -840,18 +976,16 @@ def _commit(
     """One write transaction on the pack's ``data.mdb``: ``puts`` (their bytes made one at
     a time: LMDB keeps the transaction's pages, spilling them to free pages past its
     limit), ``deletes``, ``tables``. A map too small is grown and the transaction run again."""
-    size = os.path.getsize(os.path.join(old.path, DATA_FILE))
+    data = os.path.join(old.path, DATA_FILE)
+    size = os.path.getsize(data)
     need = sum(p.size for p in puts) + sum(len(v) for v in tables.values())
     map_size = size + 2 * need + (64 << 20)
     lock = os.path.join(old.path, LOCK_FILE)
+    _check_writable(old, data)
     try:
-        # LMDB writes lock.mdb through a shared map: on a full disk, SIGBUS inside lmdb.open.
-        packdir.reserve_lock_file(old.path)
-    except OSError as exc:
-        if os.path.exists(lock):
-            os.remove(lock)  # the published pack keeps only its own files
-        raise PackError(*os_refusal(exc, "cannot update", old.path)) from None
-    try:
+        # No lock file (MDB_NOLOCK): readers never use LMDB's, and the writer lock
+        # (``<dst>.lock``) keeps writers apart. So nothing in the pack folder but data.mdb
+        # is opened, and a refused open leaves nothing behind.
         env = lmdb.open(
             os.fsencode(old.path),
             map_size=map_size,
@@ -861,10 +995,16 @@ def _commit(
             max_dbs=0,
             sync=True,
             metasync=True,
+            lock=False,
             writemap=False,  # a full disk must fail the commit, never SIGBUS
         )
     except lmdb.Error as exc:
         raise PackError(f"cannot open {old.path} to update it: {exc}", "run `lmdbfolder verify` on it") from None
+    try:
+        _check_identity(old, data)  # the file LMDB opened by name is still the one read
+    except BaseException:
+        env.close()
+        raise
     try:
         while True:
             txn = env.begin(write=True)
@@ -1041,6 +1181,13 @@ def update(
     old = _OldPack.load(dst)
     try:
         _check_same_fields(old, manifest_extra or {})
+        # Before anything is written: every way out (the report, the staged files) goes
+        # through the staging folder, which must be ours, never a link or a planted folder.
+        _check_staging(staging)
+    except BaseException:
+        old.close()
+        raise
+    try:
         effective = check_options(old, options)
         # Other filters select other files: added (or dropped) silently, they would mix
         # another dataset into this one (``update_spec`` fills in the pack's own).
@@ -1104,6 +1251,13 @@ def _finish_up(dst: str, staging: str, old: _OldPack) -> None:
         packdir.remove(staging)
 
 
+def _check_staging(staging: str) -> None:
+    """OutputExistsError unless ``staging`` is missing or provably ours (``packdir``: a real
+    folder holding only files an update writes, no link, no FIFO)."""
+    if os.path.lexists(staging):
+        packdir.check_replaceable(staging, hint=f"it is in the way of the update's staging folder: remove {staging}")
+
+
 def _write_report(dst: str, staging: str, root: str, skipped: Sequence[tuple[str, str]]) -> None:
     """``<dst>/skipped.txt`` for the new version: written in the staging folder (ours, so
     a kill leaves nothing foreign in ``dst``), then renamed into place."""
@@ -1114,7 +1268,11 @@ def _write_report(dst: str, staging: str, root: str, skipped: Sequence[tuple[str
         return
     os.makedirs(staging, exist_ok=True)
     tmp = os.path.join(staging, SKIPPED_REPORT)
-    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+    if os.path.lexists(tmp):
+        os.remove(tmp)  # a report of an interrupted run (a link is removed, never followed)
+    # A new file (O_EXCL never follows a link): what is renamed into the pack is what was written here.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
         f.write(
             f"# {plural(len(skipped), 'source file')} not packed (path<TAB>reason), relative to {root}\n"
             "# a backslash, tab, newline or carriage return in a path or reason is written as \\\\, \\t, \\n, \\r\n"

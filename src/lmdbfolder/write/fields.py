@@ -303,9 +303,7 @@ def pack_field_samples(
             return Skipped(why, size, stamp)
         except OSError as exc:
             return Skipped(f"cannot read it: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
-        checked = check_fields(
-            payloads, fields, samples.labels[i], check=check, max_pixels=max_pixels, paths=paths
-        )
+        checked = check_fields(payloads, fields, samples.labels[i], check=check, max_pixels=max_pixels, paths=paths)
         if checked.lossy:
             with lock:
                 lossy.extend((samples.relpaths[i], name) for name in checked.lossy)

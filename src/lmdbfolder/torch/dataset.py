@@ -51,7 +51,7 @@ from lmdbfolder.read.stored_file import StoredFile, lend
 from lmdbfolder.torch.batches import BatchSamples
 from lmdbfolder.torch.loader import _RAW_LOADER, _RAW_LOADER_HINT, PackLoader, _decodes_itself
 from lmdbfolder.torch.options import ReadOptions, read_options, shows_settings
-from lmdbfolder.torch.plan import TransformPlan, plan_key
+from lmdbfolder.torch.plan import TransformPlan, fast_path, plan_key
 from lmdbfolder.torch.replay import Replay
 
 __all__ = ["LMDBFolder", "LMDBDatasetFolder"]
@@ -692,6 +692,8 @@ class LMDBDatasetFolder(DatasetFolder):
             lines.append(f"Class order: {self.class_order}")
         if not _decodes_itself(self._loader):
             lines.append(f"Loader: {self._loader!r}")
+        elif self.transform is not None:
+            lines.append(f"Fast path: {fast_path(self.transform, size_hint=self.size_hint)[1]}")
         return "\n".join(lines)
 
 

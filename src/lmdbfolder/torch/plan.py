@@ -29,6 +29,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import BatchItemError, CropJob, ReadPlan
 from lmdbfolder.torch.crop import RandomResizedCrop
+from lmdbfolder.torch.multicrop import MultiCrop
 from lmdbfolder.torch.replay import kept_state
 from lmdbfolder.torch.transport import pool
 
@@ -39,6 +40,7 @@ __all__ = [
     "BatchRecipe",
     "TransformPlan",
     "plan_key",
+    "fast_path",
     "NATIVE_CHUNK",
 ]
 
@@ -118,6 +120,8 @@ def plan_key(transform: Any) -> tuple[Any, ...]:
     between epochs (progressive resizing: ``tf.transforms[0].size = (160, 160)``,
     ``tf.transforms.append(...)``), and ImageFolder applies the transform as it is now.
     """
+    if isinstance(transform, MultiCrop):
+        return (transform, transform.views)  # its views (a tuple of frozen specs) as they are now
     found = getattr(transform, "transforms", None)
     steps = tuple(found) if isinstance(found, list) else (transform,)
     key: list[Any] = [transform, steps]
@@ -211,7 +215,11 @@ class TransformPlan:
         caps = current() if caps is None else caps
         crop: RandomResizedCrop | None = None
         rest = transform
-        if transform is not None:
+        #: The fused multi-crop (``MultiCrop``: all its views from one region decode), or None.
+        self.multicrop = transform if isinstance(transform, MultiCrop) and size_hint is None else None
+        if self.multicrop is not None:
+            rest = None  # ``decode`` makes the views themselves
+        elif transform is not None:
             # size_hint asks for the DCT-scaled full image: no exact twin then.
             crop, rest = (split_exact if size_hint is None else split_fused)(transform)
         self.transform = transform
@@ -234,6 +242,8 @@ class TransformPlan:
         """One stored image as the transform's first steps would leave it: the fused
         crop's output (PIL, or a uint8 CHW tensor), or the whole RGB image."""
         crop, read = self.crop, self.read
+        if self.multicrop is not None:
+            return self._views(self.multicrop, payload, encoding, width, height, channels)
         if crop is None:
             return read.image(payload, encoding, width, height, channels)
         if width <= 0 or height <= 0:
@@ -246,6 +256,20 @@ class TransformPlan:
         out = np.empty((1, 3, out_h, out_w) if planar else (1, out_h, out_w, 3), np.uint8)
         read.run([job], out, planar=planar)
         return torch.from_numpy(out[0]) if planar else Image.fromarray(out[0], "RGB")
+
+    def _views(
+        self, multicrop: MultiCrop, payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int
+    ) -> list[Any]:
+        """A multi-crop sample: every view's random numbers drawn (the original's order),
+        the union of their boxes decoded once (``ReadPlan.covering``), the views made from it."""
+        read = self.read
+        if width <= 0 or height <= 0:
+            # The header has no size to draw the boxes from: the whole image, then the views.
+            return multicrop(to_pil(read.pixels(payload, encoding, width, height, channels)))
+        enc = read.claim(payload, encoding, width, height, channels)  # the boxes are drawn from a checked size
+        draws = multicrop.draw(width, height)
+        pixels, top, left = read.covering(payload, enc, width, height, channels, multicrop.union(draws))
+        return multicrop.make(pixels, top, left, draws)
 
     def batch(self, records: Sequence[Any], seeds: Sequence[int] | None = None) -> torch.Tensor:
         """Every record's box and flip, drawn in the per-sample order (a sample's box,
@@ -312,3 +336,43 @@ class TransformPlan:
                     jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
         self.read.run(jobs, images.numpy(), planar=True)
         return images
+
+
+def fast_path(transform: Any, *, size_hint: int | None = None) -> tuple[bool, str]:
+    """Whether an ``LMDBFolder`` applies ``transform`` on a fast path, and a sentence
+    saying which, or why not (``repr(dataset)`` and ``lmdbfolder doctor PACK
+    --transform`` print it once, so that a transform that buys nothing from the pack
+    says so without a warning per sample)."""
+    if transform is None:
+        return False, "none (samples are whole RGB PIL images)"
+    if isinstance(transform, MultiCrop):
+        if size_hint is not None:
+            return False, "MultiCrop with size_hint: the whole image is decoded (scaled), then the views are made"
+        return True, f"fused multi-crop: {len(transform.views)} views from one region decode per sample"
+    crop, rest = (split_exact if size_hint is None else split_fused)(transform)
+    if crop is not None:
+        how = "fused RandomResizedCrop (only the crop's rows decoded)"
+        if batch_recipe(crop, rest) is not None:
+            how += "; whole batches made at once"
+        return True, how
+    name = type(transform).__name__
+    if name == "DataAugmentationDINO" or hasattr(transform, "global_transfo1"):
+        return False, (
+            f"no fast path: {name} makes each of its views from a fully decoded PIL image, one PIL step at a "
+            "time (lmdbfolder cannot see inside it); put lmdbfolder.fused.MultiCrop.dino(...) with the same "
+            "arguments in its place: the same random numbers, one decode for all views"
+        )
+    found = getattr(transform, "transforms", None)
+    steps = list(found) if isinstance(found, list) else []
+    first = steps[0] if steps else transform
+    first_name = f"{type(first).__module__.split('.')[0]}'s {type(first).__name__}"
+    if type(first).__name__ == "RandomResizedCropAndInterpolation":
+        why = f"its first step is {first_name}, which lmdbfolder does not fuse"
+    elif isinstance(first, T.RandomResizedCrop):
+        why = f"its first step, {first_name} with interpolation {first.interpolation}, has no Pillow twin"
+    else:
+        why = f"it does not start with a RandomResizedCrop (its first step is {first_name})"
+    return False, (
+        f"no fast path: {why}, so every image is decoded whole and given to it; "
+        "torchvision's RandomResizedCrop (or lmdbfolder.fused.RandomResizedCrop) first would be fused"
+    )

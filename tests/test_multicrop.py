@@ -129,6 +129,18 @@ def _assert_same(ours: torch.Tensor, theirs: list[Image.Image]) -> None:
 FACTORS = [0.6, 0.93, 1.17, 1.4]
 
 
+#: Both implementations: the compiled one (where built; else this runs the tensor one twice) and the tensor one.
+BOTH = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "tensor"])
+
+
+def test_the_compiled_operations_are_used_where_built() -> None:
+    from lmdbfolder.read.capabilities import current
+
+    if current().compiled() is not None:  # the build that made _crops made _photometric too
+        assert ops.compiled()
+
+
+@BOTH
 @pytest.mark.parametrize(
     "name, fn",
     [
@@ -137,15 +149,18 @@ FACTORS = [0.6, 0.93, 1.17, 1.4]
         ("saturation", F.adjust_saturation),
     ],
 )
-def test_blends_are_pillows(name: str, fn: Any) -> None:
+def test_blends_are_pillows(name: str, fn: Any, compiled: bool) -> None:
     imgs = _photos()
-    _assert_same(getattr(ops, name)(_batch(imgs), FACTORS), [fn(i, f) for i, f in zip(imgs, FACTORS)])
+    got = getattr(ops, name)(_batch(imgs), FACTORS, compiled=compiled)
+    _assert_same(got, [fn(i, f) for i, f in zip(imgs, FACTORS)])
 
 
-def test_hue_is_torchvisions() -> None:
+@BOTH
+def test_hue_is_torchvisions(compiled: bool) -> None:
     imgs = _photos() + [Image.fromarray(np.random.default_rng(0).integers(0, 256, (90, 120, 3), dtype=np.uint8))]
     for shift in ([-0.1, -0.02, 0.05, 0.1, 0.5], [-0.5, 0.0, 0.003, -0.004, 0.25]):
-        _assert_same(ops.hue(_batch(imgs), shift), [F.adjust_hue(i, f) for i, f in zip(imgs, shift)])
+        got = ops.hue(_batch(imgs), shift, compiled=compiled)
+        _assert_same(got, [F.adjust_hue(i, f) for i, f in zip(imgs, shift)])
 
 
 def test_grayscale_solarize_normalize() -> None:
@@ -160,9 +175,17 @@ def test_grayscale_solarize_normalize() -> None:
     assert all(torch.equal(o, norm(i)) for o, i in zip(ours, imgs))
 
 
-def test_blur_is_pillows_gaussian_blur() -> None:
+@BOTH
+def test_blur_is_pillows_gaussian_blur(compiled: bool) -> None:
     imgs = _photos(6)
     radii = [0.1, 0.55, 0.9, 1.31, 1.77, 2.0]
+    got = ops.gaussian_blur(_batch(imgs), radii, compiled=compiled)
+    _assert_same(got, [i.filter(ImageFilter.GaussianBlur(r)) for i, r in zip(imgs, radii)])
+    big = [Image.fromarray(np.asarray(i)[:40, :50]) for i in imgs[:2]]  # a larger radius on a small image
+    _assert_same(
+        ops.gaussian_blur(_batch(big), [4.0, 7.5], compiled=compiled),
+        [i.filter(ImageFilter.GaussianBlur(r)) for i, r in zip(big, [4.0, 7.5])],
+    )
     _assert_same(
         ops.gaussian_blur(_batch(imgs), radii), [i.filter(ImageFilter.GaussianBlur(r)) for i, r in zip(imgs, radii)]
     )

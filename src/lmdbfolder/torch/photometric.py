@@ -23,13 +23,19 @@ operations drawn per image, as its ``get_params`` draws it) to a batch whose ima
 each have their own order and factors: for each of the four slots, the images whose
 operation in that slot is the same are processed together.
 
+On the CPU the operations run in the compiled ``lmdbfolder.torch._photometric``
+(one pass per pixel, without the GIL) where it is built and gives these values here
+(``compiled()``: checked once per process against the tensor operations); the tensor
+operations are the reference and the path on every other device (``compiled=False``
+asks for them).
+
 No operation here draws random numbers: the caller draws them (``lmdbfolder.torch.multicrop``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -51,6 +57,7 @@ __all__ = [
     "solarize",
     "normalize",
     "color_jitter",
+    "compiled",
     "BRIGHTNESS",
     "CONTRAST",
     "SATURATION",
@@ -89,14 +96,20 @@ def _luma(x: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_right_shift(y, 16)
 
 
-def brightness(x: torch.Tensor, factors: Sequence[float] | torch.Tensor) -> torch.Tensor:
+def brightness(x: torch.Tensor, factors: Sequence[float] | torch.Tensor, *, compiled: bool = True) -> torch.Tensor:
     """``adjust_brightness`` of each image by its factor (a blend with black)."""
+    done = _in_c(x, compiled, "blend", 0, _c_floats(factors, len(x)))
+    if done is not None:
+        return done
     return _blend(x, torch.zeros((), dtype=torch.float32, device=x.device), _factors(factors, len(x), x.device))
 
 
-def contrast(x: torch.Tensor, factors: Sequence[float] | torch.Tensor) -> torch.Tensor:
+def contrast(x: torch.Tensor, factors: Sequence[float] | torch.Tensor, *, compiled: bool = True) -> torch.Tensor:
     """``adjust_contrast`` of each image: a blend with the grey of its mean luma
     (Pillow's ``int(mean + 0.5)`` of the ``L`` image)."""
+    done = _in_c(x, compiled, "blend", 1, _c_floats(factors, len(x)))
+    if done is not None:
+        return done
     n = len(x)
     luma = _luma(x)
     total = luma.sum(dim=(1, 2, 3), dtype=torch.int64).to(torch.float64)
@@ -104,8 +117,11 @@ def contrast(x: torch.Tensor, factors: Sequence[float] | torch.Tensor) -> torch.
     return _blend(x, mean.view(n, 1, 1, 1), _factors(factors, n, x.device))
 
 
-def saturation(x: torch.Tensor, factors: Sequence[float] | torch.Tensor) -> torch.Tensor:
+def saturation(x: torch.Tensor, factors: Sequence[float] | torch.Tensor, *, compiled: bool = True) -> torch.Tensor:
     """``adjust_saturation`` of each image: a blend with its own grey (``L``) image."""
+    done = _in_c(x, compiled, "blend", 2, _c_floats(factors, len(x)))
+    if done is not None:
+        return done
     return _blend(x, _luma(x), _factors(factors, len(x), x.device))
 
 
@@ -125,7 +141,7 @@ def _round_half_away(t: torch.Tensor) -> torch.Tensor:
     return whole + ((t - whole) >= 0.5).to(t.dtype)
 
 
-def hue(x: torch.Tensor, factors: Sequence[float] | torch.Tensor) -> torch.Tensor:
+def hue(x: torch.Tensor, factors: Sequence[float] | torch.Tensor, *, compiled: bool = True) -> torch.Tensor:
     """torchvision's ``adjust_hue`` of a PIL image, for each image and its factor
     (-0.5..0.5): Pillow's RGB -> HSV, the hue byte plus ``int(factor * 255)`` with
     wrap-around, HSV -> RGB, each step with Pillow's float32/float64 arithmetic."""
@@ -135,6 +151,9 @@ def hue(x: torch.Tensor, factors: Sequence[float] | torch.Tensor) -> torch.Tenso
         values = values.expand(n)
     # np.int32(factor * 255).astype(np.uint8): truncation toward zero, then modulo 256
     shifts = [int(float(f) * 255) % 256 for f in values.tolist()]
+    done = _in_c(x, compiled, "hue", np.asarray(shifts, np.int32).tobytes())
+    if done is not None:
+        return done
     shift = torch.tensor(shifts, dtype=torch.int32, device=x.device).view(n, 1, 1)
     f32, f64 = torch.float32, torch.float64
     xi = x.to(torch.int32)
@@ -216,12 +235,21 @@ def _box_pass(x: torch.Tensor, whole: int, inner: torch.Tensor, edge: torch.Tens
     return torch.bitwise_right_shift(bulk, 24)
 
 
-def gaussian_blur(x: torch.Tensor, radii: Sequence[float]) -> torch.Tensor:
+def gaussian_blur(x: torch.Tensor, radii: Sequence[float], *, compiled: bool = True) -> torch.Tensor:
     """``img.filter(ImageFilter.GaussianBlur(radius))`` of each image with its radius:
-    Pillow's three extended box-blur passes along rows, then three along columns."""
+    Pillow's three extended box-blur passes along rows, then three along columns
+    (a radius of 0: the image unchanged)."""
     n = len(x)
     if len(radii) != n:
         raise ValueError(f"{len(radii)} radii for {n} images")
+    if compiled and x.device.type == "cpu" and _compiled_module() is not None:
+        weights = [(-1, 0, 0) if r == 0 else _box_weights(box_blur_radius(r)) for r in radii]
+        columns = [
+            np.asarray([wt[i] for wt in weights], dtype) for i, dtype in enumerate((np.int32, np.uint32, np.uint32))
+        ]
+        done = _in_c(x, compiled, "blur", *(c.tobytes() for c in columns))
+        if done is not None:
+            return done
     out = x.clone()
     groups: dict[int, list[tuple[int, int, int]]] = {}
     for k, radius in enumerate(radii):
@@ -252,6 +280,74 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
 
 
 _OPS = {BRIGHTNESS: brightness, CONTRAST: contrast, SATURATION: saturation, HUE: hue}
+
+# -- the compiled operations ---------------------------------------------------------------------------
+_COMPILED: list[Any] = []  # [module or None], decided once per process (a fork inherits the answer)
+
+
+def _c_floats(values: Sequence[float] | torch.Tensor, n: int) -> bytes:
+    """One C float per image (a single value: the same for every image)."""
+    arr = np.asarray(torch.as_tensor(values, dtype=torch.float64).reshape(-1).tolist(), np.float64)
+    if arr.size == 1 and n != 1:
+        arr = np.repeat(arr, n)
+    if arr.size != n:
+        raise ValueError(f"{arr.size} factors for {n} images")
+    return arr.astype(np.float32).tobytes()
+
+
+def _compiled_module() -> Any:
+    if not _COMPILED:
+        _COMPILED.append(_find_compiled())
+    return _COMPILED[0]
+
+
+def compiled() -> bool:
+    """Whether the CPU operations run compiled here: ``lmdbfolder.torch._photometric``
+    is built and gives the tensor operations' values on probe images (checked once
+    per process)."""
+    return _compiled_module() is not None
+
+
+def _in_c(x: torch.Tensor, allowed: bool, name: str, *params: Any) -> torch.Tensor | None:
+    """The compiled ``name`` on a copy of ``x`` (CPU, uint8), or None where it does not run."""
+    if not allowed or x.device.type != "cpu" or x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != 3:
+        return None
+    module = _compiled_module()
+    if module is None or not x.numel():
+        return None
+    out = x.contiguous()
+    if out.data_ptr() == x.data_ptr():
+        out = out.clone()
+    n, _, h, w = out.shape
+    getattr(module, name)(out.numpy(), n, h, w, *params)
+    return out
+
+
+def _find_compiled() -> Any:
+    try:
+        from lmdbfolder.torch import _photometric as module  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _COMPILED.append(module)  # for the probe below, which calls the public functions
+    try:
+        rng = np.random.default_rng(11)
+        y, x = np.mgrid[0:19, 0:23]
+        smooth = np.stack([(x * 11) % 256, (y * 13) % 256, (x * y) % 256]).astype(np.uint8)
+        noise = rng.integers(0, 256, (3, 19, 23), dtype=np.uint8)
+        probe = torch.from_numpy(np.stack([smooth, noise, np.full_like(smooth, 77)]))
+        checks = [
+            (brightness, [0.61, 1.37, 1.0]),
+            (contrast, [0.6, 1.4, 0.9]),
+            (saturation, [0.8, 1.2, 0.0]),
+            (hue, [-0.1, 0.07, 0.5]),
+            (gaussian_blur, [0.1, 1.7, 0.0]),
+        ]
+        same = all(torch.equal(fn(probe, arg), fn(probe, arg, compiled=False)) for fn, arg in checks)
+    except Exception:  # a helper that fails on a valid batch does not match either
+        same = False
+    finally:
+        _COMPILED.clear()
+    return module if same else None
 
 
 def color_jitter(

@@ -1,0 +1,306 @@
+/* The photometric operations of lmdbfolder.torch.photometric on the CPU, in C.
+ *
+ * Why a C module: the same operations as torch tensor operations take ~30
+ * passes over the image each (the hue's float64 steps, the blur's int64 ones)
+ * and cost more than Pillow's own C code; one pass per pixel here costs a
+ * fraction of it. The tensor operations stay the reference and the path for
+ * other devices; lmdbfolder.torch.photometric checks once per process that this
+ * module gives their values, bit for bit, before it uses it.
+ *
+ * Every function works in place on a C-contiguous uint8 buffer of n images of
+ * 3 planes of h x w (N x 3 x H x W), with one parameter per image, and releases
+ * the GIL while it runs. The arithmetic is Pillow's, as described in
+ * photometric.py: blends in float32 (truncated, clipped), the luma in 16-bit
+ * fixed point, the HSV round trip with Pillow's float/double steps, the
+ * extended box blur with 8.24 fixed-point weights and repeated edges.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline int luma(int r, int g, int b) { return (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16; }
+
+static inline uint8_t blend1(int base, int x, float alpha) {
+    float temp = (float)base + alpha * (float)(x - base);
+    if (temp <= 0.0f) return 0;
+    if (temp >= 255.0f) return 255;
+    return (uint8_t)temp;
+}
+
+static int check_images(Py_buffer *img, Py_ssize_t n, Py_ssize_t h, Py_ssize_t w) {
+    if (n < 0 || h <= 0 || w <= 0 || img->len != n * 3 * h * w) {
+        PyErr_SetString(PyExc_ValueError, "the buffer is not n x 3 x h x w bytes");
+        return -1;
+    }
+    return 0;
+}
+
+static int check_params(Py_buffer *p, Py_ssize_t n, Py_ssize_t size) {
+    if (p->len != n * size) {
+        PyErr_SetString(PyExc_ValueError, "one parameter per image is needed");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(blend_doc,
+             "blend(images, n, h, w, kind, alphas)\n\n"
+             "In place: kind 0 brightness (a blend with black), 1 contrast (with the grey of the\n"
+             "mean luma), 2 saturation (with the luma image); alphas: n float32.");
+
+static PyObject *blend(PyObject *self, PyObject *args) {
+    Py_buffer img, par;
+    Py_ssize_t n, h, w;
+    int kind;
+    if (!PyArg_ParseTuple(args, "w*nnniy*", &img, &n, &h, &w, &kind, &par)) return NULL;
+    if (check_images(&img, n, h, w) < 0 || check_params(&par, n, sizeof(float)) < 0 || kind < 0 || kind > 2) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "kind must be 0, 1 or 2");
+        PyBuffer_Release(&img);
+        PyBuffer_Release(&par);
+        return NULL;
+    }
+    uint8_t *data = (uint8_t *)img.buf;
+    const float *alphas = (const float *)par.buf;
+    Py_ssize_t plane = h * w;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint8_t *r = data + k * 3 * plane, *g = r + plane, *b = g + plane;
+        float a = alphas[k];
+        if (kind == 0) {
+            for (Py_ssize_t i = 0; i < 3 * plane; i++) r[i] = blend1(0, r[i], a);
+        } else if (kind == 1) {
+            uint64_t total = 0;
+            for (Py_ssize_t i = 0; i < plane; i++) total += (uint64_t)luma(r[i], g[i], b[i]);
+            int mean = (int)floor((double)total / (double)plane + 0.5);
+            for (Py_ssize_t i = 0; i < 3 * plane; i++) r[i] = blend1(mean, r[i], a);
+        } else {
+            for (Py_ssize_t i = 0; i < plane; i++) {
+                int l = luma(r[i], g[i], b[i]);
+                r[i] = blend1(l, r[i], a);
+                g[i] = blend1(l, g[i], a);
+                b[i] = blend1(l, b[i], a);
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    PyBuffer_Release(&img);
+    PyBuffer_Release(&par);
+    Py_RETURN_NONE;
+}
+
+/* C's round() of a value in 0..255 (half away from zero), without the library call. */
+static inline uint8_t round8(double v) {
+    if (v <= 0) return 0;
+    int whole = (int)v;
+    whole += (v - (double)whole) >= 0.5;
+    return whole >= 255 ? 255 : (uint8_t)whole;
+}
+
+/* quotient[a][b] = (float)a / (float)b: the hue's float divisions, by table (the same values);
+ * and per hue byte and saturation byte the values hsv2rgb derives from them alone. */
+static float quotient[256][256];
+static int hue_sector[256];
+static float hue_frac[256];
+static float sat_frac[256];
+
+PyDoc_STRVAR(hue_doc,
+             "hue(images, n, h, w, shifts)\n\n"
+             "In place: torchvision's adjust_hue of a PIL image; shifts: n int32, the hue byte's\n"
+             "shift (int(factor * 255) modulo 256).");
+
+static PyObject *hue(PyObject *self, PyObject *args) {
+    Py_buffer img, par;
+    Py_ssize_t n, h, w;
+    if (!PyArg_ParseTuple(args, "w*nnny*", &img, &n, &h, &w, &par)) return NULL;
+    if (check_images(&img, n, h, w) < 0 || check_params(&par, n, sizeof(int32_t)) < 0) {
+        PyBuffer_Release(&img);
+        PyBuffer_Release(&par);
+        return NULL;
+    }
+    uint8_t *data = (uint8_t *)img.buf;
+    const int32_t *shifts = (const int32_t *)par.buf;
+    Py_ssize_t plane = h * w;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        uint8_t *R = data + k * 3 * plane, *G = R + plane, *B = G + plane;
+        int shift = shifts[k] & 255;
+        for (Py_ssize_t i = 0; i < plane; i++) {
+            int r = R[i], g = G[i], b = B[i];
+            int maxc = r > g ? (r > b ? r : b) : (g > b ? g : b);
+            int minc = r < g ? (r < b ? r : b) : (g < b ? g : b);
+            int uh = 0, us = 0, v = maxc;
+            if (maxc != minc) {
+                int span = maxc - minc;
+                float s = quotient[span][maxc];
+                float rc = quotient[maxc - r][span];
+                float gc = quotient[maxc - g][span];
+                float bc = quotient[maxc - b][span];
+                float hh;
+                if (r == maxc)
+                    hh = bc - gc;
+                else if (g == maxc)
+                    hh = (float)(2.0 + (double)rc - (double)bc);
+                else
+                    hh = (float)(4.0 + (double)gc - (double)rc);
+                double turn = (double)hh / 6.0 + 1.0;  /* in [0, 2): fmod(turn, 1.0), exactly */
+                hh = (float)(turn >= 1.0 ? turn - 1.0 : turn);
+                int ih = (int)((double)hh * 255.0);
+                int is = (int)((double)s * 255.0);
+                uh = ih < 0 ? 0 : (ih > 255 ? 255 : ih);
+                us = is < 0 ? 0 : (is > 255 ? 255 : is);
+            }
+            if (us == 0) {
+                R[i] = G[i] = B[i] = (uint8_t)v;
+                continue;
+            }
+            int hv = (uh + shift) & 255;
+            int sector = hue_sector[hv];
+            float f = hue_frac[hv];
+            float fs = sat_frac[us];
+            double vd = (double)(float)v;
+            uint8_t p = round8(vd * (1.0 - (double)fs));
+            uint8_t q = round8(vd * (1.0 - (double)(fs * f)));
+            uint8_t t = round8(vd * (1.0 - (double)fs * (1.0 - (double)f)));
+            uint8_t u = (uint8_t)v;
+            switch (sector % 6) {
+                case 0: R[i] = u; G[i] = t; B[i] = p; break;
+                case 1: R[i] = q; G[i] = u; B[i] = p; break;
+                case 2: R[i] = p; G[i] = u; B[i] = t; break;
+                case 3: R[i] = p; G[i] = q; B[i] = u; break;
+                case 4: R[i] = t; G[i] = p; B[i] = u; break;
+                default: R[i] = u; G[i] = p; B[i] = q; break;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    PyBuffer_Release(&img);
+    PyBuffer_Release(&par);
+    Py_RETURN_NONE;
+}
+
+/* The extended box blur of one plane (h x w, in place), Pillow's three passes along the
+ * rows, then three along the columns. Edges repeat; each pass rounds to 8 bits. Each
+ * pass sums whole rows (a padded copy of the row for the row passes, row pointers for
+ * the column passes) into a uint32 accumulator row, so every inner loop runs along
+ * contiguous memory with no bounds checks and the compiler vectorises it. */
+static inline void finish_row(uint8_t *out, const uint32_t *acc, const uint8_t *lo, const uint8_t *hi, Py_ssize_t w,
+                              uint32_t ww, uint32_t fw) {
+    for (Py_ssize_t x = 0; x < w; x++)
+        out[x] = (uint8_t)((acc[x] * ww + ((uint32_t)lo[x] + (uint32_t)hi[x]) * fw + (1u << 23)) >> 24);
+}
+
+static void plane_blur(uint8_t *p, Py_ssize_t h, Py_ssize_t w, int radius, uint32_t ww, uint32_t fw, uint8_t *line,
+                       uint8_t *copy, uint32_t *acc) {
+    int pad = radius + 1, span = 2 * radius + 1;
+    for (int pass = 0; pass < 3; pass++)
+        for (Py_ssize_t y = 0; y < h; y++) {
+            uint8_t *row = p + y * w;
+            memset(line, row[0], (size_t)pad);
+            memcpy(line + pad, row, (size_t)w);
+            memset(line + pad + w, row[w - 1], (size_t)pad);
+            for (Py_ssize_t x = 0; x < w; x++) acc[x] = line[x + 1];
+            for (int j = 2; j <= span; j++) {
+                const uint8_t *src = line + j;
+                for (Py_ssize_t x = 0; x < w; x++) acc[x] += src[x];
+            }
+            finish_row(row, acc, line, line + span + 1, w, ww, fw);
+        }
+    const uint8_t *rows[64];
+    for (int pass = 0; pass < 3; pass++) {
+        memcpy(copy, p, (size_t)(h * w));
+        for (Py_ssize_t y = 0; y < h; y++) {
+            for (int j = 0; j <= span + 1; j++) {
+                Py_ssize_t at = y - pad + j;
+                at = at < 0 ? 0 : (at >= h ? h - 1 : at);
+                rows[j] = copy + at * w;
+            }
+            for (Py_ssize_t x = 0; x < w; x++) acc[x] = rows[1][x];
+            for (int j = 2; j <= span; j++) {
+                const uint8_t *src = rows[j];
+                for (Py_ssize_t x = 0; x < w; x++) acc[x] += src[x];
+            }
+            finish_row(p + y * w, acc, rows[0], rows[span + 1], w, ww, fw);
+        }
+    }
+}
+
+PyDoc_STRVAR(blur_doc,
+             "blur(images, n, h, w, radii, inner, edge)\n\n"
+             "In place: Pillow's GaussianBlur as three extended box-blur passes along the rows,\n"
+             "then three along the columns; per image its whole box radius (int32 0..30, -1: no\n"
+             "blur) and 8.24 weights (uint32 inner, uint32 edge).");
+
+static PyObject *blur(PyObject *self, PyObject *args) {
+    Py_buffer img, prad, pin, pedge;
+    Py_ssize_t n, h, w;
+    if (!PyArg_ParseTuple(args, "w*nnny*y*y*", &img, &n, &h, &w, &prad, &pin, &pedge)) return NULL;
+    PyObject *result = NULL;
+    uint8_t *line = NULL, *copy = NULL;
+    uint32_t *acc = NULL;
+    if (check_images(&img, n, h, w) < 0 || check_params(&prad, n, 4) < 0 || check_params(&pin, n, 4) < 0 ||
+        check_params(&pedge, n, 4) < 0)
+        goto done;
+    const int32_t *radii = (const int32_t *)prad.buf;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (radii[k] > 30) {
+            PyErr_SetString(PyExc_ValueError, "a box radius above 30");
+            goto done;
+        }
+    line = malloc((size_t)(w + 64));
+    copy = malloc((size_t)(h * w));
+    acc = malloc(sizeof(uint32_t) * (size_t)w);
+    if (line == NULL || copy == NULL || acc == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        uint8_t *data = (uint8_t *)img.buf;
+        const uint32_t *inner = (const uint32_t *)pin.buf, *edge = (const uint32_t *)pedge.buf;
+        Py_ssize_t plane = h * w;
+        Py_BEGIN_ALLOW_THREADS;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            if (radii[k] < 0) continue;
+            for (int c = 0; c < 3; c++) plane_blur(data + (k * 3 + c) * plane, h, w, radii[k], inner[k], edge[k], line, copy, acc);
+        }
+        Py_END_ALLOW_THREADS;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    free(line);
+    free(copy);
+    free(acc);
+    PyBuffer_Release(&img);
+    PyBuffer_Release(&prad);
+    PyBuffer_Release(&pin);
+    PyBuffer_Release(&pedge);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"blend", blend, METH_VARARGS, blend_doc},
+    {"hue", hue, METH_VARARGS, hue_doc},
+    {"blur", blur, METH_VARARGS, blur_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_photometric",
+    "Photometric operations on uint8 image batches, in place, with Pillow's arithmetic (see photometric.py).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__photometric(void) {
+    for (int a = 0; a < 256; a++)
+        for (int b = 1; b < 256; b++) quotient[a][b] = (float)a / (float)b;
+    for (int v = 0; v < 256; v++) {
+        double hf = (double)(float)v * 6.0 / 255.0;
+        hue_sector[v] = (int)floor(hf);
+        hue_frac[v] = (float)(hf - (double)(float)hue_sector[v]);
+        sat_frac[v] = (float)((double)(float)v / 255.0);
+    }
+    return PyModule_Create(&module);
+}

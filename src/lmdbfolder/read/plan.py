@@ -417,6 +417,41 @@ class ReadPlan:
             hwc = work
         cv2.split(hwc, [dst[0], dst[1], dst[2]])
 
+    def map(self, fn: Any, items: Sequence[Any]) -> list[Any]:
+        """``[fn(item) for item in items]``, shared by the plan's threads (``fn`` should
+        release the GIL for most of its time: decoders, Pillow, the compiled helpers do).
+        Raises BatchItemError naming the first item that failed, once every thread has
+        finished."""
+        n = len(items)
+        out: list[Any] = [None] * n
+        errors: dict[int, BaseException] = {}
+        claims = itertools.count()
+
+        def work() -> None:
+            for k in claims:
+                if k >= n:
+                    return
+                try:
+                    out[k] = fn(items[k])
+                except Exception as exc:  # decoders raise many exception types for bad data
+                    errors[k] = exc
+
+        workers = min(self.threads, n)
+        if workers <= 1:
+            work()
+        else:
+            pool = self._get_pool()
+            futures = [pool.submit(work) for _ in range(1, workers)]
+            try:
+                work()
+            finally:
+                for future in futures:  # every thread has finished before this returns or raises
+                    future.exception()
+        if errors:
+            first = min(errors)
+            raise BatchItemError(first, errors[first]) from errors[first]
+        return out
+
     def covering(
         self, payload: memoryview | bytes, enc: Encoding, width: int, height: int, channels: int, box: Box
     ) -> tuple[np.ndarray, int, int]:

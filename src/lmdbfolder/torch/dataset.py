@@ -431,6 +431,8 @@ class LMDBDatasetFolder(DatasetFolder):
             if plan.batches and records and all(r.width > 0 and r.height > 0 for r in records):
                 seeds = None if self.replay is None else [self.replay.sample_seed(i) for i in indices]
                 return self._fast_batch(plan, records, positions, seeds)
+            if plan.multicrop is not None and records and all(r.width > 0 and r.height > 0 for r in records):
+                return self._multicrop_batch(plan, records, positions, indices)
             if self.replay is not None:
                 out = []
                 for index, rec, p in zip(indices, records, positions):
@@ -481,6 +483,18 @@ class LMDBDatasetFolder(DatasetFolder):
         except BatchItemError as exc:
             raise self._decode_error(records[exc.position], exc.cause) from exc.cause
         return BatchSamples(images, [self._target(rec, p) for rec, p in zip(records, positions)])
+
+    def _multicrop_batch(
+        self, plan: TransformPlan, records: list[Record], positions: list[int | None], indices: Sequence[int]
+    ) -> list[Any]:
+        """A batch of multi-crop samples, made by the dataset's ``threads`` (``TransformPlan.views_many``)."""
+        replay = self.replay
+        seeded = None if replay is None else (lambda k: replay.seeded(indices[k]))
+        try:
+            views = plan.views_many(records, seeded)
+        except BatchItemError as exc:
+            raise self._decode_error(records[exc.position], exc.cause) from exc.cause
+        return [(v, self._target(rec, p)) for v, rec, p in zip(views, records, positions)]
 
     def _decode_error(self, rec: Record, exc: BaseException) -> DecodeError:
         hint = decode_hint(exc)

@@ -271,6 +271,34 @@ class TransformPlan:
         pixels, top, left = read.covering(payload, enc, width, height, channels, multicrop.union(draws))
         return multicrop.make(pixels, top, left, draws)
 
+    def views_many(self, records: Sequence[Any], seeded: Any = None) -> list[list[Any]]:
+        """The multi-crop samples of ``records`` (each with a size in its header): every
+        record claimed and its views' random numbers drawn in order, in this thread (the
+        numbers the per-sample path draws, sample after sample; ``seeded(k)``: a context
+        in which record ``k`` draws, ``lmdbfolder.replay``), then the decodes and the views
+        made by the plan's threads (``threads``). Raises BatchItemError for the first
+        record that failed."""
+        multicrop, read = self.multicrop, self.read
+        if multicrop is None:
+            raise ValueError("this plan has no multi-crop")
+        jobs = []
+        for k, rec in enumerate(records):
+            try:
+                enc = read.claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+            except Exception as exc:  # Pillow raises many exception types for bad data
+                raise BatchItemError(k, exc) from exc
+            with contextlib.nullcontext() if seeded is None else seeded(k):
+                draws = multicrop.draw(rec.width, rec.height)
+            jobs.append((rec, enc, draws))
+
+        def make(job: tuple[Any, Any, Any]) -> list[Any]:
+            rec, enc, draws = job
+            box = multicrop.union(draws)
+            pixels, top, left = read.covering(rec.payload, enc, rec.width, rec.height, rec.channels, box)
+            return multicrop.make(pixels, top, left, draws)
+
+        return read.map(make, jobs)
+
     def batch(self, records: Sequence[Any], seeds: Sequence[int] | None = None) -> torch.Tensor:
         """Every record's box and flip, drawn in the per-sample order (a sample's box,
         then its flip), then the whole batch made into one uint8 ``N x 3 x H x W``

@@ -49,15 +49,17 @@ static int check_params(Py_buffer *p, Py_ssize_t n, Py_ssize_t size) {
 PyDoc_STRVAR(blend_doc,
              "blend(images, n, h, w, kind, alphas)\n\n"
              "In place: kind 0 brightness (a blend with black), 1 contrast (with the grey of the\n"
-             "mean luma), 2 saturation (with the luma image); alphas: n float32.");
+             "mean luma), 2 saturation (with the luma image), 3 grayscale (the luma in the three\n"
+             "planes), 4 solarize (values >= 128 inverted); alphas: n float32 (kinds 3 and 4 ignore\n"
+             "them), a NaN for an image to leave as it is.");
 
 static PyObject *blend(PyObject *self, PyObject *args) {
     Py_buffer img, par;
     Py_ssize_t n, h, w;
     int kind;
     if (!PyArg_ParseTuple(args, "w*nnniy*", &img, &n, &h, &w, &kind, &par)) return NULL;
-    if (check_images(&img, n, h, w) < 0 || check_params(&par, n, sizeof(float)) < 0 || kind < 0 || kind > 2) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "kind must be 0, 1 or 2");
+    if (check_images(&img, n, h, w) < 0 || check_params(&par, n, sizeof(float)) < 0 || kind < 0 || kind > 4) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "kind must be 0 to 4");
         PyBuffer_Release(&img);
         PyBuffer_Release(&par);
         return NULL;
@@ -69,7 +71,12 @@ static PyObject *blend(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < n; k++) {
         uint8_t *r = data + k * 3 * plane, *g = r + plane, *b = g + plane;
         float a = alphas[k];
-        if (kind == 0) {
+        if (a != a) continue; /* NaN: not this image */
+        if (kind == 3) {
+            for (Py_ssize_t i = 0; i < plane; i++) r[i] = g[i] = b[i] = (uint8_t)luma(r[i], g[i], b[i]);
+        } else if (kind == 4) {
+            for (Py_ssize_t i = 0; i < 3 * plane; i++) r[i] = r[i] >= 128 ? (uint8_t)(255 - r[i]) : r[i];
+        } else if (kind == 0) {
             for (Py_ssize_t i = 0; i < 3 * plane; i++) r[i] = blend1(0, r[i], a);
         } else if (kind == 1) {
             uint64_t total = 0;
@@ -109,7 +116,7 @@ static float sat_frac[256];
 PyDoc_STRVAR(hue_doc,
              "hue(images, n, h, w, shifts)\n\n"
              "In place: torchvision's adjust_hue of a PIL image; shifts: n int32, the hue byte's\n"
-             "shift (int(factor * 255) modulo 256).");
+             "shift (int(factor * 255) modulo 256), -1 for an image to leave as it is.");
 
 static PyObject *hue(PyObject *self, PyObject *args) {
     Py_buffer img, par;
@@ -126,6 +133,7 @@ static PyObject *hue(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     for (Py_ssize_t k = 0; k < n; k++) {
         uint8_t *R = data + k * 3 * plane, *G = R + plane, *B = G + plane;
+        if (shifts[k] < 0) continue;
         int shift = shifts[k] & 255;
         for (Py_ssize_t i = 0; i < plane; i++) {
             int r = R[i], g = G[i], b = B[i];

@@ -346,13 +346,18 @@ class MultiCrop:
     def photometric(batch: torch.Tensor, draws: Sequence[ViewDraw]) -> torch.Tensor:
         """Jitter, grayscale, blur and solarization of a uint8 ``N x 3 x H x W`` batch
         (any device), image ``k`` with ``draws[k]``' parameters."""
-        x = batch
+        # One copy of the batch (planes, contiguous), then every operation in place in it.
+        x = batch.contiguous()
+        if x.data_ptr() == batch.data_ptr():
+            x = x.clone()
         if any(d.order for d in draws):
-            x = ops.color_jitter(x, [d.order for d in draws], [d.factors for d in draws])
-        x = _subset(x, [d.gray for d in draws], ops.grayscale)
+            x = ops.color_jitter(x, [d.order for d in draws], [d.factors for d in draws], inplace=True)
+        if any(d.gray for d in draws):
+            x = ops.grayscale(x, [d.gray for d in draws], inplace=True)
         if any(d.blur is not None for d in draws):
-            x = ops.gaussian_blur(x, [0.0 if d.blur is None else d.blur for d in draws])
-        x = _subset(x, [d.solarize for d in draws], ops.solarize)
+            x = ops.gaussian_blur(x, [0.0 if d.blur is None else d.blur for d in draws], inplace=True)
+        if any(d.solarize for d in draws):
+            x = ops.solarize(x, 128, [d.solarize for d in draws], inplace=True)
         return x
 
     def __call__(self, img: Image.Image) -> list[Any]:
@@ -372,16 +377,3 @@ class MultiCrop:
     def __repr__(self) -> str:
         lines = ",\n    ".join(repr(v) for v in self.views)
         return f"{type(self).__name__}([\n    {lines}\n])"
-
-
-def _subset(x: torch.Tensor, chosen: Sequence[bool], fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """``fn`` applied to the images of ``x`` that are ``chosen``."""
-    members = [k for k, c in enumerate(chosen) if c]
-    if not members:
-        return x
-    if len(members) == len(x):
-        return fn(x)
-    idx = torch.tensor(members, device=x.device)
-    out = x.clone()
-    out.index_copy_(0, idx, fn(x.index_select(0, idx)))
-    return out

@@ -125,14 +125,57 @@ def saturation(x: torch.Tensor, factors: Sequence[float] | torch.Tensor, *, comp
     return _blend(x, _luma(x), _factors(factors, len(x), x.device))
 
 
-def grayscale(x: torch.Tensor) -> torch.Tensor:
-    """``rgb_to_grayscale(img, 3)`` of a PIL image: Pillow's ``L`` in all three channels."""
-    return _luma(x).to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
+def grayscale(
+    x: torch.Tensor, chosen: Sequence[bool] | None = None, *, compiled: bool = True, inplace: bool = False
+) -> torch.Tensor:
+    """``rgb_to_grayscale(img, 3)`` of a PIL image: Pillow's ``L`` in all three channels
+    (of the images ``chosen``, default all; ``inplace``: in ``x`` itself where it can)."""
+    flags = _chosen(chosen, len(x))
+    module = _target(x, compiled)
+    if module is not None:
+        out = _owned(x, inplace)
+        _c_blend(module, out, 3, np.where(flags, 0.0, np.nan))
+        return out
+    return _subset(x, flags, lambda part: _luma(part).to(torch.uint8).expand(-1, 3, -1, -1).contiguous())
 
 
-def solarize(x: torch.Tensor, threshold: int = 128) -> torch.Tensor:
-    """``ImageOps.solarize``: every value at or above ``threshold`` inverted."""
-    return torch.where(x >= threshold, 255 - x, x)
+def solarize(
+    x: torch.Tensor,
+    threshold: int = 128,
+    chosen: Sequence[bool] | None = None,
+    *,
+    compiled: bool = True,
+    inplace: bool = False,
+) -> torch.Tensor:
+    """``ImageOps.solarize``: every value at or above ``threshold`` inverted (in the images
+    ``chosen``, default all)."""
+    flags = _chosen(chosen, len(x))
+    module = _target(x, compiled) if threshold == 128 else None
+    if module is not None:
+        out = _owned(x, inplace)
+        _c_blend(module, out, 4, np.where(flags, 0.0, np.nan))
+        return out
+    return _subset(x, flags, lambda part: torch.where(part >= threshold, 255 - part, part))
+
+
+def _chosen(chosen: Sequence[bool] | None, n: int) -> np.ndarray:
+    flags = np.ones(n, bool) if chosen is None else np.asarray(chosen, bool).reshape(-1)
+    if flags.size != n:
+        raise ValueError(f"{flags.size} choices for {n} images")
+    return flags
+
+
+def _subset(x: torch.Tensor, flags: np.ndarray, fn: Any) -> torch.Tensor:
+    """``fn`` applied to the images of ``x`` whose flag is set (the tensor operations' path)."""
+    members = np.flatnonzero(flags).tolist()
+    if not members:
+        return x
+    if len(members) == len(x):
+        return fn(x)
+    idx = torch.tensor(members, device=x.device)
+    out = x.clone()
+    out.index_copy_(0, idx, fn(x.index_select(0, idx)))
+    return out
 
 
 def _round_half_away(t: torch.Tensor) -> torch.Tensor:
@@ -235,21 +278,24 @@ def _box_pass(x: torch.Tensor, whole: int, inner: torch.Tensor, edge: torch.Tens
     return torch.bitwise_right_shift(bulk, 24)
 
 
-def gaussian_blur(x: torch.Tensor, radii: Sequence[float], *, compiled: bool = True) -> torch.Tensor:
+def gaussian_blur(
+    x: torch.Tensor, radii: Sequence[float], *, compiled: bool = True, inplace: bool = False
+) -> torch.Tensor:
     """``img.filter(ImageFilter.GaussianBlur(radius))`` of each image with its radius:
     Pillow's three extended box-blur passes along rows, then three along columns
     (a radius of 0: the image unchanged)."""
     n = len(x)
     if len(radii) != n:
         raise ValueError(f"{len(radii)} radii for {n} images")
-    if compiled and x.device.type == "cpu" and _compiled_module() is not None:
+    if _target(x, compiled) is not None:
         weights = [(-1, 0, 0) if r == 0 else _box_weights(box_blur_radius(r)) for r in radii]
         columns = [
             np.asarray([wt[i] for wt in weights], dtype) for i, dtype in enumerate((np.int32, np.uint32, np.uint32))
         ]
-        done = _in_c(x, compiled, "blur", *(c.tobytes() for c in columns))
-        if done is not None:
-            return done
+        out = _owned(x, inplace)
+        _, _, h, w = out.shape
+        _compiled_module().blur(out.numpy(), n, h, w, *(c.tobytes() for c in columns))
+        return out
     out = x.clone()
     groups: dict[int, list[tuple[int, int, int]]] = {}
     for k, radius in enumerate(radii):
@@ -308,16 +354,35 @@ def compiled() -> bool:
     return _compiled_module() is not None
 
 
-def _in_c(x: torch.Tensor, allowed: bool, name: str, *params: Any) -> torch.Tensor | None:
-    """The compiled ``name`` on a copy of ``x`` (CPU, uint8), or None where it does not run."""
+def _target(x: torch.Tensor, allowed: bool) -> Any:
+    """The compiled module where it takes ``x`` (a CPU uint8 ``N x 3 x H x W`` batch), else None."""
     if not allowed or x.device.type != "cpu" or x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != 3:
         return None
-    module = _compiled_module()
-    if module is None or not x.numel():
+    if not x.numel():
         return None
+    return _compiled_module()
+
+
+def _owned(x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """A C-contiguous tensor of ``x``'s values the compiled operations may write: ``x``
+    itself with ``inplace`` when it is contiguous, else a copy."""
     out = x.contiguous()
-    if out.data_ptr() == x.data_ptr():
+    if out.data_ptr() == x.data_ptr() and not inplace:
         out = out.clone()
+    return out
+
+
+def _c_blend(module: Any, out: torch.Tensor, kind: int, alphas: np.ndarray) -> None:
+    n, _, h, w = out.shape
+    module.blend(out.numpy(), n, h, w, kind, np.asarray(alphas, np.float64).astype(np.float32).tobytes())
+
+
+def _in_c(x: torch.Tensor, allowed: bool, name: str, *params: Any) -> torch.Tensor | None:
+    """The compiled ``name`` on a copy of ``x`` (CPU, uint8), or None where it does not run."""
+    module = _target(x, allowed)
+    if module is None:
+        return None
+    out = _owned(x)
     n, _, h, w = out.shape
     getattr(module, name)(out.numpy(), n, h, w, *params)
     return out
@@ -341,8 +406,14 @@ def _find_compiled() -> Any:
             (saturation, [0.8, 1.2, 0.0]),
             (hue, [-0.1, 0.07, 0.5]),
             (gaussian_blur, [0.1, 1.7, 0.0]),
+            (grayscale, [True, False, True]),
+            (lambda t, chosen, **kw: solarize(t, 128, chosen, **kw), [False, True, True]),
         ]
         same = all(torch.equal(fn(probe, arg), fn(probe, arg, compiled=False)) for fn, arg in checks)
+        orders, jitter = [(3, 1, 0, 2), (0, 1, 2, 3), ()], [(1.2, 0.7, 1.1, 0.05), (0.8, 1.3, None, -0.07), (None,) * 4]
+        same = same and torch.equal(
+            color_jitter(probe, orders, jitter), color_jitter(probe, orders, jitter, compiled=False)
+        )
     except Exception:  # a helper that fails on a valid batch does not match either
         same = False
     finally:
@@ -354,15 +425,20 @@ def color_jitter(
     x: torch.Tensor,
     orders: Sequence[Sequence[int]],
     factors: Sequence[Sequence[float | None]],
+    *,
+    compiled: bool = True,
+    inplace: bool = False,
 ) -> torch.Tensor:
     """torchvision's ``ColorJitter`` on each image of ``x``: image ``k`` gets the operations
     in ``orders[k]`` (``fn_idx``: a permutation of 0..3, brightness, contrast,
     saturation, hue) with ``factors[k]`` (four factors, None for an operation the
-    jitter leaves out). An image with an empty order is left as it is."""
+    jitter leaves out). An image with an empty order is left as it is. Compiled: one
+    pass over the batch per slot and operation, in place in one copy of ``x`` (in ``x``
+    itself with ``inplace``)."""
     n = len(x)
     if len(orders) != n or len(factors) != n:
         raise ValueError(f"{len(orders)} orders and {len(factors)} factor sets for {n} images")
-    out = x
+    slots: list[dict[int, list[int]]] = []
     for slot in range(4):
         by_op: dict[int, list[int]] = {}
         for k in range(n):
@@ -370,6 +446,24 @@ def color_jitter(
                 op = int(orders[k][slot])
                 if factors[k][op] is not None:
                     by_op.setdefault(op, []).append(k)
+        slots.append(by_op)
+    module = _target(x, compiled)
+    if module is not None:
+        out = _owned(x, inplace)
+        for by_op in slots:
+            for op, members in by_op.items():
+                if op == HUE:
+                    shifts = np.full(n, -1, np.int32)
+                    shifts[members] = [int(float(factors[k][op]) * 255) % 256 for k in members]  # type: ignore[arg-type]
+                    _, _, h, w = out.shape
+                    module.hue(out.numpy(), n, h, w, shifts.tobytes())
+                else:
+                    alphas = np.full(n, np.nan)
+                    alphas[members] = [float(factors[k][op]) for k in members]  # type: ignore[arg-type]
+                    _c_blend(module, out, op, alphas)
+        return out
+    out = x
+    for by_op in slots:
         for op, members in by_op.items():
             fn = _OPS[op]
             chosen = [float(factors[k][op]) for k in members]  # type: ignore[arg-type]

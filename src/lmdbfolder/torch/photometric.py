@@ -34,6 +34,7 @@ No operation here draws random numbers: the caller draws them (``lmdbfolder.torc
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any, Sequence
 
@@ -390,7 +391,9 @@ def _in_c(x: torch.Tensor, allowed: bool, name: str, *params: Any) -> torch.Tens
 
 def _find_compiled() -> Any:
     try:
-        from lmdbfolder.torch import _photometric as module  # type: ignore[attr-defined]
+        # By name: the C module is a leaf beside this file, not the package (whose
+        # __init__ reaches the dataset, which imports this module).
+        module = importlib.import_module("lmdbfolder.torch._photometric")
     except ImportError:
         return None
     _COMPILED.append(module)  # for the probe below, which calls the public functions

@@ -383,3 +383,22 @@ def test_fast_path_says_why_not(ssl_pack: tuple[Path, Path]) -> None:
     ok, why = fused.fast_path(transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224)]))
     assert not ok and "Resize" in why
     assert fused.fast_path(transforms.Compose([transforms.RandomResizedCrop(224), transforms.PILToTensor()]))[0]
+
+
+def test_doctor_says_whether_a_transform_gets_a_fast_path(
+    ssl_pack: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from lmdbfolder.cli import main
+
+    _, packed = ssl_pack
+    assert (
+        main(["doctor", str(packed), "--transform", "lmdbfolder.fused:MultiCrop.dino((0.4, 1.0), (0.05, 0.4), 2)"]) == 0
+    )
+    assert "fused multi-crop: 4 views" in capsys.readouterr().out
+    assert main(["doctor", "--json", "--transform", "torchvision.transforms:Resize(256)"]) == 0
+    report = json.loads(capsys.readouterr().out)["transform"]
+    assert report["fast_path"] is False and "Resize" in report["why"]
+    assert main(["doctor", "--transform", "torchvision.transforms:Resize(__import__('os'))"]) != 0
+    assert "Python literals" in capsys.readouterr().err

@@ -402,3 +402,17 @@ def test_doctor_says_whether_a_transform_gets_a_fast_path(
     assert report["fast_path"] is False and "Resize" in report["why"]
     assert main(["doctor", "--transform", "torchvision.transforms:Resize(__import__('os'))"]) != 0
     assert "Python literals" in capsys.readouterr().err
+
+
+def test_compiled_bicubic_is_pillows() -> None:
+    from conftest import built
+    from lmdbfolder.read.capabilities import current
+    from lmdbfolder.read.crops import exact_resize_into
+
+    fn, order = built(current().exact_bicubic(), "the compiled bicubic resize")
+    pixels = np.array(_photos(1, (200, 150))[0])
+    for box, size in [((0, 0, 200, 150), (96, 96)), ((13, 7, 120, 148), (224, 224)), ((50, 20, 70, 31), (96, 96))]:
+        dst = np.empty((3, size[1], size[0]), np.uint8)
+        assert exact_resize_into(fn, order, pixels, box, size, dst, planar=True, flip=True, cubic=True)
+        want = Image.fromarray(pixels).crop(box).resize(size, Image.BICUBIC).transpose(Image.FLIP_LEFT_RIGHT)
+        assert np.array_equal(dst.transpose(1, 2, 0), np.asarray(want))

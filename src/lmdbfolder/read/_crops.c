@@ -237,12 +237,25 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
 
 #define RESIZE_BITS 22
 
-/* Weights of output samples 0 .. out - 1 over input samples 0 .. in - 1:
- * first[o] and count[o] (the taps), weights[o * ksize + t]. Returns ksize or 0. */
-static int bilinear_weights(int in, int out, int **first_p, int **count_p, int32_t **weights_p) {
+/* Pillow's bicubic filter (a = -0.5), support 2. */
+static inline double bicubic_filter(double x) {
+    const double a = -0.5;
+    if (x < 0.0)
+        x = -x;
+    if (x < 1.0)
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+    if (x < 2.0)
+        return (((x - 5) * x + 8) * x - 4) * a;
+    return 0.0;
+}
+
+/* Weights of output samples 0 .. out - 1 over input samples 0 .. in - 1 (Pillow's
+ * bilinear filter, or with `cubic` its bicubic one): first[o] and count[o] (the taps),
+ * weights[o * ksize + t]. Returns ksize or 0. */
+static int bilinear_weights(int in, int out, int cubic, int **first_p, int **count_p, int32_t **weights_p) {
     double scale = (double)(float)in / out; /* Pillow takes the box as floats */
     double filterscale = scale < 1.0 ? 1.0 : scale;
-    double support = 1.0 * filterscale;
+    double support = (cubic ? 2.0 : 1.0) * filterscale;
     if (in <= 0 || out <= 0 || support > (double)(INT_MAX / 4))
         return 0; /* ksize would overflow an int */
     int ksize = (int)ceil(support) * 2 + 1;
@@ -264,9 +277,13 @@ static int bilinear_weights(int in, int out, int **first_p, int **count_p, int32
         int n = hi - lo;
         for (int t = 0; t < n; t++) {
             double x = ((t + lo) - center + 0.5) * inv;
-            if (x < 0.0)
-                x = -x;
-            w[t] = x < 1.0 ? 1.0 - x : 0.0;
+            if (cubic) {
+                w[t] = bicubic_filter(x);
+            } else {
+                if (x < 0.0)
+                    x = -x;
+                w[t] = x < 1.0 ? 1.0 - x : 0.0;
+            }
             total += w[t];
         }
         for (int t = 0; t < ksize; t++) {
@@ -362,13 +379,14 @@ PyDoc_STRVAR(resize_bilinear_doc,
 "3 planes of H x W; mirrored left-right when ``flip``. ``tmp`` is scratch of at\n"
 "least 3 * max(out_w * height, width * out_h) bytes. ``order`` is the installed\n"
 "Pillow's order of the two passes: 0, horizontal first (Pillow <= 12); 1, vertical\n"
-"first when the height shrinks by more than twice what the width does (Pillow 13).");
+"first when the height shrinks by more than twice what the width does (Pillow 13).\n"
+"``cubic`` (optional, default false): Pillow's BICUBIC filter instead of BILINEAR.");
 
 static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
     Py_buffer src, dst, tmp;
-    int row_pixels, left, width, height, out_w, out_h, planar, flip, order;
-    if (!PyArg_ParseTuple(args, "y*iiiiiiw*w*ppi", &src, &row_pixels, &left, &width, &height, &out_w, &out_h, &dst,
-                          &tmp, &planar, &flip, &order))
+    int row_pixels, left, width, height, out_w, out_h, planar, flip, order, cubic = 0;
+    if (!PyArg_ParseTuple(args, "y*iiiiiiw*w*ppi|p", &src, &row_pixels, &left, &width, &height, &out_w, &out_h, &dst,
+                          &tmp, &planar, &flip, &order, &cubic))
         return NULL;
     const char *problem = NULL;
     size_t tmp_need = 0;
@@ -392,8 +410,8 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
     int32_t *xw = NULL, *yw = NULL, *acc = NULL;
     int xk = 0, yk = 0;
     if (!problem) {
-        xk = bilinear_weights(width, out_w, &xfirst, &xcount, &xw);
-        yk = bilinear_weights(height, out_h, &yfirst, &ycount, &yw);
+        xk = bilinear_weights(width, out_w, cubic, &xfirst, &xcount, &xw);
+        yk = bilinear_weights(height, out_h, cubic, &yfirst, &ycount, &yw);
         acc = malloc(sizeof(int32_t) * 3 * (size_t)(width > out_w ? width : out_w));
         if (!xk || !yk || !acc) {
             free(xfirst), free(xcount), free(xw), free(yfirst), free(ycount), free(yw), free(acc);

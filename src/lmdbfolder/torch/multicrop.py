@@ -44,11 +44,42 @@ try:
 except ImportError as exc:  # a core-only install: say what to install
     raise MissingDependencyError("lmdbfolder.fused.MultiCrop", "torch", "torch and torchvision") from exc
 
-from lmdbfolder.read.crops import Box
+from lmdbfolder.read.capabilities import Capabilities, current
+from lmdbfolder.read.crops import Box, exact_resize_into
 from lmdbfolder.torch import photometric as ops
 from lmdbfolder.torch.crop import RandomResizedCrop
 
-__all__ = ["View", "MultiCrop", "ViewDraw", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["View", "MultiCrop", "ViewDraw", "Resizers", "resizers", "IMAGENET_MEAN", "IMAGENET_STD"]
+
+#: Per interpolation, the compiled resize that gives Pillow's pixels here: ``(fn, pass order, cubic)``.
+Resizers = dict[InterpolationMode, tuple[Callable[..., None], int, bool]]
+
+
+def resizers(caps: Capabilities | None = None) -> Resizers:
+    """The compiled resizes that reproduce the installed Pillow's here (``caps``, default
+    this process's capabilities): bilinear and bicubic, each where it is built and
+    checked (``Capabilities.exact_resize``, ``exact_bicubic``). A view whose
+    interpolation has none is resized by Pillow (the same pixels, slower)."""
+    caps = current() if caps is None else caps
+    found: Resizers = {}
+    bilinear, bicubic = caps.exact_resize(), caps.exact_bicubic()
+    if bilinear is not None:
+        found[InterpolationMode.BILINEAR] = (bilinear[0], bilinear[1], False)
+    if bicubic is not None:
+        found[InterpolationMode.BICUBIC] = (bicubic[0], bicubic[1], True)
+    return found
+
+
+_RESIZERS: dict[int, Resizers] = {}
+
+
+def _process_resizers() -> Resizers:
+    """``resizers()`` of this process, found once."""
+    pid = os.getpid()
+    if pid not in _RESIZERS:
+        _RESIZERS[pid] = resizers()
+    return _RESIZERS[pid]
+
 
 #: torchvision's ImageNet statistics, as DINO normalizes (main_dino.py line 431).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -309,47 +340,70 @@ class MultiCrop:
         return top, left, bottom - top, right - left
 
     # -- making the views ------------------------------------------------------------------------
-    def make(self, region: Image.Image | np.ndarray, top: int, left: int, draws: Sequence[ViewDraw]) -> list[Any]:
+    def make(
+        self,
+        region: Image.Image | np.ndarray,
+        top: int,
+        left: int,
+        draws: Sequence[ViewDraw],
+        resizers: Resizers | None = None,
+    ) -> list[Any]:
         """The views, from ``region``: the pixels of the full image from row ``top``,
-        column ``left`` on (an RGB PIL image or ``H x W x 3`` uint8 array) that hold
-        every view's box; ``draws`` from ``draw``."""
-        img = region if isinstance(region, Image.Image) else Image.fromarray(np.ascontiguousarray(region), "RGB")
-        crops: list[np.ndarray] = []
-        for view, d in zip(self.views, draws):
-            t, x, h, w = d.box
-            out_h, out_w = view.out_size
-            part = img.crop((x - left, t - top, x - left + w, t - top + h))
-            resized = part.resize((out_w, out_h), pil_modes_mapping[view.interpolation])
-            if d.flip:
-                resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-            crops.append(np.asarray(resized))
-        return self.finish(crops, draws)
-
-    def finish(self, crops: Sequence[np.ndarray], draws: Sequence[ViewDraw]) -> list[Any]:
-        """The photometric steps and the output of each view, from its cropped, resized
-        and flipped ``H x W x 3`` uint8 pixels: the views of one size and output are
-        processed as one batch."""
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for k, view in enumerate(self.views):
-            groups.setdefault((view.out_size, view.mean, view.std), []).append(k)
+        column ``left`` on (an ``H x W x 3`` uint8 array or an RGB PIL image) that hold
+        every view's box; ``draws`` from ``draw``. Each view is cropped and resized into
+        its slot of a planar uint8 batch of the views of its size, mirrored if drawn so:
+        by the compiled resize where ``resizers`` (``resizers()``; default this process's)
+        has one for its interpolation that gives Pillow's pixels, else by Pillow."""
+        if resizers is None:
+            resizers = _process_resizers()
+        pixels = np.asarray(region) if isinstance(region, Image.Image) else region
+        if not pixels.flags.c_contiguous:
+            pixels = np.ascontiguousarray(pixels)
+        img: Image.Image | None = region if isinstance(region, Image.Image) else None
         out: list[Any] = [None] * len(self.views)
-        for (_, mean, std), members in groups.items():
-            batch = torch.from_numpy(np.stack([crops[k] for k in members])).permute(0, 3, 1, 2)
-            result = self.photometric(batch, [draws[k] for k in members])
+        for (size, mean, std), members in self._groups().items():
+            out_h, out_w = size
+            batch = torch.empty((len(members), 3, out_h, out_w), dtype=torch.uint8)
+            planes = batch.numpy()
+            for j, k in enumerate(members):
+                view, d = self.views[k], draws[k]
+                t, x, h, w = d.box
+                box = (x - left, t - top, x - left + w, t - top + h)
+                found = resizers.get(view.interpolation)
+                if found is not None:
+                    fn, order, cubic = found
+                    if exact_resize_into(
+                        fn, order, pixels, box, (out_w, out_h), planes[j], planar=True, flip=d.flip, cubic=cubic
+                    ):
+                        continue
+                if img is None:
+                    img = Image.fromarray(pixels, "RGB")
+                resized = img.crop(box).resize((out_w, out_h), pil_modes_mapping[view.interpolation])
+                if d.flip:
+                    resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+                planes[j] = np.asarray(resized).transpose(2, 0, 1)
+            result = self.photometric(batch, [draws[k] for k in members], inplace=True)
             if mean is not None:
-                result = ops.normalize(result, mean, std)
+                result = ops.normalize(result, mean, std)  # type: ignore[arg-type]
             for j, k in enumerate(members):
                 out[k] = result[j]
         return out
 
+    def _groups(self) -> dict[tuple[Any, ...], list[int]]:
+        """The views by (size, mean, std): each group is made as one batch."""
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for k, view in enumerate(self.views):
+            groups.setdefault((view.out_size, view.mean, view.std), []).append(k)
+        return groups
+
     @staticmethod
-    def photometric(batch: torch.Tensor, draws: Sequence[ViewDraw]) -> torch.Tensor:
+    def photometric(batch: torch.Tensor, draws: Sequence[ViewDraw], *, inplace: bool = False) -> torch.Tensor:
         """Jitter, grayscale, blur and solarization of a uint8 ``N x 3 x H x W`` batch
-        (any device), image ``k`` with ``draws[k]``' parameters."""
-        # One copy of the batch (planes, contiguous), then every operation in place in it.
+        (any device), image ``k`` with ``draws[k]``' parameters (``inplace``: in ``batch``
+        itself where the operations can)."""
         x = batch.contiguous()
-        if x.data_ptr() == batch.data_ptr():
-            x = x.clone()
+        if x.data_ptr() == batch.data_ptr() and not inplace:
+            x = x.clone()  # one copy of the batch, then every operation in place in it
         if any(d.order for d in draws):
             x = ops.color_jitter(x, [d.order for d in draws], [d.factors for d in draws], inplace=True)
         if any(d.gray for d in draws):

@@ -29,7 +29,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import BatchItemError, CropJob, ReadPlan
 from lmdbfolder.torch.crop import RandomResizedCrop
-from lmdbfolder.torch.multicrop import MultiCrop
+from lmdbfolder.torch.multicrop import MultiCrop, resizers
 from lmdbfolder.torch.replay import kept_state
 from lmdbfolder.torch.transport import pool
 
@@ -233,6 +233,8 @@ class TransformPlan:
             decoder, crop=None if crop is None else crop.spec(), size_hint=size_hint, threads=threads, caps=caps
         )
         self._draw = None if crop is None else crop.drawer(caps)
+        #: The multi-crop's compiled resizes (``multicrop.resizers``), decided here once.
+        self._resizers = resizers(caps) if self.multicrop is not None else {}
         self._draw_many = crop.batch_drawer(caps) if crop is not None and self.batches else None
         self._planar = crop is not None and crop.output == "tensor"
         #: Whether this plan serves a DataLoader worker (its batches go to shared memory).
@@ -269,7 +271,7 @@ class TransformPlan:
         enc = read.claim(payload, encoding, width, height, channels)  # the boxes are drawn from a checked size
         draws = multicrop.draw(width, height)
         pixels, top, left = read.covering(payload, enc, width, height, channels, multicrop.union(draws))
-        return multicrop.make(pixels, top, left, draws)
+        return multicrop.make(pixels, top, left, draws, self._resizers)
 
     def views_many(self, records: Sequence[Any], seeded: Any = None) -> list[list[Any]]:
         """The multi-crop samples of ``records`` (each with a size in its header): every
@@ -295,7 +297,9 @@ class TransformPlan:
             rec, enc, draws = job
             box = multicrop.union(draws)
             pixels, top, left = read.covering(rec.payload, enc, rec.width, rec.height, rec.channels, box)
-            return multicrop.make(pixels, top, left, draws)
+            return multicrop.make(pixels, top, left, draws, found)
+
+        found = self._resizers
 
         return read.map(make, jobs)
 

@@ -172,8 +172,9 @@ def test_grayscale_solarize_normalize() -> None:
     norm = transforms.Compose(
         [transforms.ToTensor(), transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
     )
-    ours = ops.normalize(x, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    assert all(torch.equal(o, norm(i)) for o, i in zip(ours, imgs))
+    for compiled in (True, False):
+        ours = ops.normalize(x, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), compiled=compiled)
+        assert all(torch.equal(o, norm(i)) for o, i in zip(ours, imgs))
 
 
 @BOTH
@@ -416,3 +417,18 @@ def test_compiled_bicubic_is_pillows() -> None:
         assert exact_resize_into(fn, order, pixels, box, size, dst, planar=True, flip=True, cubic=True)
         want = Image.fromarray(pixels).crop(box).resize(size, Image.BICUBIC).transpose(Image.FLIP_LEFT_RIGHT)
         assert np.array_equal(dst.transpose(1, 2, 0), np.asarray(want))
+
+
+def test_a_cut_jpeg_fails_naming_its_record(tmp_path: Path) -> None:
+    whole = photo_jpeg(120, 90, seed=5)
+    write(tmp_path / "src" / "a" / "cut.jpg", whole[: len(whole) * 2 // 3])
+    write(tmp_path / "src" / "a" / "whole.jpg", whole)
+    pack(tmp_path / "src", tmp_path / "p", check="none", progress=False)
+    from lmdbfolder.errors import DecodeError
+
+    ds = LMDBFolder(tmp_path / "p", transform=fused.MultiCrop.dino((0.4, 1.0), (0.05, 0.4), 2), threads=2)
+    with pytest.raises(DecodeError, match="record 0 .*cut.jpg"):
+        ds[0]
+    with pytest.raises(DecodeError, match="record 0 .*cut.jpg"):
+        ds.__getitems__([1, 0])
+    assert len(ds[1][0]) == 4

@@ -288,7 +288,46 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(lookup_doc,
+             "lookup(images, n, h, w, table, out)\n\n"
+             "out[k, c] = table[c][images[k, c]] for the n x 3 x h x w uint8 images: table is\n"
+             "3 x 256 float32 (ToTensor + Normalize of every byte value), out n x 3 x h x w float32.");
+
+static PyObject *lookup(PyObject *self, PyObject *args) {
+    Py_buffer img, tab, out;
+    Py_ssize_t n, h, w;
+    if (!PyArg_ParseTuple(args, "y*nnny*w*", &img, &n, &h, &w, &tab, &out)) return NULL;
+    PyObject *result = NULL;
+    if (check_images(&img, n, h, w) < 0) goto done;
+    if (tab.len != 3 * 256 * (Py_ssize_t)sizeof(float) || out.len != img.len * (Py_ssize_t)sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "table must be 3 x 256 float32 and out n x 3 x h x w float32");
+        goto done;
+    }
+    {
+        const uint8_t *src = (const uint8_t *)img.buf;
+        const float *table = (const float *)tab.buf;
+        float *dst = (float *)out.buf;
+        Py_ssize_t plane = h * w;
+        Py_BEGIN_ALLOW_THREADS;
+        for (Py_ssize_t p = 0; p < 3 * n; p++) {
+            const float *t = table + (p % 3) * 256;
+            const uint8_t *s = src + p * plane;
+            float *d = dst + p * plane;
+            for (Py_ssize_t i = 0; i < plane; i++) d[i] = t[s[i]];
+        }
+        Py_END_ALLOW_THREADS;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&img);
+    PyBuffer_Release(&tab);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"lookup", lookup, METH_VARARGS, lookup_doc},
     {"blend", blend, METH_VARARGS, blend_doc},
     {"hue", hue, METH_VARARGS, hue_doc},
     {"blur", blur, METH_VARARGS, blur_doc},

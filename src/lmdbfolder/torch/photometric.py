@@ -318,12 +318,39 @@ def gaussian_blur(
     return out
 
 
-def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], *, compiled: bool = True) -> torch.Tensor:
     """``ToTensor()`` then ``Normalize(mean, std)``: float32 ``x / 255``, minus the mean,
-    divided by the std (the same operations, in the same order, as torchvision's)."""
+    divided by the std (the same operations, in the same order, as torchvision's).
+    Compiled: one table lookup per value, the table made by these same operations on
+    every byte value (so the same float32 values)."""
+    module = _target(x, compiled)
+    if module is not None:
+        table = _normal_table(tuple(float(v) for v in mean), tuple(float(v) for v in std))
+        src = x.contiguous()
+        out = torch.empty(src.shape, dtype=torch.float32)
+        n, _, h, w = src.shape
+        module.lookup(src.numpy(), n, h, w, table, out.numpy())
+        return out
+    return _normalized(x, mean, std)
+
+
+def _normalized(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     m = torch.as_tensor(mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     s = torch.as_tensor(std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     return x.to(torch.float32).div_(255).sub_(m).div_(s)
+
+
+_TABLES: dict[tuple[tuple[float, ...], tuple[float, ...]], bytes] = {}
+
+
+def _normal_table(mean: tuple[float, ...], std: tuple[float, ...]) -> bytes:
+    """``_normalized`` of every byte value in each channel: 3 x 256 float32, made once."""
+    table = _TABLES.get((mean, std))
+    if table is None:
+        values = torch.arange(256, dtype=torch.uint8).view(1, 1, 1, 256).expand(1, 3, 1, 256).contiguous()
+        table = _normalized(values, mean, std).numpy().tobytes()
+        _TABLES[(mean, std)] = table
+    return table
 
 
 _OPS = {BRIGHTNESS: brightness, CONTRAST: contrast, SATURATION: saturation, HUE: hue}
@@ -413,6 +440,8 @@ def _find_compiled() -> Any:
             (lambda t, chosen, **kw: solarize(t, 128, chosen, **kw), [False, True, True]),
         ]
         same = all(torch.equal(fn(probe, arg), fn(probe, arg, compiled=False)) for fn, arg in checks)
+        imagenet = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+        same = same and torch.equal(normalize(probe, *imagenet), _normalized(probe, *imagenet))
         orders, jitter = [(3, 1, 0, 2), (0, 1, 2, 3), ()], [(1.2, 0.7, 1.1, 0.05), (0.8, 1.3, None, -0.07), (None,) * 4]
         same = same and torch.equal(
             color_jitter(probe, orders, jitter), color_jitter(probe, orders, jitter, compiled=False)

@@ -32,7 +32,7 @@ setup(
             "lmdbfolder.torch._photometric",
             ["src/lmdbfolder/torch/_photometric.c"],
             # Pillow's float32 rounding, step by step: no fused multiply-adds.
-            extra_compile_args=["-ffp-contract=off", "-O3"],
+            extra_compile_args=["-ffp-contract=off", "-fno-trapping-math", "-O3"],
             optional=True,
         ),
     ]

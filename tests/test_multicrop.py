@@ -432,3 +432,16 @@ def test_a_cut_jpeg_fails_naming_its_record(tmp_path: Path) -> None:
     with pytest.raises(DecodeError, match="record 0 .*cut.jpg"):
         ds.__getitems__([1, 0])
     assert len(ds[1][0]) == 4
+
+
+@BOTH
+def test_hue_on_every_kind_of_colour(compiled: bool) -> None:
+    """Random colours (every branch of the HSV conversions, greys included) and the
+    extreme shifts, against torchvision's PIL path."""
+    rng = np.random.default_rng(7)
+    noise = rng.integers(0, 256, (3, 64, 80, 3), dtype=np.uint8)
+    noise[1, ::3] = noise[1, ::3, :, :1]  # grey pixels
+    imgs = [Image.fromarray(a) for a in noise]
+    for shift in ([0.5, -0.5, 0.1], [-0.1, 0.004, -0.003]):
+        got = ops.hue(_batch(imgs), shift, compiled=compiled)
+        _assert_same(got, [F.adjust_hue(i, f) for i, f in zip(imgs, shift)])

@@ -323,8 +323,16 @@ static inline void store(const target *t, int y, int x, uint8_t r, uint8_t g, ui
     }
 }
 
+/* The passes are compiled twice, for AVX2 and for any x86-64 (picked at run time): the
+ * same integer operations, so the same values, more of them per instruction with AVX2. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PASS_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PASS_CLONES
+#endif
+
 /* Rows 0 .. rows-1 of `in` resized horizontally (weights of `out_w` outputs). */
-static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int out_w, const int *first,
+PASS_CLONES static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int out_w, const int *first,
                             const int *count, const int32_t *w, int ksize, const target *t) {
     for (int y = 0; y < rows; y++) {
         const uint8_t *line = in + (size_t)y * in_stride;
@@ -345,7 +353,7 @@ static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int o
 /* Columns 0 .. cols-1 of `in` resized vertically (weights of `out_h` outputs;
  * first[] counts rows of `in`). Row by row into `acc` (3 * cols int32), so the
  * inner loop runs along a row, which the compiler vectorises. */
-static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out_h, const int *first,
+PASS_CLONES static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out_h, const int *first,
                           const int *count, const int32_t *w, int ksize, int32_t *acc, const target *t) {
     size_t n = (size_t)cols * 3;
     for (int y = 0; y < out_h; y++) {

@@ -371,6 +371,43 @@ PASS_CLONES static void vertical_pass(const uint8_t *in, size_t in_stride, int c
     }
 }
 
+/* horizontal_pass's result, computed as a vertical pass over the transposed rows (the
+ * same sums in the same order, so the same values): the vertical pass's inner loop runs
+ * along memory and vectorises, the horizontal one's gathers taps and does not. Returns 0
+ * (having written nothing) when its buffers cannot be had; the caller then runs
+ * horizontal_pass. */
+static int horizontal_by_transpose(const uint8_t *in, size_t in_stride, int rows, int width, int out_w,
+                                   const int *first, const int *count, const int32_t *w, int ksize, const target *t) {
+    size_t col = (size_t)rows * 3;
+    uint8_t *cols = malloc((size_t)width * col), *mid = malloc((size_t)out_w * col);
+    int32_t *acc = malloc(sizeof(int32_t) * col);
+    if (!cols || !mid || !acc) {
+        free(cols), free(mid), free(acc);
+        return 0;
+    }
+    for (int y = 0; y < rows; y++) {
+        const uint8_t *p = in + (size_t)y * in_stride;
+        uint8_t *q = cols + (size_t)y * 3;
+        for (int x = 0; x < width; x++, p += 3, q += col)
+            q[0] = p[0], q[1] = p[1], q[2] = p[2];
+    }
+    target across = {mid, col, rows, 0, 0, 0};
+    vertical_pass(cols, col, rows, out_w, first, count, w, ksize, acc, &across);
+    for (int y = 0; y < rows; y++) {
+        const uint8_t *p = mid + (size_t)y * 3;
+        for (int x = 0; x < out_w; x++, p += col)
+            store(t, y, x, p[0], p[1], p[2]);
+    }
+    free(cols), free(mid), free(acc);
+    return 1;
+}
+
+static void horizontal_resize(const uint8_t *in, size_t in_stride, int rows, int width, int out_w, const int *first,
+                       const int *count, const int32_t *w, int ksize, const target *t) {
+    if (!horizontal_by_transpose(in, in_stride, rows, width, out_w, first, count, w, ksize, t))
+        horizontal_pass(in, in_stride, rows, out_w, first, count, w, ksize, t);
+}
+
 static void copy_pass(const uint8_t *in, size_t in_stride, int rows, int cols, const target *t) {
     for (int y = 0; y < rows; y++)
         for (int x = 0; x < cols; x++) {
@@ -443,16 +480,16 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
         target mid = {(uint8_t *)tmp.buf, (size_t)width * 3, width, 0, 0, 0};
         vertical_pass(in, in_stride, width, out_h, yfirst, ycount, yw, yk, acc, horizontal ? &mid : &final);
         if (horizontal)
-            horizontal_pass(mid.buf, mid.stride, out_h, out_w, xfirst, xcount, xw, xk, &final);
+            horizontal_resize(mid.buf, mid.stride, out_h, width, out_w, xfirst, xcount, xw, xk, &final);
     } else if (horizontal) {
         /* only the rows the vertical pass reads */
         int row0 = yfirst[0], row1 = yfirst[out_h - 1] + ycount[out_h - 1];
         target mid = {(uint8_t *)tmp.buf, (size_t)out_w * 3, out_w, 0, 0, 0};
         if (!vertical) {
-            horizontal_pass(in, in_stride, height, out_w, xfirst, xcount, xw, xk, &final);
+            horizontal_resize(in, in_stride, height, width, out_w, xfirst, xcount, xw, xk, &final);
         } else {
-            horizontal_pass(in + (size_t)row0 * in_stride, in_stride, row1 - row0, out_w, xfirst, xcount, xw, xk,
-                            &mid);
+            horizontal_resize(in + (size_t)row0 * in_stride, in_stride, row1 - row0, width, out_w, xfirst, xcount, xw, xk,
+                              &mid);
             for (int y = 0; y < out_h; y++)
                 yfirst[y] -= row0;
             vertical_pass(mid.buf, mid.stride, out_w, out_h, yfirst, ycount, yw, yk, acc, &final);

@@ -445,3 +445,24 @@ def test_hue_on_every_kind_of_colour(compiled: bool) -> None:
     for shift in ([0.5, -0.5, 0.1], [-0.1, 0.004, -0.003]):
         got = ops.hue(_batch(imgs), shift, compiled=compiled)
         _assert_same(got, [F.adjust_hue(i, f) for i, f in zip(imgs, shift)])
+
+
+def test_compiled_resizes_on_random_boxes() -> None:
+    """The compiled resize (its horizontal pass over transposed rows) against Pillow, both filters."""
+    from conftest import built
+    from lmdbfolder.read.capabilities import current
+    from lmdbfolder.read.crops import exact_resize_into
+
+    fn, order = built(current().exact_bicubic(), "the compiled bicubic resize")
+    rng = np.random.default_rng(3)
+    src = np.array(_photos(1, (160, 120))[0])
+    img = Image.fromarray(src)
+    for trial in range(40):
+        w, h = int(rng.integers(1, 161)), int(rng.integers(1, 121))
+        x, y = int(rng.integers(0, 161 - w)), int(rng.integers(0, 121 - h))
+        size = (int(rng.integers(1, 130)), int(rng.integers(1, 130)))
+        cubic = bool(trial % 2)
+        dst = np.empty((size[1], size[0], 3), np.uint8)
+        assert exact_resize_into(fn, order, src, (x, y, x + w, y + h), size, dst, cubic=cubic)
+        want = img.crop((x, y, x + w, y + h)).resize(size, Image.BICUBIC if cubic else Image.BILINEAR)
+        assert np.array_equal(dst, np.asarray(want)), (x, y, w, h, size, cubic)

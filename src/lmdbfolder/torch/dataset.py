@@ -486,15 +486,17 @@ class LMDBDatasetFolder(DatasetFolder):
 
     def _multicrop_batch(
         self, plan: TransformPlan, records: list[Record], positions: list[int | None], indices: Sequence[int]
-    ) -> list[Any]:
-        """A batch of multi-crop samples, made by the dataset's ``threads`` (``TransformPlan.views_many``)."""
+    ) -> BatchSamples:
+        """A batch of multi-crop samples made by the dataset's ``threads``, each view
+        position one batch tensor (``TransformPlan.views_many``), which ``collate`` (and
+        torch's default collate) hand on as they are: ``[views, targets]``."""
         replay = self.replay
         seeded = None if replay is None else (lambda k: replay.seeded(indices[k]))
         try:
             views = plan.views_many(records, seeded)
         except BatchItemError as exc:
             raise self._decode_error(records[exc.position], exc.cause) from exc.cause
-        return [(v, self._target(rec, p)) for v, rec, p in zip(views, records, positions)]
+        return BatchSamples(views, [self._target(rec, p) for rec, p in zip(records, positions)])
 
     def _decode_error(self, rec: Record, exc: BaseException) -> DecodeError:
         hint = decode_hint(exc)

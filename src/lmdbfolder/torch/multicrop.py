@@ -347,13 +347,18 @@ class MultiCrop:
         left: int,
         draws: Sequence[ViewDraw],
         resizers: Resizers | None = None,
+        into: Sequence[torch.Tensor] | None = None,
+        at: int = 0,
     ) -> list[Any]:
         """The views, from ``region``: the pixels of the full image from row ``top``,
         column ``left`` on (an ``H x W x 3`` uint8 array or an RGB PIL image) that hold
         every view's box; ``draws`` from ``draw``. Each view is cropped and resized into
         its slot of a planar uint8 batch of the views of its size, mirrored if drawn so:
         by the compiled resize where ``resizers`` (``resizers()``; default this process's)
-        has one for its interpolation that gives Pillow's pixels, else by Pillow."""
+        has one for its interpolation that gives Pillow's pixels, else by Pillow.
+
+        ``into`` (``batches``: one batch tensor per view): view ``k`` is written into
+        ``into[k][at]`` and the views returned are those slots."""
         if resizers is None:
             resizers = _process_resizers()
         pixels = np.asarray(region) if isinstance(region, Image.Image) else region
@@ -383,11 +388,28 @@ class MultiCrop:
                     resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
                 planes[j] = np.asarray(resized).transpose(2, 0, 1)
             result = self.photometric(batch, [draws[k] for k in members], inplace=True)
+            if into is not None:
+                for j, k in enumerate(members):
+                    slot = into[k][at : at + 1]
+                    if mean is not None:
+                        ops.normalize(result[j : j + 1], mean, std, out=slot)  # type: ignore[arg-type]
+                    else:
+                        slot.copy_(result[j : j + 1])
+                    out[k] = slot[0]
+                continue
             if mean is not None:
                 result = ops.normalize(result, mean, std)  # type: ignore[arg-type]
             for j, k in enumerate(members):
                 out[k] = result[j]
         return out
+
+    def batches(self, count: int) -> list[torch.Tensor]:
+        """Empty batch tensors for ``count`` samples, one per view (``count x 3 x H x W``:
+        float32 for a normalized view, uint8 otherwise), for ``make(..., into=)``."""
+        return [
+            torch.empty((count, 3, *view.out_size), dtype=torch.uint8 if view.mean is None else torch.float32)
+            for view in self.views
+        ]
 
     def _groups(self) -> dict[tuple[Any, ...], list[int]]:
         """The views by (size, mean, std): each group is made as one batch."""

@@ -318,20 +318,34 @@ def gaussian_blur(
     return out
 
 
-def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float], *, compiled: bool = True) -> torch.Tensor:
+def normalize(
+    x: torch.Tensor,
+    mean: Sequence[float],
+    std: Sequence[float],
+    *,
+    compiled: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``ToTensor()`` then ``Normalize(mean, std)``: float32 ``x / 255``, minus the mean,
-    divided by the std (the same operations, in the same order, as torchvision's).
-    Compiled: one table lookup per value, the table made by these same operations on
-    every byte value (so the same float32 values)."""
+    divided by the std (the same operations, in the same order, as torchvision's), into
+    ``out`` if given (a float32 tensor of ``x``'s shape). Compiled: one table lookup per
+    value, the table made by these same operations on every byte value (so the same
+    float32 values)."""
+    if out is not None and tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"out has shape {tuple(out.shape)}, the images {tuple(x.shape)}")
     module = _target(x, compiled)
-    if module is not None:
+    if module is not None and (out is None or (out.is_contiguous() and out.dtype == torch.float32)):
         table = _normal_table(tuple(float(v) for v in mean), tuple(float(v) for v in std))
         src = x.contiguous()
-        out = torch.empty(src.shape, dtype=torch.float32)
+        dst = torch.empty(src.shape, dtype=torch.float32) if out is None else out
         n, _, h, w = src.shape
-        module.lookup(src.numpy(), n, h, w, table, out.numpy())
-        return out
-    return _normalized(x, mean, std)
+        module.lookup(src.numpy(), n, h, w, table, dst.numpy())
+        return dst
+    made = _normalized(x, mean, std)
+    if out is None:
+        return made
+    out.copy_(made)
+    return out
 
 
 def _normalized(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

@@ -273,13 +273,14 @@ class TransformPlan:
         pixels, top, left = read.covering(payload, enc, width, height, channels, multicrop.union(draws))
         return multicrop.make(pixels, top, left, draws, self._resizers)
 
-    def views_many(self, records: Sequence[Any], seeded: Any = None) -> list[list[Any]]:
-        """The multi-crop samples of ``records`` (each with a size in its header): every
-        record claimed and its views' random numbers drawn in order, in this thread (the
-        numbers the per-sample path draws, sample after sample; ``seeded(k)``: a context
-        in which record ``k`` draws, ``lmdbfolder.replay``), then the decodes and the views
-        made by the plan's threads (``threads``). Raises BatchItemError for the first
-        record that failed."""
+    def views_many(self, records: Sequence[Any], seeded: Any = None) -> list[torch.Tensor]:
+        """The multi-crop views of ``records`` (each with a size in its header) as batch
+        tensors, one per view (``N x 3 x H x W``, what the DataLoader's collate would
+        stack): every record claimed and its views' random numbers drawn in order, in
+        this thread (the numbers the per-sample path draws, sample after sample;
+        ``seeded(k)``: a context in which record ``k`` draws, ``lmdbfolder.replay``), then
+        the decodes and the views made by the plan's threads (``threads``), each written
+        into its slots. Raises BatchItemError for the first record that failed."""
         multicrop, read = self.multicrop, self.read
         if multicrop is None:
             raise ValueError("this plan has no multi-crop")
@@ -291,17 +292,18 @@ class TransformPlan:
                 raise BatchItemError(k, exc) from exc
             with contextlib.nullcontext() if seeded is None else seeded(k):
                 draws = multicrop.draw(rec.width, rec.height)
-            jobs.append((rec, enc, draws))
-
-        def make(job: tuple[Any, Any, Any]) -> list[Any]:
-            rec, enc, draws = job
-            box = multicrop.union(draws)
-            pixels, top, left = read.covering(rec.payload, enc, rec.width, rec.height, rec.channels, box)
-            return multicrop.make(pixels, top, left, draws, found)
-
+            jobs.append((k, rec, enc, draws))
+        into = multicrop.batches(len(jobs))
         found = self._resizers
 
-        return read.map(make, jobs)
+        def make(job: tuple[int, Any, Any, Any]) -> None:
+            at, rec, enc, draws = job
+            box = multicrop.union(draws)
+            pixels, top, left = read.covering(rec.payload, enc, rec.width, rec.height, rec.channels, box)
+            multicrop.make(pixels, top, left, draws, found, into=into, at=at)
+
+        read.map(make, jobs)
+        return into
 
     def batch(self, records: Sequence[Any], seeds: Sequence[int] | None = None) -> torch.Tensor:
         """Every record's box and flip, drawn in the per-sample order (a sample's box,

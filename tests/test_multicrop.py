@@ -466,3 +466,14 @@ def test_compiled_resizes_on_random_boxes() -> None:
         assert exact_resize_into(fn, order, src, (x, y, x + w, y + h), size, dst, cubic=cubic)
         want = img.crop((x, y, x + w, y + h)).resize(size, Image.BICUBIC if cubic else Image.BILINEAR)
         assert np.array_equal(dst, np.asarray(want)), (x, y, w, h, size, cubic)
+
+
+def test_seeded_views_are_the_same_one_by_one_and_in_batches(ssl_pack: tuple[Path, Path]) -> None:
+    _, packed = ssl_pack
+    tf = fused.MultiCrop.dino((0.4, 1.0), (0.05, 0.4), 2)
+    one = LMDBFolder(packed, transform=tf, seed=7)
+    many = LMDBFolder(packed, transform=tf, seed=7, threads=2)
+    batch = many.__getitems__([2, 0, 3])
+    for (views, target), index in zip(batch, [2, 0, 3]):
+        want, label = one[index]
+        assert label == target and all(torch.equal(a, b) for a, b in zip(views, want))

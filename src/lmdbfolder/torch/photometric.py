@@ -302,8 +302,8 @@ def gaussian_blur(
     for k, radius in enumerate(radii):
         if radius == 0:
             continue  # Pillow copies the image for a radius of 0
-        whole, inner, edge = _box_weights(box_blur_radius(radius))
-        groups.setdefault(whole, []).append((k, inner, edge))
+        whole, weight, side = _box_weights(box_blur_radius(radius))
+        groups.setdefault(whole, []).append((k, weight, side))
     for whole, members in groups.items():
         idx = torch.tensor([m[0] for m in members], device=x.device)
         inner = torch.tensor([m[1] for m in members], dtype=torch.int64, device=x.device).view(-1, 1, 1, 1)
@@ -444,7 +444,7 @@ def _find_compiled() -> Any:
         smooth = np.stack([(x * 11) % 256, (y * 13) % 256, (x * y) % 256]).astype(np.uint8)
         noise = rng.integers(0, 256, (3, 19, 23), dtype=np.uint8)
         probe = torch.from_numpy(np.stack([smooth, noise, np.full_like(smooth, 77)]))
-        checks = [
+        checks: list[tuple[Any, Any]] = [
             (brightness, [0.61, 1.37, 1.0]),
             (contrast, [0.6, 1.4, 0.9]),
             (saturation, [0.8, 1.2, 0.0]),

@@ -1,6 +1,6 @@
 """``lmdbfolder doctor``: which accelerations are active in this installation, and what to install.
 
-``lmdbfolder doctor [PACK] --transform SPEC`` also says whether a training script's
+``lmdbfolder doctor [DST] --transform SPEC`` also says whether a training script's
 transform gets a fast path from a pack, and why not when it does not (the same
 sentence ``repr(dataset)`` prints), once, instead of a warning per sample.
 """
@@ -26,9 +26,9 @@ def add_parser(sub: Any) -> None:
         description="Check this installation as the read path does: the compiled crop decoder (region decoding, "
         "the exact resize), each JPEG decoder and whether it gives Pillow's pixels, the one decoder='auto' picks, "
         "the checksum implementation and the optional libraries; then say what would make reading faster here. "
-        "With --transform: whether that transform gets a fast path (on PACK, when given), or why not.",
+        "With --transform: whether that transform gets a fast path (on the pack DST, when given), or why not.",
     )
-    p.add_argument("pack", nargs="?", help="a pack to open with --transform (optional)")
+    p.add_argument("pack", nargs="?", metavar="DST", help="a pack to open with --transform (optional)")
     p.add_argument(
         "--transform",
         metavar="MODULE:NAME[(ARGS)]",

@@ -323,9 +323,9 @@ static inline void store(const target *t, int y, int x, uint8_t r, uint8_t g, ui
     }
 }
 
-/* The passes are compiled twice, for AVX2 and for any x86-64 (picked at run time): the
+/* The passes are compiled twice, for AVX2 and for any x86-64 (picked at run time, glibc's ifunc): the
  * same integer operations, so the same values, more of them per instruction with AVX2. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 #define PASS_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define PASS_CLONES

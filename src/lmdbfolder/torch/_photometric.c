@@ -24,7 +24,7 @@
 /* Hot loops are compiled twice, for AVX2 and for any x86-64 (the loader picks one at
  * run time): the same operations in the same order, so the same values, twice as many
  * per instruction where AVX2 is there. Elsewhere, one plain version. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define VECTOR_CLONES

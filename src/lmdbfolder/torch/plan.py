@@ -374,7 +374,7 @@ class TransformPlan:
 
 def fast_path(transform: Any, *, size_hint: int | None = None) -> tuple[bool, str]:
     """Whether an ``LMDBFolder`` applies ``transform`` on a fast path, and a sentence
-    saying which, or why not (``repr(dataset)`` and ``lmdbfolder doctor PACK
+    saying which, or why not (``repr(dataset)`` and ``lmdbfolder doctor DST
     --transform`` print it once, so that a transform that buys nothing from the pack
     says so without a warning per sample)."""
     if transform is None:

@@ -14,11 +14,14 @@ views. ``MultiCrop`` is that augmentation, described as data (``View`` s), which
   and solarization are the original's);
 * the JPEG is decoded once, only the rows that hold the union of the views' boxes
   (the compiled region decoder; its pixels are Pillow's);
-* each view is cropped from that region and resized with Pillow's own resize (the
-  view's interpolation, bicubic for DINO: the original's pixels);
+* each view is cropped from that region and resized with Pillow's arithmetic (the
+  view's interpolation, bicubic for DINO: the original's pixels; the compiled helper's
+  exact resize where it reproduces the installed Pillow, else Pillow itself), straight
+  into its slot of a planar batch of the views of its size;
 * the photometric operations run on the views as uint8 tensors, a batch per view
   size (``lmdbfolder.torch.photometric``: Pillow's arithmetic, bit for bit), then
-  ``ToTensor`` + ``Normalize`` (or uint8 output).
+  ``ToTensor`` + ``Normalize`` (or uint8 output); for a DataLoader batch, into one
+  batch tensor per view (``batches``, ``make(..., into=)``).
 
 On a PIL image (``ImageFolder``) ``MultiCrop`` makes the same views from the whole
 image, so it is a drop-in there too. The presets ``MultiCrop.dino``, ``.swav`` and

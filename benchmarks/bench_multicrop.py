@@ -17,7 +17,7 @@ order rotates), every one making DINO's 2 global + 8 local views per sample:
   (threads mode: a batch's samples made by the dataset's threads);
 * ``dali-cpu`` (where ``nvidia.dali`` imports): DALI's CPU pipeline making the same
   views the way DALI's ResNet-50 example makes a training crop
-  (NVIDIA/DALI ``docs/examples/use_cases/pytorch/resnet50/main.py``, ``create_dali_pipeline``:
+  (NVIDIA/DALI ``docs/examples/use_cases/pytorch/resnet50/main.py`` at 040019d, ``create_dali_pipeline``:
   ``fn.decoders.image_random_crop`` per view, ``fn.resize``, ``fn.crop_mirror_normalize``
   with a ``coin_flip`` mirror), plus ``fn.color_twist`` (brightness, contrast, saturation,
   hue; identity when the 0.8 coin says no, saturation 0 for the 0.2 grayscale),

@@ -399,13 +399,15 @@ def fast_path(transform: Any, *, size_hint: int | None = None) -> tuple[bool, st
     found = getattr(transform, "transforms", None)
     steps = list(found) if isinstance(found, list) else []
     first = steps[0] if steps else transform
-    first_name = f"{type(first).__module__.split('.')[0]}'s {type(first).__name__}"
+    # The full path: torchvision's v1 and v2 RandomResizedCrop share a name, not a fast path.
+    module = type(first).__module__
+    first_name = type(first).__qualname__ if module == "builtins" else f"{module}.{type(first).__qualname__}"
     if type(first).__name__ == "RandomResizedCropAndInterpolation":
         why = f"its first step is {first_name}, which lmdbfolder does not fuse"
     elif isinstance(first, T.RandomResizedCrop):
         why = f"its first step, {first_name} with interpolation {first.interpolation}, has no Pillow twin"
     else:
-        why = f"it does not start with a RandomResizedCrop (its first step is {first_name})"
+        why = f"it does not start with torchvision's transforms.RandomResizedCrop (its first step is {first_name})"
     return False, (
         f"no fast path: {why}, so every image is decoded whole and given to it; "
         "torchvision's RandomResizedCrop (or lmdbfolder.fused.RandomResizedCrop) first would be fused"

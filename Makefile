@@ -16,7 +16,7 @@ $(BIN)/python:
 	@echo "==> creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml setup.py src/lmdbfolder/read/_crops.c | $(BIN)/python
+$(VENV)/.demo-installed: requirements-demo.txt pyproject.toml setup.py src/lmdbfolder/read/_crops.c src/lmdbfolder/torch/_photometric.c | $(BIN)/python
 	@echo "==> installing what the demo needs into $(VENV) (requirements-demo.txt): lmdb, numpy, Pillow, tqdm"
 	@echo "    (lmdbfolder's own dependencies), PyTorch 2.14.1 and torchvision 0.29.1 (the big download),"
 	@echo "    simplejpeg (the fast JPEG decoder) and zlib-ng (fast checksums)"
@@ -80,4 +80,4 @@ system-deps:
 	else sudo apt-get install -y libturbojpeg0 libjpeg-dev; fi
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache src/lmdbfolder/read/_crops*.so
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache src/lmdbfolder/read/_crops*.so src/lmdbfolder/torch/_photometric*.so

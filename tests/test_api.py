@@ -125,3 +125,25 @@ def test_new_modules_declare_their_api() -> None:
             obj = getattr(module, name)
             if callable(obj):
                 assert obj.__doc__ and obj.__doc__.strip(), f"{module.__name__}.{name}"
+
+
+def test_fused_api() -> None:
+    import lmdbfolder.fused
+
+    assert lmdbfolder.fused.__all__ == [
+        "RandomResizedCrop",
+        "MultiCrop",
+        "PairedRandomCrop",
+        "View",
+        "fast_path",
+        "split_fused",
+        "split_exact",
+        "batch_recipe",
+        "BatchRecipe",
+        "TransformPlan",
+        "plan_key",
+    ]
+    for name in ("MultiCrop", "View", "fast_path"):
+        assert getattr(lmdbfolder.fused, name).__doc__
+    for preset in ("dino", "swav", "simclr"):
+        assert getattr(lmdbfolder.fused.MultiCrop, preset).__doc__

@@ -27,7 +27,19 @@ def test_public_paths_name_the_package_objects() -> None:
     import lmdbfolder.gpu
     import lmdbfolder.sampler
     import lmdbfolder.transport
-    from lmdbfolder.torch import batches, crop, dataset, gpu, loader, options, plan, sampler, transport
+    from lmdbfolder.torch import (
+        batches,
+        crop,
+        dataset,
+        gpu,
+        joint,
+        loader,
+        multicrop,
+        options,
+        plan,
+        sampler,
+        transport,
+    )
 
     assert lmdbfolder.torch.LMDBFolder is dataset.LMDBFolder
     assert lmdbfolder.torch.collate is batches.collate and callable(lmdbfolder.torch.collate)
@@ -39,7 +51,9 @@ def test_public_paths_name_the_package_objects() -> None:
         for name in public.__all__:
             assert getattr(public, name) is getattr(home, name), f"{public.__name__}.{name}"
     for name in lmdbfolder.fused.__all__:
-        assert getattr(lmdbfolder.fused, name) is getattr(crop if name == "RandomResizedCrop" else plan, name)
+        homes = {"RandomResizedCrop": crop, "MultiCrop": multicrop, "View": multicrop, "PairedRandomCrop": joint}
+        home = homes.get(name, plan)
+        assert getattr(lmdbfolder.fused, name) is getattr(home, name)
     for name in lmdbfolder.torch.__all__:
         assert getattr(lmdbfolder.torch, name).__doc__, name
         assert name in dir(lmdbfolder.torch)

@@ -237,12 +237,25 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
 
 #define RESIZE_BITS 22
 
-/* Weights of output samples 0 .. out - 1 over input samples 0 .. in - 1:
- * first[o] and count[o] (the taps), weights[o * ksize + t]. Returns ksize or 0. */
-static int bilinear_weights(int in, int out, int **first_p, int **count_p, int32_t **weights_p) {
+/* Pillow's bicubic filter (a = -0.5), support 2. */
+static inline double bicubic_filter(double x) {
+    const double a = -0.5;
+    if (x < 0.0)
+        x = -x;
+    if (x < 1.0)
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+    if (x < 2.0)
+        return (((x - 5) * x + 8) * x - 4) * a;
+    return 0.0;
+}
+
+/* Weights of output samples 0 .. out - 1 over input samples 0 .. in - 1 (Pillow's
+ * bilinear filter, or with `cubic` its bicubic one): first[o] and count[o] (the taps),
+ * weights[o * ksize + t]. Returns ksize or 0. */
+static int bilinear_weights(int in, int out, int cubic, int **first_p, int **count_p, int32_t **weights_p) {
     double scale = (double)(float)in / out; /* Pillow takes the box as floats */
     double filterscale = scale < 1.0 ? 1.0 : scale;
-    double support = 1.0 * filterscale;
+    double support = (cubic ? 2.0 : 1.0) * filterscale;
     if (in <= 0 || out <= 0 || support > (double)(INT_MAX / 4))
         return 0; /* ksize would overflow an int */
     int ksize = (int)ceil(support) * 2 + 1;
@@ -264,9 +277,13 @@ static int bilinear_weights(int in, int out, int **first_p, int **count_p, int32
         int n = hi - lo;
         for (int t = 0; t < n; t++) {
             double x = ((t + lo) - center + 0.5) * inv;
-            if (x < 0.0)
-                x = -x;
-            w[t] = x < 1.0 ? 1.0 - x : 0.0;
+            if (cubic) {
+                w[t] = bicubic_filter(x);
+            } else {
+                if (x < 0.0)
+                    x = -x;
+                w[t] = x < 1.0 ? 1.0 - x : 0.0;
+            }
             total += w[t];
         }
         for (int t = 0; t < ksize; t++) {
@@ -306,8 +323,16 @@ static inline void store(const target *t, int y, int x, uint8_t r, uint8_t g, ui
     }
 }
 
+/* The passes are compiled twice, for AVX2 and for any x86-64 (picked at run time, glibc's ifunc): the
+ * same integer operations, so the same values, more of them per instruction with AVX2. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
+#define PASS_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PASS_CLONES
+#endif
+
 /* Rows 0 .. rows-1 of `in` resized horizontally (weights of `out_w` outputs). */
-static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int out_w, const int *first,
+PASS_CLONES static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int out_w, const int *first,
                             const int *count, const int32_t *w, int ksize, const target *t) {
     for (int y = 0; y < rows; y++) {
         const uint8_t *line = in + (size_t)y * in_stride;
@@ -328,7 +353,7 @@ static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int o
 /* Columns 0 .. cols-1 of `in` resized vertically (weights of `out_h` outputs;
  * first[] counts rows of `in`). Row by row into `acc` (3 * cols int32), so the
  * inner loop runs along a row, which the compiler vectorises. */
-static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out_h, const int *first,
+PASS_CLONES static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out_h, const int *first,
                           const int *count, const int32_t *w, int ksize, int32_t *acc, const target *t) {
     size_t n = (size_t)cols * 3;
     for (int y = 0; y < out_h; y++) {
@@ -344,6 +369,43 @@ static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out
         for (int x = 0; x < cols; x++)
             store(t, y, x, clip8(acc[3 * x]), clip8(acc[3 * x + 1]), clip8(acc[3 * x + 2]));
     }
+}
+
+/* horizontal_pass's result, computed as a vertical pass over the transposed rows (the
+ * same sums in the same order, so the same values): the vertical pass's inner loop runs
+ * along memory and vectorises, the horizontal one's gathers taps and does not. Returns 0
+ * (having written nothing) when its buffers cannot be had; the caller then runs
+ * horizontal_pass. */
+static int horizontal_by_transpose(const uint8_t *in, size_t in_stride, int rows, int width, int out_w,
+                                   const int *first, const int *count, const int32_t *w, int ksize, const target *t) {
+    size_t col = (size_t)rows * 3;
+    uint8_t *cols = malloc((size_t)width * col), *mid = malloc((size_t)out_w * col);
+    int32_t *acc = malloc(sizeof(int32_t) * col);
+    if (!cols || !mid || !acc) {
+        free(cols), free(mid), free(acc);
+        return 0;
+    }
+    for (int y = 0; y < rows; y++) {
+        const uint8_t *p = in + (size_t)y * in_stride;
+        uint8_t *q = cols + (size_t)y * 3;
+        for (int x = 0; x < width; x++, p += 3, q += col)
+            q[0] = p[0], q[1] = p[1], q[2] = p[2];
+    }
+    target across = {mid, col, rows, 0, 0, 0};
+    vertical_pass(cols, col, rows, out_w, first, count, w, ksize, acc, &across);
+    for (int y = 0; y < rows; y++) {
+        const uint8_t *p = mid + (size_t)y * 3;
+        for (int x = 0; x < out_w; x++, p += col)
+            store(t, y, x, p[0], p[1], p[2]);
+    }
+    free(cols), free(mid), free(acc);
+    return 1;
+}
+
+static void horizontal_resize(const uint8_t *in, size_t in_stride, int rows, int width, int out_w, const int *first,
+                       const int *count, const int32_t *w, int ksize, const target *t) {
+    if (!horizontal_by_transpose(in, in_stride, rows, width, out_w, first, count, w, ksize, t))
+        horizontal_pass(in, in_stride, rows, out_w, first, count, w, ksize, t);
 }
 
 static void copy_pass(const uint8_t *in, size_t in_stride, int rows, int cols, const target *t) {
@@ -362,13 +424,14 @@ PyDoc_STRVAR(resize_bilinear_doc,
 "3 planes of H x W; mirrored left-right when ``flip``. ``tmp`` is scratch of at\n"
 "least 3 * max(out_w * height, width * out_h) bytes. ``order`` is the installed\n"
 "Pillow's order of the two passes: 0, horizontal first (Pillow <= 12); 1, vertical\n"
-"first when the height shrinks by more than twice what the width does (Pillow 13).");
+"first when the height shrinks by more than twice what the width does (Pillow 13).\n"
+"``cubic`` (optional, default false): Pillow's BICUBIC filter instead of BILINEAR.");
 
 static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
     Py_buffer src, dst, tmp;
-    int row_pixels, left, width, height, out_w, out_h, planar, flip, order;
-    if (!PyArg_ParseTuple(args, "y*iiiiiiw*w*ppi", &src, &row_pixels, &left, &width, &height, &out_w, &out_h, &dst,
-                          &tmp, &planar, &flip, &order))
+    int row_pixels, left, width, height, out_w, out_h, planar, flip, order, cubic = 0;
+    if (!PyArg_ParseTuple(args, "y*iiiiiiw*w*ppi|p", &src, &row_pixels, &left, &width, &height, &out_w, &out_h, &dst,
+                          &tmp, &planar, &flip, &order, &cubic))
         return NULL;
     const char *problem = NULL;
     size_t tmp_need = 0;
@@ -392,8 +455,8 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
     int32_t *xw = NULL, *yw = NULL, *acc = NULL;
     int xk = 0, yk = 0;
     if (!problem) {
-        xk = bilinear_weights(width, out_w, &xfirst, &xcount, &xw);
-        yk = bilinear_weights(height, out_h, &yfirst, &ycount, &yw);
+        xk = bilinear_weights(width, out_w, cubic, &xfirst, &xcount, &xw);
+        yk = bilinear_weights(height, out_h, cubic, &yfirst, &ycount, &yw);
         acc = malloc(sizeof(int32_t) * 3 * (size_t)(width > out_w ? width : out_w));
         if (!xk || !yk || !acc) {
             free(xfirst), free(xcount), free(xw), free(yfirst), free(ycount), free(yw), free(acc);
@@ -417,16 +480,16 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
         target mid = {(uint8_t *)tmp.buf, (size_t)width * 3, width, 0, 0, 0};
         vertical_pass(in, in_stride, width, out_h, yfirst, ycount, yw, yk, acc, horizontal ? &mid : &final);
         if (horizontal)
-            horizontal_pass(mid.buf, mid.stride, out_h, out_w, xfirst, xcount, xw, xk, &final);
+            horizontal_resize(mid.buf, mid.stride, out_h, width, out_w, xfirst, xcount, xw, xk, &final);
     } else if (horizontal) {
         /* only the rows the vertical pass reads */
         int row0 = yfirst[0], row1 = yfirst[out_h - 1] + ycount[out_h - 1];
         target mid = {(uint8_t *)tmp.buf, (size_t)out_w * 3, out_w, 0, 0, 0};
         if (!vertical) {
-            horizontal_pass(in, in_stride, height, out_w, xfirst, xcount, xw, xk, &final);
+            horizontal_resize(in, in_stride, height, width, out_w, xfirst, xcount, xw, xk, &final);
         } else {
-            horizontal_pass(in + (size_t)row0 * in_stride, in_stride, row1 - row0, out_w, xfirst, xcount, xw, xk,
-                            &mid);
+            horizontal_resize(in + (size_t)row0 * in_stride, in_stride, row1 - row0, width, out_w, xfirst, xcount, xw, xk,
+                              &mid);
             for (int y = 0; y < out_h; y++)
                 yfirst[y] -= row0;
             vertical_pass(mid.buf, mid.stride, out_w, out_h, yfirst, ycount, yw, yk, acc, &final);

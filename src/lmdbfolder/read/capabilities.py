@@ -127,6 +127,19 @@ class Capabilities:
         fn = module.resize_bilinear
         return (fn, order) if crops.native_matches_pillow(fn, order) else None
 
+    def exact_bicubic(self) -> tuple[Callable[..., None], int] | None:
+        """``(compiled resize, pass order)`` where its ``cubic`` mode reproduces the
+        installed Pillow's bicubic resize here (``crops.native_matches_pillow``), else None."""
+        return self.answer("exact_bicubic", self._find_exact_bicubic)
+
+    def _find_exact_bicubic(self) -> tuple[Callable[..., None], int] | None:
+        module = self.compiled()
+        order = self.pillow_pass_order()
+        if module is None or order is None:
+            return None
+        fn = module.resize_bilinear
+        return (fn, order) if crops.native_matches_pillow(fn, order, cubic=True) else None
+
     def native_resize(self) -> ModuleType | None:
         """The compiled module where ``resize="native"`` can run (built, with its
         batch maker), else None."""

@@ -137,10 +137,11 @@ def pillow_pass_order() -> int | None:
     return None
 
 
-def native_matches_pillow(fn: Callable[..., None], order: int) -> bool:
+def native_matches_pillow(fn: Callable[..., None], order: int, *, cubic: bool = False) -> bool:
     """Whether the compiled resize ``fn`` run with pass ``order`` reproduces the
-    installed Pillow's ``crop(box).resize(size, BILINEAR)`` on boxes that take
-    every branch: both passes in either order, one pass, none, upscaling."""
+    installed Pillow's ``crop(box).resize(size, BILINEAR)`` (``BICUBIC`` with ``cubic``)
+    on boxes that take every branch: both passes in either order, one pass, none,
+    upscaling."""
     rng = np.random.default_rng(7)
     src = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
     # (left, width, height, out_w, out_h)
@@ -149,8 +150,8 @@ def native_matches_pillow(fn: Callable[..., None], order: int) -> bool:
     try:
         return all(
             np.array_equal(
-                _resize(fn, order, src, (left, 0, left + w, h), (ow, oh)),
-                _pil(src, left, w, h, ow, oh),
+                _resize(fn, order, src, (left, 0, left + w, h), (ow, oh), cubic),
+                _pil(src, left, w, h, ow, oh, cubic),
             )
             for left, w, h, ow, oh in cases
         )
@@ -158,16 +159,24 @@ def native_matches_pillow(fn: Callable[..., None], order: int) -> bool:
         return False
 
 
-def _pil(src: np.ndarray, left: int, width: int, height: int, out_w: int, out_h: int) -> np.ndarray:
+def _pil(
+    src: np.ndarray, left: int, width: int, height: int, out_w: int, out_h: int, cubic: bool = False
+) -> np.ndarray:
     crop = Image.fromarray(np.ascontiguousarray(src[:height, left : left + width]), "RGB")
-    return np.asarray(crop.resize((out_w, out_h), Image.Resampling.BILINEAR))
+    resample = Image.Resampling.BICUBIC if cubic else Image.Resampling.BILINEAR
+    return np.asarray(crop.resize((out_w, out_h), resample))
 
 
 def _resize(
-    fn: Callable[..., None], order: int, src: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int]
+    fn: Callable[..., None],
+    order: int,
+    src: np.ndarray,
+    box: tuple[int, int, int, int],
+    size: tuple[int, int],
+    cubic: bool = False,
 ) -> np.ndarray:
     out = np.empty((size[1], size[0], 3), np.uint8)
-    _call(fn, order, src, box, size, out, planar=False, flip=False)
+    _call(fn, order, src, box, size, out, planar=False, flip=False, cubic=cubic)
     return out
 
 
@@ -181,12 +190,16 @@ def _call(
     *,
     planar: bool,
     flip: bool,
+    cubic: bool = False,
 ) -> None:
     left, top, right, bottom = box
     width, height = right - left, bottom - top
     tmp = thread_buffer(_SCRATCH, "tmp", 3 * max(size[0] * height, width * size[1]))
     rows = src[top:bottom]
-    fn(rows, src.shape[1], left, width, height, size[0], size[1], dst, tmp, planar, flip, order)
+    if cubic:
+        fn(rows, src.shape[1], left, width, height, size[0], size[1], dst, tmp, planar, flip, order, True)
+    else:
+        fn(rows, src.shape[1], left, width, height, size[0], size[1], dst, tmp, planar, flip, order)
 
 
 def exact_resize_into(
@@ -199,10 +212,11 @@ def exact_resize_into(
     *,
     planar: bool = False,
     flip: bool = False,
+    cubic: bool = False,
 ) -> bool:
     """Resize the whole-pixel ``box`` (left, upper, right, lower) of the ``H x W x 3``
     uint8 array ``pixels`` to ``size`` = (width, height) exactly as
-    ``Image.crop(box).resize(size, BILINEAR)`` does, into ``dst`` (``H x W x 3``,
+    ``Image.crop(box).resize(size, BILINEAR)`` (``BICUBIC`` with ``cubic``) does, into ``dst`` (``H x W x 3``,
     or with ``planar`` its ``3 x H x W`` planes; mirrored with ``flip``, as
     ``RandomHorizontalFlip`` mirrors), with the compiled resize ``fn`` and
     Pillow's pass ``order`` (``Capabilities.exact_resize`` gives both, where they
@@ -226,7 +240,7 @@ def exact_resize_into(
         return False
     if not dst.flags.c_contiguous or dst.dtype != np.uint8 or dst.size != 3 * size[0] * size[1]:
         return False
-    _call(fn, order, pixels, ibox, size, dst, planar=planar, flip=flip)
+    _call(fn, order, pixels, ibox, size, dst, planar=planar, flip=flip, cubic=cubic)
     return True
 
 

@@ -417,6 +417,64 @@ class ReadPlan:
             hwc = work
         cv2.split(hwc, [dst[0], dst[1], dst[2]])
 
+    def map(self, fn: Any, items: Sequence[Any]) -> list[Any]:
+        """``[fn(item) for item in items]``, shared by the plan's threads (``fn`` should
+        release the GIL for most of its time: decoders, Pillow, the compiled helpers do).
+        Raises BatchItemError naming the first item that failed, once every thread has
+        finished."""
+        n = len(items)
+        out: list[Any] = [None] * n
+        errors: dict[int, BaseException] = {}
+        claims = itertools.count()
+
+        def work() -> None:
+            for k in claims:
+                if k >= n:
+                    return
+                try:
+                    out[k] = fn(items[k])
+                except Exception as exc:  # decoders raise many exception types for bad data
+                    errors[k] = exc
+
+        workers = min(self.threads, n)
+        if workers <= 1:
+            work()
+        else:
+            pool = self._get_pool()
+            futures = [pool.submit(work) for _ in range(1, workers)]
+            try:
+                work()
+            finally:
+                for future in futures:  # every thread has finished before this returns or raises
+                    future.exception()
+        if errors:
+            first = min(errors)
+            raise BatchItemError(first, errors[first]) from errors[first]
+        return out
+
+    def covering(
+        self, payload: memoryview | bytes, enc: Encoding, width: int, height: int, channels: int, box: Box
+    ) -> tuple[np.ndarray, int, int]:
+        """The pixels that hold ``box`` (``top, left, height, width`` in full-size pixels)
+        of a claimed record (``enc``: what ``claim`` returned): ``(pixels, top, left)``,
+        ``pixels`` an ``H x W x 3`` uint8 array whose first pixel is the full image's
+        pixel (``top``, ``left``). Only the box's rows are decoded where the region
+        decoder takes the record (the multi-crop's one decode for all its views), else
+        the whole image (at full scale). The array may be this thread's scratch buffer:
+        use it before the thread's next call."""
+        local = self._local
+        if self.regions is not None and enc.fusable(channels):
+            region = enc.region(
+                payload, box, width, channels, self.regions, thread_buffer(local, "region", 3 * width * box[2]), height
+            )
+            if region is not None:
+                pixels, inner = region
+                return pixels, box[0], box[1] - inner[0]
+        if enc.fusable(channels):
+            buf = thread_buffer(local, "buf", 3 * width * height)
+            return enc.pixels(payload, width, height, channels, self.decoder, 1, buf), 0, 0
+        return enc.expect(np.asarray(enc.decode_rgb(payload, width, height)), width, height), 0, 0
+
     # -- whole images ---------------------------------------------------------------------------
     def pixels(
         self, payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int, denom: int = 1

@@ -35,13 +35,18 @@ class BatchSamples(list):  # type: ignore[type-arg]
     """A batch made by the fast path: a list of ``(image, target)`` like any other
     (each image a view of one batch tensor, each pair a ``Sample``), which
     ``collate``, and torch's ``default_collate`` too, turn into ``[images, targets]``
-    without copying ``images``."""
+    without copying ``images``. ``images`` may also be a list of batch tensors (a
+    multi-crop's views, one tensor per view): each sample's image is then the list of
+    its views, and the collated batch ``[views, targets]``."""
 
     images: Any
     targets: list[Any]
 
     def __init__(self, images: Any, targets: list[Any]) -> None:
-        made = [Sample(pair) for pair in zip(images, targets)]
+        # A list of batch tensors (a multi-crop's views, one tensor per view): each
+        # sample's image is the list of its views.
+        per_sample = [list(views) for views in zip(*images)] if isinstance(images, list) else images
+        made = [Sample(pair) for pair in zip(per_sample, targets)]
         super().__init__(made)
         self.images = images
         self.targets = targets

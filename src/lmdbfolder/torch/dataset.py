@@ -51,7 +51,7 @@ from lmdbfolder.read.stored_file import StoredFile, lend
 from lmdbfolder.torch.batches import BatchSamples
 from lmdbfolder.torch.loader import _RAW_LOADER, _RAW_LOADER_HINT, PackLoader, _decodes_itself
 from lmdbfolder.torch.options import ReadOptions, read_options, shows_settings
-from lmdbfolder.torch.plan import TransformPlan, plan_key
+from lmdbfolder.torch.plan import TransformPlan, fast_path, plan_key
 from lmdbfolder.torch.replay import Replay
 
 __all__ = ["LMDBFolder", "LMDBDatasetFolder"]
@@ -432,6 +432,8 @@ class LMDBDatasetFolder(DatasetFolder):
             if plan.batches and records and all(r.width > 0 and r.height > 0 for r in records):
                 seeds = None if self.replay is None else [self.replay.sample_seed(i) for i in indices]
                 return self._fast_batch(plan, records, positions, seeds)
+            if plan.multicrop is not None and records and all(r.width > 0 and r.height > 0 for r in records):
+                return self._multicrop_batch(plan, records, positions, indices)
             if self.replay is not None:
                 out = []
                 for index, rec, p in zip(indices, records, positions):
@@ -482,6 +484,20 @@ class LMDBDatasetFolder(DatasetFolder):
         except BatchItemError as exc:
             raise self._decode_error(records[exc.position], exc.cause) from exc.cause
         return BatchSamples(images, [self._target(rec, p) for rec, p in zip(records, positions)])
+
+    def _multicrop_batch(
+        self, plan: TransformPlan, records: list[Record], positions: list[int | None], indices: Sequence[int]
+    ) -> BatchSamples:
+        """A batch of multi-crop samples made by the dataset's ``threads``, each view
+        position one batch tensor (``TransformPlan.views_many``), which ``collate`` (and
+        torch's default collate) hand on as they are: ``[views, targets]``."""
+        replay = self.replay
+        seeded = None if replay is None else (lambda k: replay.seeded(indices[k]))
+        try:
+            views = plan.views_many(records, seeded)
+        except BatchItemError as exc:
+            raise self._decode_error(records[exc.position], exc.cause) from exc.cause
+        return BatchSamples(views, [self._target(rec, p) for rec, p in zip(records, positions)])
 
     def _decode_error(self, rec: Record, exc: BaseException) -> DecodeError:
         hint = decode_hint(exc)
@@ -693,6 +709,8 @@ class LMDBDatasetFolder(DatasetFolder):
             lines.append(f"Class order: {self.class_order}")
         if not _decodes_itself(self._loader):
             lines.append(f"Loader: {self._loader!r}")
+        elif self.transform is not None:
+            lines.append(f"Fast path: {fast_path(self.transform, size_hint=self.size_hint)[1]}")
         return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.decoders import to_pil
 from lmdbfolder.read.plan import BatchItemError, CropJob, ReadPlan
 from lmdbfolder.torch.crop import RandomResizedCrop
+from lmdbfolder.torch.multicrop import MultiCrop, resizers
 from lmdbfolder.torch.replay import kept_state
 from lmdbfolder.torch.transport import pool
 
@@ -39,6 +40,7 @@ __all__ = [
     "BatchRecipe",
     "TransformPlan",
     "plan_key",
+    "fast_path",
     "NATIVE_CHUNK",
 ]
 
@@ -118,6 +120,8 @@ def plan_key(transform: Any) -> tuple[Any, ...]:
     between epochs (progressive resizing: ``tf.transforms[0].size = (160, 160)``,
     ``tf.transforms.append(...)``), and ImageFolder applies the transform as it is now.
     """
+    if isinstance(transform, MultiCrop):
+        return (transform, transform.views)  # its views (a tuple of frozen specs) as they are now
     found = getattr(transform, "transforms", None)
     steps = tuple(found) if isinstance(found, list) else (transform,)
     key: list[Any] = [transform, steps]
@@ -211,7 +215,11 @@ class TransformPlan:
         caps = current() if caps is None else caps
         crop: RandomResizedCrop | None = None
         rest = transform
-        if transform is not None:
+        #: The fused multi-crop (``MultiCrop``: all its views from one region decode), or None.
+        self.multicrop = transform if isinstance(transform, MultiCrop) and size_hint is None else None
+        if self.multicrop is not None:
+            rest = None  # ``decode`` makes the views themselves
+        elif transform is not None:
             # size_hint asks for the DCT-scaled full image: no exact twin then.
             crop, rest = (split_exact if size_hint is None else split_fused)(transform)
         self.transform = transform
@@ -225,6 +233,8 @@ class TransformPlan:
             decoder, crop=None if crop is None else crop.spec(), size_hint=size_hint, threads=threads, caps=caps
         )
         self._draw = None if crop is None else crop.drawer(caps)
+        #: The multi-crop's compiled resizes (``multicrop.resizers``), decided here once.
+        self._resizers = resizers(caps) if self.multicrop is not None else {}
         self._draw_many = crop.batch_drawer(caps) if crop is not None and self.batches else None
         self._planar = crop is not None and crop.output == "tensor"
         #: Whether this plan serves a DataLoader worker (its batches go to shared memory).
@@ -234,6 +244,8 @@ class TransformPlan:
         """One stored image as the transform's first steps would leave it: the fused
         crop's output (PIL, or a uint8 CHW tensor), or the whole RGB image."""
         crop, read = self.crop, self.read
+        if self.multicrop is not None:
+            return self._views(self.multicrop, payload, encoding, width, height, channels)
         if crop is None:
             return read.image(payload, encoding, width, height, channels)
         if width <= 0 or height <= 0:
@@ -246,6 +258,52 @@ class TransformPlan:
         out = np.empty((1, 3, out_h, out_w) if planar else (1, out_h, out_w, 3), np.uint8)
         read.run([job], out, planar=planar)
         return torch.from_numpy(out[0]) if planar else Image.fromarray(out[0], "RGB")
+
+    def _views(
+        self, multicrop: MultiCrop, payload: memoryview | bytes, encoding: str, width: int, height: int, channels: int
+    ) -> list[Any]:
+        """A multi-crop sample: every view's random numbers drawn (the original's order),
+        the union of their boxes decoded once (``ReadPlan.covering``), the views made from it."""
+        read = self.read
+        if width <= 0 or height <= 0:
+            # The header has no size to draw the boxes from: the whole image, then the views.
+            return multicrop(to_pil(read.pixels(payload, encoding, width, height, channels)))
+        enc = read.claim(payload, encoding, width, height, channels)  # the boxes are drawn from a checked size
+        draws = multicrop.draw(width, height)
+        pixels, top, left = read.covering(payload, enc, width, height, channels, multicrop.union(draws))
+        return multicrop.make(pixels, top, left, draws, self._resizers)
+
+    def views_many(self, records: Sequence[Any], seeded: Any = None) -> list[torch.Tensor]:
+        """The multi-crop views of ``records`` (each with a size in its header) as batch
+        tensors, one per view (``N x 3 x H x W``, what the DataLoader's collate would
+        stack): every record claimed and its views' random numbers drawn in order, in
+        this thread (the numbers the per-sample path draws, sample after sample;
+        ``seeded(k)``: a context in which record ``k`` draws, ``lmdbfolder.replay``), then
+        the decodes and the views made by the plan's threads (``threads``), each written
+        into its slots. Raises BatchItemError for the first record that failed."""
+        multicrop, read = self.multicrop, self.read
+        if multicrop is None:
+            raise ValueError("this plan has no multi-crop")
+        jobs = []
+        for k, rec in enumerate(records):
+            try:
+                enc = read.claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+            except Exception as exc:  # Pillow raises many exception types for bad data
+                raise BatchItemError(k, exc) from exc
+            with contextlib.nullcontext() if seeded is None else seeded(k):
+                draws = multicrop.draw(rec.width, rec.height)
+            jobs.append((k, rec, enc, draws))
+        into = multicrop.batches(len(jobs))
+        found = self._resizers
+
+        def make(job: tuple[int, Any, Any, Any]) -> None:
+            at, rec, enc, draws = job
+            box = multicrop.union(draws)
+            pixels, top, left = read.covering(rec.payload, enc, rec.width, rec.height, rec.channels, box)
+            multicrop.make(pixels, top, left, draws, found, into=into, at=at)
+
+        read.map(make, jobs)
+        return into
 
     def batch(self, records: Sequence[Any], seeds: Sequence[int] | None = None) -> torch.Tensor:
         """Every record's box and flip, drawn in the per-sample order (a sample's box,
@@ -312,3 +370,45 @@ class TransformPlan:
                     jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
         self.read.run(jobs, images.numpy(), planar=True)
         return images
+
+
+def fast_path(transform: Any, *, size_hint: int | None = None) -> tuple[bool, str]:
+    """Whether an ``LMDBFolder`` applies ``transform`` on a fast path, and a sentence
+    saying which, or why not (``repr(dataset)`` and ``lmdbfolder doctor DST
+    --transform`` print it once, so that a transform that buys nothing from the pack
+    says so without a warning per sample)."""
+    if transform is None:
+        return False, "none (samples are whole RGB PIL images)"
+    if isinstance(transform, MultiCrop):
+        if size_hint is not None:
+            return False, "MultiCrop with size_hint: the whole image is decoded (scaled), then the views are made"
+        return True, f"fused multi-crop: {len(transform.views)} views from one region decode per sample"
+    crop, rest = (split_exact if size_hint is None else split_fused)(transform)
+    if crop is not None:
+        how = "fused RandomResizedCrop (only the crop's rows decoded)"
+        if batch_recipe(crop, rest) is not None:
+            how += "; whole batches made at once"
+        return True, how
+    name = type(transform).__name__
+    if name == "DataAugmentationDINO" or hasattr(transform, "global_transfo1"):
+        return False, (
+            f"no fast path: {name} makes each of its views from a fully decoded PIL image, one PIL step at a "
+            "time (lmdbfolder cannot see inside it); put lmdbfolder.fused.MultiCrop.dino(...) with the same "
+            "arguments in its place: the same random numbers, one decode for all views"
+        )
+    found = getattr(transform, "transforms", None)
+    steps = list(found) if isinstance(found, list) else []
+    first = steps[0] if steps else transform
+    # The full path: torchvision's v1 and v2 RandomResizedCrop share a name, not a fast path.
+    module = type(first).__module__
+    first_name = type(first).__qualname__ if module == "builtins" else f"{module}.{type(first).__qualname__}"
+    if type(first).__name__ == "RandomResizedCropAndInterpolation":
+        why = f"its first step is {first_name}, which lmdbfolder does not fuse"
+    elif isinstance(first, T.RandomResizedCrop):
+        why = f"its first step, {first_name} with interpolation {first.interpolation}, has no Pillow twin"
+    else:
+        why = f"it does not start with torchvision's transforms.RandomResizedCrop (its first step is {first_name})"
+    return False, (
+        f"no fast path: {why}, so every image is decoded whole and given to it; "
+        "torchvision's RandomResizedCrop (or lmdbfolder.fused.RandomResizedCrop) first would be fused"
+    )

@@ -1,0 +1,458 @@
+"""``MultiCrop``: the self-supervised multi-crop augmentation, N views from one decode.
+
+A DINO / iBOT / SwAV / SimCLR training script gives its dataset an augmentation
+object that makes several views of each image (DINO's ``DataAugmentationDINO``:
+2 global 224 px views and 8 local 96 px ones). Through torchvision each view is
+made from the whole decoded PIL image, one PIL operation at a time, so ~95 % of a
+sample's CPU goes to ten crops, ten resizes and the colour operations of ten
+views. ``MultiCrop`` is that augmentation, described as data (``View`` s), which an
+``LMDBFolder`` runs fused (``lmdbfolder.torch.plan``):
+
+* every random number is drawn first, with the same generators, in the same
+  order and of the same kind as the torchvision ``Compose`` it replaces (so with
+  the same seed the boxes, flips, jitter orders and factors, grayscale, blur radii
+  and solarization are the original's);
+* the JPEG is decoded once, only the rows that hold the union of the views' boxes
+  (the compiled region decoder; its pixels are Pillow's);
+* each view is cropped from that region and resized with Pillow's arithmetic (the
+  view's interpolation, bicubic for DINO: the original's pixels; the compiled helper's
+  exact resize where it reproduces the installed Pillow, else Pillow itself), straight
+  into its slot of a planar batch of the views of its size;
+* the photometric operations run on the views as uint8 tensors, a batch per view
+  size (``lmdbfolder.torch.photometric``: Pillow's arithmetic, bit for bit), then
+  ``ToTensor`` + ``Normalize`` (or uint8 output); for a DataLoader batch, into one
+  batch tensor per view (``batches``, ``make(..., into=)``).
+
+On a PIL image (``ImageFolder``) ``MultiCrop`` makes the same views from the whole
+image, so it is a drop-in there too. The presets ``MultiCrop.dino``, ``.swav`` and
+``.simclr`` build the original projects' pipelines, each cited by file and line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+from PIL import Image
+
+from lmdbfolder.errors import MissingDependencyError
+
+try:
+    import torch
+    from torchvision import transforms as T
+    from torchvision.transforms.functional import InterpolationMode, pil_modes_mapping
+except ImportError as exc:  # a core-only install: say what to install
+    raise MissingDependencyError("lmdbfolder.fused.MultiCrop", "torch", "torch and torchvision") from exc
+
+from lmdbfolder.read.capabilities import Capabilities, current
+from lmdbfolder.read.crops import Box, exact_resize_into
+from lmdbfolder.torch import photometric as ops
+from lmdbfolder.torch.crop import RandomResizedCrop
+
+__all__ = ["View", "MultiCrop", "ViewDraw", "Resizers", "resizers", "IMAGENET_MEAN", "IMAGENET_STD"]
+
+#: Per interpolation, the compiled resize that gives Pillow's pixels here: ``(fn, pass order, cubic)``.
+Resizers = dict[InterpolationMode, tuple[Callable[..., None], int, bool]]
+
+
+def resizers(caps: Capabilities | None = None) -> Resizers:
+    """The compiled resizes that reproduce the installed Pillow's here (``caps``, default
+    this process's capabilities): bilinear and bicubic, each where it is built and
+    checked (``Capabilities.exact_resize``, ``exact_bicubic``). A view whose
+    interpolation has none is resized by Pillow (the same pixels, slower)."""
+    caps = current() if caps is None else caps
+    found: Resizers = {}
+    bilinear, bicubic = caps.exact_resize(), caps.exact_bicubic()
+    if bilinear is not None:
+        found[InterpolationMode.BILINEAR] = (bilinear[0], bilinear[1], False)
+    if bicubic is not None:
+        found[InterpolationMode.BICUBIC] = (bicubic[0], bicubic[1], True)
+    return found
+
+
+_RESIZERS: dict[int, Resizers] = {}
+
+
+def _process_resizers() -> Resizers:
+    """``resizers()`` of this process, found once."""
+    pid = os.getpid()
+    if pid not in _RESIZERS:
+        _RESIZERS[pid] = resizers()
+    return _RESIZERS[pid]
+
+
+#: torchvision's ImageNet statistics, as DINO normalizes (main_dino.py line 431).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class View:
+    """One view's augmentation, in torchvision's order: ``RandomResizedCrop`` ->
+    ``RandomHorizontalFlip`` -> ``RandomApply([ColorJitter], jitter_p)`` ->
+    ``RandomGrayscale`` -> Gaussian blur -> solarization -> ``ToTensor`` + ``Normalize``.
+
+    A step set to None is absent (it draws no random number); a probability, even
+    0 or 1, is a step that draws its number, as the original's does.
+
+    Args:
+        size: output size (an int: square), as ``RandomResizedCrop``'s.
+        scale, ratio, interpolation: ``RandomResizedCrop``'s.
+        flip: ``RandomHorizontalFlip``'s ``p``.
+        jitter: ``ColorJitter(brightness, contrast, saturation, hue)``'s arguments.
+        jitter_p: ``RandomApply``'s ``p`` around the jitter.
+        grayscale: ``RandomGrayscale``'s ``p``.
+        blur: probability of Pillow's ``GaussianBlur(radius)``, the radius drawn
+            uniformly in ``blur_radius`` with Python's ``random.uniform`` (DINO's and
+            SwAV's ``GaussianBlur``).
+        blur_radius: the radius range.
+        blur_draw: what decides whether to blur: ``"python"`` (``random.random() <= p``,
+            DINO's ``utils.GaussianBlur``) or ``"numpy"`` (``np.random.rand() <= p``,
+            SwAV's ``PILRandomGaussianBlur``).
+        solarize: probability of ``ImageOps.solarize`` (``random.random() < p``, DINO's
+            ``utils.Solarization``).
+        mean, std: ``Normalize``'s (after ``ToTensor``); both None: uint8 ``3 x H x W``
+            output (``PILToTensor``'s).
+    """
+
+    size: int | tuple[int, int]
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    interpolation: InterpolationMode = InterpolationMode.BILINEAR
+    flip: float | None = 0.5
+    jitter: tuple[float, float, float, float] | None = None
+    jitter_p: float = 0.8
+    grayscale: float | None = None
+    blur: float | None = None
+    blur_radius: tuple[float, float] = (0.1, 2.0)
+    blur_draw: str = "python"
+    solarize: float | None = None
+    mean: tuple[float, ...] | None = IMAGENET_MEAN
+    std: tuple[float, ...] | None = IMAGENET_STD
+    _jitter: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in pil_modes_mapping:
+            raise ValueError(f"interpolation {self.interpolation} has no Pillow filter")
+        if self.blur_draw not in ("python", "numpy"):
+            raise ValueError(f"blur_draw must be 'python' or 'numpy', got {self.blur_draw!r}")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("give both mean and std (normalized float output) or neither (uint8 output)")
+        size = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)
+        object.__setattr__(self, "size", size)
+        # tuples, so that a view is hashable and compares by value (lists given are copied)
+        for name in ("scale", "ratio", "blur_radius", "jitter", "mean", "std"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(float(v) for v in value))
+        # torchvision's own checks and ranges (brightness 0.4 -> [0.6, 1.4], hue 0.1 -> [-0.1, 0.1])
+        jitter = None if self.jitter is None else T.ColorJitter(*self.jitter)
+        object.__setattr__(self, "_jitter", jitter)
+
+    @property
+    def out_size(self) -> tuple[int, int]:
+        """``(height, width)`` of the view."""
+        return self.size  # type: ignore[return-value]
+
+    def crop(self) -> RandomResizedCrop:
+        """The fused ``RandomResizedCrop`` whose boxes this view draws."""
+        return RandomResizedCrop(self.size, scale=self.scale, ratio=self.ratio, interpolation=self.interpolation)
+
+
+class ViewDraw(NamedTuple):
+    """One view's random numbers, drawn: the box ``(top, left, height, width)`` in the
+    full image, the flip, the jitter's order and four factors (None: not applied),
+    grayscale, the blur radius (None: no blur) and solarization."""
+
+    box: Box
+    flip: bool
+    order: tuple[int, ...]
+    factors: tuple[float | None, ...]
+    gray: bool
+    blur: float | None
+    solarize: bool
+
+
+_NO_FACTORS = (None, None, None, None)
+
+
+class MultiCrop:
+    """Several augmented views of one image, as self-supervised methods train on:
+    ``MultiCrop(views)(img)`` is the list of the views, in ``views``' order.
+
+    Put it where the method's augmentation class was: ``LMDBFolder(pack,
+    transform=MultiCrop.dino())`` makes each sample's views from one region decode
+    (see the module docstring); on a PIL image (``ImageFolder``) it makes the same
+    views from the whole image. The random numbers are the original pipeline's
+    (same generators, same order), so under the same seed both give the same views.
+
+    Args:
+        views: the views' ``View`` s (repeat one to get several of its kind).
+
+    Example:
+        >>> from lmdbfolder.fused import MultiCrop
+        >>> tf = MultiCrop.dino(global_crops_scale=(0.4, 1.0), local_crops_scale=(0.05, 0.4), local_crops_number=8)
+        >>> len(tf.views)
+        10
+    """
+
+    def __init__(self, views: Sequence[View]) -> None:
+        if not views:
+            raise ValueError("MultiCrop needs at least one view")
+        self.views = tuple(views)
+        self._drawers: tuple[int, list[Callable[[int, int], Box]]] | None = None
+
+    # -- presets ---------------------------------------------------------------------------------
+    @classmethod
+    def dino(
+        cls,
+        global_crops_scale: tuple[float, float] = (0.4, 1.0),
+        local_crops_scale: tuple[float, float] = (0.05, 0.4),
+        local_crops_number: int = 8,
+    ) -> MultiCrop:
+        """DINO's ``DataAugmentationDINO`` (facebookresearch/dino ``main_dino.py`` lines
+        419-464 at 7c446df; its ``utils.py`` lines 36-68 for ``GaussianBlur`` and
+        ``Solarization``; the defaults are ``main_dino.py``'s arguments, lines 108-115):
+        two global 224 px views (bicubic, scale ``global_crops_scale``; the first always
+        blurred, the second blurred with p 0.1 and solarized with p 0.2), then
+        ``local_crops_number`` local 96 px views (scale ``local_crops_scale``, blurred
+        with p 0.5); every view flipped with p 0.5, ``ColorJitter(0.4, 0.4, 0.2, 0.1)``
+        with p 0.8, grayscale with p 0.2, normalized with ImageNet's statistics."""
+        common: dict[str, Any] = {
+            "interpolation": InterpolationMode.BICUBIC,
+            "flip": 0.5,
+            "jitter": (0.4, 0.4, 0.2, 0.1),
+            "jitter_p": 0.8,
+            "grayscale": 0.2,
+            "blur_radius": (0.1, 2.0),
+        }
+        g1 = View(224, scale=tuple(global_crops_scale), blur=1.0, **common)  # type: ignore[arg-type]
+        g2 = View(224, scale=tuple(global_crops_scale), blur=0.1, solarize=0.2, **common)  # type: ignore[arg-type]
+        local = View(96, scale=tuple(local_crops_scale), blur=0.5, **common)  # type: ignore[arg-type]
+        return cls([g1, g2] + [local] * int(local_crops_number))
+
+    @classmethod
+    def swav(
+        cls,
+        size_crops: Sequence[int] = (224,),
+        nmb_crops: Sequence[int] = (2,),
+        min_scale_crops: Sequence[float] = (0.14,),
+        max_scale_crops: Sequence[float] = (1.0,),
+    ) -> MultiCrop:
+        """SwAV's ``MultiCropDataset`` transforms (facebookresearch/swav
+        ``src/multicropdataset.py`` lines 37-52 and 64-94 at 06b1b7c; defaults from
+        ``main_swav.py`` lines 45-52): per crop size, ``nmb_crops`` views of
+        ``RandomResizedCrop(size, scale=(min, max))`` (bilinear), flip p 0.5,
+        ``ColorJitter(0.8, 0.8, 0.8, 0.2)`` with p 0.8, grayscale p 0.2, Pillow's
+        Gaussian blur with p 0.5 (decided by ``np.random.rand()``, radius by
+        ``random.uniform(0.1, 2.0)``), normalized with SwAV's std (0.228, 0.224, 0.225).
+        The paper's multi-crop: ``swav((224, 96), (2, 6), (0.14, 0.05), (1.0, 0.14))``."""
+        lists = (list(size_crops), list(nmb_crops), list(min_scale_crops), list(max_scale_crops))
+        if len({len(x) for x in lists}) != 1:
+            raise ValueError("size_crops, nmb_crops, min_scale_crops and max_scale_crops need the same length")
+        views: list[View] = []
+        for size, count, low, high in zip(*lists):
+            view = View(
+                int(size),
+                scale=(float(low), float(high)),
+                flip=0.5,
+                jitter=(0.8, 0.8, 0.8, 0.2),
+                jitter_p=0.8,
+                grayscale=0.2,
+                blur=0.5,
+                blur_draw="numpy",
+                mean=(0.485, 0.456, 0.406),
+                std=(0.228, 0.224, 0.225),
+            )
+            views += [view] * int(count)
+        return cls(views)
+
+    @classmethod
+    def simclr(cls, size: int = 224, strength: float = 1.0, views: int = 2) -> MultiCrop:
+        """SimCLR's training augmentation (google-research/simclr ``data_util.py`` at
+        383d414: ``crop_and_resize`` lines 304-325, bicubic, area 0.08-1, ratio 3/4-4/3;
+        ``color_jitter`` lines 61-83, strength ``s``: ``ColorJitter(0.8s, 0.8s, 0.8s,
+        0.2s)``; ``random_color_jitter`` lines 387-393, p 0.8 then grayscale p 0.2;
+        ``random_blur`` lines 397-413, sigma 0.1-2.0, applied with p 0.5 by
+        ``batch_random_blur``, line 417), output in [0, 1] (``ToTensor``, no
+        ``Normalize``). In torchvision's terms, as SwAV's port of it: the jitter is
+        torchvision's (not TF's), and the blur is Pillow's ``GaussianBlur(sigma)``
+        (SwAV's ``PILRandomGaussianBlur``), not TF's ``size // 10`` kernel."""
+        s = float(strength)
+        view = View(
+            int(size),
+            scale=(0.08, 1.0),
+            interpolation=InterpolationMode.BICUBIC,
+            flip=0.5,
+            jitter=(0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s),
+            jitter_p=0.8,
+            grayscale=0.2,
+            blur=0.5,
+            mean=(0.0, 0.0, 0.0),
+            std=(1.0, 1.0, 1.0),
+        )
+        return cls([view] * int(views))
+
+    # -- drawing ---------------------------------------------------------------------------------
+    def _box_drawers(self) -> list[Callable[[int, int], Box]]:
+        """Each view's box drawer (``RandomResizedCrop.drawer``), made once per process."""
+        made = self._drawers
+        if made is None or made[0] != os.getpid():
+            made = (os.getpid(), [view.crop().drawer() for view in self.views])
+            self._drawers = made
+        return made[1]
+
+    def draw(self, width: int, height: int) -> list[ViewDraw]:
+        """Every view's random numbers for a ``width`` x ``height`` image, drawn as the
+        torchvision pipeline draws them, view after view, step after step."""
+        drawers = self._box_drawers()
+        rand = torch.rand
+        out: list[ViewDraw] = []
+        for view, draw_box in zip(self.views, drawers):
+            box = draw_box(width, height)
+            flip = view.flip is not None and bool(rand(1) < view.flip)
+            order: tuple[int, ...] = ()
+            factors: tuple[float | None, ...] = _NO_FACTORS
+            jitter = view._jitter
+            if jitter is not None and not view.jitter_p < rand(1):  # RandomApply: skipped when p < rand
+                fn_idx, b, c, s, h = T.ColorJitter.get_params(
+                    jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue
+                )
+                order = tuple(int(i) for i in fn_idx.tolist())
+                factors = (b, c, s, h)
+            gray = view.grayscale is not None and bool(rand(1) < view.grayscale)
+            radius = None
+            if view.blur is not None:
+                chance = random.random() if view.blur_draw == "python" else float(np.random.rand())
+                if chance <= view.blur:
+                    radius = random.uniform(view.blur_radius[0], view.blur_radius[1])
+            solar = view.solarize is not None and random.random() < view.solarize
+            out.append(ViewDraw(box, flip, order, factors, gray, radius, solar))
+        return out
+
+    @staticmethod
+    def union(draws: Sequence[ViewDraw]) -> Box:
+        """The smallest box ``(top, left, height, width)`` that holds every view's box."""
+        top = min(d.box[0] for d in draws)
+        left = min(d.box[1] for d in draws)
+        bottom = max(d.box[0] + d.box[2] for d in draws)
+        right = max(d.box[1] + d.box[3] for d in draws)
+        return top, left, bottom - top, right - left
+
+    # -- making the views ------------------------------------------------------------------------
+    def make(
+        self,
+        region: Image.Image | np.ndarray,
+        top: int,
+        left: int,
+        draws: Sequence[ViewDraw],
+        resizers: Resizers | None = None,
+        into: Sequence[torch.Tensor] | None = None,
+        at: int = 0,
+    ) -> list[Any]:
+        """The views, from ``region``: the pixels of the full image from row ``top``,
+        column ``left`` on (an ``H x W x 3`` uint8 array or an RGB PIL image) that hold
+        every view's box; ``draws`` from ``draw``. Each view is cropped and resized into
+        its slot of a planar uint8 batch of the views of its size, mirrored if drawn so:
+        by the compiled resize where ``resizers`` (``resizers()``; default this process's)
+        has one for its interpolation that gives Pillow's pixels, else by Pillow.
+
+        ``into`` (``batches``: one batch tensor per view): view ``k`` is written into
+        ``into[k][at]`` and the views returned are those slots."""
+        if resizers is None:
+            resizers = _process_resizers()
+        pixels = np.asarray(region) if isinstance(region, Image.Image) else region
+        if not pixels.flags.c_contiguous:
+            pixels = np.ascontiguousarray(pixels)
+        img: Image.Image | None = region if isinstance(region, Image.Image) else None
+        out: list[Any] = [None] * len(self.views)
+        for (size, mean, std), members in self._groups().items():
+            out_h, out_w = size
+            batch = torch.empty((len(members), 3, out_h, out_w), dtype=torch.uint8)
+            planes = batch.numpy()
+            for j, k in enumerate(members):
+                view, d = self.views[k], draws[k]
+                t, x, h, w = d.box
+                box = (x - left, t - top, x - left + w, t - top + h)
+                found = resizers.get(view.interpolation)
+                if found is not None:
+                    fn, order, cubic = found
+                    if exact_resize_into(
+                        fn, order, pixels, box, (out_w, out_h), planes[j], planar=True, flip=d.flip, cubic=cubic
+                    ):
+                        continue
+                if img is None:
+                    img = Image.fromarray(pixels, "RGB")
+                resized = img.crop(box).resize((out_w, out_h), pil_modes_mapping[view.interpolation])
+                if d.flip:
+                    resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+                planes[j] = np.asarray(resized).transpose(2, 0, 1)
+            result = self.photometric(batch, [draws[k] for k in members], inplace=True)
+            if into is not None:
+                for j, k in enumerate(members):
+                    slot = into[k][at : at + 1]
+                    if mean is not None:
+                        ops.normalize(result[j : j + 1], mean, std, out=slot)  # type: ignore[arg-type]
+                    else:
+                        slot.copy_(result[j : j + 1])
+                    out[k] = slot[0]
+                continue
+            if mean is not None:
+                result = ops.normalize(result, mean, std)  # type: ignore[arg-type]
+            for j, k in enumerate(members):
+                out[k] = result[j]
+        return out
+
+    def batches(self, count: int) -> list[torch.Tensor]:
+        """Empty batch tensors for ``count`` samples, one per view (``count x 3 x H x W``:
+        float32 for a normalized view, uint8 otherwise), for ``make(..., into=)``."""
+        return [
+            torch.empty((count, 3, *view.out_size), dtype=torch.uint8 if view.mean is None else torch.float32)
+            for view in self.views
+        ]
+
+    def _groups(self) -> dict[tuple[Any, ...], list[int]]:
+        """The views by (size, mean, std): each group is made as one batch."""
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for k, view in enumerate(self.views):
+            groups.setdefault((view.out_size, view.mean, view.std), []).append(k)
+        return groups
+
+    @staticmethod
+    def photometric(batch: torch.Tensor, draws: Sequence[ViewDraw], *, inplace: bool = False) -> torch.Tensor:
+        """Jitter, grayscale, blur and solarization of a uint8 ``N x 3 x H x W`` batch
+        (any device), image ``k`` with ``draws[k]``' parameters (``inplace``: in ``batch``
+        itself where the operations can)."""
+        x = batch.contiguous()
+        if x.data_ptr() == batch.data_ptr() and not inplace:
+            x = x.clone()  # one copy of the batch, then every operation in place in it
+        if any(d.order for d in draws):
+            x = ops.color_jitter(x, [d.order for d in draws], [d.factors for d in draws], inplace=True)
+        if any(d.gray for d in draws):
+            x = ops.grayscale(x, [d.gray for d in draws], inplace=True)
+        if any(d.blur is not None for d in draws):
+            x = ops.gaussian_blur(x, [0.0 if d.blur is None else d.blur for d in draws], inplace=True)
+        if any(d.solarize for d in draws):
+            x = ops.solarize(x, 128, [d.solarize for d in draws], inplace=True)
+        return x
+
+    def __call__(self, img: Image.Image) -> list[Any]:
+        """The views of a PIL image (what ``ImageFolder`` gives)."""
+        if not isinstance(img, Image.Image):
+            raise TypeError(f"MultiCrop takes a PIL image, got {type(img).__name__}")
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+        width, height = img.size
+        return self.make(img, 0, 0, self.draw(width, height))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_drawers"] = None  # closures of this process: made again where it is unpickled
+        return state
+
+    def __repr__(self) -> str:
+        lines = ",\n    ".join(repr(v) for v in self.views)
+        return f"{type(self).__name__}([\n    {lines}\n])"

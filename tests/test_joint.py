@@ -594,3 +594,83 @@ def test_lmdbdataset_fused_with_a_replay_seed(tmp_path: Path) -> None:
             want = oracle[i]
         _same(want, ds[i])
         _same(want, ds.__getitems__([i])[0])
+
+
+# -- png_rows: a PNG's rows inflated and unfiltered without Pillow's full-width copy --------------------
+def _compiled() -> object:
+    return current().compiled()
+
+
+def _png_with_filters(pixels: np.ndarray, color: int, filters: list[int]) -> bytes:
+    from lmdbfolder.read.pairs import _png_bytes
+
+    return _png_bytes(pixels, color, filters, bytes(range(256)) * 3 if color == 3 else b"")
+
+
+def test_png_rows_equal_pillows_samples_for_every_filter_and_colour_type() -> None:
+    from lmdbfolder.read.pairs import png_rows, png_rows_match_pillow
+
+    if not hasattr(_compiled(), "png_unfilter"):
+        pytest.skip("the compiled module here predates png_unfilter")
+    assert png_rows_match_pillow()
+    rng = np.random.default_rng(11)
+    pixels = rng.integers(0, 256, (37, 41, 4), dtype=np.uint8)
+    for color, samples, mode in ((0, 1, "L"), (2, 3, "RGB"), (3, 1, "P"), (4, 2, "LA"), (6, 4, "RGBA")):
+        for filters in ([0], [1], [2], [3], [4], [4, 0, 3, 1, 2]):
+            data = _png_with_filters(pixels[:, :, :samples], color, filters)
+            whole = np.asarray(Image.open(io.BytesIO(data))).reshape(37, 41, samples)
+            for rows in (1, 20, 0):
+                got = png_rows(data, rows)
+                assert got is not None and got[1] == mode
+                assert np.array_equal(got[0], whole[: rows or 37])
+    # What Pillow writes, photo-like, in several image data chunks.
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)).save(out, "PNG")
+    got = png_rows(out.getvalue(), 123)
+    assert got is not None and np.array_equal(got[0], np.asarray(Image.open(out))[:123])
+
+
+def test_png_rows_leaves_to_pillow_what_it_does_not_decode(capabilities) -> None:
+    from lmdbfolder.read.pairs import pillow_patch, png_rows
+
+    if not hasattr(_compiled(), "png_unfilter"):
+        pytest.skip("the compiled module here predates png_unfilter")
+    img = np.random.default_rng(4).integers(0, 256, (30, 20, 3), dtype=np.uint8)
+    for save in (
+        lambda out: Image.fromarray(img[:, :, 0].astype(np.uint16) * 200).save(out, "PNG"),  # 16-bit
+        lambda out: Image.fromarray(img).save(out, "JPEG"),
+        lambda out: Image.fromarray(img).convert("1").save(out, "PNG"),  # 1-bit
+    ):
+        out = io.BytesIO()
+        save(out)
+        assert png_rows(out.getvalue(), 10) is None
+    # A filter type PNG does not have (7, on the first row): left to Pillow, which raises for it.
+    import zlib
+
+    good = _png_with_filters(img, 2, [1])
+    assert png_rows(good, 5) is not None
+    raw = b"\x07" + img[0].tobytes() + b"".join(b"\x00" + img[y].tobytes() for y in range(1, 30))
+    body = zlib.compress(raw)
+    head = good[:33]  # the signature and IHDR
+    idat = len(body).to_bytes(4, "big") + b"IDAT" + body + zlib.crc32(b"IDAT" + body).to_bytes(4, "big")
+    iend = (0).to_bytes(4, "big") + b"IEND" + zlib.crc32(b"IEND").to_bytes(4, "big")
+    assert png_rows(head + idat + iend, 5) is None
+    with pytest.raises(OSError, match="unrecognized data stream"):
+        pillow_patch(head + idat + iend, (0, 0, 5, 5), 20, 30, "a bad PNG")
+    # Where this process was not found to match Pillow (or has no png_unfilter): Pillow decodes.
+    caps = capabilities(**{"png.rows": False})
+    assert png_rows(good, 5, caps) is None
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
+def test_pillow_patch_of_a_png_equals_pillows_converted_crop(mode: str) -> None:
+    from lmdbfolder.read.pairs import pillow_patch
+
+    img = Image.open(io.BytesIO(photo_jpeg(67, 45, seed=2))).convert(mode)
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    for box in ((0, 0, 45, 67), (7, 9, 20, 30), (30, 50, 15, 17)):
+        top, left, rows, cols = box
+        want = np.asarray(img.crop((left, top, left + cols, top + rows)).convert("RGB"))
+        got = pillow_patch(out.getvalue(), box, 67, 45, "a PNG")
+        assert got.dtype == np.uint8 and got.flags.c_contiguous and np.array_equal(got, want)

@@ -948,10 +948,99 @@ static PyObject *resize_native(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* PNG rows: undo the per-row filters (PNG spec section 9) of the inflated image
+ * data of a non-interlaced PNG, for lmdbfolder.read.pairs.png_rows. Pillow
+ * decodes a PNG into its 4-bytes-a-pixel storage, the whole width, then crops
+ * and converts; here the rows a crop needs are unfiltered at their stored width
+ * and the caller keeps the crop's columns only. Integer arithmetic on bytes, as
+ * the spec defines it: the same bytes as any conforming decoder. */
+static inline uint8_t paeth(int a, int b, int c) {
+    int p = a + b - c, pa = abs(p - a), pb = abs(p - b), pc = abs(p - c);
+    return (uint8_t)(pa <= pb && pa <= pc ? a : pb <= pc ? b : c);
+}
+
+PyDoc_STRVAR(png_unfilter_doc,
+"png_unfilter(src, rows, stride, bpp, dst) -> None\n\n"
+"Undo the filters of ``rows`` rows of a PNG's inflated image data ``src`` (each\n"
+"row: its filter byte, then ``stride`` bytes) into ``dst`` (``rows * stride``\n"
+"bytes, writable), ``bpp`` bytes a pixel (at least 1). ValueError on a filter\n"
+"type that is not 0-4 or buffers too small.");
+
+static PyObject *png_unfilter(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    Py_ssize_t rows, stride, bpp;
+    if (!PyArg_ParseTuple(args, "y*nnnw*", &src, &rows, &stride, &bpp, &dst))
+        return NULL;
+    const char *problem = NULL;
+    if (rows < 0 || stride <= 0 || bpp <= 0 || bpp > 8 || bpp > stride)
+        problem = "rows, stride or bpp out of range";
+    else if (src.len / (stride + 1) < rows || dst.len / stride < rows)
+        problem = "src or dst is smaller than rows rows";
+    int bad = 0;
+    if (!problem) {
+        Py_BEGIN_ALLOW_THREADS
+        const uint8_t *in = (const uint8_t *)src.buf;
+        uint8_t *out = (uint8_t *)dst.buf;
+        const uint8_t *prev = NULL;
+        size_t n = (size_t)stride, b = (size_t)bpp;
+        for (Py_ssize_t y = 0; y < rows && !bad; y++) {
+            const uint8_t *f = in + (size_t)y * (n + 1);
+            const uint8_t *raw = f + 1;
+            uint8_t *row = out + (size_t)y * n;
+            size_t i;
+            switch (f[0]) {
+            case 0:
+                memcpy(row, raw, n);
+                break;
+            case 1:
+                for (i = 0; i < b; i++)
+                    row[i] = raw[i];
+                for (; i < n; i++)
+                    row[i] = (uint8_t)(raw[i] + row[i - b]);
+                break;
+            case 2:
+                if (prev)
+                    for (i = 0; i < n; i++)
+                        row[i] = (uint8_t)(raw[i] + prev[i]);
+                else
+                    memcpy(row, raw, n);
+                break;
+            case 3:
+                for (i = 0; i < b; i++)
+                    row[i] = (uint8_t)(raw[i] + ((prev ? prev[i] : 0) >> 1));
+                for (; i < n; i++)
+                    row[i] = (uint8_t)(raw[i] + ((row[i - b] + (prev ? prev[i] : 0)) >> 1));
+                break;
+            case 4:
+                for (i = 0; i < b; i++)
+                    row[i] = (uint8_t)(raw[i] + (prev ? prev[i] : 0));
+                if (prev)
+                    for (; i < n; i++)
+                        row[i] = (uint8_t)(raw[i] + paeth(row[i - b], prev[i], prev[i - b]));
+                else
+                    for (; i < n; i++)
+                        row[i] = (uint8_t)(raw[i] + row[i - b]); /* Paeth of (a, 0, 0) is a */
+                break;
+            default:
+                bad = 1;
+            }
+            prev = row;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src), PyBuffer_Release(&dst);
+    if (problem || bad) {
+        PyErr_SetString(PyExc_ValueError, problem ? problem : "a row has a filter type other than 0-4");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS, decode_region_doc},
     {"resize_bilinear", resize_bilinear, METH_VARARGS, resize_bilinear_doc},
     {"resize_native", resize_native, METH_VARARGS, resize_native_doc},
+    {"png_unfilter", png_unfilter, METH_VARARGS, png_unfilter_doc},
     {"native_simd", native_simd, METH_NOARGS, "Whether the native resize uses SSSE3 here (LMDBFOLDER_NO_SIMD unset)."},
     {NULL, NULL, 0, NULL},
 };

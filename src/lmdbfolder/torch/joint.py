@@ -61,7 +61,15 @@ except ImportError as exc:  # a core-only install: say what to install
 from lmdbfolder.encodings import sniff
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import exact_resize_into, resize_region
-from lmdbfolder.read.pairs import PairDraw, PatchReader, augment_patch, draw_pair, open_rows, pillow_patch
+from lmdbfolder.read.pairs import (
+    PairDraw,
+    PatchReader,
+    augment_patch,
+    draw_pair,
+    open_rows,
+    pillow_patch,
+    png_rows,
+)
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
 
 __all__ = [
@@ -158,10 +166,16 @@ class PendingMask(PendingImage):
         from torchvision.transforms.v2 import functional as F
 
         top, left, height, width = box
-        try:
-            part = F.pil_to_tensor(self._open(top + height).crop((left, top, left + width, top + height)))
-        except Exception as exc:  # Pillow raises many exception types for bad data
-            raise ImageFieldError(self, exc) from exc
+        found = png_rows(self.payload, top + height)
+        _, full_w, _, _ = self.info()
+        if found is not None and found[1] in ("L", "P") and found[0].shape[:2] == (top + height, full_w):
+            # An 8-bit grey or palette PNG: its samples are what pil_to_tensor gives (uint8).
+            part = torch.from_numpy(np.ascontiguousarray(found[0][top:, left : left + width, 0]))[None]
+        else:
+            try:
+                part = F.pil_to_tensor(self._open(top + height).crop((left, top, left + width, top + height)))
+            except Exception as exc:  # Pillow raises many exception types for bad data
+                raise ImageFieldError(self, exc) from exc
         out_h, out_w = size
         if part.dtype in _FLOAT_EXACT:
             rows = nearest_indices(height, out_h)

@@ -674,3 +674,91 @@ def test_pillow_patch_of_a_png_equals_pillows_converted_crop(mode: str) -> None:
         want = np.asarray(img.crop((left, top, left + cols, top + rows)).convert("RGB"))
         got = pillow_patch(out.getvalue(), box, 67, 45, "a PNG")
         assert got.dtype == np.uint8 and got.flags.c_contiguous and np.array_equal(got, want)
+
+
+# -- the opt-in: lmdbfolder.fused.RandomResizedCrop as the joint crop ---------------------------------------
+def _wrapped(jpeg: bytes, png: bytes) -> tuple[Image.Image, tv_tensors.Mask]:
+    # What VOCSegmentation wrapped for v2 gives (its mask as tv_tensors.Mask of the PIL image: 1 x H x W).
+    return Image.open(io.BytesIO(jpeg)).convert("RGB"), tv_tensors.Mask(Image.open(io.BytesIO(png)))
+
+
+def _boxes_sample(w: int, h: int, seed: int) -> tuple[bytes, bytes, tv_tensors.BoundingBoxes]:
+    jpeg, png = _sample(w, h, seed)
+    boxes = tv_tensors.BoundingBoxes(
+        [[3, 4, w // 2, h // 2], [w // 3, h // 4, w - 2, h - 3]], format="XYXY", canvas_size=(h, w)
+    )
+    return jpeg, png, boxes
+
+
+def test_fused_crop_with_pillows_resize_equals_v2() -> None:
+    from lmdbfolder import fused
+
+    crop = fused.RandomResizedCrop((40, 56), resize="pil", reduce=False)
+    tf = v2.Compose([crop, v2.RandomHorizontalFlip(), v2.ToImage()])
+    oracle = v2.Compose([v2.RandomResizedCrop((40, 56)), v2.RandomHorizontalFlip(), v2.ToImage()])
+    plan = JointPlan(tf, decoder=current().decoder(current().auto_decoder()))
+    assert plan.fused and not plan.tensors and split_joint(tf)[0] is crop
+    for seed, (w, h) in enumerate([(161, 121), (97, 130), (64, 48)]):
+        jpeg, png, boxes = _boxes_sample(w, h, seed)
+        torch.manual_seed(seed)
+        want = oracle(*_wrapped(jpeg, png), boxes)
+        torch.manual_seed(seed)
+        got = plan(PendingImage(jpeg), PendingMask(png), boxes)
+        _same(want, got)
+
+
+@pytest.mark.parametrize("output", ["pil", "tensor"])
+def test_fused_crop_native_keeps_v2s_geometry_and_is_within_its_tolerance(output: str) -> None:
+    from lmdbfolder import fused
+
+    if current().native_resize() is None or current().region_decoder() is None:
+        pytest.skip("the compiled helper is not built here")
+    tf = v2.Compose([fused.RandomResizedCrop((48, 64), resize="native", output=output), v2.RandomHorizontalFlip()])
+    oracle = v2.Compose([v2.RandomResizedCrop((48, 64)), v2.RandomHorizontalFlip()])
+    plan = JointPlan(tf, decoder=current().decoder(current().auto_decoder()))
+    assert plan.fused and plan.tensors == (output == "tensor") and plan.batches
+    diffs = []
+    samples = [_boxes_sample(w, h, seed) for seed, (w, h) in enumerate([(301, 227), (170, 260), (90, 70), (400, 310)])]
+    for seed, (jpeg, png, boxes) in enumerate(samples * 2):
+        torch.manual_seed(seed)
+        want_image, want_mask, want_boxes = oracle(*_wrapped(jpeg, png), boxes)
+        after_want = torch.rand(1)
+        torch.manual_seed(seed)
+        image, mask, got_boxes = plan(PendingImage(jpeg), PendingMask(png), boxes)
+        assert torch.equal(torch.rand(1), after_want)  # the same random numbers drawn
+        _same(want_mask, mask)  # masks and boxes: exactly v2's
+        _same(want_boxes, got_boxes)
+        if output == "tensor":
+            assert type(image) is tv_tensors.Image and image.dtype == torch.uint8 and image.is_contiguous()
+            pixels = image.permute(1, 2, 0).numpy()
+        else:
+            assert isinstance(image, Image.Image) and image.mode == "RGB"
+            pixels = np.asarray(image)
+        want = np.asarray(want_image)
+        assert pixels.shape == want.shape
+        diffs.append(np.abs(pixels.astype(int) - want.astype(int)).mean())
+    # The documented tolerance (docs/fields-fast.md): about a grey level on average.
+    assert max(diffs) <= 3.0, diffs
+    # The batch path gives the sample path's results.
+    torch.manual_seed(7)
+    one = [plan(PendingImage(j), PendingMask(p), b) for j, p, b in samples]
+    torch.manual_seed(7)
+    many = plan.batch([(PendingImage(j), PendingMask(p), b) for j, p, b in samples])
+    _same(one, many)
+
+
+def test_lmdbdataset_fuses_the_opt_in_crop(tmp_path: Path) -> None:
+    from lmdbfolder import fused
+    from lmdbfolder.torch import LMDBDataset
+
+    root, dst = _voc_pack(tmp_path)
+    tf = v2.Compose(
+        [fused.RandomResizedCrop((20, 24), resize="pil", reduce=False), v2.RandomHorizontalFlip(), v2.ToImage()]
+    )
+    ds, oracle = LMDBDataset(dst, transforms=tf), _voc_oracle(root, _tf())
+    assert ds._fused is not None and ds._fused.get(tf).fused
+    for i in range(len(ds)):
+        torch.manual_seed(i)
+        want = oracle[i]
+        torch.manual_seed(i)
+        _same(want, ds[i])

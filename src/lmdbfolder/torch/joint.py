@@ -27,10 +27,17 @@ every sample's box and flip in the per-sample order, then decodes all its JPEG c
 in one ``ReadPlan.run`` (on the plan's threads), when nothing after the fused steps
 draws random numbers.
 
+The opt-in: ``lmdbfolder.fused.RandomResizedCrop`` in the crop's place draws the same
+box (a ``v2.RandomResizedCrop`` of its settings draws it) and makes masks and boxes the
+same, but its ``resize``, ``reduce`` and ``output`` apply to the image fields:
+``resize="native"`` decodes and resizes a JPEG's crop in one C call (within about a grey
+level of Pillow's pixels), ``output="tensor"`` gives ``tv_tensors.Image`` without a PIL image.
+
 ``PairPlan`` (an LQ/GT pair under ``PairedRandomCrop``, BasicSR's ``paired_random_crop``
 + ``augment``): the LQ patch and the ``scale`` times larger GT patch are decoded alone
-(a JPEG's by region, a PNG down to the patch), then mirrored and turned as small uint8
-patches (``read.pairs``).
+(a JPEG's by region, an 8-bit PNG's rows down to the patch by ``read.pairs.png_rows``:
+zlib-ng and the compiled ``png_unfilter``, checked against Pillow once per process), then
+mirrored and turned as small uint8 patches (``read.pairs``).
 
 Both are decided once, when made (per dataset, transform and process), as
 ``TransformPlan`` is for ``LMDBFolder``: a pipeline they do not recognise is applied
@@ -71,6 +78,7 @@ from lmdbfolder.read.pairs import (
     png_rows,
 )
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
+from lmdbfolder.torch.crop import RandomResizedCrop as _FusedCrop
 
 __all__ = [
     "PendingImage",
@@ -253,12 +261,18 @@ def split_joint(transforms: Any) -> tuple[Any, Any, Any]:
     ``v2.Compose`` that starts with one (exactly those classes: a subclass may do
     otherwise), optionally followed by a ``v2.RandomHorizontalFlip`` (``flip``, else
     None), with an interpolation Pillow has; ``rest``: a ``v2.Compose`` of the steps
-    after them, or None. Else ``(None, None, transforms)``."""
+    after them, or None. Else ``(None, None, transforms)``. ``lmdbfolder.fused.RandomResizedCrop``
+    counts as the crop too: the opt-in to its ``resize``, ``reduce`` and ``output`` options
+    (``JointPlan``)."""
     v2 = _v2()
     if v2 is None or transforms is None:
         return None, None, transforms
     steps = list(transforms.transforms) if type(transforms) is v2.Compose else [transforms]
-    if not steps or type(steps[0]) is not v2.RandomResizedCrop or _interpolation(steps[0].interpolation) is None:
+    if (
+        not steps
+        or type(steps[0]) not in (v2.RandomResizedCrop, _FusedCrop)
+        or _interpolation(steps[0].interpolation) is None
+    ):
         return None, None, transforms
     crop, flip, at = steps[0], None, 1
     if len(steps) > 1 and type(steps[1]) is v2.RandomHorizontalFlip:
@@ -275,7 +289,7 @@ def joint_key(transforms: Any) -> tuple[Any, ...]:
     steps = tuple(found) if isinstance(found, list) else (transforms,)
     key: list[Any] = [transforms, steps]
     for step in steps[:2]:
-        for name in ("size", "scale", "ratio", "interpolation", "antialias", "p"):
+        for name in ("size", "scale", "ratio", "interpolation", "antialias", "p", "resize", "reduce", "output"):
             value = getattr(step, name, None)
             key.append(tuple(value) if isinstance(value, (list, tuple)) else value)
     return tuple(key)
@@ -306,6 +320,15 @@ def _draws_nothing(rest: Any) -> bool:
         and all(type(step) is getattr(v2, type(step).__name__, None) for step in steps)
         and all(type(step).__name__ in _DETERMINISTIC for step in steps)
     )
+
+
+def _to_image(img: Image.Image) -> Any:
+    """A PIL image as the ``tv_tensors.Image`` (uint8 CHW, contiguous) that v2's ``ToImage`` makes of it."""
+    from torchvision import tv_tensors
+
+    arr = np.asarray(img)
+    arr = arr[:, :, None] if arr.ndim == 2 else arr
+    return tv_tensors.Image(torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))))
 
 
 def _stand_in(width: int, height: int) -> torch.Tensor:
@@ -360,13 +383,25 @@ class JointPlan:
         caps = current() if caps is None else caps
         self.transforms = transforms
         self.key = joint_key(transforms)
-        self.crop, self.flip, self.rest = split_joint(transforms)
+        crop, self.flip, self.rest = split_joint(transforms)
         #: Whether the leading crop (and flip) are fused with decoding.
-        self.fused = self.crop is not None
+        self.fused = crop is not None
+        #: Whether image fields come out as ``tv_tensors.Image`` (uint8 CHW) rather than PIL images.
+        self.tensors = False
         spec = None
-        if self.crop is not None:
-            mode = _interpolation(self.crop.interpolation)
-            spec = CropSpec(tuple(self.crop.size), "pil", int(pil_modes_mapping[mode]), False)  # type: ignore[index]
+        if crop is not None:
+            mode = _interpolation(crop.interpolation)
+            spec = CropSpec(tuple(crop.size), "pil", int(pil_modes_mapping[mode]), False)  # type: ignore[index]
+            if type(crop) is _FusedCrop:
+                # The opt-in: its resize backend and DCT reduction on the image fields; the box,
+                # the flip and every other field stay v2's, drawn and made by v2's own transform.
+                spec = crop.spec()
+                self.tensors = crop.output == "tensor"
+                crop = _v2().RandomResizedCrop(  # type: ignore[union-attr]
+                    crop.size, crop.scale, crop.ratio, interpolation=mode, antialias=crop.antialias
+                )
+        #: The v2 crop whose ``make_params`` draws the box (and whose ``transform`` does the other fields).
+        self.crop = crop
         self.read = ReadPlan(decoder, crop=spec, threads=threads, caps=caps)
         #: Whether a batch's crops are decoded together (``batch``).
         self.batches = self.fused and _draws_nothing(self.rest)
@@ -415,6 +450,9 @@ class JointPlan:
                 out = crop(*tree_unflatten(flat, spec)) if len(inputs) > 1 else crop(tree_unflatten(flat, spec))
                 if flip is not None:
                     out = flip(*out) if len(inputs) > 1 else flip(out)
+                if self.tensors:
+                    leaves, out_spec = tree_flatten(out)
+                    out = tree_unflatten([_to_image(x) if isinstance(x, Image.Image) else x for x in leaves], out_spec)
                 made.append(([out], None))
                 continue
             sizes = [leaf.info() if isinstance(leaf, PendingImage) else None for leaf in flat]
@@ -456,15 +494,25 @@ class JointPlan:
             made.append((flat, spec))
         if jobs:
             out_h, out_w = self.crop.size
-            pixels = np.empty((len(jobs), out_h, out_w, 3), np.uint8)
+            tensors = self.tensors
+            shape = (len(jobs), 3, out_h, out_w) if tensors else (len(jobs), out_h, out_w, 3)
+            pixels = np.empty(shape, np.uint8)
             try:
-                read.run(jobs, pixels, planar=False)
+                read.run(jobs, pixels, planar=tensors)
             except BatchItemError as exc:
                 raise ImageFieldError(places[exc.position][2], exc.cause) from exc.cause
-            for j, (k, at, _leaf) in enumerate(places):
-                made[k][0][at] = Image.fromarray(pixels[j], "RGB")
+            if tensors:
+                from torchvision import tv_tensors
+
+                batch = torch.from_numpy(pixels)
+                for j, (k, at, _leaf) in enumerate(places):
+                    made[k][0][at] = tv_tensors.Image(batch[j])
+            else:
+                for j, (k, at, _leaf) in enumerate(places):
+                    made[k][0][at] = Image.fromarray(pixels[j], "RGB")
         for k, at, leaf, box, flipped in rows_jobs:
-            made[k][0][at] = self._png_crop(leaf, box, flipped)
+            img = self._png_crop(leaf, box, flipped)
+            made[k][0][at] = _to_image(img) if self.tensors else img
         results = []
         for (flat, spec), inputs in zip(made, samples):
             if spec is None:  # made by v2 itself

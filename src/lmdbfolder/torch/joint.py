@@ -174,17 +174,20 @@ class PendingMask(PendingImage):
         from torchvision.transforms.v2 import functional as F
 
         top, left, height, width = box
+        out_h, out_w = size
         found = png_rows(self.payload, top + height)
         _, full_w, _, _ = self.info()
         if found is not None and found[1] in ("L", "P") and found[0].shape[:2] == (top + height, full_w):
-            # An 8-bit grey or palette PNG: its samples are what pil_to_tensor gives (uint8).
-            part = torch.from_numpy(np.ascontiguousarray(found[0][top:, left : left + width, 0]))[None]
-        else:
-            try:
-                part = F.pil_to_tensor(self._open(top + height).crop((left, top, left + width, top + height)))
-            except Exception as exc:  # Pillow raises many exception types for bad data
-                raise ImageFieldError(self, exc) from exc
-        out_h, out_w = size
+            # An 8-bit grey or palette PNG: its samples are what pil_to_tensor gives (uint8),
+            # gathered straight from the decoded rows (no copy of the box first).
+            rows = nearest_indices(height, out_h) + top
+            cols = nearest_indices(width, out_w) + left
+            plane = found[0][:, :, 0]
+            return tv_tensors.Mask(torch.from_numpy(plane[rows][:, cols[::-1] if flip else cols][None]))
+        try:
+            part = F.pil_to_tensor(self._open(top + height).crop((left, top, left + width, top + height)))
+        except Exception as exc:  # Pillow raises many exception types for bad data
+            raise ImageFieldError(self, exc) from exc
         if part.dtype in _FLOAT_EXACT:
             rows = nearest_indices(height, out_h)
             cols = nearest_indices(width, out_w)
@@ -289,10 +292,16 @@ def joint_key(transforms: Any) -> tuple[Any, ...]:
     steps = tuple(found) if isinstance(found, list) else (transforms,)
     key: list[Any] = [transforms, steps]
     for step in steps[:2]:
-        for name in ("size", "scale", "ratio", "interpolation", "antialias", "p", "resize", "reduce", "output"):
-            value = getattr(step, name, None)
+        # The settings are plain attributes (in the instance's __dict__): looking a missing one up
+        # on an nn.Module goes through its __getattr__ and an AttributeError, on every sample.
+        state = getattr(step, "__dict__", None)
+        for name in _SETTINGS:
+            value = state.get(name) if state is not None else getattr(step, name, None)
             key.append(tuple(value) if isinstance(value, (list, tuple)) else value)
     return tuple(key)
+
+
+_SETTINGS = ("size", "scale", "ratio", "interpolation", "antialias", "p", "resize", "reduce", "output")
 
 
 #: v2 steps that draw no random numbers: after the fused steps, a batch's crops may be
@@ -331,14 +340,17 @@ def _to_image(img: Image.Image) -> Any:
     return tv_tensors.Image(torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))))
 
 
+@functools.lru_cache(maxsize=512)
 def _stand_in(width: int, height: int) -> torch.Tensor:
-    """A pure tensor of an image's size, holding one byte: what v2's ``query_size`` reads."""
+    """A pure tensor of an image's size, holding one byte: what v2's ``query_size`` reads
+    (v2 only reads it: one per size is kept)."""
     return torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
 
 
 _TYPE_PROBE = Image.new("RGB", (1, 1))
 
 
+@functools.lru_cache(maxsize=512)
 def _mask_stand_in(width: int, height: int) -> Any:
     """A ``tv_tensors.Mask`` of a mask's size, holding one byte: what v2 reads of a mask
     before its transform (its type, its size)."""

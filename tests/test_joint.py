@@ -610,8 +610,8 @@ def _png_with_filters(pixels: np.ndarray, color: int, filters: list[int]) -> byt
 def test_png_rows_equal_pillows_samples_for_every_filter_and_colour_type() -> None:
     from lmdbfolder.read.pairs import png_rows, png_rows_match_pillow
 
-    if not hasattr(_compiled(), "png_unfilter"):
-        pytest.skip("the compiled module here predates png_unfilter")
+    if not hasattr(_compiled(), "png_unfilter_stream"):
+        pytest.skip("the compiled module here predates png_unfilter_stream")
     assert png_rows_match_pillow()
     rng = np.random.default_rng(11)
     pixels = rng.integers(0, 256, (37, 41, 4), dtype=np.uint8)
@@ -633,8 +633,8 @@ def test_png_rows_equal_pillows_samples_for_every_filter_and_colour_type() -> No
 def test_png_rows_leaves_to_pillow_what_it_does_not_decode(capabilities) -> None:
     from lmdbfolder.read.pairs import pillow_patch, png_rows
 
-    if not hasattr(_compiled(), "png_unfilter"):
-        pytest.skip("the compiled module here predates png_unfilter")
+    if not hasattr(_compiled(), "png_unfilter_stream"):
+        pytest.skip("the compiled module here predates png_unfilter_stream")
     img = np.random.default_rng(4).integers(0, 256, (30, 20, 3), dtype=np.uint8)
     for save in (
         lambda out: Image.fromarray(img[:, :, 0].astype(np.uint16) * 200).save(out, "PNG"),  # 16-bit
@@ -657,7 +657,7 @@ def test_png_rows_leaves_to_pillow_what_it_does_not_decode(capabilities) -> None
     assert png_rows(head + idat + iend, 5) is None
     with pytest.raises(OSError, match="unrecognized data stream"):
         pillow_patch(head + idat + iend, (0, 0, 5, 5), 20, 30, "a bad PNG")
-    # Where this process was not found to match Pillow (or has no png_unfilter): Pillow decodes.
+    # Where this process was not found to match Pillow (or has no png_unfilter_stream): Pillow decodes.
     caps = capabilities(**{"png.rows": False})
     assert png_rows(good, 5, caps) is None
 
@@ -762,3 +762,39 @@ def test_lmdbdataset_fuses_the_opt_in_crop(tmp_path: Path) -> None:
         want = oracle[i]
         torch.manual_seed(i)
         _same(want, ds[i])
+
+
+def test_png_unfilter_stream_resumes_at_any_byte() -> None:
+    import zlib
+
+    compiled = _compiled()
+    if not hasattr(compiled, "png_unfilter_stream"):
+        pytest.skip("the compiled module here predates png_unfilter_stream")
+    pixels = np.random.default_rng(8).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    data = _png_with_filters(pixels, 2, [0, 1, 2, 3, 4])
+    raw = zlib.decompress(b"".join(data[i + 8 : i + 8 + int.from_bytes(data[i : i + 4], "big")] for i in _idats(data)))
+    for piece in (1, 2, 5, 22, 64, len(raw)):
+        out = np.zeros((9, 7, 3), np.uint8)
+        at, row_filter = 0, -1
+        while at < len(raw):
+            chunk = raw[at : at + piece]
+            row_filter = compiled.png_unfilter_stream(chunk, at, row_filter, 9, 21, 3, out)  # type: ignore[attr-defined]
+            at += len(chunk)
+        assert np.array_equal(out, pixels), piece
+    # Rows past ``rows`` are ignored; a filter type PNG does not have is refused.
+    out = np.zeros((4, 7, 3), np.uint8)
+    compiled.png_unfilter_stream(raw, 0, -1, 4, 21, 3, out)  # type: ignore[attr-defined]
+    assert np.array_equal(out, pixels[:4])
+    with pytest.raises(ValueError, match="filter type"):
+        compiled.png_unfilter_stream(b"\x05" + raw[1:], 0, -1, 4, 21, 3, out)  # type: ignore[attr-defined]
+
+
+def _idats(data: bytes) -> list[int]:
+    # The offsets of the IDAT chunks of a PNG.
+    found, pos = [], 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        if data[pos + 4 : pos + 8] == b"IDAT":
+            found.append(pos)
+        pos += 12 + length
+    return found

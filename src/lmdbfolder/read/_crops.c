@@ -959,72 +959,90 @@ static inline uint8_t paeth(int a, int b, int c) {
     return (uint8_t)(pa <= pb && pa <= pc ? a : pb <= pc ? b : c);
 }
 
-PyDoc_STRVAR(png_unfilter_doc,
-"png_unfilter(src, rows, stride, bpp, dst) -> None\n\n"
-"Undo the filters of ``rows`` rows of a PNG's inflated image data ``src`` (each\n"
-"row: its filter byte, then ``stride`` bytes) into ``dst`` (``rows * stride``\n"
-"bytes, writable), ``bpp`` bytes a pixel (at least 1). ValueError on a filter\n"
-"type that is not 0-4 or buffers too small.");
+/* Bytes from..from+count-1 of a row (its filter byte excluded), unfiltered into `row`. */
+static void unfilter_span(int filter, uint8_t *row, const uint8_t *prev, size_t from, size_t count,
+                          const uint8_t *raw, size_t b) {
+    size_t end = from + count, i = from;
+    switch (filter) {
+    case 0:
+        memcpy(row + from, raw, count);
+        break;
+    case 1:
+        for (; i < end && i < b; i++)
+            row[i] = raw[i - from];
+        for (; i < end; i++)
+            row[i] = (uint8_t)(raw[i - from] + row[i - b]);
+        break;
+    case 2:
+        if (prev)
+            for (; i < end; i++)
+                row[i] = (uint8_t)(raw[i - from] + prev[i]);
+        else
+            memcpy(row + from, raw, count);
+        break;
+    case 3:
+        for (; i < end && i < b; i++)
+            row[i] = (uint8_t)(raw[i - from] + ((prev ? prev[i] : 0) >> 1));
+        for (; i < end; i++)
+            row[i] = (uint8_t)(raw[i - from] + ((row[i - b] + (prev ? prev[i] : 0)) >> 1));
+        break;
+    default: /* 4: Paeth */
+        for (; i < end && i < b; i++)
+            row[i] = (uint8_t)(raw[i - from] + (prev ? prev[i] : 0));
+        if (prev)
+            for (; i < end; i++)
+                row[i] = (uint8_t)(raw[i - from] + paeth(row[i - b], prev[i], prev[i - b]));
+        else
+            for (; i < end; i++)
+                row[i] = (uint8_t)(raw[i - from] + row[i - b]); /* Paeth of (a, 0, 0) is a */
+    }
+}
 
-static PyObject *png_unfilter(PyObject *self, PyObject *args) {
+PyDoc_STRVAR(png_unfilter_stream_doc,
+"png_unfilter_stream(src, at, filter, rows, stride, bpp, dst) -> filter\n\n"
+"Undo the filters of the next piece ``src`` of a PNG's inflated image data (each\n"
+"row: its filter byte, then ``stride`` bytes), which starts ``at`` bytes into that\n"
+"data, into ``dst`` (``rows * stride`` bytes, writable; the rows before are there\n"
+"already), ``bpp`` bytes a pixel. ``filter``: the filter type of the row ``at`` is\n"
+"in (-1 when ``at`` starts a row). Returns the filter type of the row the piece\n"
+"ends in, for the next call. Bytes past ``rows`` rows are ignored. ValueError on a\n"
+"filter type that is not 0-4 or buffers too small. The pieces are what zlib gives,\n"
+"so the rows a crop needs are never all held inflated at once.");
+
+static PyObject *png_unfilter_stream(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
-    Py_ssize_t rows, stride, bpp;
-    if (!PyArg_ParseTuple(args, "y*nnnw*", &src, &rows, &stride, &bpp, &dst))
+    Py_ssize_t at, rows, stride, bpp;
+    int filter;
+    if (!PyArg_ParseTuple(args, "y*ninnnw*", &src, &at, &filter, &rows, &stride, &bpp, &dst))
         return NULL;
     const char *problem = NULL;
-    if (rows < 0 || stride <= 0 || bpp <= 0 || bpp > 8 || bpp > stride)
-        problem = "rows, stride or bpp out of range";
-    else if (src.len / (stride + 1) < rows || dst.len / stride < rows)
-        problem = "src or dst is smaller than rows rows";
+    if (at < 0 || rows < 0 || stride <= 0 || bpp <= 0 || bpp > 8 || bpp > stride || filter < -1 || filter > 4)
+        problem = "at, filter, rows, stride or bpp out of range";
+    else if (dst.len / stride < rows)
+        problem = "dst is smaller than rows rows";
     int bad = 0;
     if (!problem) {
         Py_BEGIN_ALLOW_THREADS
         const uint8_t *in = (const uint8_t *)src.buf;
         uint8_t *out = (uint8_t *)dst.buf;
-        const uint8_t *prev = NULL;
-        size_t n = (size_t)stride, b = (size_t)bpp;
-        for (Py_ssize_t y = 0; y < rows && !bad; y++) {
-            const uint8_t *f = in + (size_t)y * (n + 1);
-            const uint8_t *raw = f + 1;
-            uint8_t *row = out + (size_t)y * n;
-            size_t i;
-            switch (f[0]) {
-            case 0:
-                memcpy(row, raw, n);
+        size_t n = (size_t)src.len, i = 0, line = (size_t)stride + 1, pos = (size_t)at;
+        while (i < n) {
+            size_t y = pos / line, c = pos % line;
+            if (y >= (size_t)rows)
                 break;
-            case 1:
-                for (i = 0; i < b; i++)
-                    row[i] = raw[i];
-                for (; i < n; i++)
-                    row[i] = (uint8_t)(raw[i] + row[i - b]);
-                break;
-            case 2:
-                if (prev)
-                    for (i = 0; i < n; i++)
-                        row[i] = (uint8_t)(raw[i] + prev[i]);
-                else
-                    memcpy(row, raw, n);
-                break;
-            case 3:
-                for (i = 0; i < b; i++)
-                    row[i] = (uint8_t)(raw[i] + ((prev ? prev[i] : 0) >> 1));
-                for (; i < n; i++)
-                    row[i] = (uint8_t)(raw[i] + ((row[i - b] + (prev ? prev[i] : 0)) >> 1));
-                break;
-            case 4:
-                for (i = 0; i < b; i++)
-                    row[i] = (uint8_t)(raw[i] + (prev ? prev[i] : 0));
-                if (prev)
-                    for (; i < n; i++)
-                        row[i] = (uint8_t)(raw[i] + paeth(row[i - b], prev[i], prev[i - b]));
-                else
-                    for (; i < n; i++)
-                        row[i] = (uint8_t)(raw[i] + row[i - b]); /* Paeth of (a, 0, 0) is a */
-                break;
-            default:
-                bad = 1;
+            if (c == 0) {
+                filter = in[i];
+                if (filter > 4) {
+                    bad = 1;
+                    break;
+                }
+                i++, pos++;
+                continue;
             }
-            prev = row;
+            size_t m = line - c < n - i ? line - c : n - i;
+            uint8_t *row = out + y * (size_t)stride;
+            unfilter_span(filter, row, y ? row - stride : NULL, c - 1, m, in + i, (size_t)bpp);
+            i += m, pos += m;
         }
         Py_END_ALLOW_THREADS
     }
@@ -1033,14 +1051,14 @@ static PyObject *png_unfilter(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, problem ? problem : "a row has a filter type other than 0-4");
         return NULL;
     }
-    Py_RETURN_NONE;
+    return PyLong_FromLong(filter);
 }
 
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS, decode_region_doc},
     {"resize_bilinear", resize_bilinear, METH_VARARGS, resize_bilinear_doc},
     {"resize_native", resize_native, METH_VARARGS, resize_native_doc},
-    {"png_unfilter", png_unfilter, METH_VARARGS, png_unfilter_doc},
+    {"png_unfilter_stream", png_unfilter_stream, METH_VARARGS, png_unfilter_stream_doc},
     {"native_simd", native_simd, METH_NOARGS, "Whether the native resize uses SSSE3 here (LMDBFOLDER_NO_SIMD unset)."},
     {NULL, NULL, 0, NULL},
 };

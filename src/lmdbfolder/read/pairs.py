@@ -42,6 +42,7 @@ __all__ = [
     "open_rows",
     "rows_match_pillow",
     "png_rows",
+    "png_rows_view",
     "png_rows_match_pillow",
 ]
 
@@ -180,11 +181,12 @@ def pillow_patch(payload: bytes | memoryview, box: Box, width: int, height: int,
     converted (a GT image of DIV2K is 8 MB of pixels; its patch a few hundred KB).
     """
     top, left, rows, cols = box
-    found = png_rows(payload, top + rows)
+    found = png_rows_view(payload, top + rows)
     if found is not None and found[1] in _TO_RGB:
         pixels, mode = found
         if pixels.shape[1] != width:
             raise PayloadMismatch(f"{where}: its header says {width}x{height}, its PNG header {pixels.shape[1]} wide")
+        # A copy: ``pixels`` is this thread's buffer.
         return _TO_RGB[mode](pixels[top:, left : left + cols])
     img = open_rows(payload, top + rows)
     if img.width != width or img.height not in (height, top + rows):
@@ -272,7 +274,7 @@ _PNG_TYPES = {0: (1, "L"), 2: (3, "RGB"), 3: (1, "P"), 4: (2, "LA"), 6: (4, "RGB
 #: ImageFolder's ``convert("RGB")`` of a patch of these modes (Pillow copies the colour
 #: channels and drops alpha; a grey level is copied to the three channels).
 _TO_RGB: dict[str, Any] = {
-    "RGB": np.ascontiguousarray,
+    "RGB": np.array,
     "RGBA": lambda a: np.ascontiguousarray(a[:, :, :3]),
     "L": lambda a: np.repeat(a, 3, axis=2),
 }
@@ -297,25 +299,41 @@ def png_rows(
     ``rows x width x samples`` uint8 and Pillow's mode for it (``L``, ``RGB``, ``P``: the
     palette indices, ``LA``, ``RGBA``): the samples Pillow's decode holds, without its
     full-width 4-bytes-a-pixel copy. None for any other file, a damaged one, or where this
-    process's compiled module has no ``png_unfilter`` or was not found to give Pillow's
-    pixels (``png_rows_match_pillow``, asked once per process): then Pillow decodes it.
+    process's compiled module has no ``png_unfilter_stream`` or was not found to give
+    Pillow's pixels (``png_rows_match_pillow``, asked once per process): then Pillow decodes it.
 
-    Only the image data down to the last row asked is inflated (zlib-ng) and unfiltered
-    (the compiled ``png_unfilter``): a crop's rows cost what Pillow's decode of them costs
-    less the copies, and the rows below it nothing.
+    Only the image data down to the last row asked is inflated (zlib-ng), piece by piece,
+    each piece unfiltered (the compiled ``png_unfilter_stream``) while it is still in the
+    cache: a crop's rows cost what Pillow's decode of them costs less the copies, and the
+    rows below it nothing. A new array; ``png_rows_view`` gives a per-thread buffer's view.
     """
+    found = png_rows_view(payload, rows, caps)
+    return None if found is None else (found[0].copy(), found[1])
+
+
+def png_rows_view(
+    payload: bytes | memoryview, rows: int = 0, caps: Capabilities | None = None
+) -> tuple[np.ndarray, str] | None:
+    """``png_rows`` into this thread's reused buffer: a view, valid until the next call on
+    this thread (copy what is kept). A fresh array of a GT image's rows costs its page
+    faults on every call (measured: a third of the decode after a large allocation)."""
     caps = current() if caps is None else caps
     compiled = caps.compiled()
-    if compiled is None or not hasattr(compiled, "png_unfilter"):
+    if compiled is None or not hasattr(compiled, "png_unfilter_stream"):
         return None
     if not caps.answer("png.rows", png_rows_match_pillow):
         return None
-    return _png_rows(payload, rows, compiled)
+    return _png_rows(payload, rows, compiled, _PNG_BUFFERS)
 
 
-def _png_rows(payload: bytes | memoryview, rows: int, compiled: Any) -> tuple[np.ndarray, str] | None:
+_PNG_BUFFERS = threading.local()
+
+
+def _png_rows(
+    payload: bytes | memoryview, rows: int, compiled: Any, local: threading.local | None = None
+) -> tuple[np.ndarray, str] | None:
     data = memoryview(payload)
-    if len(data) < 33 or bytes(data[:8]) != b"\x89PNG\r\n\x1a\n" or bytes(data[12:16]) != b"IHDR":
+    if len(data) < 33 or bytes(data[:8]) != b"\x89PNG\r\n\x1a\n" or bytes(data[8:16]) != b"\x00\x00\x00\rIHDR":
         return None
     width, height, depth, color, compression, filtering, interlace = struct.unpack(">IIBBBBB", data[16:29])
     kind = _PNG_TYPES.get(color)
@@ -325,36 +343,34 @@ def _png_rows(payload: bytes | memoryview, rows: int, compiled: Any) -> tuple[np
     rows = height if rows <= 0 or rows > height else rows
     stride = width * samples
     need = rows * (stride + 1)
+    if local is None:
+        out = np.empty((rows, width, samples), np.uint8)
+    else:
+        out = thread_buffer(local, "png", rows * stride)[: rows * stride].reshape(rows, width, samples)
     inflate = _inflate()()
-    parts: list[bytes] = []
-    have = 0
+    unfilter = compiled.png_unfilter_stream
+    have, row_filter = 0, -1
     pos, seen_idat = 8, False
     try:
         while pos + 12 <= len(data) and have < need:
             (length,) = struct.unpack(">I", data[pos : pos + 4])
-            kind_ = bytes(data[pos + 4 : pos + 8])
+            chunk = bytes(data[pos + 4 : pos + 8])
             body = data[pos + 8 : pos + 8 + length]
             if len(body) != length:
                 return None
-            if kind_ == b"IDAT":
+            if chunk == b"IDAT":
                 seen_idat = True
-                out = inflate.decompress(body, need - have)
-                parts.append(out)
-                have += len(out)
-            elif seen_idat or kind_ in (b"acTL", b"IEND"):
+                piece = inflate.decompress(body, need - have)
+                row_filter = unfilter(piece, have, row_filter, rows, stride, samples, out)
+                have += len(piece)
+            elif seen_idat or chunk in (b"acTL", b"IEND"):
                 return None  # image data interrupted, an animation, or no image data: Pillow decides
             pos += 12 + length
-    except Exception:  # damaged data: Pillow's decode raises its own error for it
+    except Exception:  # damaged data (zlib's error, a filter type PNG has not): Pillow raises its own
         return None
     if have < need:
         return None
-    raw = parts[0] if len(parts) == 1 else b"".join(parts)
-    out_arr = np.empty((rows, width, samples), np.uint8)
-    try:
-        compiled.png_unfilter(raw, rows, stride, samples, out_arr)
-    except ValueError:  # a filter type PNG does not have: Pillow raises for it
-        return None
-    return out_arr, mode
+    return out, mode
 
 
 def _png_bytes(pixels: np.ndarray, color: int, filters: list[int], palette: bytes = b"") -> bytes:

@@ -36,7 +36,7 @@ level of Pillow's pixels), ``output="tensor"`` gives ``tv_tensors.Image`` withou
 ``PairPlan`` (an LQ/GT pair under ``PairedRandomCrop``, BasicSR's ``paired_random_crop``
 + ``augment``): the LQ patch and the ``scale`` times larger GT patch are decoded alone
 (a JPEG's by region, an 8-bit PNG's rows down to the patch by ``read.pairs.png_rows``:
-zlib-ng and the compiled ``png_unfilter``, checked against Pillow once per process), then
+zlib-ng and the compiled ``png_unfilter_stream``, checked against Pillow once per process), then
 mirrored and turned as small uint8 patches (``read.pairs``).
 
 Both are decided once, when made (per dataset, transform and process), as
@@ -75,7 +75,7 @@ from lmdbfolder.read.pairs import (
     draw_pair,
     open_rows,
     pillow_patch,
-    png_rows,
+    png_rows_view,
 )
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
 from lmdbfolder.torch.crop import RandomResizedCrop as _FusedCrop
@@ -175,7 +175,7 @@ class PendingMask(PendingImage):
 
         top, left, height, width = box
         out_h, out_w = size
-        found = png_rows(self.payload, top + height)
+        found = png_rows_view(self.payload, top + height)
         _, full_w, _, _ = self.info()
         if found is not None and found[1] in ("L", "P") and found[0].shape[:2] == (top + height, full_w):
             # An 8-bit grey or palette PNG: its samples are what pil_to_tensor gives (uint8),
@@ -557,7 +557,13 @@ class JointPlan:
 
     def describe(self) -> dict[str, Any]:
         """What was decided, for ``repr`` and troubleshooting."""
-        return {"fused": self.fused, "flip": self.flip is not None, "batches": self.batches, **self.read.describe()}
+        return {
+            "fused": self.fused,
+            "flip": self.flip is not None,
+            "batches": self.batches,
+            "tensors": self.tensors,
+            **self.read.describe(),
+        }
 
 
 # -- pairs: BasicSR's paired_random_crop + augment ---------------------------------------------------------

@@ -306,22 +306,51 @@ static inline void store(const target *t, int y, int x, uint8_t r, uint8_t g, ui
     }
 }
 
-/* Rows 0 .. rows-1 of `in` resized horizontally (weights of `out_w` outputs). */
+/* One output row (`cols` RGB pixels of `line`) to its place in `t`: a plain copy when
+ * the target is interleaved and not mirrored, else pixel by pixel. */
+static void store_row(const target *t, int y, const uint8_t *line, int cols) {
+    if (!t->planar && !t->flip) {
+        memcpy(t->buf + (size_t)y * t->stride, line, (size_t)cols * 3);
+        return;
+    }
+    for (int x = 0; x < cols; x++)
+        store(t, y, x, line[3 * x], line[3 * x + 1], line[3 * x + 2]);
+}
+
+/* Rows 0 .. rows-1 of `in` resized horizontally (weights of `out_w` outputs), through
+ * `line` (3 * out_w bytes). Integer sums: any order gives Pillow's values; the usual
+ * tap counts of a bilinear shrink by less than 2 (2 to 4) are written out. */
 static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int out_w, const int *first,
-                            const int *count, const int32_t *w, int ksize, const target *t) {
+                            const int *count, const int32_t *w, int ksize, uint8_t *line, const target *t) {
     for (int y = 0; y < rows; y++) {
-        const uint8_t *line = in + (size_t)y * in_stride;
+        const uint8_t *row = in + (size_t)y * in_stride;
         for (int x = 0; x < out_w; x++) {
             const int32_t *k = w + (size_t)x * ksize;
-            const uint8_t *p = line + (size_t)first[x] * 3;
+            const uint8_t *p = row + (size_t)first[x] * 3;
             int32_t r = 1 << (RESIZE_BITS - 1), g = r, b = r;
-            for (int i = 0; i < count[x]; i++, p += 3) {
-                r += p[0] * k[i];
-                g += p[1] * k[i];
-                b += p[2] * k[i];
+            int n = count[x];
+            if (n == 3) {
+                r += p[0] * k[0] + p[3] * k[1] + p[6] * k[2];
+                g += p[1] * k[0] + p[4] * k[1] + p[7] * k[2];
+                b += p[2] * k[0] + p[5] * k[1] + p[8] * k[2];
+            } else if (n == 4) {
+                r += p[0] * k[0] + p[3] * k[1] + p[6] * k[2] + p[9] * k[3];
+                g += p[1] * k[0] + p[4] * k[1] + p[7] * k[2] + p[10] * k[3];
+                b += p[2] * k[0] + p[5] * k[1] + p[8] * k[2] + p[11] * k[3];
+            } else if (n == 2) {
+                r += p[0] * k[0] + p[3] * k[1];
+                g += p[1] * k[0] + p[4] * k[1];
+                b += p[2] * k[0] + p[5] * k[1];
+            } else {
+                for (int i = 0; i < n; i++, p += 3) {
+                    r += p[0] * k[i];
+                    g += p[1] * k[i];
+                    b += p[2] * k[i];
+                }
             }
-            store(t, y, x, clip8(r), clip8(g), clip8(b));
+            line[3 * x] = clip8(r), line[3 * x + 1] = clip8(g), line[3 * x + 2] = clip8(b);
         }
+        store_row(t, y, line, out_w);
     }
 }
 
@@ -329,7 +358,8 @@ static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int o
  * first[] counts rows of `in`). Row by row into `acc` (3 * cols int32), so the
  * inner loop runs along a row, which the compiler vectorises. */
 static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out_h, const int *first,
-                          const int *count, const int32_t *w, int ksize, int32_t *acc, const target *t) {
+                          const int *count, const int32_t *w, int ksize, int32_t *acc, uint8_t *line,
+                          const target *t) {
     size_t n = (size_t)cols * 3;
     for (int y = 0; y < out_h; y++) {
         const int32_t *k = w + (size_t)y * ksize;
@@ -341,8 +371,9 @@ static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out
             for (size_t j = 0; j < n; j++)
                 acc[j] += row[j] * ki;
         }
-        for (int x = 0; x < cols; x++)
-            store(t, y, x, clip8(acc[3 * x]), clip8(acc[3 * x + 1]), clip8(acc[3 * x + 2]));
+        for (size_t j = 0; j < n; j++)
+            line[j] = clip8(acc[j]);
+        store_row(t, y, line, cols);
     }
 }
 
@@ -390,13 +421,15 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
         problem = "tmp is too small";
     int *xfirst = NULL, *xcount = NULL, *yfirst = NULL, *ycount = NULL;
     int32_t *xw = NULL, *yw = NULL, *acc = NULL;
+    uint8_t *line = NULL;
     int xk = 0, yk = 0;
     if (!problem) {
         xk = bilinear_weights(width, out_w, &xfirst, &xcount, &xw);
         yk = bilinear_weights(height, out_h, &yfirst, &ycount, &yw);
         acc = malloc(sizeof(int32_t) * 3 * (size_t)(width > out_w ? width : out_w));
-        if (!xk || !yk || !acc) {
-            free(xfirst), free(xcount), free(xw), free(yfirst), free(ycount), free(yw), free(acc);
+        line = malloc((size_t)3 * (size_t)(width > out_w ? width : out_w));
+        if (!xk || !yk || !acc || !line) {
+            free(xfirst), free(xcount), free(xw), free(yfirst), free(ycount), free(yw), free(acc), free(line);
             PyBuffer_Release(&src), PyBuffer_Release(&dst), PyBuffer_Release(&tmp);
             return PyErr_NoMemory();
         }
@@ -415,29 +448,29 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
     int vertical_first = order == 1 && (height - out_h) > 0 && (height - out_h) > (width - out_w) * 2;
     if (vertical_first) {
         target mid = {(uint8_t *)tmp.buf, (size_t)width * 3, width, 0, 0, 0};
-        vertical_pass(in, in_stride, width, out_h, yfirst, ycount, yw, yk, acc, horizontal ? &mid : &final);
+        vertical_pass(in, in_stride, width, out_h, yfirst, ycount, yw, yk, acc, line, horizontal ? &mid : &final);
         if (horizontal)
-            horizontal_pass(mid.buf, mid.stride, out_h, out_w, xfirst, xcount, xw, xk, &final);
+            horizontal_pass(mid.buf, mid.stride, out_h, out_w, xfirst, xcount, xw, xk, line, &final);
     } else if (horizontal) {
         /* only the rows the vertical pass reads */
         int row0 = yfirst[0], row1 = yfirst[out_h - 1] + ycount[out_h - 1];
         target mid = {(uint8_t *)tmp.buf, (size_t)out_w * 3, out_w, 0, 0, 0};
         if (!vertical) {
-            horizontal_pass(in, in_stride, height, out_w, xfirst, xcount, xw, xk, &final);
+            horizontal_pass(in, in_stride, height, out_w, xfirst, xcount, xw, xk, line, &final);
         } else {
             horizontal_pass(in + (size_t)row0 * in_stride, in_stride, row1 - row0, out_w, xfirst, xcount, xw, xk,
-                            &mid);
+                            line, &mid);
             for (int y = 0; y < out_h; y++)
                 yfirst[y] -= row0;
-            vertical_pass(mid.buf, mid.stride, out_w, out_h, yfirst, ycount, yw, yk, acc, &final);
+            vertical_pass(mid.buf, mid.stride, out_w, out_h, yfirst, ycount, yw, yk, acc, line, &final);
         }
     } else if (vertical) {
-        vertical_pass(in, in_stride, width, out_h, yfirst, ycount, yw, yk, acc, &final);
+        vertical_pass(in, in_stride, width, out_h, yfirst, ycount, yw, yk, acc, line, &final);
     } else {
         copy_pass(in, in_stride, height, width, &final);
     }
     Py_END_ALLOW_THREADS
-    free(xfirst), free(xcount), free(xw), free(yfirst), free(ycount), free(yw), free(acc);
+    free(xfirst), free(xcount), free(xw), free(yfirst), free(ycount), free(yw), free(acc), free(line);
     PyBuffer_Release(&src), PyBuffer_Release(&dst), PyBuffer_Release(&tmp);
     Py_RETURN_NONE;
 }

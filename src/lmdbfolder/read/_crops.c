@@ -317,14 +317,60 @@ static void store_row(const target *t, int y, const uint8_t *line, int cols) {
         store(t, y, x, line[3 * x], line[3 * x + 1], line[3 * x + 2]);
 }
 
+/* Whether the exact resize's horizontal pass may use SSE4.1 here (set at import). */
+static int exact_sse41 = 0;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <smmintrin.h>
+#define EXACT_SSE41 1
+/* Output pixels [x0, x1) of one row of the horizontal pass, the three channels of a tap
+ * in one vector: the same integer sums as the scalar loop (and so Pillow's values); a tap
+ * reads 4 bytes, so the caller keeps to pixels whose last tap is not the row's last pixel. */
+__attribute__((target("sse4.1"))) static void hrow_sse41(const uint8_t *row, int x0, int x1, const int *first,
+                                                          const int *count, const int32_t *w, int ksize,
+                                                          uint8_t *line) {
+    const __m128i half = _mm_set1_epi32(1 << (RESIZE_BITS - 1));
+    for (int x = x0; x < x1; x++) {
+        const int32_t *k = w + (size_t)x * ksize;
+        const uint8_t *p = row + (size_t)first[x] * 3;
+        __m128i acc = half;
+        for (int i = 0; i < count[x]; i++, p += 3) {
+            int32_t four;
+            memcpy(&four, p, 4);
+            __m128i v = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(four));
+            acc = _mm_add_epi32(acc, _mm_mullo_epi32(v, _mm_set1_epi32(k[i])));
+        }
+        acc = _mm_srai_epi32(acc, RESIZE_BITS);
+        __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(acc, acc), _mm_setzero_si128());
+        int32_t out = _mm_cvtsi128_si32(bytes);
+        memcpy(line + 3 * (size_t)x, &out, 3);
+    }
+}
+#endif
+
 /* Rows 0 .. rows-1 of `in` resized horizontally (weights of `out_w` outputs), through
  * `line` (3 * out_w bytes). Integer sums: any order gives Pillow's values; the usual
  * tap counts of a bilinear shrink by less than 2 (2 to 4) are written out. */
-static void horizontal_pass(const uint8_t *in, size_t in_stride, int rows, int out_w, const int *first,
+static void horizontal_pass(const uint8_t *in, size_t in_stride, int in_w, int rows, int out_w, const int *first,
                             const int *count, const int32_t *w, int ksize, uint8_t *line, const target *t) {
+#ifdef EXACT_SSE41
+    /* The outputs whose taps all end before the row's last pixel: first[] and first + count
+     * grow with x, so they are the outputs before the first one that reaches it. */
+    int vec_end = 0;
+    if (exact_sse41)
+        while (vec_end < out_w && first[vec_end] + count[vec_end] < in_w)
+            vec_end++;
+#endif
     for (int y = 0; y < rows; y++) {
         const uint8_t *row = in + (size_t)y * in_stride;
-        for (int x = 0; x < out_w; x++) {
+        int x = 0;
+#ifdef EXACT_SSE41
+        if (vec_end > 0) {
+            hrow_sse41(row, 0, vec_end, first, count, w, ksize, line);
+            x = vec_end;
+        }
+#endif
+        for (; x < out_w; x++) {
             const int32_t *k = w + (size_t)x * ksize;
             const uint8_t *p = row + (size_t)first[x] * 3;
             int32_t r = 1 << (RESIZE_BITS - 1), g = r, b = r;
@@ -450,15 +496,15 @@ static PyObject *resize_bilinear(PyObject *self, PyObject *args) {
         target mid = {(uint8_t *)tmp.buf, (size_t)width * 3, width, 0, 0, 0};
         vertical_pass(in, in_stride, width, out_h, yfirst, ycount, yw, yk, acc, line, horizontal ? &mid : &final);
         if (horizontal)
-            horizontal_pass(mid.buf, mid.stride, out_h, out_w, xfirst, xcount, xw, xk, line, &final);
+            horizontal_pass(mid.buf, mid.stride, width, out_h, out_w, xfirst, xcount, xw, xk, line, &final);
     } else if (horizontal) {
         /* only the rows the vertical pass reads */
         int row0 = yfirst[0], row1 = yfirst[out_h - 1] + ycount[out_h - 1];
         target mid = {(uint8_t *)tmp.buf, (size_t)out_w * 3, out_w, 0, 0, 0};
         if (!vertical) {
-            horizontal_pass(in, in_stride, height, out_w, xfirst, xcount, xw, xk, line, &final);
+            horizontal_pass(in, in_stride, width, height, out_w, xfirst, xcount, xw, xk, line, &final);
         } else {
-            horizontal_pass(in + (size_t)row0 * in_stride, in_stride, row1 - row0, out_w, xfirst, xcount, xw, xk,
+            horizontal_pass(in + (size_t)row0 * in_stride, in_stride, width, row1 - row0, out_w, xfirst, xcount, xw, xk,
                             line, &mid);
             for (int y = 0; y < out_h; y++)
                 yfirst[y] -= row0;
@@ -1106,6 +1152,10 @@ PyMODINIT_FUNC PyInit__crops(void) {
     simd_ok = __builtin_cpu_supports("ssse3") && getenv("LMDBFOLDER_NO_SIMD") == NULL;
 #else
     simd_ok = 0;
+#endif
+#ifdef EXACT_SSE41
+    __builtin_cpu_init();
+    exact_sse41 = __builtin_cpu_supports("sse4.1") && getenv("LMDBFOLDER_NO_SIMD") == NULL;
 #endif
     if (PyType_Ready(&BatchType) < 0)
         return NULL;

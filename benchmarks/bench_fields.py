@@ -17,7 +17,11 @@ one sample at a time (no DataLoader: the CPU of one sample is what is compared):
       ``lmdbfolder.pack_dataset``): the crop and flip fused with the image's decode;
     - ``fused-bytes``: the fused plan itself (``lmdbfolder.torch.joint.JointPlan``) on the
       files' bytes, read with open/read: what the fusion costs without the pack, and the
-      row that runs where this checkout has no ``LMDBDataset`` yet.
+      row that runs where this checkout has no ``LMDBDataset`` yet;
+    - ``lmdbfolder-native``: the opt-in inexact crop, ``fused.RandomResizedCrop(224,
+      resize="native", output="tensor")`` then the flip: v2's boxes and flips, masks exact,
+      images within about a grey level of v2's (docs/fields-fast.md), as uint8 tensors
+      (where the files' row gives PIL images, which a training pipeline then converts).
 (b) super-resolution, BasicSR's folder layout (GT PNGs and their x``--scale`` LQ PNGs,
     DIV2K-like sizes scaled down by ``--pair-size``): a ``--gt-size`` patch, flips and rotation
     - ``basicsr-files``: BasicSR's ``PairedImageDataset`` training path written out here
@@ -207,6 +211,21 @@ def _lmdbfolder(pack: str, tf: Any) -> Callable[[int], Any]:
     return ds.__getitem__
 
 
+def _native_tf(size: int) -> Any:
+    """The opt-in inexact crop: ``fused.RandomResizedCrop(size, resize="native", output="tensor")``
+    then the flip (v2's box and flip; images resized by the compiled bilinear after a DCT
+    reduction, given as uint8 tensors; masks exact). None where the compiled helper is missing."""
+    from torchvision.transforms import v2
+
+    from lmdbfolder import fused
+
+    try:
+        crop = fused.RandomResizedCrop(size, resize="native", output="tensor")
+    except ImportError:
+        return None
+    return v2.Compose([crop, v2.RandomHorizontalFlip()])
+
+
 def _fused_pair_bytes(lq_dir: str, gt_dir: str, tf: Any) -> Callable[[int], Any]:
     from lmdbfolder.read.capabilities import current
     from lmdbfolder.torch.joint import PairPlan, PendingImage
@@ -351,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         contestants_a = {"voc-files": _voc_files(voc_root, tf), "fused-bytes": _fused_bytes(voc_root, tf)}
         if why is None:
             contestants_a["lmdbfolder"] = _lmdbfolder(voc_pack, tf)
+            native = _native_tf(args.size)
+            if native is not None:
+                contestants_a["lmdbfolder-native"] = _lmdbfolder(voc_pack, native)
+            else:
+                skipped_a["lmdbfolder-native"] = "the compiled helper is not built here"
         else:
             skipped_a["lmdbfolder"] = why
         res_a = alternate(contestants_a, args.samples, args.rounds, args.max_other)

@@ -597,3 +597,207 @@ def test_lmdbdataset_fused_with_a_replay_seed(tmp_path: Path) -> None:
             want = oracle[i]
         _same(want, ds[i])
         _same(want, ds.__getitems__([i])[0])
+
+
+# -- png_rows: a PNG's rows inflated and unfiltered without Pillow's full-width copy --------------------
+def _compiled() -> object:
+    return current().compiled()
+
+
+def _png_with_filters(pixels: np.ndarray, color: int, filters: list[int]) -> bytes:
+    from lmdbfolder.read.pairs import _png_bytes
+
+    return _png_bytes(pixels, color, filters, bytes(range(256)) * 3 if color == 3 else b"")
+
+
+def test_png_rows_equal_pillows_samples_for_every_filter_and_colour_type() -> None:
+    from lmdbfolder.read.pairs import png_rows, png_rows_match_pillow
+
+    if not hasattr(_compiled(), "png_unfilter_stream"):
+        pytest.skip("the compiled module here predates png_unfilter_stream")
+    assert png_rows_match_pillow()
+    rng = np.random.default_rng(11)
+    pixels = rng.integers(0, 256, (37, 41, 4), dtype=np.uint8)
+    for color, samples, mode in ((0, 1, "L"), (2, 3, "RGB"), (3, 1, "P"), (4, 2, "LA"), (6, 4, "RGBA")):
+        for filters in ([0], [1], [2], [3], [4], [4, 0, 3, 1, 2]):
+            data = _png_with_filters(pixels[:, :, :samples], color, filters)
+            whole = np.asarray(Image.open(io.BytesIO(data))).reshape(37, 41, samples)
+            for rows in (1, 20, 0):
+                got = png_rows(data, rows)
+                assert got is not None and got[1] == mode
+                assert np.array_equal(got[0], whole[: rows or 37])
+    # What Pillow writes, photo-like, in several image data chunks.
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)).save(out, "PNG")
+    got = png_rows(out.getvalue(), 123)
+    assert got is not None and np.array_equal(got[0], np.asarray(Image.open(out))[:123])
+
+
+def test_png_rows_leaves_to_pillow_what_it_does_not_decode(capabilities) -> None:
+    from lmdbfolder.read.pairs import pillow_patch, png_rows
+
+    if not hasattr(_compiled(), "png_unfilter_stream"):
+        pytest.skip("the compiled module here predates png_unfilter_stream")
+    img = np.random.default_rng(4).integers(0, 256, (30, 20, 3), dtype=np.uint8)
+    for save in (
+        lambda out: Image.fromarray(img[:, :, 0].astype(np.uint16) * 200).save(out, "PNG"),  # 16-bit
+        lambda out: Image.fromarray(img).save(out, "JPEG"),
+        lambda out: Image.fromarray(img).convert("1").save(out, "PNG"),  # 1-bit
+    ):
+        out = io.BytesIO()
+        save(out)
+        assert png_rows(out.getvalue(), 10) is None
+    # A filter type PNG does not have (7, on the first row): left to Pillow, which raises for it.
+    import zlib
+
+    good = _png_with_filters(img, 2, [1])
+    assert png_rows(good, 5) is not None
+    raw = b"\x07" + img[0].tobytes() + b"".join(b"\x00" + img[y].tobytes() for y in range(1, 30))
+    body = zlib.compress(raw)
+    head = good[:33]  # the signature and IHDR
+    idat = len(body).to_bytes(4, "big") + b"IDAT" + body + zlib.crc32(b"IDAT" + body).to_bytes(4, "big")
+    iend = (0).to_bytes(4, "big") + b"IEND" + zlib.crc32(b"IEND").to_bytes(4, "big")
+    assert png_rows(head + idat + iend, 5) is None
+    with pytest.raises(OSError, match="unrecognized data stream"):
+        pillow_patch(head + idat + iend, (0, 0, 5, 5), 20, 30, "a bad PNG")
+    # Where this process was not found to match Pillow (or has no png_unfilter_stream): Pillow decodes.
+    caps = capabilities(**{"png.rows": False})
+    assert png_rows(good, 5, caps) is None
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
+def test_pillow_patch_of_a_png_equals_pillows_converted_crop(mode: str) -> None:
+    from lmdbfolder.read.pairs import pillow_patch
+
+    img = Image.open(io.BytesIO(photo_jpeg(67, 45, seed=2))).convert(mode)
+    out = io.BytesIO()
+    img.save(out, "PNG")
+    for box in ((0, 0, 45, 67), (7, 9, 20, 30), (30, 50, 15, 17)):
+        top, left, rows, cols = box
+        want = np.asarray(img.crop((left, top, left + cols, top + rows)).convert("RGB"))
+        got = pillow_patch(out.getvalue(), box, 67, 45, "a PNG")
+        assert got.dtype == np.uint8 and got.flags.c_contiguous and np.array_equal(got, want)
+
+
+# -- the opt-in: lmdbfolder.fused.RandomResizedCrop as the joint crop ---------------------------------------
+def _wrapped(jpeg: bytes, png: bytes) -> tuple[Image.Image, tv_tensors.Mask]:
+    # What VOCSegmentation wrapped for v2 gives (its mask as tv_tensors.Mask of the PIL image: 1 x H x W).
+    return Image.open(io.BytesIO(jpeg)).convert("RGB"), tv_tensors.Mask(Image.open(io.BytesIO(png)))
+
+
+def _boxes_sample(w: int, h: int, seed: int) -> tuple[bytes, bytes, tv_tensors.BoundingBoxes]:
+    jpeg, png = _sample(w, h, seed)
+    boxes = tv_tensors.BoundingBoxes(
+        [[3, 4, w // 2, h // 2], [w // 3, h // 4, w - 2, h - 3]], format="XYXY", canvas_size=(h, w)
+    )
+    return jpeg, png, boxes
+
+
+def test_fused_crop_with_pillows_resize_equals_v2() -> None:
+    from lmdbfolder import fused
+
+    crop = fused.RandomResizedCrop((40, 56), resize="pil", reduce=False)
+    tf = v2.Compose([crop, v2.RandomHorizontalFlip(), v2.ToImage()])
+    oracle = v2.Compose([v2.RandomResizedCrop((40, 56)), v2.RandomHorizontalFlip(), v2.ToImage()])
+    plan = JointPlan(tf, decoder=current().decoder(current().auto_decoder()))
+    assert plan.fused and not plan.tensors and split_joint(tf)[0] is crop
+    for seed, (w, h) in enumerate([(161, 121), (97, 130), (64, 48)]):
+        jpeg, png, boxes = _boxes_sample(w, h, seed)
+        torch.manual_seed(seed)
+        want = oracle(*_wrapped(jpeg, png), boxes)
+        torch.manual_seed(seed)
+        got = plan(PendingImage(jpeg), PendingMask(png), boxes)
+        _same(want, got)
+
+
+@pytest.mark.parametrize("output", ["pil", "tensor"])
+def test_fused_crop_native_keeps_v2s_geometry_and_is_within_its_tolerance(output: str) -> None:
+    from lmdbfolder import fused
+
+    if current().native_resize() is None or current().region_decoder() is None:
+        pytest.skip("the compiled helper is not built here")
+    tf = v2.Compose([fused.RandomResizedCrop((48, 64), resize="native", output=output), v2.RandomHorizontalFlip()])
+    oracle = v2.Compose([v2.RandomResizedCrop((48, 64)), v2.RandomHorizontalFlip()])
+    plan = JointPlan(tf, decoder=current().decoder(current().auto_decoder()))
+    assert plan.fused and plan.tensors == (output == "tensor") and plan.batches
+    diffs = []
+    samples = [_boxes_sample(w, h, seed) for seed, (w, h) in enumerate([(301, 227), (170, 260), (90, 70), (400, 310)])]
+    for seed, (jpeg, png, boxes) in enumerate(samples * 2):
+        torch.manual_seed(seed)
+        want_image, want_mask, want_boxes = oracle(*_wrapped(jpeg, png), boxes)
+        after_want = torch.rand(1)
+        torch.manual_seed(seed)
+        image, mask, got_boxes = plan(PendingImage(jpeg), PendingMask(png), boxes)
+        assert torch.equal(torch.rand(1), after_want)  # the same random numbers drawn
+        _same(want_mask, mask)  # masks and boxes: exactly v2's
+        _same(want_boxes, got_boxes)
+        if output == "tensor":
+            assert type(image) is tv_tensors.Image and image.dtype == torch.uint8 and image.is_contiguous()
+            pixels = image.permute(1, 2, 0).numpy()
+        else:
+            assert isinstance(image, Image.Image) and image.mode == "RGB"
+            pixels = np.asarray(image)
+        want = np.asarray(want_image)
+        assert pixels.shape == want.shape
+        diffs.append(np.abs(pixels.astype(int) - want.astype(int)).mean())
+    # The documented tolerance (docs/fields-fast.md): about a grey level on average.
+    assert max(diffs) <= 3.0, diffs
+    # The batch path gives the sample path's results.
+    torch.manual_seed(7)
+    one = [plan(PendingImage(j), PendingMask(p), b) for j, p, b in samples]
+    torch.manual_seed(7)
+    many = plan.batch([(PendingImage(j), PendingMask(p), b) for j, p, b in samples])
+    _same(one, many)
+
+
+def test_lmdbdataset_fuses_the_opt_in_crop(tmp_path: Path) -> None:
+    from lmdbfolder import fused
+    from lmdbfolder.torch import LMDBDataset
+
+    root, dst = _voc_pack(tmp_path)
+    tf = v2.Compose(
+        [fused.RandomResizedCrop((20, 24), resize="pil", reduce=False), v2.RandomHorizontalFlip(), v2.ToImage()]
+    )
+    ds, oracle = LMDBDataset(dst, transforms=tf), _voc_oracle(root, _tf())
+    assert ds._fused is not None and ds._fused.get(tf).fused
+    for i in range(len(ds)):
+        torch.manual_seed(i)
+        want = oracle[i]
+        torch.manual_seed(i)
+        _same(want, ds[i])
+
+
+def test_png_unfilter_stream_resumes_at_any_byte() -> None:
+    import zlib
+
+    compiled = _compiled()
+    if not hasattr(compiled, "png_unfilter_stream"):
+        pytest.skip("the compiled module here predates png_unfilter_stream")
+    pixels = np.random.default_rng(8).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    data = _png_with_filters(pixels, 2, [0, 1, 2, 3, 4])
+    raw = zlib.decompress(b"".join(data[i + 8 : i + 8 + int.from_bytes(data[i : i + 4], "big")] for i in _idats(data)))
+    for piece in (1, 2, 5, 22, 64, len(raw)):
+        out = np.zeros((9, 7, 3), np.uint8)
+        at, row_filter = 0, -1
+        while at < len(raw):
+            chunk = raw[at : at + piece]
+            row_filter = compiled.png_unfilter_stream(chunk, at, row_filter, 9, 21, 3, out)  # type: ignore[attr-defined]
+            at += len(chunk)
+        assert np.array_equal(out, pixels), piece
+    # Rows past ``rows`` are ignored; a filter type PNG does not have is refused.
+    out = np.zeros((4, 7, 3), np.uint8)
+    compiled.png_unfilter_stream(raw, 0, -1, 4, 21, 3, out)  # type: ignore[attr-defined]
+    assert np.array_equal(out, pixels[:4])
+    with pytest.raises(ValueError, match="filter type"):
+        compiled.png_unfilter_stream(b"\x05" + raw[1:], 0, -1, 4, 21, 3, out)  # type: ignore[attr-defined]
+
+
+def _idats(data: bytes) -> list[int]:
+    # The offsets of the IDAT chunks of a PNG.
+    found, pos = [], 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        if data[pos + 4 : pos + 8] == b"IDAT":
+            found.append(pos)
+        pos += 12 + length
+    return found

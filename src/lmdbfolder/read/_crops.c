@@ -1011,10 +1011,117 @@ static PyObject *resize_native(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* PNG rows: undo the per-row filters (PNG spec section 9) of the inflated image
+ * data of a non-interlaced PNG, for lmdbfolder.read.pairs.png_rows. Pillow
+ * decodes a PNG into its 4-bytes-a-pixel storage, the whole width, then crops
+ * and converts; here the rows a crop needs are unfiltered at their stored width
+ * and the caller keeps the crop's columns only. Integer arithmetic on bytes, as
+ * the spec defines it: the same bytes as any conforming decoder. */
+static inline uint8_t paeth(int a, int b, int c) {
+    int p = a + b - c, pa = abs(p - a), pb = abs(p - b), pc = abs(p - c);
+    return (uint8_t)(pa <= pb && pa <= pc ? a : pb <= pc ? b : c);
+}
+
+/* Bytes from..from+count-1 of a row (its filter byte excluded), unfiltered into `row`. */
+static void unfilter_span(int filter, uint8_t *row, const uint8_t *prev, size_t from, size_t count,
+                          const uint8_t *raw, size_t b) {
+    size_t end = from + count, i = from;
+    switch (filter) {
+    case 0:
+        memcpy(row + from, raw, count);
+        break;
+    case 1:
+        for (; i < end && i < b; i++)
+            row[i] = raw[i - from];
+        for (; i < end; i++)
+            row[i] = (uint8_t)(raw[i - from] + row[i - b]);
+        break;
+    case 2:
+        if (prev)
+            for (; i < end; i++)
+                row[i] = (uint8_t)(raw[i - from] + prev[i]);
+        else
+            memcpy(row + from, raw, count);
+        break;
+    case 3:
+        for (; i < end && i < b; i++)
+            row[i] = (uint8_t)(raw[i - from] + ((prev ? prev[i] : 0) >> 1));
+        for (; i < end; i++)
+            row[i] = (uint8_t)(raw[i - from] + ((row[i - b] + (prev ? prev[i] : 0)) >> 1));
+        break;
+    default: /* 4: Paeth */
+        for (; i < end && i < b; i++)
+            row[i] = (uint8_t)(raw[i - from] + (prev ? prev[i] : 0));
+        if (prev)
+            for (; i < end; i++)
+                row[i] = (uint8_t)(raw[i - from] + paeth(row[i - b], prev[i], prev[i - b]));
+        else
+            for (; i < end; i++)
+                row[i] = (uint8_t)(raw[i - from] + row[i - b]); /* Paeth of (a, 0, 0) is a */
+    }
+}
+
+PyDoc_STRVAR(png_unfilter_stream_doc,
+"png_unfilter_stream(src, at, filter, rows, stride, bpp, dst) -> filter\n\n"
+"Undo the filters of the next piece ``src`` of a PNG's inflated image data (each\n"
+"row: its filter byte, then ``stride`` bytes), which starts ``at`` bytes into that\n"
+"data, into ``dst`` (``rows * stride`` bytes, writable; the rows before are there\n"
+"already), ``bpp`` bytes a pixel. ``filter``: the filter type of the row ``at`` is\n"
+"in (-1 when ``at`` starts a row). Returns the filter type of the row the piece\n"
+"ends in, for the next call. Bytes past ``rows`` rows are ignored. ValueError on a\n"
+"filter type that is not 0-4 or buffers too small. The pieces are what zlib gives,\n"
+"so the rows a crop needs are never all held inflated at once.");
+
+static PyObject *png_unfilter_stream(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    Py_ssize_t at, rows, stride, bpp;
+    int filter;
+    if (!PyArg_ParseTuple(args, "y*ninnnw*", &src, &at, &filter, &rows, &stride, &bpp, &dst))
+        return NULL;
+    const char *problem = NULL;
+    if (at < 0 || rows < 0 || stride <= 0 || bpp <= 0 || bpp > 8 || bpp > stride || filter < -1 || filter > 4)
+        problem = "at, filter, rows, stride or bpp out of range";
+    else if (dst.len / stride < rows)
+        problem = "dst is smaller than rows rows";
+    int bad = 0;
+    if (!problem) {
+        Py_BEGIN_ALLOW_THREADS
+        const uint8_t *in = (const uint8_t *)src.buf;
+        uint8_t *out = (uint8_t *)dst.buf;
+        size_t n = (size_t)src.len, i = 0, line = (size_t)stride + 1, pos = (size_t)at;
+        while (i < n) {
+            size_t y = pos / line, c = pos % line;
+            if (y >= (size_t)rows)
+                break;
+            if (c == 0) {
+                filter = in[i];
+                if (filter > 4) {
+                    bad = 1;
+                    break;
+                }
+                i++, pos++;
+                continue;
+            }
+            size_t m = line - c < n - i ? line - c : n - i;
+            uint8_t *row = out + y * (size_t)stride;
+            unfilter_span(filter, row, y ? row - stride : NULL, c - 1, m, in + i, (size_t)bpp);
+            i += m, pos += m;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src), PyBuffer_Release(&dst);
+    if (problem || bad) {
+        PyErr_SetString(PyExc_ValueError, problem ? problem : "a row has a filter type other than 0-4");
+        return NULL;
+    }
+    return PyLong_FromLong(filter);
+}
+
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS, decode_region_doc},
     {"resize_bilinear", resize_bilinear, METH_VARARGS, resize_bilinear_doc},
     {"resize_native", resize_native, METH_VARARGS, resize_native_doc},
+    {"png_unfilter_stream", png_unfilter_stream, METH_VARARGS, png_unfilter_stream_doc},
     {"native_simd", native_simd, METH_NOARGS, "Whether the native resize uses SSSE3 here (LMDBFOLDER_NO_SIMD unset)."},
     {NULL, NULL, 0, NULL},
 };

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import random
+import struct
 import threading
 from typing import Any, NamedTuple
 
@@ -32,7 +33,18 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import Box, thread_buffer
 from lmdbfolder.read.plan import ReadPlan
 
-__all__ = ["PairDraw", "draw_pair", "augment_patch", "PatchReader", "pillow_patch", "open_rows", "rows_match_pillow"]
+__all__ = [
+    "PairDraw",
+    "draw_pair",
+    "augment_patch",
+    "PatchReader",
+    "pillow_patch",
+    "open_rows",
+    "rows_match_pillow",
+    "png_rows",
+    "png_rows_view",
+    "png_rows_match_pillow",
+]
 
 
 class PairDraw(NamedTuple):
@@ -169,6 +181,13 @@ def pillow_patch(payload: bytes | memoryview, box: Box, width: int, height: int,
     converted (a GT image of DIV2K is 8 MB of pixels; its patch a few hundred KB).
     """
     top, left, rows, cols = box
+    found = png_rows_view(payload, top + rows)
+    if found is not None and found[1] in _TO_RGB:
+        pixels, mode = found
+        if pixels.shape[1] != width:
+            raise PayloadMismatch(f"{where}: its header says {width}x{height}, its PNG header {pixels.shape[1]} wide")
+        # A copy: ``pixels`` is this thread's buffer.
+        return _TO_RGB[mode](pixels[top:, left : left + cols])
     img = open_rows(payload, top + rows)
     if img.width != width or img.height not in (height, top + rows):
         raise PayloadMismatch(f"{where}: its header says {width}x{height}, Pillow opens it as {img.width}x{img.height}")
@@ -243,6 +262,181 @@ def rows_match_pillow() -> bool:
                 part.load()
                 if part.size != (img.width, rows) or not np.array_equal(np.asarray(part), whole[:rows]):
                     return False
+    except Exception:  # a Pillow that reads these otherwise does not match either
+        return False
+    return True
+
+
+# -- PNG rows without Pillow's full-width storage ------------------------------------------------------
+#: Samples per pixel of the 8-bit PNG colour types ``png_rows`` decodes, and Pillow's mode for each.
+_PNG_TYPES = {0: (1, "L"), 2: (3, "RGB"), 3: (1, "P"), 4: (2, "LA"), 6: (4, "RGBA")}
+
+#: ImageFolder's ``convert("RGB")`` of a patch of these modes (Pillow copies the colour
+#: channels and drops alpha; a grey level is copied to the three channels).
+_TO_RGB: dict[str, Any] = {
+    "RGB": np.array,
+    "RGBA": lambda a: np.ascontiguousarray(a[:, :, :3]),
+    "L": lambda a: np.repeat(a, 3, axis=2),
+}
+
+
+def _inflate() -> Any:
+    # zlib-ng (a core dependency, for the checksums) inflates about twice as fast as zlib.
+    try:
+        from zlib_ng import zlib_ng
+
+        return zlib_ng.decompressobj
+    except ImportError:  # pragma: no cover - zlib-ng is a dependency; zlib gives the same bytes
+        import zlib
+
+        return zlib.decompressobj
+
+
+def png_rows(
+    payload: bytes | memoryview, rows: int = 0, caps: Capabilities | None = None
+) -> tuple[np.ndarray, str] | None:
+    """The first ``rows`` rows (0: all) of an 8-bit, non-interlaced, single-frame PNG as
+    ``rows x width x samples`` uint8 and Pillow's mode for it (``L``, ``RGB``, ``P``: the
+    palette indices, ``LA``, ``RGBA``): the samples Pillow's decode holds, without its
+    full-width 4-bytes-a-pixel copy. None for any other file, a damaged one, or where this
+    process's compiled module has no ``png_unfilter_stream`` or was not found to give
+    Pillow's pixels (``png_rows_match_pillow``, asked once per process): then Pillow decodes it.
+
+    Only the image data down to the last row asked is inflated (zlib-ng), piece by piece,
+    each piece unfiltered (the compiled ``png_unfilter_stream``) while it is still in the
+    cache: a crop's rows cost what Pillow's decode of them costs less the copies, and the
+    rows below it nothing. A new array; ``png_rows_view`` gives a per-thread buffer's view.
+    """
+    found = png_rows_view(payload, rows, caps)
+    return None if found is None else (found[0].copy(), found[1])
+
+
+def png_rows_view(
+    payload: bytes | memoryview, rows: int = 0, caps: Capabilities | None = None
+) -> tuple[np.ndarray, str] | None:
+    """``png_rows`` into this thread's reused buffer: a view, valid until the next call on
+    this thread (copy what is kept). A fresh array of a GT image's rows costs its page
+    faults on every call (measured: a third of the decode after a large allocation)."""
+    caps = current() if caps is None else caps
+    compiled = caps.compiled()
+    if compiled is None or not hasattr(compiled, "png_unfilter_stream"):
+        return None
+    if not caps.answer("png.rows", png_rows_match_pillow):
+        return None
+    return _png_rows(payload, rows, compiled, _PNG_BUFFERS)
+
+
+_PNG_BUFFERS = threading.local()
+
+
+def _png_rows(
+    payload: bytes | memoryview, rows: int, compiled: Any, local: threading.local | None = None
+) -> tuple[np.ndarray, str] | None:
+    data = memoryview(payload)
+    if len(data) < 33 or bytes(data[:8]) != b"\x89PNG\r\n\x1a\n" or bytes(data[8:16]) != b"\x00\x00\x00\rIHDR":
+        return None
+    width, height, depth, color, compression, filtering, interlace = struct.unpack(">IIBBBBB", data[16:29])
+    kind = _PNG_TYPES.get(color)
+    if kind is None or depth != 8 or compression or filtering or interlace or not width or not height:
+        return None
+    samples, mode = kind
+    rows = height if rows <= 0 or rows > height else rows
+    stride = width * samples
+    need = rows * (stride + 1)
+    if local is None:
+        out = np.empty((rows, width, samples), np.uint8)
+    else:
+        out = thread_buffer(local, "png", rows * stride)[: rows * stride].reshape(rows, width, samples)
+    inflate = _inflate()()
+    unfilter = compiled.png_unfilter_stream
+    have, row_filter = 0, -1
+    pos, seen_idat = 8, False
+    try:
+        while pos + 12 <= len(data) and have < need:
+            (length,) = struct.unpack(">I", data[pos : pos + 4])
+            chunk = bytes(data[pos + 4 : pos + 8])
+            body = data[pos + 8 : pos + 8 + length]
+            if len(body) != length:
+                return None
+            if chunk == b"IDAT":
+                seen_idat = True
+                piece = inflate.decompress(body, need - have)
+                row_filter = unfilter(piece, have, row_filter, rows, stride, samples, out)
+                have += len(piece)
+            elif seen_idat or chunk in (b"acTL", b"IEND"):
+                return None  # image data interrupted, an animation, or no image data: Pillow decides
+            pos += 12 + length
+    except Exception:  # damaged data (zlib's error, a filter type PNG has not): Pillow raises its own
+        return None
+    if have < need:
+        return None
+    return out, mode
+
+
+def _png_bytes(pixels: np.ndarray, color: int, filters: list[int], palette: bytes = b"") -> bytes:
+    """A PNG of ``pixels`` (``H x W x samples`` uint8) with ``filters[y % len]`` on row y,
+    in two image data chunks: what ``png_rows_match_pillow`` asks Pillow to read."""
+    import zlib
+
+    h, w, n = pixels.shape
+    raw = pixels.astype(np.int16)
+    out = bytearray()
+    for y in range(h):
+        f = filters[y % len(filters)]
+        row = raw[y].reshape(-1)
+        up = raw[y - 1].reshape(-1) if y else np.zeros_like(row)
+        left = np.concatenate([np.zeros(n, np.int16), row[:-n]])
+        corner = np.concatenate([np.zeros(n, np.int16), up[:-n]])
+        if f == 0:
+            pred = np.zeros_like(row)
+        elif f == 1:
+            pred = left
+        elif f == 2:
+            pred = up
+        elif f == 3:
+            pred = (left + up) // 2
+        else:
+            p = left + up - corner
+            pa, pb, pc = np.abs(p - left), np.abs(p - up), np.abs(p - corner)
+            pred = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, up, corner))
+        out.append(f)
+        out += ((row - pred) % 256).astype(np.uint8).tobytes()
+    packed = zlib.compress(bytes(out))
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    half = len(packed) // 2
+    head = chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, color, 0, 0, 0))
+    plte = chunk(b"PLTE", palette) if palette else b""
+    idat = chunk(b"IDAT", packed[:half]) + chunk(b"IDAT", packed[half:])
+    return b"\x89PNG\r\n\x1a\n" + head + plte + idat + chunk(b"IEND", b"")
+
+
+def png_rows_match_pillow() -> bool:
+    """Whether ``png_rows`` gives exactly Pillow's samples here: PNGs of each colour type it
+    decodes, every filter type on rows after the first and on the first, image data in two
+    chunks, cut at several rows (asked once per process through the capabilities)."""
+    try:
+        from lmdbfolder.read import _crops  # type: ignore[attr-defined]
+    except ImportError:
+        return False
+    rng = np.random.default_rng(5)
+    smooth = np.cumsum(rng.integers(0, 40, (23, 29, 4)), axis=1).astype(np.uint8)
+    palette = bytes(range(256)) * 3
+    try:
+        for color, (samples, mode) in _PNG_TYPES.items():
+            pixels = smooth[:, :, :samples]
+            for filters in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [3], [4]):
+                data = _png_bytes(pixels, color, filters, palette if color == 3 else b"")
+                img = Image.open(io.BytesIO(data))
+                whole = np.asarray(img).reshape(pixels.shape)
+                if img.mode != mode or not np.array_equal(whole, pixels):
+                    return False
+                for rows in (1, 2, 12, 23):
+                    got = _png_rows(data, rows, _crops)
+                    if got is None or got[1] != mode or not np.array_equal(got[0], whole[:rows]):
+                        return False
     except Exception:  # a Pillow that reads these otherwise does not match either
         return False
     return True

@@ -27,10 +27,17 @@ every sample's box and flip in the per-sample order, then decodes all its JPEG c
 in one ``ReadPlan.run`` (on the plan's threads), when nothing after the fused steps
 draws random numbers.
 
+The opt-in: ``lmdbfolder.fused.RandomResizedCrop`` in the crop's place draws the same
+box (a ``v2.RandomResizedCrop`` of its settings draws it) and makes masks and boxes the
+same, but its ``resize``, ``reduce`` and ``output`` apply to the image fields:
+``resize="native"`` decodes and resizes a JPEG's crop in one C call (within about a grey
+level of Pillow's pixels), ``output="tensor"`` gives ``tv_tensors.Image`` without a PIL image.
+
 ``PairPlan`` (an LQ/GT pair under ``PairedRandomCrop``, BasicSR's ``paired_random_crop``
 + ``augment``): the LQ patch and the ``scale`` times larger GT patch are decoded alone
-(a JPEG's by region, a PNG down to the patch), then mirrored and turned as small uint8
-patches (``read.pairs``).
+(a JPEG's by region, an 8-bit PNG's rows down to the patch by ``read.pairs.png_rows``:
+zlib-ng and the compiled ``png_unfilter_stream``, checked against Pillow once per process), then
+mirrored and turned as small uint8 patches (``read.pairs``).
 
 Both are decided once, when made (per dataset, transform and process), as
 ``TransformPlan`` is for ``LMDBFolder``: a pipeline they do not recognise is applied
@@ -61,8 +68,17 @@ except ImportError as exc:  # a core-only install: say what to install
 from lmdbfolder.encodings import sniff
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import exact_resize_into, resize_region
-from lmdbfolder.read.pairs import PairDraw, PatchReader, augment_patch, draw_pair, open_rows, pillow_patch
+from lmdbfolder.read.pairs import (
+    PairDraw,
+    PatchReader,
+    augment_patch,
+    draw_pair,
+    open_rows,
+    pillow_patch,
+    png_rows_view,
+)
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
+from lmdbfolder.torch.crop import RandomResizedCrop as _FusedCrop
 
 __all__ = [
     "PendingImage",
@@ -158,11 +174,20 @@ class PendingMask(PendingImage):
         from torchvision.transforms.v2 import functional as F
 
         top, left, height, width = box
+        out_h, out_w = size
+        found = png_rows_view(self.payload, top + height)
+        _, full_w, _, _ = self.info()
+        if found is not None and found[1] in ("L", "P") and found[0].shape[:2] == (top + height, full_w):
+            # An 8-bit grey or palette PNG: its samples are what pil_to_tensor gives (uint8),
+            # gathered straight from the decoded rows (no copy of the box first).
+            rows = nearest_indices(height, out_h) + top
+            cols = nearest_indices(width, out_w) + left
+            plane = found[0][:, :, 0]
+            return tv_tensors.Mask(torch.from_numpy(plane[rows][:, cols[::-1] if flip else cols][None]))
         try:
             part = F.pil_to_tensor(self._open(top + height).crop((left, top, left + width, top + height)))
         except Exception as exc:  # Pillow raises many exception types for bad data
             raise ImageFieldError(self, exc) from exc
-        out_h, out_w = size
         if part.dtype in _FLOAT_EXACT:
             rows = nearest_indices(height, out_h)
             cols = nearest_indices(width, out_w)
@@ -239,12 +264,18 @@ def split_joint(transforms: Any) -> tuple[Any, Any, Any]:
     ``v2.Compose`` that starts with one (exactly those classes: a subclass may do
     otherwise), optionally followed by a ``v2.RandomHorizontalFlip`` (``flip``, else
     None), with an interpolation Pillow has; ``rest``: a ``v2.Compose`` of the steps
-    after them, or None. Else ``(None, None, transforms)``."""
+    after them, or None. Else ``(None, None, transforms)``. ``lmdbfolder.fused.RandomResizedCrop``
+    counts as the crop too: the opt-in to its ``resize``, ``reduce`` and ``output`` options
+    (``JointPlan``)."""
     v2 = _v2()
     if v2 is None or transforms is None:
         return None, None, transforms
     steps = list(transforms.transforms) if type(transforms) is v2.Compose else [transforms]
-    if not steps or type(steps[0]) is not v2.RandomResizedCrop or _interpolation(steps[0].interpolation) is None:
+    if (
+        not steps
+        or type(steps[0]) not in (v2.RandomResizedCrop, _FusedCrop)
+        or _interpolation(steps[0].interpolation) is None
+    ):
         return None, None, transforms
     crop, flip, at = steps[0], None, 1
     if len(steps) > 1 and type(steps[1]) is v2.RandomHorizontalFlip:
@@ -261,10 +292,16 @@ def joint_key(transforms: Any) -> tuple[Any, ...]:
     steps = tuple(found) if isinstance(found, list) else (transforms,)
     key: list[Any] = [transforms, steps]
     for step in steps[:2]:
-        for name in ("size", "scale", "ratio", "interpolation", "antialias", "p"):
-            value = getattr(step, name, None)
+        # The settings are plain attributes (in the instance's __dict__): looking a missing one up
+        # on an nn.Module goes through its __getattr__ and an AttributeError, on every sample.
+        state = getattr(step, "__dict__", None)
+        for name in _SETTINGS:
+            value = state.get(name) if state is not None else getattr(step, name, None)
             key.append(tuple(value) if isinstance(value, (list, tuple)) else value)
     return tuple(key)
+
+
+_SETTINGS = ("size", "scale", "ratio", "interpolation", "antialias", "p", "resize", "reduce", "output")
 
 
 #: v2 steps that draw no random numbers: after the fused steps, a batch's crops may be
@@ -294,14 +331,26 @@ def _draws_nothing(rest: Any) -> bool:
     )
 
 
+def _to_image(img: Image.Image) -> Any:
+    """A PIL image as the ``tv_tensors.Image`` (uint8 CHW, contiguous) that v2's ``ToImage`` makes of it."""
+    from torchvision import tv_tensors
+
+    arr = np.asarray(img)
+    arr = arr[:, :, None] if arr.ndim == 2 else arr
+    return tv_tensors.Image(torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))))
+
+
+@functools.lru_cache(maxsize=512)
 def _stand_in(width: int, height: int) -> torch.Tensor:
-    """A pure tensor of an image's size, holding one byte: what v2's ``query_size`` reads."""
+    """A pure tensor of an image's size, holding one byte: what v2's ``query_size`` reads
+    (v2 only reads it: one per size is kept)."""
     return torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
 
 
 _TYPE_PROBE = Image.new("RGB", (1, 1))
 
 
+@functools.lru_cache(maxsize=512)
 def _mask_stand_in(width: int, height: int) -> Any:
     """A ``tv_tensors.Mask`` of a mask's size, holding one byte: what v2 reads of a mask
     before its transform (its type, its size)."""
@@ -346,13 +395,25 @@ class JointPlan:
         caps = current() if caps is None else caps
         self.transforms = transforms
         self.key = joint_key(transforms)
-        self.crop, self.flip, self.rest = split_joint(transforms)
+        crop, self.flip, self.rest = split_joint(transforms)
         #: Whether the leading crop (and flip) are fused with decoding.
-        self.fused = self.crop is not None
+        self.fused = crop is not None
+        #: Whether image fields come out as ``tv_tensors.Image`` (uint8 CHW) rather than PIL images.
+        self.tensors = False
         spec = None
-        if self.crop is not None:
-            mode = _interpolation(self.crop.interpolation)
-            spec = CropSpec(tuple(self.crop.size), "pil", int(pil_modes_mapping[mode]), False)  # type: ignore[index]
+        if crop is not None:
+            mode = _interpolation(crop.interpolation)
+            spec = CropSpec(tuple(crop.size), "pil", int(pil_modes_mapping[mode]), False)  # type: ignore[index]
+            if type(crop) is _FusedCrop:
+                # The opt-in: its resize backend and DCT reduction on the image fields; the box,
+                # the flip and every other field stay v2's, drawn and made by v2's own transform.
+                spec = crop.spec()
+                self.tensors = crop.output == "tensor"
+                crop = _v2().RandomResizedCrop(  # type: ignore[union-attr]
+                    crop.size, crop.scale, crop.ratio, interpolation=mode, antialias=crop.antialias
+                )
+        #: The v2 crop whose ``make_params`` draws the box (and whose ``transform`` does the other fields).
+        self.crop = crop
         self.read = ReadPlan(decoder, crop=spec, threads=threads, caps=caps)
         #: Whether a batch's crops are decoded together (``batch``).
         self.batches = self.fused and _draws_nothing(self.rest)
@@ -401,6 +462,9 @@ class JointPlan:
                 out = crop(*tree_unflatten(flat, spec)) if len(inputs) > 1 else crop(tree_unflatten(flat, spec))
                 if flip is not None:
                     out = flip(*out) if len(inputs) > 1 else flip(out)
+                if self.tensors:
+                    leaves, out_spec = tree_flatten(out)
+                    out = tree_unflatten([_to_image(x) if isinstance(x, Image.Image) else x for x in leaves], out_spec)
                 made.append(([out], None))
                 continue
             sizes = [leaf.info() if isinstance(leaf, PendingImage) else None for leaf in flat]
@@ -442,15 +506,25 @@ class JointPlan:
             made.append((flat, spec))
         if jobs:
             out_h, out_w = self.crop.size
-            pixels = np.empty((len(jobs), out_h, out_w, 3), np.uint8)
+            tensors = self.tensors
+            shape = (len(jobs), 3, out_h, out_w) if tensors else (len(jobs), out_h, out_w, 3)
+            pixels = np.empty(shape, np.uint8)
             try:
-                read.run(jobs, pixels, planar=False)
+                read.run(jobs, pixels, planar=tensors)
             except BatchItemError as exc:
                 raise ImageFieldError(places[exc.position][2], exc.cause) from exc.cause
-            for j, (k, at, _leaf) in enumerate(places):
-                made[k][0][at] = Image.fromarray(pixels[j], "RGB")
+            if tensors:
+                from torchvision import tv_tensors
+
+                batch = torch.from_numpy(pixels)
+                for j, (k, at, _leaf) in enumerate(places):
+                    made[k][0][at] = tv_tensors.Image(batch[j])
+            else:
+                for j, (k, at, _leaf) in enumerate(places):
+                    made[k][0][at] = Image.fromarray(pixels[j], "RGB")
         for k, at, leaf, box, flipped in rows_jobs:
-            made[k][0][at] = self._png_crop(leaf, box, flipped)
+            img = self._png_crop(leaf, box, flipped)
+            made[k][0][at] = _to_image(img) if self.tensors else img
         results = []
         for (flat, spec), inputs in zip(made, samples):
             if spec is None:  # made by v2 itself
@@ -483,7 +557,13 @@ class JointPlan:
 
     def describe(self) -> dict[str, Any]:
         """What was decided, for ``repr`` and troubleshooting."""
-        return {"fused": self.fused, "flip": self.flip is not None, "batches": self.batches, **self.read.describe()}
+        return {
+            "fused": self.fused,
+            "flip": self.flip is not None,
+            "batches": self.batches,
+            "tensors": self.tensors,
+            **self.read.describe(),
+        }
 
 
 # -- pairs: BasicSR's paired_random_crop + augment ---------------------------------------------------------

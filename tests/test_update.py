@@ -380,7 +380,11 @@ elif point == "after_commit":
         die()
     update._commit = after
 elif point == "after_report":
-    update._compact_if_sparse = die
+    report = update._write_report
+    def after_report(*args, **kwargs):
+        report(*args, **kwargs)
+        die()
+    update._write_report = after_report
 pack_sources(scan({tree!r}), {dst!r}, update=True, workers=int(sys.argv[3]), commit_every=2,
              on_progress=on_progress, progress=False)
 print("finished")

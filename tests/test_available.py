@@ -8,6 +8,7 @@ again); interruptions are real ``SIGKILL``s of a child process at a chosen call.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -17,10 +18,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from conftest import assert_imagefolder, new_image, tree
 from conftest import reader_view as contents
 from lmdbfolder import pack, pack_sharded, verify
 from lmdbfolder.format import RETAINED_FILE
-from test_update import assert_imagefolder, new_image, tree
 
 SRC_DIR = Path(__file__).resolve().parents[1] / "src"
 
@@ -144,3 +145,53 @@ def test_interrupted_sharded_updates_with_source_changes_between_them_read_as_th
     # The reader opened before them all mapped the version it opened: it reads it still.
     assert bytes(opened.get(0).payload) == old["records"][0][4]
     opened.close()
+
+
+# -- issue 34, 10: a huge history table ------------------------------------------------
+_CAPPED = """
+import resource, sys
+sys.path.insert(0, {src_dir!r})
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from lmdbfolder.cli import main
+code = main(sys.argv[1:])
+print("exit", code)
+"""
+
+
+def _capped(*argv: str) -> subprocess.CompletedProcess[str]:
+    code = _CAPPED.format(src_dir=str(SRC_DIR))
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_info_verify_and_update_of_a_pack_with_a_150_mb_history_fit_in_3_gb(tmp_path: Path) -> None:
+    """A 150 MB ``__history__`` (valid checksums; one entry a list of 40 million short strings) made
+    ``info`` use 4.4 GB: under a 3 GB address-space cap, info, verify and update died with
+    MemoryError. Only the entries kept are parsed (the first and the last, within a budget);
+    a ``truncated`` entry counts the others."""
+    from conftest import forge_table
+    from lmdbfolder import Reader
+    from lmdbfolder.format import HISTORY_KEY
+
+    src = tree(tmp_path / "src", classes=("a", "b"), per_class=3)
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    with Reader(dst) as r:
+        first = r.history()[0]
+    junk = b'{"event":"update","at":"2026-01-01T00:00:00Z","count":6,"junk":[' + b'"ab",' * (38 << 20) + b"0]}"
+    last = b'{"event":"update","at":"2026-01-02T00:00:00Z","count":6,"added":1}'
+    forge_table(dst, HISTORY_KEY, b"[" + json.dumps(first).encode() + b"," + junk + b"," + last + b"]")
+    del junk
+    assert (dst / "data.mdb").stat().st_size > 150 << 20
+    shown = _capped("info", str(dst))
+    assert shown.returncode == 0 and "exit 0" in shown.stdout, shown.stderr[-2000:]
+    assert "1 earlier events not kept" in shown.stdout
+    checked = _capped("verify", str(dst), "--no-progress")
+    assert checked.returncode == 0 and "exit 0" in checked.stdout, checked.stderr[-2000:]
+    new_image(src / "a" / "late.jpg", 92)
+    updated = _capped("pack", str(src), str(dst), "--update", "--no-progress")
+    assert updated.returncode == 0 and "exit 0" in updated.stdout, updated.stderr[-2000:]
+    with Reader(dst) as r:
+        events = [e["event"] for e in r.history()]
+    assert events == ["pack", "truncated", "update", "update"]
+    assert verify(dst, progress=False).ok
+    assert_imagefolder(src, dst)

@@ -2,6 +2,7 @@
 
 Usage:
     python benchmarks/fuzz_packs.py [--trials 1000] [--seed 0] [--jobs 2] [--json out.json]
+    python benchmarks/fuzz_packs.py --forge-tables [--trials 1000] [--seed 0] [--json out.json]
 
 It builds, under a temporary folder (``--work``), a small mixed JPEG/PNG pack
 and a raw pack with ``lmdbfolder.pack``, and a recipe-style LMDB (pickled
@@ -59,6 +60,26 @@ the original with checksums on, no error), ``wrong-meta`` (classes, labels or
 paths differ, no error), ``verify-ok-on-damage`` (verify says OK but some
 record or table differs or fails to read), ``accepted-damage`` (import only:
 the recipe has no checksums, so damaged image bytes are imported as they are).
+
+Forged tables (issue 34), ``--forge-tables``: each trial copies a small pack
+that one ``pack --update`` made format 3 (``__order__``, ``next_record``,
+``record_classes``, ``__stats__``, ``__history__``) and forges one of its
+tables, every checksum valid (``TABLE_FORGE_KINDS``: ``__order__`` naming a
+key twice, two entries swapped, a key beyond ``next_record``; ``next_record``
+in use or 0; ``record_classes`` permuted or short; a ``__history__`` that is
+not ours: not a list, junk, deep, or tens of MB; staging files planted in
+``DST.update``: junk bytes, a foreign LMDB, a symbolic link out of the pack,
+a FIFO; ``DST/lock.mdb`` a symbolic link out of the pack); changes the source
+(a file added, one removed, one rewritten), then runs ``pack --update``,
+``verify`` and a read of every sample, in one forked child with a time limit.
+The oracle is the source as ImageFolder sees it (``write.sources.scan``: its
+classes, paths and labels, and every file's bytes). Outcomes per trial:
+``correct`` (the update ran, verify says OK, every sample is the source's),
+``clear-error`` (the update, verify or a read refused with an lmdbfolder
+error), ``wrong`` (a sample, label, path or class differs with no error),
+``verify-ok-on-damage`` (verify OK, a read then fails), ``write-outside`` (a
+file outside the pack's folders changed, or appeared beside them),
+``exception`` (a traceback), ``hang`` (past the time limit), ``SIG*``.
 """
 
 from __future__ import annotations
@@ -1295,6 +1316,336 @@ def _memory_limit() -> int:
     return vm + (4 << 30)
 
 
+# -- forged tables (issue 34) ---------------------------------------------------------
+#: ``--forge-tables``: the tables forged (see the module docstring).
+TABLE_FORGE_KINDS = (
+    "order-dup",
+    "order-swap",
+    "order-beyond",
+    "next-record-used",
+    "next-record-zero",
+    "classes-permuted",
+    "classes-short",
+    "history-junk",
+    "history-huge",
+    "staging-junk",
+    "staging-foreign",
+    "staging-symlink",
+    "staging-dir-symlink",
+    "staging-fifo",
+    "lock-symlink",
+)
+TABLE_OUTCOMES = ("correct", "clear-error", "wrong", "verify-ok-on-damage", "write-outside", "exception", "hang")
+#: What ``--forge-tables`` forbids.
+TABLE_FAILURES = ("wrong", "verify-ok-on-damage", "write-outside", "exception", "hang")
+_VICTIM = b"a file outside the pack: nothing may change it\n"
+
+
+def build_table_source(work: str, seed: int = 0) -> dict[str, str]:
+    """A small ImageFolder tree and its pack, updated once (format 3: ``__order__``,
+    ``next_record``, ``record_classes``); returns their folders."""
+    rng = np.random.default_rng(seed)
+    src = os.path.join(work, "src-tables")
+    for c, cls in enumerate(("cat", "dog", "emu")):
+        for k in range(5):
+            h, w = 12 + c + k, 16 + 2 * k
+            img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            _save(img, f"{src}/{cls}/img{k:02d}.jpg", "JPEG", quality=90)
+    out = os.path.join(work, "tables.lmdb")
+    pack(src, out, progress=False)
+    _save(Image.new("RGB", (20, 14), (9, 99, 199)), f"{src}/aardvark/a0.jpg", "JPEG", quality=90)
+    os.remove(f"{src}/cat/img01.jpg")
+    pack(src, out, progress=False, update=True)
+    return {"src": src, "pack": out}
+
+
+def _put_tables(pack_dir: str, tables: dict[bytes, bytes]) -> None:
+    """Replace tables of the pack (``__check__`` recomputed: every checksum valid)."""
+    from lmdbfolder.format import TABLE_KEYS as CHECKED_KEYS
+    from lmdbfolder.format import encode_check
+
+    env = lmdb.open(pack_dir, subdir=True, map_size=1 << 30, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            for key, blob in tables.items():
+                txn.put(key, blob)
+            present = {k: txn.get(k) for k in CHECKED_KEYS}
+            txn.put(CHECK_KEY, encode_check({k: v for k, v in present.items() if v is not None}))
+    finally:
+        env.close()
+
+
+def _table(pack_dir: str, key: bytes) -> bytes:
+    env = lmdb.open(pack_dir, subdir=True, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            value = txn.get(key)
+    finally:
+        env.close()
+    if value is None:
+        raise RuntimeError(f"the pack has no {key!r}")
+    return bytes(value)
+
+
+def forge_tables(kind: str, trial: str, rng: random.Random) -> str:
+    """Forge one table (or plant staging files) of the pack ``trial/p``; what was done."""
+    from lmdbfolder.format import HISTORY_KEY, ORDER_KEY, encode_meta, encode_order
+
+    dst = os.path.join(trial, "p")
+    staging = dst + ".update"
+    outside = os.path.join(trial, "outside")
+    order = np.frombuffer(_table(dst, ORDER_KEY), dtype="<u8").copy()
+    meta = json.loads(_table(dst, META_KEY))
+    i, j = rng.sample(range(len(order)), 2)
+    if kind == "order-dup":
+        order[i] = order[j]
+        _put_tables(dst, {ORDER_KEY: encode_order(order)})
+        return f"__order__[{i}] = __order__[{j}]"
+    if kind == "order-swap":
+        order[i], order[j] = order[j], order[i]
+        _put_tables(dst, {ORDER_KEY: encode_order(order)})
+        return f"__order__[{i}] <-> [{j}]"
+    if kind == "order-beyond":
+        order[i] = meta["next_record"] + rng.randrange(4)
+        _put_tables(dst, {ORDER_KEY: encode_order(order)})
+        return f"__order__[{i}] = {int(order[i])} (next_record {meta['next_record']})"
+    if kind in ("next-record-used", "next-record-zero", "classes-permuted", "classes-short"):
+        if kind == "next-record-used":
+            meta["next_record"] = int(rng.choice(list(order)))
+        elif kind == "next-record-zero":
+            meta["next_record"] = 0
+        elif kind == "classes-permuted":
+            classes = list(meta["record_classes"])
+            while classes == meta["record_classes"]:
+                rng.shuffle(classes)
+            meta["record_classes"] = classes
+        else:
+            meta["record_classes"] = list(meta["record_classes"])[:-1]
+        _put_tables(dst, {META_KEY: encode_meta(meta)})
+        return f"manifest next_record={meta.get('next_record')} record_classes={meta.get('record_classes')}"
+    if kind == "history-junk":
+        blob = rng.choice(
+            [b'{"event":"pack"}', b"123", b"[1,2,3]", b"[" * 40 + b"]" * 40, b"not json", b'[{"at":[[[[]]]]}]']
+        )
+        _put_tables(dst, {HISTORY_KEY: blob})
+        return f"__history__ = {blob[:40]!r}"
+    if kind == "history-huge":
+        n = rng.randrange(1, 6) << 20
+        blob = b'[{"event":"pack"},{"event":"update","junk":[' + b'"ab",' * n + b'0]},{"event":"update"}]'
+        _put_tables(dst, {HISTORY_KEY: blob})
+        return f"__history__ of {len(blob):,} bytes"
+    if kind == "lock-symlink":
+        os.symlink(os.path.join(outside, "victim"), os.path.join(dst, "lock.mdb"))
+        return "DST/lock.mdb -> outside/victim"
+    if kind == "staging-dir-symlink":
+        os.symlink(outside, staging)
+        return "DST.update -> outside/"
+    os.mkdir(staging)
+    data = os.path.join(staging, "data.mdb")
+    if kind == "staging-junk":
+        with open(data, "wb") as f:
+            f.write(rng.randbytes(rng.choice([0, 100, 4096, 16384])))
+        return "DST.update/data.mdb: junk"
+    if kind == "staging-foreign":
+        shutil.copyfile(os.path.join(dst, "data.mdb"), data)
+        return "DST.update/data.mdb: the pack's own data.mdb"
+    if kind == "staging-symlink":
+        os.symlink(os.path.join(outside, "victim"), data)
+        return "DST.update/data.mdb -> outside/victim"
+    if kind == "staging-fifo":
+        os.mkfifo(data)
+        return "DST.update/data.mdb: a FIFO"
+    raise ValueError(f"unknown table forgery {kind!r}")
+
+
+def _change_source(src: str, rng: random.Random) -> str:
+    """A file added, one removed and one rewritten (another size)."""
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs)
+    gone, rewritten = rng.sample(files, 2)
+    os.remove(gone)
+    size = (rng.randrange(10, 40), rng.randrange(10, 40))
+    _save(Image.new("RGB", size, (rng.randrange(256), 7, 77)), rewritten, "JPEG", quality=90)
+    added = os.path.join(src, rng.choice(["cat", "dog", "emu", "zebra"]), f"new{rng.randrange(1000)}.jpg")
+    _save(Image.new("RGB", (13, 11), (1, rng.randrange(256), 3)), added, "JPEG", quality=90)
+    return f"-{os.path.relpath(gone, src)} ~{os.path.relpath(rewritten, src)} +{os.path.relpath(added, src)}"
+
+
+def _file_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _file_digest(path: str) -> str:
+    return _digest(_file_bytes(path))
+
+
+def _outside_state(trial: str) -> tuple[Any, ...]:
+    """What must not change: the files beside the pack's folders, and those in ``outside``."""
+    outside = os.path.join(trial, "outside")
+    files = {}
+    for name in sorted(os.listdir(outside)):
+        path = os.path.join(outside, name)
+        files[name] = _file_digest(path) if os.path.isfile(path) and not os.path.islink(path) else "?"
+    beside = sorted(n for n in os.listdir(trial) if n not in ("src", "p", "outside") and not n.startswith("p."))
+    return tuple(sorted(files.items())), tuple(beside)
+
+
+def table_trial(kind: str, seed: int, trial: str, source: dict[str, str]) -> list[str]:
+    """One forged-table trial (in a forked child): forge, change the source, update, verify,
+    read every sample; its [outcome, detail]."""
+    from lmdbfolder import Reader
+    from lmdbfolder.write.sources import scan
+
+    rng = random.Random(seed)
+    shutil.copytree(source["src"], os.path.join(trial, "src"))
+    shutil.copytree(source["pack"], os.path.join(trial, "p"))
+    os.mkdir(os.path.join(trial, "outside"))
+    for name in ("victim", "skipped.txt"):
+        with open(os.path.join(trial, "outside", name), "wb") as f:
+            f.write(_VICTIM)
+    forged = forge_tables(kind, trial, rng)
+    changed = _change_source(os.path.join(trial, "src"), rng)
+    detail = f"{forged}; source {changed}"
+    before = _outside_state(trial)
+    src, dst = os.path.join(trial, "src"), os.path.join(trial, "p")
+
+    def outcome(name: str, why: str) -> list[str]:
+        if _outside_state(trial) != before:
+            return ["write-outside", f"{detail}: {why}; outside the pack: {_outside_state(trial)}"]
+        return [name, f"{detail}: {why}"]
+
+    rc, _, err = _cli(["pack", src, dst, "--update", "--no-progress", "--workers", "1"])
+    if "Traceback" in err:
+        return outcome("exception", "update: " + err.strip().splitlines()[-1][:300])
+    if rc != 0:
+        return outcome("clear-error", "update refused: " + (err.strip().splitlines() or ["?"])[0][:200])
+    rc, out, err = _cli(["verify", dst, "--json", "--no-progress"])
+    if "Traceback" in err:
+        return outcome("exception", "verify: " + err.strip().splitlines()[-1][:300])
+    verified = rc == 0
+    sources = scan(src)
+    try:
+        with Reader(dst) as r:
+            got = (list(r.classes), r.paths(), list(r.labels), [bytes(rec.payload) for rec in r])
+    except LmdbFolderError as exc:
+        if verified:
+            return outcome("verify-ok-on-damage", f"verify OK, then a read: {exc.message[:200]}")
+        return outcome("clear-error", f"read refused: {exc.message[:200]}")
+    except Exception:
+        return outcome("exception", "read: " + traceback.format_exc().strip().splitlines()[-1][:300])
+    expected = (
+        list(sources.classes),
+        list(sources.relpaths),
+        list(sources.labels),
+        [_file_bytes(os.path.join(src, p)) for p in sources.relpaths],
+    )
+    if got != expected:
+        what = [name for name, a, b in zip(("classes", "paths", "labels", "records"), got, expected) if a != b]
+        return outcome("wrong", f"update exit 0, then {', '.join(what)} differ from the source (verify OK: {verified})")
+    if not verified:
+        return outcome("clear-error", "verify reports problems: " + out[:200])
+    return outcome("correct", "")
+
+
+def _run_table_trial(kind: str, seed: int, trial: str, source: dict[str, str], timeout: float) -> list[str]:
+    """``table_trial`` in a forked child, killed past ``timeout`` seconds."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (_memory_limit(),) * 2)
+            result = table_trial(kind, seed, trial, source)
+        except BaseException:
+            result = ["exception", traceback.format_exc().strip().splitlines()[-1][:300]]
+        os.write(w, json.dumps(result).encode())
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return ["hang", f"past {timeout:.0f} s"]
+        time.sleep(0.01)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    if os.WIFSIGNALED(status):
+        return [f"SIG{signal.Signals(os.WTERMSIG(status)).name.removeprefix('SIG')}", "the child was killed"]
+    return json.loads(data) if data else ["exception", f"no result (status {status})"]
+
+
+def tables_campaign(
+    trials: int,
+    seed: int,
+    work: str | None,
+    kinds: tuple[str, ...] = TABLE_FORGE_KINDS,
+    timeout: float = 60.0,
+    log: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """``--forge-tables``: ``trials`` trials, the kinds in turn (seeded), one child at a time."""
+    start = time.perf_counter()
+    owned = work is None
+    root = tempfile.mkdtemp(prefix="lmdbfolder-fuzz-tables-") if work is None else work
+    os.makedirs(root, exist_ok=True)
+    try:
+        source = _in_child(build_table_source, root, seed)
+        results = []
+        for t in range(trials):
+            kind = kinds[t % len(kinds)]
+            trial = os.path.join(root, f"trial-{t:05d}")
+            shutil.rmtree(trial, ignore_errors=True)
+            os.mkdir(trial)
+            outcome, detail = _run_table_trial(kind, seed * 1_000_003 + t, trial, source, timeout)
+            results.append({"trial": t, "kind": kind, "outcome": outcome, "detail": detail})
+            shutil.rmtree(trial, ignore_errors=True)
+            if (t + 1) % 50 == 0:
+                log(f"{t + 1}/{trials} trials")
+    finally:
+        if owned:
+            shutil.rmtree(root, ignore_errors=True)
+    return {
+        "mode": "forge-tables",
+        "trials": trials,
+        "seed": seed,
+        "lmdb": lmdb.version(),
+        "seconds": round(time.perf_counter() - start, 1),
+        "results": results,
+    }
+
+
+def tables_report(result: dict[str, Any], examples: int = 3) -> str:
+    """Outcomes by forgery (rows), the forbidden ones counted, and a few examples of each."""
+    counts: dict[str, Counter[str]] = {}
+    for r in result["results"]:
+        counts.setdefault(r["kind"], Counter())[r["outcome"]] += 1
+    seen = sorted({o for c in counts.values() for o in c}, key=lambda o: (TABLE_OUTCOMES + (o,)).index(o))
+    width = max(len(k) for k in TABLE_FORGE_KINDS)
+    lines = [f"{'forgery':<{width}} {'n':>4} " + " ".join(f"{o:>{max(len(o), 5)}}" for o in seen)]
+    total: Counter[str] = Counter()
+    for kind in TABLE_FORGE_KINDS:
+        if kind in counts:
+            c = counts[kind]
+            total.update(c)
+            lines.append(f"{kind:<{width}} {sum(c.values()):>4} " + " ".join(f"{c[o]:>{max(len(o), 5)}}" for o in seen))
+    lines.append(
+        f"{'all':<{width}} {sum(total.values()):>4} " + " ".join(f"{total[o]:>{max(len(o), 5)}}" for o in seen)
+    )
+    forbidden = {o: n for o, n in total.items() if o in TABLE_FAILURES or o.startswith("SIG")}
+    lines.append(f"\nforbidden outcomes: {json.dumps(forbidden)}")
+    shown: Counter[str] = Counter()
+    for r in result["results"]:
+        o = r["outcome"]
+        if (o in TABLE_FAILURES or o.startswith("SIG")) and shown[o] < examples:
+            shown[o] += 1
+            lines.append(f"  e.g. {o}: {r['kind']}: {r['detail']}")
+    return "\n".join(lines)
+
+
 # -- reports --------------------------------------------------------------------------
 def table(result: dict[str, Any]) -> str:
     """Outcomes by damage kind (rows) for each read path, as text."""
@@ -1358,6 +1709,14 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(FORGE_KINDS)
         + "); ImageFolder on the stored bytes is the oracle",
     )
+    parser.add_argument(
+        "--forge-tables",
+        action="store_true",
+        help="forged tables (issue 34): forge one table of an updated pack per trial, valid checksums (kinds: "
+        + ", ".join(TABLE_FORGE_KINDS)
+        + "), then pack --update, verify and a read of every sample against the source",
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a --forge-tables trial may take")
     args = parser.parse_args(argv)
     # Imported once here, so that every forked child starts warm (torch: in
     # the torch runner only, see TorchRunner).
@@ -1367,6 +1726,30 @@ def main(argv: list[str] | None = None) -> int:
     import lmdbfolder.tools.info  # noqa: F401
     import lmdbfolder.tools.verify  # noqa: F401
 
+    if args.forge_tables:
+        kinds = TABLE_FORGE_KINDS if args.kinds == ",".join(KINDS) else tuple(args.kinds.split(","))
+        unknown = [k for k in kinds if k not in TABLE_FORGE_KINDS]
+        if unknown:
+            parser.error(f"unknown table forgeries {unknown}; choose from {', '.join(TABLE_FORGE_KINDS)}")
+        import lmdbfolder.write.update  # noqa: F401
+
+        result = tables_campaign(
+            args.trials,
+            args.seed,
+            args.work,
+            kinds,
+            args.timeout,
+            log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )
+        print(
+            f"lmdbfolder fuzz, forged tables: {result['trials']} trials, seed {result['seed']}, "
+            f"lmdb {result['lmdb']}, {result['seconds']} s"
+        )
+        print(tables_report(result, args.examples))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     if args.forge:
         kinds = FORGE_KINDS if args.kinds == ",".join(KINDS) else tuple(args.kinds.split(","))
         unknown = [k for k in kinds if k not in FORGE_KINDS]

@@ -957,3 +957,41 @@ def make_coco(root: Path) -> tuple[Path, Path]:
     ann_file = root / "annotations.json"
     ann_file.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
     return images_dir, ann_file
+
+
+# -- packs and their changed sources (pack --update) -----------------------------------
+def tree(
+    root: Path, classes: tuple[str, ...] = ("cat", "dog", "emu"), per_class: int = 6, seed: int = 0, scale: int = 1
+) -> Path:
+    """An ImageFolder tree of small RGB JPEGs (distinct sizes, so every file differs);
+    ``scale`` makes them larger (a few pages each, as photos are)."""
+    rng = np.random.default_rng(seed)
+    for c, name in enumerate(classes):
+        for k in range(per_class):
+            data, _ = image_bytes("rgb_jpeg", rng, w=(16 + k) * scale, h=(12 + c) * scale)
+            write(root / name / f"img{k:02d}.jpg", data)
+    return root
+
+
+def new_image(path: Path, seed: int, w: int = 21, h: int = 14, kind: str = "rgb_jpeg") -> None:
+    """Write a new image at ``path`` (a new file, or a file rewritten in place)."""
+    data, _ = image_bytes(kind, np.random.default_rng(seed), w=w, h=h)
+    write(path, data)
+
+
+def assert_imagefolder(src: Path, pack_path: Path) -> None:
+    """The pack is ImageFolder of ``src``: classes, class_to_idx, samples, targets, every sample's pixels."""
+    from torchvision.datasets import ImageFolder
+
+    from lmdbfolder.torch import LMDBFolder
+
+    theirs = ImageFolder(str(src))
+    ours = LMDBFolder(str(pack_path))
+    assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
+    assert [(os.path.relpath(p, src), t) for p, t in theirs.samples] == [
+        (os.path.relpath(p, src), t) for p, t in ours.samples
+    ]
+    assert ours.targets == theirs.targets
+    for i in range(len(theirs)):
+        (a, ta), (b, tb) = theirs[i], ours[i]
+        assert ta == tb and np.array_equal(np.asarray(a), np.asarray(b)), i

@@ -139,7 +139,10 @@ def test_a_planted_compaction_folder_is_refused_before_the_update_writes(tmp_pat
     folders = [dst]
     for path in src.glob("*/img*.jpg"):
         if path.name != "img0.jpg":
-            path.unlink()  # most of the pack goes: it is compacted
+            path.unlink()  # most of the pack goes: the next update that changes it compacts it
+    assert not pack(src, dst, update=True, progress=False).compacted
+    keep = next(src.glob("*/img0.jpg"))
+    keep.write_bytes(next(src.glob("*/img0.jpg")).read_bytes() + b"\0")  # a change: this update compacts
     outside = tmp_path / "outside"
     outside.mkdir()
     os.symlink(outside, dst / COMPACT_DIR)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import forge_meta, forge_table, image_bytes, make_small_tree, write
+from conftest import assert_imagefolder, forge_meta, forge_table, image_bytes, make_small_tree, new_image, tree, write
 from conftest import reader_view as contents
 from lmdbfolder import (
     NotAPackError,
@@ -48,30 +48,11 @@ SRC_DIR = Path(__file__).resolve().parents[1] / "src"
 
 
 # -- helpers -------------------------------------------------------------------------
-def tree(
-    root: Path, classes: tuple[str, ...] = ("cat", "dog", "emu"), per_class: int = 6, seed: int = 0, scale: int = 1
-) -> Path:
-    """An ImageFolder tree of small RGB JPEGs (distinct sizes, so every file differs);
-    ``scale`` makes them larger (a few pages each, as photos are)."""
-    rng = np.random.default_rng(seed)
-    for c, name in enumerate(classes):
-        for k in range(per_class):
-            data, _ = image_bytes("rgb_jpeg", rng, w=(16 + k) * scale, h=(12 + c) * scale)
-            write(root / name / f"img{k:02d}.jpg", data)
-    return root
-
-
 def small_change(src: Path) -> None:
     """A class before every other (every label shifts), a file added and one rewritten."""
     new_image(src / "aardvark" / "a0.jpg", 200, w=60, h=40)
     new_image(src / "dog" / "img00b.jpg", 201, w=60, h=40)
     new_image(src / "cat" / "img01.jpg", 202, w=64, h=40)
-
-
-def new_image(path: Path, seed: int, w: int = 21, h: int = 14, kind: str = "rgb_jpeg") -> None:
-    """Write a new image at ``path`` (a new file, or a file rewritten in place)."""
-    data, _ = image_bytes(kind, np.random.default_rng(seed), w=w, h=h)
-    write(path, data)
 
 
 def change_tree(src: Path) -> dict[str, Any]:
@@ -89,24 +70,6 @@ def change_tree(src: Path) -> dict[str, Any]:
     new_image(src / "dog" / "img02.jpg", 105, w=18, h=13)  # rewritten, maybe the same size
     os.utime(src / "dog" / "img02.jpg", ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
     return {"added": 4, "removed": 7, "changed": 2, "classes_added": ["aardvark"], "classes_removed": ["emu"]}
-
-
-def assert_imagefolder(src: Path, pack_path: Path) -> None:
-    """The pack is ImageFolder of ``src``: classes, class_to_idx, samples, targets, every sample's pixels."""
-    from torchvision.datasets import ImageFolder
-
-    from lmdbfolder.torch import LMDBFolder
-
-    theirs = ImageFolder(str(src))
-    ours = LMDBFolder(str(pack_path))
-    assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
-    assert [(os.path.relpath(p, src), t) for p, t in theirs.samples] == [
-        (os.path.relpath(p, src), t) for p, t in ours.samples
-    ]
-    assert ours.targets == theirs.targets
-    for i in range(len(theirs)):
-        (a, ta), (b, tb) = theirs[i], ours[i]
-        assert ta == tb and np.array_equal(np.asarray(a), np.asarray(b)), i
 
 
 def fresh(src: Path, tmp_path: Path, **options: Any) -> Path:
@@ -380,7 +343,11 @@ elif point == "after_commit":
         die()
     update._commit = after
 elif point == "after_report":
-    update._compact_if_sparse = die
+    report = update._write_report
+    def after_report(*args, **kwargs):
+        report(*args, **kwargs)
+        die()
+    update._write_report = after_report
 pack_sources(scan({tree!r}), {dst!r}, update=True, workers=int(sys.argv[3]), commit_every=2,
              on_progress=on_progress, progress=False)
 print("finished")

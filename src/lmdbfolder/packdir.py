@@ -59,6 +59,7 @@ from lmdbfolder.format import (
     PARTIAL_SUFFIX,
     PARTS_SUFFIX,
     PROGRESS_KEY,
+    RETAINED_FILE,
     SHARD_INDEX_FILE,
     SHARD_INDEX_TMP,
     SKIPPED_REPORT,
@@ -130,7 +131,16 @@ class Found:
 #: Files lmdbfolder writes into a single pack (or leaves in an unfinished one, or in a
 #: shard being downloaded: ``data.mdb.parts``, the download's journal).
 _PACK_FILES = frozenset(
-    {DATA_FILE, LOCK_FILE, SKIPPED_REPORT, SYNC_PROBE, COMPACT_DIR, TEMP_MARKER, DATA_FILE + PARTS_SUFFIX}
+    {
+        DATA_FILE,
+        LOCK_FILE,
+        SKIPPED_REPORT,
+        SYNC_PROBE,
+        COMPACT_DIR,
+        TEMP_MARKER,
+        DATA_FILE + PARTS_SUFFIX,
+        RETAINED_FILE,
+    }
 )
 #: Suffixes of directories on their way: being packed, copied in, updated (the
 #: files an update reads), or replaced.

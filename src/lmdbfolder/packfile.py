@@ -34,6 +34,7 @@ from lmdbfolder.format import (
     LEGACY_META_FILES,
     META_KEY,
     PATHS_KEY,
+    RETAINED_FILE,
     check_table,
     decode_check,
     decode_meta,
@@ -56,14 +57,15 @@ __all__ = [
 ]
 
 
-def open_data(path: str, readahead: bool = True, *, previous: bool = False) -> PageFile:
+def open_data(path: str, readahead: bool = True, *, previous: bool = False, name: str = DATA_FILE) -> PageFile:
     """The ``PageFile`` of the pack directory ``path`` (absolute); with ``previous``, of
-    the version before the current one (``PageFile``'s ``previous``).
+    the version before the current one (``PageFile``'s ``previous``); ``name``: the
+    file in it (``data.mdb``, or a shard's ``RETAINED_FILE``).
 
     Raises NotAPackError if ``data.mdb`` is missing, not an LMDB (0.9) file,
     or truncated.
     """
-    data = os.path.join(path, DATA_FILE)
+    data = os.path.join(path, name)
     try:
         return PageFile(data, readahead=readahead, previous=previous)
     except PageDamage as exc:
@@ -190,6 +192,10 @@ def open_version(
             pf.close()
             return previous
         previous.close()
+    retained = _open_retained(path, identity, readahead, known, manifest_sha256)
+    if retained is not None:
+        pf.close()
+        return retained
     if found == identity:
         return pf  # the id matches, the manifest does not: the caller (verify) says so
     pf.close()
@@ -199,6 +205,32 @@ def open_version(
         "repacked, updated with `lmdbfolder pack --update` more than once, or copied over); "
         "reading on would mix samples of two versions",
     )
+
+
+def _open_retained(
+    path: str, identity: str, readahead: bool, known: PackTables | None, manifest_sha256: str | None
+) -> PageFile | None:
+    """The version ``identity`` from the shard's ``RETAINED_FILE`` (its current or previous
+    one, with that manifest when ``manifest_sha256`` is given), or None.
+
+    A sharded update that changes a shard whose index still names the version before
+    its current one (an earlier run was interrupted before the new index) keeps the
+    file as it was under that name until the new index is in place."""
+    if not os.path.isfile(os.path.join(path, RETAINED_FILE)):
+        return None
+    for previous in (False, True):
+        try:
+            pf = open_data(path, readahead, previous=previous, name=RETAINED_FILE)
+        except NotAPackError:
+            continue
+        try:
+            usable = identity_of(pf, path, known) == identity and pf.committed_txnid() <= pf.txnid + 1
+            if usable and (manifest_sha256 is None or _manifest_digest(pf, path) == manifest_sha256):
+                return pf
+        except NotAPackError:
+            pass
+        pf.close()
+    return None
 
 
 def _manifest_digest(pf: PageFile, where: str) -> str:

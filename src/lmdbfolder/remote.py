@@ -25,7 +25,12 @@ caller publishes anything.
 
 Every failure is a ``RemoteError`` naming the URL: wrong or missing
 credentials, a missing bucket or key, a server that stops answering, bytes
-that do not match their digest.
+that do not match their digest, a server that ignores the ``Range`` of a
+request. Every read has a deadline and a minimum rate (``Limits``): a server
+that sends nothing for ``stall`` seconds, or less than ``min_rate`` bytes a
+second over ``window`` seconds, ends the read with a RemoteError instead of
+holding it forever (a server dribbling a byte every two seconds once hung
+``copy`` with no message).
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, RemoteError
+from lmdbfolder.errors import LmdbFolderError, MissingDependencyError, OptionError, RemoteError
 from lmdbfolder.format import PARTS_SUFFIX
 
 __all__ = [
     "SCHEMES",
     "DEFAULT_PART_SIZE",
+    "Limits",
     "DEFAULT_JOBS",
     "is_url",
     "Remote",
@@ -68,6 +74,85 @@ SCHEMES: dict[str, tuple[str, str, str]] = {
 DEFAULT_PART_SIZE = 16 << 20
 #: Ranged requests in flight at once (per object being downloaded).
 DEFAULT_JOBS = 8
+
+#: The environment variables that set ``Limits`` for every remote read of a process
+#: (and of the DataLoader workers it starts): staging reads take them from there.
+STALL_ENV = "LMDBFOLDER_REMOTE_STALL"
+MIN_RATE_ENV = "LMDBFOLDER_REMOTE_MIN_RATE"
+WINDOW_ENV = "LMDBFOLDER_REMOTE_WINDOW"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How slow a remote read may be before it is given up (a RemoteError naming the URL).
+
+    ``stall``: seconds without a byte; ``min_rate``: bytes a second, at least, once a
+    response has taken ``window`` seconds. The defaults (60 s, 16 KiB/s, 60 s) pass any
+    network a pack can be read over; set them with ``copy_pack(limits=...)``, ``lmdbfolder
+    copy --stall-timeout/--min-rate``, or for every read of a process (staging too) with
+    the environment variables ``LMDBFOLDER_REMOTE_STALL``, ``LMDBFOLDER_REMOTE_MIN_RATE``
+    and ``LMDBFOLDER_REMOTE_WINDOW``.
+    """
+
+    stall: float = 60.0
+    min_rate: float = 16 * 1024.0
+    window: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("stall", "min_rate", "window"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+                raise OptionError(f"the remote read limit {name} must be a positive number, got {value!r}")
+
+    @classmethod
+    def current(cls) -> Limits:
+        """The limits the environment sets (the defaults where it sets none)."""
+        values: dict[str, float] = {}
+        for name, var in (("stall", STALL_ENV), ("min_rate", MIN_RATE_ENV), ("window", WINDOW_ENV)):
+            text = os.environ.get(var)
+            if text:
+                try:
+                    values[name] = float(text)
+                except ValueError:
+                    raise OptionError(
+                        f"{var}={text!r} is not a number", "set it to a number of seconds or bytes/s"
+                    ) from None
+        try:
+            return cls(**values)
+        except OptionError as exc:
+            raise OptionError(f"{exc.message} (set by {STALL_ENV}, {MIN_RATE_ENV} or {WINDOW_ENV})") from None
+
+    def deadline(self, nbytes: int) -> float:
+        """Seconds a response of ``nbytes`` may take in all."""
+        return self.stall + max(self.window, nbytes / self.min_rate)
+
+    def too_slow(self, url: str, got: int, seconds: float) -> RemoteError | None:
+        """The error for a response that brought ``got`` bytes in ``seconds``, if that is too slow."""
+        if seconds < self.window or got >= self.min_rate * seconds:
+            return None
+        return RemoteError(
+            url,
+            f"reading: the server sent {got:,} bytes in {seconds:.0f} s, less than the minimum rate of "
+            f"{self.min_rate:,.0f} bytes/s{_endpoint()}",
+            _SLOW_HINT,
+            kind="connection",
+        )
+
+    def stalled(self, url: str, got: int) -> RemoteError:
+        """The error for a response that sent nothing for ``stall`` seconds after ``got`` bytes."""
+        return RemoteError(
+            url,
+            f"reading: the server sent nothing for {self.stall:.0f} s (after {got:,} bytes of the response)"
+            f"{_endpoint()}",
+            _SLOW_HINT,
+            kind="connection",
+        )
+
+
+_SLOW_HINT = (
+    "check the network and the storage server; run the same command again to resume "
+    f"(the limits: {STALL_ENV}, {MIN_RATE_ENV}, {WINDOW_ENV}, or `lmdbfolder copy --stall-timeout/--min-rate`)"
+)
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://(.+)$")
 #: What a message quotes of a server's or a library's own words, at most.
@@ -276,9 +361,31 @@ class Remote:
             raise
         return True
 
-    def read(self, start: int | None = None, end: int | None = None) -> bytes:
-        """The object's bytes ``[start, end)`` (all of them by default)."""
-        data = self._call("reading", lambda: self.fs.cat_file(self.path, start=start, end=end))
+    def read(self, start: int | None = None, end: int | None = None, *, limits: Limits | None = None) -> bytes:
+        """The object's bytes ``[start, end)`` (all of them by default), within ``limits``
+        (``Limits.current()`` by default): a deadline for the whole response."""
+        limits = limits or Limits.current()
+        nbytes = end - (start or 0) if end is not None else 0
+        fs = self.fs
+        if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None and hasattr(fs, "_cat_file"):
+            from fsspec.asyn import sync
+            from fsspec.exceptions import FSTimeoutError
+
+            def bounded() -> Any:
+                try:
+                    return sync(fs.loop, fs._cat_file, self.path, start=start, end=end, timeout=limits.deadline(nbytes))
+                except FSTimeoutError:
+                    raise RemoteError(
+                        self.url,
+                        f"reading: no complete response within {limits.deadline(nbytes):.0f} s "
+                        f"({nbytes:,} bytes at the minimum rate of {limits.min_rate:,.0f} bytes/s){_endpoint()}",
+                        _SLOW_HINT,
+                        kind="connection",
+                    ) from None
+
+            data = self._call("reading", bounded)
+        else:  # a client without an event loop: its own timeouts
+            data = self._call("reading", lambda: fs.cat_file(self.path, start=start, end=end))
         if start is not None and end is not None and len(data) != end - start:
             raise _short_read(self.url, start, end, len(data))
         return bytes(data)
@@ -353,6 +460,7 @@ def download(
     jobs: int = DEFAULT_JOBS,
     on_bytes: Callable[[int], None] | None = None,
     abort: threading.Event | None = None,
+    limits: Limits | None = None,
 ) -> tuple[int, str]:
     """Fetch ``remote`` into the local file ``dest``; return (bytes fetched now, SHA-256 hex).
 
@@ -367,10 +475,13 @@ def download(
     (kind "digest") is raised, so a rerun fetches it afresh. On success the
     journal is removed: ``dest`` is complete. ``abort``, once set (by the
     caller, when another download of the same copy failed), stops the parts
-    not started yet.
+    not started yet. ``limits``: how slow a part's response may be (``Limits``;
+    ``Limits.current()`` by default). A server that ignores a part's ``Range`` is a
+    RemoteError before any of its bytes is written.
     """
     if part_size < 1 or jobs < 1:
         raise ValueError("part_size and jobs must be positive")
+    limits = limits or Limits.current()
     info = info or remote.info()
     journal = dest + PARTS_SUFFIX
     header = {"url": remote.url, "size": info.size, "tag": info.tag, "part_size": part_size}
@@ -385,7 +496,7 @@ def download(
         for k in sorted(done):
             hasher.landed(k)
         with open(journal, "a", encoding="ascii") as log:
-            target = _Landing(remote, dest, fd, info.size, part_size, jobs, log, hasher, on_bytes, abort)
+            target = _Landing(remote, dest, fd, info.size, part_size, jobs, log, hasher, on_bytes, abort, limits)
             if todo:
                 fetched = _stream_parts(target, todo) if remote.streams() else _fetch_parts(target, todo)
         digest = hasher.hexdigest()
@@ -441,6 +552,7 @@ class _Landing:
     hasher: _OrderedHash
     on_bytes: Callable[[int], None] | None
     abort: threading.Event | None
+    limits: Limits = Limits()
 
     def bounds(self, k: int) -> tuple[int, int]:
         """Bytes ``[start, end)`` of part ``k``."""
@@ -469,7 +581,7 @@ def _fetch_parts(target: _Landing, todo: list[int]) -> int:
     def fetch(k: int) -> bytes:
         target.check_abort()
         start, end = target.bounds(k)
-        data = target.remote.read(start, end) if end > start else b""
+        data = target.remote.read(start, end, limits=target.limits) if end > start else b""
         _write_all(target.fd, data, start, target.dest)
         return data
 
@@ -717,16 +829,33 @@ async def _stream_part(target: _Landing, feed: _HashFeed, k: int) -> int:
     """One ranged GET: part ``k`` written into the file chunk by chunk, each chunk sent to
     ``feed``, then journalled; its bytes. A short response is a RemoteError; an OSError
     of the local file comes out as ``_Local``."""
+    import asyncio
+
     fs = target.remote.fs
+    url, limits = target.remote.url, target.limits
     bucket, key, _ = fs.split_path(target.remote.path)
     start, end = target.bounds(k)
     pos = start
     if end > start:
-        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        clock = asyncio.get_running_loop().time
+        began = clock()
+        try:
+            resp = await asyncio.wait_for(
+                fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"), limits.stall
+            )
+        except asyncio.TimeoutError:
+            raise limits.stalled(url, 0) from None
         body = resp["Body"]
         try:
+            _check_range(url, resp, start, end, target.size)
             while pos < end:
-                chunk = await body.read(min(_CHUNK, end - pos))
+                try:
+                    chunk = await asyncio.wait_for(body.read(min(_CHUNK, end - pos)), limits.stall)
+                except asyncio.TimeoutError:
+                    raise limits.stalled(url, pos - start) from None
+                slow = limits.too_slow(url, pos - start + len(chunk), clock() - began)
+                if slow is not None:
+                    raise slow
                 if not chunk:
                     break
                 try:
@@ -748,6 +877,27 @@ async def _stream_part(target: _Landing, feed: _HashFeed, k: int) -> int:
     if target.on_bytes is not None:
         target.on_bytes(end - start)
     return end - start
+
+
+def _check_range(url: str, resp: dict[str, Any], start: int, end: int, size: int) -> None:
+    """RemoteError unless the response to a request of bytes ``[start, end)`` of an object of
+    ``size`` bytes is those bytes (``Content-Range``, or the whole object when that is what
+    was asked). A server that ignores ``Range`` sends the object from its first byte: written
+    at the part's place, its bytes once made every part a copy of the first one."""
+    expected = f"bytes {start}-{end - 1}/{size}"
+    got = resp.get("ContentRange")
+    length = resp.get("ContentLength")
+    whole = start == 0 and end == size and got is None and length == size
+    if got == expected and length in (None, end - start) or whole:
+        return
+    raise RemoteError(
+        url,
+        f"the server did not answer the ranged request for bytes {start}..{end - 1} with them "
+        f"(Content-Range {got!r}, {length!r} bytes): it ignores the Range header; nothing of it was kept",
+        "use a storage server (or proxy) that serves ranged GETs (every S3-compatible one does), "
+        "then run the same command again",
+        kind="other",
+    )
 
 
 @functools.cache

@@ -39,6 +39,21 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_PART_SIZE,
         help=f"bytes per ranged request of a download, e.g. 16MB (default {DEFAULT_PART_SIZE >> 20}MiB)",
     )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give a download up when the server sends nothing for this long (default 60, or $LMDBFOLDER_REMOTE_STALL)",
+    )
+    p.add_argument(
+        "--min-rate",
+        type=size_arg,
+        default=None,
+        metavar="BYTES",
+        help="give a download up when a response brings less than this many bytes a second once it has "
+        "taken a minute, e.g. 16KiB (default 16KiB, or $LMDBFOLDER_REMOTE_MIN_RATE)",
+    )
     add_output_flags(p, "print the summary as JSON")
     p.set_defaults(run=run)
 
@@ -58,8 +73,16 @@ def size_arg(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """``lmdbfolder copy``: copy, then say how much it read and wrote."""
+    import dataclasses
+
+    from lmdbfolder.remote import Limits
     from lmdbfolder.tools.copy import copy_pack
 
+    limits = Limits.current()
+    if args.stall_timeout is not None:
+        limits = dataclasses.replace(limits, stall=args.stall_timeout)
+    if args.min_rate is not None:
+        limits = dataclasses.replace(limits, min_rate=float(args.min_rate))
     result = copy_pack(
         args.src,
         args.dst,
@@ -68,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         part_size=args.part_size,
         progress=show_progress(args),
+        limits=limits,
     )
     if args.json:
         print_json(result.as_dict())

@@ -23,6 +23,11 @@ TEMP_MARKER = ".lmdbfolder-temp"
 #: fdatasync probe file and its compaction folder.
 SYNC_PROBE = ".sync-probe"
 COMPACT_DIR = "compact.tmp"
+#: In a shard whose index names a version an update is about to end (an update of it
+#: was interrupted before the new index, and a second run changes it again): its
+#: ``data.mdb`` as it was, kept until the new index is in place, so that readers of the
+#: index find the version it names (``packfile.open_version``).
+RETAINED_FILE = "retained.mdb"
 #: ``<file>.parts``: the journal of a resumable download (``lmdbfolder.remote.download``):
 #: the parts of ``<file>`` already on disk, one number a line after a JSON header.
 PARTS_SUFFIX = ".parts"

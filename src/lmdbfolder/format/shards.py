@@ -33,6 +33,8 @@ SHARD_FIELD = "shard"
 _SHARD_DIGITS = 5
 _SHARD_NAME = re.compile(r"^(?P<prefix>[^/\\]+)-(?P<index>[0-9]{5,})-of-(?P<total>[0-9]{5,})\.lmdb$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+#: The longest file name most file systems take (a longer one is ENAMETOOLONG at first use).
+_MAX_NAME_BYTES = 255
 
 
 def shard_name(prefix: str, index: int, num_shards: int) -> str:
@@ -51,7 +53,9 @@ def shard_name(prefix: str, index: int, num_shards: int) -> str:
 def parse_shard_name(name: str) -> tuple[str, int, int] | None:
     """``(prefix, index, num_shards)`` of a shard directory name, or None if it is not one."""
     m = _SHARD_NAME.match(name)
-    if m is None:
+    if m is None or m.group("prefix") in (".", "..") or not name.isprintable():
+        return None  # a name from an index (anyone's, at a URL) becomes a folder name here
+    if len(name.encode("utf-8", "surrogateescape")) > _MAX_NAME_BYTES:
         return None
     index, total = int(m.group("index")), int(m.group("total"))
     if not 0 <= index < total or shard_name(m.group("prefix"), index, total) != name:

@@ -25,13 +25,15 @@ changing these bytes.
 from __future__ import annotations
 
 import array
+import collections
 import hashlib
 import json
 import os
+import re
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from lmdbfolder.errors import FormatVersionError, NotAPackError
 from lmdbfolder.format.layout import (
@@ -40,6 +42,7 @@ from lmdbfolder.format.layout import (
     CHECK_KEY,
     HISTORY_KEY,
     LABELS_KEY,
+    MAX_JSON_DEPTH,
     META_KEY,
     NO_LABEL,
     ORDER_KEY,
@@ -364,25 +367,135 @@ class JsonListTable:
     """A table that is a JSON list of objects (canonical JSON, ASCII): ``__history__``
     (the pack, then each update) and ``__skipped__`` (``{path, reason}`` of the files left out)."""
 
-    def __init__(self, key: bytes, what: str, *, strict: bool) -> None:
+    def __init__(self, key: bytes, what: str, *, strict: bool, keep: int | None = None) -> None:
         self.key = key
         self.what = what
         #: Whether an entry that is not an object makes the table malformed (else it is dropped).
         self.strict = strict
+        #: Entries held at most (the first one and the last ``keep - 1``; None: all), with
+        #: a ``{"event": "truncated", "dropped": n}`` entry after the first saying how many
+        #: were left out. The table is read an entry at a time, so memory follows what is
+        #: kept, not the table's size (a 150 MB history once took 4.4 GB as Python objects).
+        self.keep = keep
 
     def encode(self, items: Sequence[Mapping[str, Any]]) -> bytes:
         """The table of ``items``."""
         return json.dumps(list(items), sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
     def decode(self, blob: bytes | memoryview, *, where: str) -> list[dict[str, Any]]:
-        """The list (TableDamage if malformed)."""
-        items = loads_json(blob, where=where, what=f"{self.what} ({self.key.decode()})", max_bytes=1 << 30)
-        if not isinstance(items, list) or (self.strict and not all(isinstance(item, dict) for item in items)):
-            raise TableDamage(where, f"its {self.key.decode()} is not a list{' of objects' if self.strict else ''}")
-        return [item for item in items if isinstance(item, dict)]
+        """The list (TableDamage if malformed); with ``keep``, its first entry and last
+        ``keep - 1`` ones, and a ``truncated`` entry between them counting the others."""
+        what = f"{self.what} ({self.key.decode()})"
+        if self.keep is None or len(blob) <= _WHOLE_JSON_LIST:
+            items = loads_json(blob, where=where, what=what, max_bytes=1 << 30)
+            if not isinstance(items, list) or (self.strict and not all(isinstance(item, dict) for item in items)):
+                raise TableDamage(where, f"its {self.key.decode()} is not a list{' of objects' if self.strict else ''}")
+            items = [item for item in items if isinstance(item, dict)]
+            return items if self.keep is None else _kept(items, len(items), self.keep)
+        # Large: the entries are found by their brackets (no Python object made), and only
+        # those kept are parsed: the first, and the last ones within ``_KEPT_JSON_BYTES``.
+        if len(blob) > 1 << 30:
+            raise TableDamage(where, f"its {what} is {len(blob):,} bytes, more than the {1 << 30:,} allowed")
+        try:
+            text = str(blob, "utf-8")
+        except UnicodeDecodeError:
+            raise TableDamage(where, f"its {what} is not valid UTF-8 JSON") from None
+        first: list[tuple[int, int]] = []
+        tail: collections.deque[tuple[int, int]] = collections.deque()
+        total = held = 0
+        for start, end in _json_list_entries(text, where, what):
+            total += 1
+            if end - start > _KEPT_JSON_BYTES // 4:
+                continue  # one entry this large is not a history entry of ours: left out
+            if not first:
+                first.append((start, end))
+                continue
+            tail.append((start, end))
+            held += end - start
+            while len(tail) > self.keep - 1 or held > _KEPT_JSON_BYTES:
+                a, b = tail.popleft()
+                held -= b - a
+        items = [_json_entry(text, a, b, where, what) for a, b in [*first, *tail]]
+        kept = [item for item in items if isinstance(item, dict)]
+        return _kept(kept, total - (len(items) - len(kept)), self.keep, cut=total > len(items))
 
 
-HISTORY = JsonListTable(HISTORY_KEY, "history", strict=False)
+#: A JSON list table up to this many bytes is parsed whole; a longer one, an entry at a time.
+_WHOLE_JSON_LIST = 4 << 20
+#: The JSON of the entries a long list table keeps, at most (and a quarter of it, one entry).
+_KEPT_JSON_BYTES = 16 << 20
+#: The history entries a reader holds (and an update writes back): the pack's creation and
+#: the last ones; a ``truncated`` entry counts those left out.
+HISTORY_KEEP = 1000
+
+
+def _kept(items: list[dict[str, Any]], total: int, keep: int, *, cut: bool = False) -> list[dict[str, Any]]:
+    """``items`` (the first of ``total`` entries and the last ones read) cut to the first and
+    the last ``keep - 1``, with one ``truncated`` entry after the first counting every entry
+    left out (an earlier ``truncated`` entry's count included); ``cut``: some were left out
+    already."""
+    if total <= keep and len(items) == total and not cut:
+        return items
+    head, rest = items[:1], items[1:]
+    earlier = [e for e in rest if e.get("event") == "truncated"]
+    rest = [e for e in rest if e.get("event") != "truncated"]
+    kept = rest[-(keep - 1) :] if keep > 1 else []
+    dropped = total - len(head) - len(kept) - len(earlier)
+    for e in earlier:
+        if type(e.get("dropped")) is int and e["dropped"] > 0:
+            dropped += e["dropped"]
+    marker = {"event": "truncated", "dropped": dropped}
+    return [*head, marker, *kept] if dropped > 0 else [*head, *kept]
+
+
+# Everything up to the next bracket outside a string (strings skipped inside the regular
+# expression engine, not one Python step each), then that bracket.
+_TOKENS = re.compile(r'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+([\[\]{}])')
+
+
+def _json_list_entries(text: str, where: str, what: str) -> Iterator[tuple[int, int]]:
+    """Where each object or array entry of the JSON list ``text`` starts and ends (a scan of
+    its strings and brackets: entries that are neither are not history entries, and are
+    skipped); TableDamage when it is not a list or its brackets do not close."""
+    head = text.lstrip(" \t\n\r")
+    if not head.startswith("["):
+        raise TableDamage(where, f"its {what} is not a list")
+    depth, start = 0, -1
+    for m in _TOKENS.finditer(text):
+        at = m.start(1)
+        c = text[at]
+        if c in "[{":
+            depth += 1
+            if depth == 2:
+                start = at
+            elif depth > MAX_JSON_DEPTH:
+                raise TableDamage(where, f"its {what} is nested more than {MAX_JSON_DEPTH} levels deep")
+        else:
+            depth -= 1
+            if depth == 1 and start >= 0:
+                yield start, at + 1
+                start = -1
+            elif depth == 0:
+                if text[at + 1 :].strip(" \t\n\r"):
+                    raise TableDamage(where, f"its {what} is not valid JSON (data after the list)")
+                return
+            elif depth < 0:
+                break
+    raise TableDamage(where, f"its {what} is not valid JSON (its brackets do not close)")
+
+
+def _json_entry(text: str, start: int, end: int, where: str, what: str) -> Any:
+    """The JSON value of ``text[start:end]`` (TableDamage if it is not one)."""
+    try:
+        value, stop = json.JSONDecoder().raw_decode(text[start:end])
+    except (ValueError, RecursionError) as exc:
+        raise TableDamage(where, f"its {what} is not valid JSON: {exc}") from None
+    if stop != end - start:
+        raise TableDamage(where, f"its {what} is not valid JSON (at character {start + stop:,})")
+    return value
+
+
+HISTORY = JsonListTable(HISTORY_KEY, "history", strict=False, keep=HISTORY_KEEP)
 SKIPPED = JsonListTable(SKIPPED_KEY, "list of skipped files", strict=True)
 
 

@@ -72,7 +72,7 @@ from lmdbfolder.format import (
     shard_matches,
 )
 from lmdbfolder.pagefile import NotRegularFileError, read_regular
-from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, ObjectInfo, Remote, download
+from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Limits, ObjectInfo, Remote, download
 
 __all__ = ["StagedPack", "fetch_shard", "fetch_index"]
 
@@ -119,6 +119,7 @@ def fetch_shard(
     on_bytes: Any = None,
     abort: threading.Event | None = None,
     info: ObjectInfo | None = None,
+    limits: Limits | None = None,
 ) -> int:
     """Download the shard ``entry`` of the pack at ``remote`` and publish it as
     ``directory/<name>``; return the bytes fetched now. ``info``: the shard's
@@ -129,7 +130,8 @@ def fetch_shard(
     ``data_sha256`` (when the index has it), ``bytes``, and its manifest and
     tables digests, then renamed into place. A shard whose check fails is
     removed and reported (RemoteError kind "digest"). The caller holds the
-    shard's lock.
+    shard's lock. ``limits``: how slow the server may be (``remote.Limits``; by
+    default from the environment).
     """
     name = entry.name
     final = os.path.join(directory, name)
@@ -163,6 +165,7 @@ def fetch_shard(
             jobs=jobs,
             on_bytes=on_bytes,
             abort=abort,
+            limits=limits,
         )
     except OSError as exc:
         raise disk_error(exc, src.url, tmp) from None

@@ -62,7 +62,7 @@ from lmdbfolder.format import (
 )
 from lmdbfolder.pagefile import MDB_MAGIC, PAGEHDRSZ
 from lmdbfolder.progress import Progress
-from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Remote, download, file_sha256, is_url
+from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Limits, Remote, download, file_sha256, is_url
 from lmdbfolder.text import plural
 
 # Shards copied (or uploaded) at once, at most; a copy's `jobs` ranged requests are shared among them.
@@ -102,6 +102,7 @@ def copy_pack(
     jobs: int = DEFAULT_JOBS,
     part_size: int = DEFAULT_PART_SIZE,
     progress: bool | None = False,
+    limits: Limits | None = None,
 ) -> CopyResult:
     """Copy the pack (or sharded pack) ``src`` to the new path ``dst``, compacted.
 
@@ -112,7 +113,8 @@ def copy_pack(
     flight, resumes after an interruption (a rerun fetches only what is
     missing) and checks each shard against the index before it is
     published. ``progress``: a bar of bytes for transfers (None: on a
-    terminal).
+    terminal). ``limits``: how slow a download's responses may be (``remote.Limits``:
+    a deadline and a minimum rate; by default from the environment).
 
     Every database is copied key by key through the checked reader
     (``packdir.copy_single``; a damaged source is a PackError); a sharded
@@ -137,7 +139,7 @@ def copy_pack(
             "copy to local disk first, then upload the local copy",
         )
     if is_url(src):
-        return _download(str(src), dst, overwrite, verify, jobs, part_size, progress, start)
+        return _download(str(src), dst, overwrite, verify, jobs, part_size, progress, start, limits or Limits.current())
     if is_url(dst):
         return _upload(src, str(dst), overwrite, verify, jobs, progress, start)
     return _copy_local(src, dst, overwrite, verify, start)
@@ -240,6 +242,7 @@ class _Fetch:
     jobs: int
     part_size: int
     bar: Progress
+    limits: Limits
     fetched: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     abort: threading.Event = field(default_factory=threading.Event)
@@ -260,6 +263,7 @@ def _download(
     part_size: int,
     progress: bool | None,
     start: float,
+    limits: Limits,
 ) -> CopyResult:
     """``copy_pack`` from a URL: built (or resumed) in ``<dst>.copying``, then published."""
     from lmdbfolder.read.staging import fetch_index
@@ -276,12 +280,14 @@ def _download(
     _resume_or_start(tmp, blob, index, src)
     entries: list[ShardEntry] = [] if index is None else list(index.shards)
     total = sum(e.data_bytes or 0 for e in entries) if index else remote.child(DATA_FILE).info().size
-    job = _Fetch(remote, src, tmp, jobs, part_size, Progress(total, f"copy {remote.name}", enabled=progress, unit="B"))
+    bar = Progress(total, f"copy {remote.name}", enabled=progress, unit="B")
+    job = _Fetch(remote, src, tmp, jobs, part_size, bar, limits)
     try:
         if index is None:
             count_samples, shards = _download_single(job), 1
         else:
             _download_shards(job, entries)
+            _check_against_index(job, index)
             count_samples, shards = index.count, len(entries)
         if verify:
             _verified_or_raise(tmp, f"the copy of {src}")
@@ -323,7 +329,14 @@ def _download_single(job: _Fetch) -> int:
 
     data = job.remote.child(DATA_FILE)
     try:
-        download(data, os.path.join(job.tmp, DATA_FILE), jobs=job.jobs, part_size=job.part_size, on_bytes=job.count)
+        download(
+            data,
+            os.path.join(job.tmp, DATA_FILE),
+            jobs=job.jobs,
+            part_size=job.part_size,
+            on_bytes=job.count,
+            limits=job.limits,
+        )
     except OSError as exc:
         raise disk_error(exc, data.url, job.tmp) from None
     _fetch_report(job.remote, job.tmp)
@@ -354,6 +367,7 @@ def _download_shards(job: _Fetch, entries: list[ShardEntry]) -> None:
             on_bytes=job.count,
             abort=job.abort,
             info=info,
+            limits=job.limits,
         )
         if entry.skipped != 0:  # the index says whether there is a report to fetch
             _fetch_report(job.remote.child(entry.name), os.path.join(job.tmp, entry.name))
@@ -362,6 +376,30 @@ def _download_shards(job: _Fetch, entries: list[ShardEntry]) -> None:
             _verified_or_raise(os.path.join(job.tmp, entry.name), f"shard {entry.name} of {job.src}")
 
     _run_all(one, todo, parallel, job.abort)
+
+
+def _check_against_index(job: _Fetch, index: ShardIndex) -> None:
+    """Before the copy is published: every shard against its index entry, as ``verify``
+    checks it (tables, manifest, pack_id, count, classes, place). A shard's digest says
+    its bytes are the uploaded ones, not that the index describes them: an index without
+    ``data_sha256`` and with a wrong ``pack_id`` was published, and failed ``verify``."""
+    from lmdbfolder.tools.verify import against_index
+
+    url = job.remote.child(SHARD_INDEX_FILE).url
+    for k, entry in enumerate(index.shards):
+        path = os.path.join(job.tmp, entry.name)
+        problems = against_index(path, k, entry, index)
+        if problems:
+            shutil.rmtree(path, ignore_errors=True)  # fetched afresh by a rerun
+            raise RemoteError(
+                url,
+                "the index does not describe the pack's shards: "
+                + "; ".join(p.message for p in problems[:3])
+                + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+                + "; nothing was published",
+                "the pack in storage is inconsistent: upload it again (`lmdbfolder copy PACK URL`)",
+                kind="digest",
+            )
 
 
 def _run_all(fn: Any, items: list[Any], workers: int, abort: threading.Event) -> None:

@@ -366,7 +366,10 @@ def _history_rows(history: list[dict[str, Any]], shown: int = 10) -> list[tuple[
         at = printable(item.get("at", "?"), 32)
         count = item.get("count")
         total = f"{count:,} samples" if type(count) is int else "?"
-        if item.get("event") == "update":
+        if item.get("event") == "truncated":  # a long history is held (and kept) in part
+            dropped = item.get("dropped")
+            rows.append(("", f"... {dropped:,} earlier events not kept" if type(dropped) is int else "..."))
+        elif item.get("event") == "update":
             rows.append(("", f"{at}  updated: {describe_changes(item)} -> {total}"))
         else:
             rows.append(("", f"{at}  packed: {total}"))

@@ -64,6 +64,7 @@ from lmdbfolder.format import (
     PackTables,
     RecordHeader,
     ShardEntry,
+    ShardIndex,
     check_table,
     decode_check,
     decode_key,
@@ -81,7 +82,15 @@ from lmdbfolder.tools.info import pack_info
 from lmdbfolder.write.options import Resize
 from lmdbfolder.write.sources import scan
 
-__all__ = ["Problem", "VerifyReport", "verify", "verify_sharded", "KNOWN_RESERVED_KEYS", "NO_BINDING_NOTE"]
+__all__ = [
+    "Problem",
+    "VerifyReport",
+    "verify",
+    "verify_sharded",
+    "against_index",
+    "KNOWN_RESERVED_KEYS",
+    "NO_BINDING_NOTE",
+]
 
 #: The reserved keys of a format-1 pack; format 2 adds ``__check__`` and ``__skipped__``.
 KNOWN_RESERVED_KEYS = frozenset({META_KEY, LABELS_KEY, PATHS_KEY})
@@ -880,46 +889,49 @@ def verify_sharded(path: str | os.PathLike[str], *, decode: bool = False, progre
         for note in sub.notes:
             if note not in report.notes:
                 report.notes.append(note)
-        if sub.count != entry.count:
-            report.problems.append(
-                Problem("shard", f"shard {name} holds {sub.count} samples, the index says {entry.count}")
-            )
-        try:
-            pf = _open_entry(shard_path, entry)
-            try:
-                blobs = [packfile.read_value(pf, key, shard_path) for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
-                if any(blob is None for blob in blobs):
-                    raise NotAPackError(shard_path, "its manifest, label table or path table is missing")
-                digest = tables_digest(*blobs)  # type: ignore[arg-type]
-                same_manifest = entry.manifest_sha256 is None or shard_matches(entry, *blobs)  # type: ignore[arg-type]
-                meta = decode_meta(blobs[0], where=shard_path)
-                pack_id = meta.version_pack_id
-            finally:
-                pf.close()
-        except NotAPackError as exc:
-            report.problems.append(Problem("shard", f"shard {name} cannot be opened: {exc.message}"))
-            continue
-        if digest != entry.tables_sha256:
-            report.problems.append(
-                Problem("checksum", f"shard {name}: its tables do not match the index's tables_sha256")
-            )
-        if not same_manifest:
-            report.problems.append(
-                Problem("checksum", f"shard {name}: its manifest does not match the index's manifest_sha256")
-            )
-        if entry.pack_id is not None and entry.pack_id != pack_id:
-            report.problems.append(Problem("shard", f"shard {name}: its pack_id differs from the index's"))
-        for key, theirs, ours in (
-            ("classes", meta.classes, index.classes),
-            ("class_to_idx", meta.class_to_idx, index.class_to_idx),
-            ("store", meta.store, index.store),
-        ):
-            if theirs != ours:
-                report.problems.append(Problem("shard", f"shard {name}: its {key} differ from the index's"))
-        misplaced = out_of_place(meta, k, len(index.shards))
-        if misplaced:
-            report.problems.append(Problem("shard", f"shard {name}: {misplaced}, the index lists it as shard {k}"))
+        report.problems += against_index(shard_path, k, entry, index)
         report.checked += sub.checked
         report.payload_bytes += sub.payload_bytes
     report.seconds = time.perf_counter() - start
     return report
+
+
+def against_index(shard_path: str, k: int, entry: ShardEntry, index: ShardIndex) -> list[Problem]:
+    """What differs between shard ``k`` at ``shard_path`` and its ``entry`` of ``index``: its
+    tables' digests, its pack_id, classes, store and place in the split (the records are
+    ``_verify_single``'s). ``copy`` checks a downloaded pack by it before publishing."""
+    name = entry.name
+    problems: list[Problem] = []
+    try:
+        pf = _open_entry(shard_path, entry)
+        try:
+            blobs = [packfile.read_value(pf, key, shard_path) for key in (META_KEY, LABELS_KEY, PATHS_KEY)]
+            if any(blob is None for blob in blobs):
+                raise NotAPackError(shard_path, "its manifest, label table or path table is missing")
+            digest = tables_digest(*blobs)  # type: ignore[arg-type]
+            same_manifest = entry.manifest_sha256 is None or shard_matches(entry, *blobs)  # type: ignore[arg-type]
+            meta = decode_meta(blobs[0], where=shard_path)
+            pack_id = meta.version_pack_id
+        finally:
+            pf.close()
+    except NotAPackError as exc:
+        return [Problem("shard", f"shard {name} cannot be opened: {exc.message}")]
+    if digest != entry.tables_sha256:
+        problems.append(Problem("checksum", f"shard {name}: its tables do not match the index's tables_sha256"))
+    if not same_manifest:
+        problems.append(Problem("checksum", f"shard {name}: its manifest does not match the index's manifest_sha256"))
+    if entry.pack_id is not None and entry.pack_id != pack_id:
+        problems.append(Problem("shard", f"shard {name}: its pack_id differs from the index's"))
+    if meta.count != entry.count:
+        problems.append(Problem("shard", f"shard {name} holds {meta.count} samples, the index says {entry.count}"))
+    for key, theirs, ours in (
+        ("classes", meta.classes, index.classes),
+        ("class_to_idx", meta.class_to_idx, index.class_to_idx),
+        ("store", meta.store, index.store),
+    ):
+        if theirs != ours:
+            problems.append(Problem("shard", f"shard {name}: its {key} differ from the index's"))
+    misplaced = out_of_place(meta, k, len(index.shards))
+    if misplaced:
+        problems.append(Problem("shard", f"shard {name}: {misplaced}, the index lists it as shard {k}"))
+    return problems

@@ -43,11 +43,13 @@ from typing import Any, Callable, Mapping, Sequence
 from lmdbfolder import packdir, packfile
 from lmdbfolder._version import __version__
 from lmdbfolder.encodings import DEFAULT_RESIZE_FORMAT
-from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, SourceError
+from lmdbfolder.errors import NotAPackError, OptionError, OutputExistsError, PackError, SourceError
 from lmdbfolder.format import (
     COPYING_SUFFIX,
     DAMAGED_HINT,
     DATA_FILE,
+    META_KEY,
+    RETAINED_FILE,
     SHARD_FIELD,
     SHARD_INDEX_FILE,
     SHARD_INDEX_TMP,
@@ -64,7 +66,7 @@ from lmdbfolder.format import (
     tables_digest,
 )
 from lmdbfolder.progress import Progress
-from lmdbfolder.text import printable, skipped_line
+from lmdbfolder.text import disk_size, printable, skipped_line
 from lmdbfolder.write import planner, sizing
 from lmdbfolder.write.compact import PathList
 from lmdbfolder.write.options import PackOptions, pack_options
@@ -707,6 +709,8 @@ def update_sharded(
         # Every shard against every rule an update checks, before any is changed: a forged
         # table in the last shard must not leave the first ones updated.
         check_updatable(os.path.join(root, entry.name))
+    for entry in entries:
+        _keep_indexed_version(os.path.join(root, entry.name), entry)
     owner: dict[bytes, int] = {}
     for k, entry in enumerate(entries):
         for relpath in _shard_paths(os.path.join(root, entry.name)):
@@ -717,13 +721,74 @@ def update_sharded(
     changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
     changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
     if all(_indexed(root, entry) for entry in entries):
+        _drop_retained(root, entries)
         return ShardedPackResult(
             root, index.count, results, time.perf_counter() - start_time, options.store, already_packed=True
         )
     written = write_index(root, prefix=prefix, history=[*_history_of(index), _update_event(results, changes)])
+    _drop_retained(root, entries)
     return ShardedPackResult(
         root, written.count, results, time.perf_counter() - start_time, options.store, changes=changes
     )
+
+
+def _keep_indexed_version(path: str, entry: ShardEntry) -> None:
+    """Keep the version of the shard at ``path`` that the index names readable through the
+    update about to change it (FORMAT.md, "Sharded packs").
+
+    An update changes a shard in one transaction and the index afterwards; LMDB keeps the
+    version before the current one, so a run killed before the new index leaves a shard
+    whose previous version is the indexed one, which readers open. A second run would
+    end that version with its own transaction (or its compaction): so ``data.mdb`` as it
+    is stays in the shard as ``RETAINED_FILE`` (a second name for the file, never written
+    again), and the update goes on in a compacted copy of its current version. The file
+    goes once the new index is in place (``_drop_retained``)."""
+    retained = os.path.join(path, RETAINED_FILE)
+    if _holds_indexed(path, entry, previous=False):
+        if os.path.lexists(retained):
+            os.remove(retained)  # a run that wrote the index was killed before removing it
+        return
+    if os.path.lexists(retained):
+        return  # kept by an earlier run (when it holds the indexed version, readers find it there)
+    if not _holds_indexed(path, entry, previous=True):
+        return  # the indexed version is gone already: the new index is the only repair
+    from lmdbfolder.write.output import _compact_if_needed
+
+    data = os.path.join(path, DATA_FILE)
+    os.link(data, retained)
+    if not _compact_if_needed(path, force=True):
+        os.remove(retained)  # the same file under two names: the update would write both
+        raise PackError(
+            f"cannot update {path}: its index still names the version before its current one (an earlier "
+            "update was interrupted before it wrote the index), and there is no room for the copy that "
+            "keeps that version readable while this update changes the shard",
+            f"free about {disk_size(os.path.getsize(data))} on its disk, then run the update again",
+        )
+    packdir.fsync_path(path)
+
+
+def _holds_indexed(path: str, entry: ShardEntry, *, previous: bool) -> bool:
+    """Whether the shard's ``data.mdb`` holds, as its current (or ``previous``) version,
+    the one the index names (its manifest's digest)."""
+    try:
+        pf = packfile.open_data(path, readahead=False, previous=previous)
+    except NotAPackError:
+        return False
+    try:
+        blob = packfile.read_value(pf, META_KEY, path)
+        return blob is not None and hashlib.sha256(blob).hexdigest() == entry.manifest_sha256
+    except NotAPackError:
+        return False
+    finally:
+        pf.close()
+
+
+def _drop_retained(root: str, entries: Sequence[ShardEntry]) -> None:
+    """Remove the shards' ``RETAINED_FILE``s: the index on disk names their current versions."""
+    for entry in entries:
+        retained = os.path.join(root, entry.name, RETAINED_FILE)
+        if os.path.lexists(retained):
+            os.remove(retained)
 
 
 def _kept_prefix(root: str, entries: Sequence[ShardEntry], shards: int | None, prefix: str) -> str:

@@ -25,8 +25,11 @@ writing the files that changed (docs/design.md, "Updating a pack"):
    pages that version does not use, and LMDB's other meta page still names
    it: ``packfile.open_version``); a second update ends that, with
    PackChangedError. A dataset opened afterwards reads the new version.
-5. ``<dst>.update`` is removed; the file is compacted only when half of it
-   is free pages (then by LMDB's compacting copy and a rename).
+5. ``<dst>.update`` is removed. The file is compacted (LMDB's compacting copy
+   and a rename) only when half of it is free pages, and only at the start of
+   the next update's step 4: a compacted file holds one version, and the one
+   before this update must stay readable to the datasets opened before it
+   until an update ends it anyway.
 
 A kill at any point leaves ``<dst>`` as it was (steps 1-3 do not touch it,
 step 4 is one transaction) or as it will be; the same command finishes the
@@ -98,11 +101,13 @@ from lmdbfolder.write.threads import default_workers
 
 __all__ = ["Changes", "Updated", "update", "check_updatable", "staging_path", "recorded_options", "update_spec"]
 
-#: Free pages (a fraction of the file) from which an updated pack is compacted. LMDB
-#: reuses the pages an update frees from the update after next on, so the file
-#: stays about two updates' changes above what it holds; this much free space
-#: comes only from removing many samples at once. A compacted file holds only the
-#: new version: processes that open the pack afterwards cannot read the one before.
+#: Free pages (a fraction of the file) from which a pack is compacted before an update
+#: changes it. LMDB reuses the pages an update frees from the update after next on,
+#: so the file stays about two updates' changes above what it holds; this much free
+#: space comes only from removing many samples at once. A compacted file holds only
+#: its current version, so the compaction waits for the next update, which ends the
+#: version before it anyway: compacting right after the update that freed the pages
+#: would leave the datasets opened before it nothing to read.
 COMPACT_FREE_FRACTION = 0.5
 
 # What ``_plan`` decides for each source file.
@@ -1210,13 +1215,21 @@ def update(
             progress = _Progress(options.progress, on_progress)
             read_bytes, before = _stage(old, sources, plan, effective, staging, progress, loader)
         staged = staging if plan.todo else None
+        # The version before ``old`` ends with this transaction: the free pages the
+        # last update left can go now (``old`` stays the current version, and the
+        # transaction opens the compacted file).
+        compacted = _compact_if_sparse(dst)
+        if compacted:
+            # The compacted data.mdb is a new file of ours (made and renamed by this
+            # update): the one the transaction must find, not the file read before.
+            st = os.lstat(os.path.join(dst, DATA_FILE))
+            old.identity = (st.st_dev, st.st_ino)
         result = _apply(old, sources, plan, effective, staged, fingerprint, dict(manifest_extra or {}))
     finally:
         old.close()
     _write_report(dst, staging, sources.root, result.skipped)
     if os.path.lexists(staging):
         packdir.remove(staging)
-    compacted = _compact_if_sparse(dst)
     return Updated(result.meta, result.changes, read_bytes, before, result.skipped, compacted)
 
 
@@ -1283,9 +1296,9 @@ def _write_report(dst: str, staging: str, root: str, skipped: Sequence[tuple[str
 
 
 def _compact_if_sparse(dst: str) -> bool:
-    """Compact the updated pack when half of it is free pages (``COMPACT_FREE_FRACTION``):
-    LMDB's compacting copy, renamed over ``data.mdb`` (a process that has the old file
-    mapped keeps reading it)."""
+    """Compact the pack an update is about to change when half of it is free pages
+    (``COMPACT_FREE_FRACTION``): LMDB's compacting copy of its current version, renamed
+    over ``data.mdb`` (a process that has the old file mapped keeps reading it)."""
     from lmdbfolder.write.output import _compact_if_needed
 
     if not _compact_if_needed(dst, free_fraction=COMPACT_FREE_FRACTION):

@@ -161,9 +161,8 @@ def test_forged_packs_give_imagefolders_samples_or_a_clear_error(forged: dict[st
 # -- forged tables, then an update (issue 34) -------------------------------------------------
 #: Forgeries whose forbidden outcome is known and open (each fix removes its entry): a swap of
 #: two ``__order__`` entries of files of different sizes is served as it is (the update keeps
-#: both records without reading them; verify flags it); a symlinked ``DST/lock.mdb`` is
-#: written through (issue 34, 6, in another branch).
-KNOWN_OPEN = {"order-swap": "wrong", "lock-symlink": "write-outside"}
+#: both records without reading them; verify flags it).
+KNOWN_OPEN = {"order-swap": "wrong"}
 
 
 @pytest.mark.long("a tiny campaign: 2 trials of each of 15 forgeries, each an update, a verify and a read")

@@ -12,9 +12,11 @@ import stat
 from typing import Sequence
 
 from lmdbfolder.errors import SourceError, SourceNotFoundError, os_hint
+from lmdbfolder.format import NO_LABEL
 from lmdbfolder.format.fields import encode_json
+from lmdbfolder.format.manifest import FieldSpec
 from lmdbfolder.pagefile import read_regular
-from lmdbfolder.write.fields import SampleError
+from lmdbfolder.write.fields import FieldSamples, SampleError
 
 __all__ = [
     "MAX_FIELD_FILE_BYTES",
@@ -25,6 +27,7 @@ __all__ = [
     "require_dir",
     "resolve_name",
     "FileReader",
+    "file_samples",
     "check_pair_scale",
     "json_payload",
     "posix",
@@ -230,3 +233,35 @@ def check_pair_scale(lq: bytes, gt: bytes, scale: int, paths: Sequence[str]) -> 
             f"{lw * scale}x{lh * scale} (crop or resize one of them, or pass the right --scale)",
             paths,
         )
+
+
+def file_samples(
+    layout: str,
+    root: str,
+    fields: tuple[FieldSpec, ...],
+    field_paths: list[tuple[str, ...]],
+    skipped: list[tuple[str, str]],
+    info: dict[str, object],
+    total: int,
+    values: list[tuple[bytes, ...]] | None = None,
+    scale: int | None = None,
+) -> FieldSamples:
+    """The ``FieldSamples`` of a layout's listing: unlabelled samples whose fields are files
+    under ``root`` (``field_paths``) and ``values``, read by a ``FileReader`` (which also
+    stamps them for ``pack --update``); ``total``: the bytes listed (sizes the map)."""
+    root = os.path.abspath(root)
+    reader = FileReader(root, field_paths, values, scale)
+    return FieldSamples(
+        layout=layout,
+        root=root,
+        fields=fields,
+        relpaths=[p[0] for p in field_paths],
+        field_paths=field_paths,
+        labels=[NO_LABEL] * len(field_paths),
+        classes=[],
+        read=reader,
+        stamp=reader.stamp,
+        skipped=skipped,
+        layout_info=info,
+        mean_size=total / len(field_paths) if field_paths else 0.0,
+    )

@@ -23,10 +23,16 @@ import os
 from typing import Any
 
 from lmdbfolder.errors import OptionError, SourceError
-from lmdbfolder.format import NO_LABEL
 from lmdbfolder.format.fields import FieldSpec, encode_json
 from lmdbfolder.write.fields import FieldSamples
-from lmdbfolder.write.layouts._common import FileReader, json_payload, read_text, require_dir, resolve_name, unsafe_name
+from lmdbfolder.write.layouts._common import (
+    file_samples,
+    json_payload,
+    read_text,
+    require_dir,
+    resolve_name,
+    unsafe_name,
+)
 
 __all__ = ["scan_coco", "COCO_FIELDS", "MAX_COCO_JSON_BYTES", "MAX_CATEGORIES_BYTES"]
 
@@ -119,19 +125,15 @@ def scan_coco(src: str, annotations: str | os.PathLike[str] | None) -> FieldSamp
         field_paths.append((rel, "", ""))
         values.append((info, boxes))
         total += os.path.getsize(full) + len(info) + len(boxes)
-    return FieldSamples(
-        layout="coco",
-        root=root,
-        fields=COCO_FIELDS,
-        relpaths=[p[0] for p in field_paths],
-        field_paths=field_paths,
-        labels=[NO_LABEL] * len(field_paths),
-        classes=[],
-        read=(reader := FileReader(root, field_paths, values)),
-        stamp=reader.stamp,
-        skipped=skipped,
-        layout_info={"annotations": name, "categories": _categories(data, ann_file)},
-        mean_size=total / len(field_paths) if field_paths else 0.0,
+    return file_samples(
+        "coco",
+        root,
+        COCO_FIELDS,
+        field_paths,
+        skipped,
+        {"annotations": name, "categories": _categories(data, ann_file)},
+        total,
+        values=values,
     )
 
 

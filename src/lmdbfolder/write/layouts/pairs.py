@@ -18,10 +18,9 @@ from __future__ import annotations
 import os
 
 from lmdbfolder.errors import OptionError, SourceNotFoundError
-from lmdbfolder.format import NO_LABEL
 from lmdbfolder.format.fields import FieldSpec
 from lmdbfolder.write.fields import FieldSamples
-from lmdbfolder.write.layouts._common import FileReader, list_files, unsafe_name
+from lmdbfolder.write.layouts._common import file_samples, list_files, unsafe_name
 
 __all__ = ["scan_pairs", "PAIR_FIELDS", "GT_DIRS", "LQ_DIRS", "check_scale", "check_filename_tmpl"]
 
@@ -111,17 +110,13 @@ def scan_pairs(
     for name in lq_files:
         if name not in used:
             skipped.append((f"{lq}/{name}", "an LQ image that no GT image names"))
-    return FieldSamples(
-        layout="pairs",
-        root=root,
-        fields=PAIR_FIELDS,
-        relpaths=[p[0] for p in field_paths],
-        field_paths=field_paths,
-        labels=[NO_LABEL] * len(field_paths),
-        classes=[],
-        read=(reader := FileReader(root, field_paths, scale=s)),
-        stamp=reader.stamp,
-        skipped=skipped,
-        layout_info={"scale": s, "gt_dir": gt, "lq_dir": lq, "filename_tmpl": tmpl},
-        mean_size=total / len(field_paths) if field_paths else 0.0,
+    return file_samples(
+        "pairs",
+        root,
+        PAIR_FIELDS,
+        field_paths,
+        skipped,
+        {"scale": s, "gt_dir": gt, "lq_dir": lq, "filename_tmpl": tmpl},
+        total,
+        scale=s,
     )

@@ -20,11 +20,10 @@ import os
 import re
 
 from lmdbfolder.errors import OptionError, SourceError, SourceNotFoundError
-from lmdbfolder.format import NO_LABEL
 from lmdbfolder.format.fields import FieldSpec
 from lmdbfolder.write.fields import FieldSamples
 from lmdbfolder.write.layouts._common import (
-    FileReader,
+    file_samples,
     list_files,
     read_text,
     require_dir,
@@ -104,7 +103,15 @@ def scan_voc(src: str, split: str | None) -> FieldSamples:
             continue
         field_paths.append((image, mask))
         total += (image_size or 0) + (mask_size or 0)
-    return _samples("voc", root, field_paths, skipped, {"split": split, "year_folder": os.path.basename(root)}, total)
+    return file_samples(
+        "voc",
+        root,
+        IMAGE_AND_MASK,
+        field_paths,
+        skipped,
+        {"split": split, "year_folder": os.path.basename(root)},
+        total,
+    )
 
 
 def scan_ade20k(src: str, split: str | None) -> FieldSamples:
@@ -145,7 +152,7 @@ def scan_ade20k(src: str, split: str | None) -> FieldSamples:
             skipped.append(
                 (f"annotations/{split}/{mask_rel}", "a mask without its image (no images/ file of that name)")
             )
-    return _samples("ade20k", root, field_paths, skipped, {"split": split}, total)
+    return file_samples("ade20k", root, IMAGE_AND_MASK, field_paths, skipped, {"split": split}, total)
 
 
 def scan_cityscapes(src: str, split: str | None) -> FieldSamples:
@@ -187,7 +194,9 @@ def scan_cityscapes(src: str, split: str | None) -> FieldSamples:
             mask = f"gtFine/{split}/{city}/{mask_name}"
             if mask_name.endswith(CITYSCAPES_MASK) and mask not in paired_masks:
                 skipped.append((mask, "a mask without its image (no leftImg8bit file of that name)"))
-    return _samples("cityscapes", root, field_paths, skipped, {"split": split, "mode": "fine"}, total)
+    return file_samples(
+        "cityscapes", root, IMAGE_AND_MASK, field_paths, skipped, {"split": split, "mode": "fine"}, total
+    )
 
 
 def _check_split_name(split: str) -> None:
@@ -213,28 +222,3 @@ def _missing(*paths: str | None) -> str:
     if not gone:
         return ""
     return " and ".join(gone) + (" are missing" if len(gone) > 1 else " is missing")
-
-
-def _samples(
-    layout: str,
-    root: str,
-    field_paths: list[tuple[str, ...]],
-    skipped: list[tuple[str, str]],
-    info: dict[str, object],
-    total: int,
-) -> FieldSamples:
-    root = os.path.abspath(root)
-    return FieldSamples(
-        layout=layout,
-        root=root,
-        fields=IMAGE_AND_MASK,
-        relpaths=[p[0] for p in field_paths],
-        field_paths=field_paths,
-        labels=[NO_LABEL] * len(field_paths),
-        classes=[],
-        read=(reader := FileReader(root, field_paths)),
-        stamp=reader.stamp,
-        skipped=skipped,
-        layout_info=info,
-        mean_size=total / len(field_paths) if field_paths else 0.0,
-    )

@@ -21,10 +21,16 @@ import os
 from typing import Any, Iterator
 
 from lmdbfolder.errors import OptionError, SourceError
-from lmdbfolder.format import NO_LABEL
 from lmdbfolder.format.fields import FieldSpec
 from lmdbfolder.write.fields import FieldSamples
-from lmdbfolder.write.layouts._common import FileReader, json_payload, read_text, require_dir, resolve_name, unsafe_name
+from lmdbfolder.write.layouts._common import (
+    file_samples,
+    json_payload,
+    read_text,
+    require_dir,
+    resolve_name,
+    unsafe_name,
+)
 
 __all__ = ["scan_table", "TABLE_FIELDS", "IMAGE_COLUMNS", "MAX_TABLE_LINE", "MAX_TABLE_COLUMNS"]
 
@@ -91,19 +97,8 @@ def scan_table(src: str, annotations: str | os.PathLike[str] | None, image_colum
         total += os.path.getsize(full) + len(meta)
     if column is None:
         raise SourceError(table, "the table holds no row", "each row names an image and its values")
-    return FieldSamples(
-        layout="table",
-        root=root,
-        fields=TABLE_FIELDS,
-        relpaths=[p[0] for p in field_paths],
-        field_paths=field_paths,
-        labels=[NO_LABEL] * len(field_paths),
-        classes=[],
-        read=(reader := FileReader(root, field_paths, values)),
-        stamp=reader.stamp,
-        skipped=skipped,
-        layout_info={"table": name, "image_column": column},
-        mean_size=total / len(field_paths) if field_paths else 0.0,
+    return file_samples(
+        "table", root, TABLE_FIELDS, field_paths, skipped, {"table": name, "image_column": column}, total, values=values
     )
 
 

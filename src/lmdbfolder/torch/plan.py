@@ -276,24 +276,35 @@ class TransformPlan:
     def views_many(self, records: Sequence[Any], seeded: Any = None) -> list[torch.Tensor]:
         """The multi-crop views of ``records`` (each with a size in its header) as batch
         tensors, one per view (``N x 3 x H x W``, what the DataLoader's collate would
-        stack): every record claimed and its views' random numbers drawn in order, in
-        this thread (the numbers the per-sample path draws, sample after sample;
+        stack; all in one reused buffer, ``transport.BatchPool.take_many``): every
+        record claimed and its views' random numbers drawn in order, in this thread
+        (the numbers the per-sample path draws, sample after sample;
         ``seeded(k)``: a context in which record ``k`` draws, ``lmdbfolder.replay``), then
         the decodes and the views made by the plan's threads (``threads``), each written
-        into its slots. Raises BatchItemError for the first record that failed."""
+        into its slots. Raises BatchItemError for the first record that failed (every
+        record is claimed before any number is drawn)."""
         multicrop, read = self.multicrop, self.read
         if multicrop is None:
             raise ValueError("this plan has no multi-crop")
-        jobs = []
+        encodings = []
         for k, rec in enumerate(records):
             try:
-                enc = read.claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+                encodings.append(read.claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
             except Exception as exc:  # Pillow raises many exception types for bad data
                 raise BatchItemError(k, exc) from exc
-            with contextlib.nullcontext() if seeded is None else seeded(k):
-                draws = multicrop.draw(rec.width, rec.height)
-            jobs.append((k, rec, enc, draws))
-        into = multicrop.batches(len(jobs))
+        # Every claim before any number is drawn (as ``batch`` does); then all the batch's
+        # numbers in bulk (``MultiCrop.draw_many``: the per-sample draws' numbers), else
+        # sample by sample.
+        drawn = None if seeded is not None else multicrop.draw_many([(rec.width, rec.height) for rec in records])
+        if drawn is None:
+            drawn = []
+            for k, rec in enumerate(records):
+                with contextlib.nullcontext() if seeded is None else seeded(k):
+                    drawn.append(multicrop.draw(rec.width, rec.height))
+        jobs = [(k, rec, enc, draws) for k, (rec, enc, draws) in enumerate(zip(records, encodings, drawn))]
+        # One reused buffer for every view's batch (``transport``): no fresh memory to
+        # fault in per batch and, in a DataLoader worker, sent by reference, not copied.
+        into = pool().take_many(multicrop.batch_specs(len(jobs)))
         found = self._resizers
 
         def make(job: tuple[int, Any, Any, Any]) -> None:

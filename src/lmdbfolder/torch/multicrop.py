@@ -193,6 +193,14 @@ def _python_draws(view: View) -> tuple[float | None, bool]:
     return radius, solar
 
 
+def _pixels(region: Image.Image | np.ndarray) -> tuple[np.ndarray, Image.Image | None]:
+    """A region's pixels as a C-contiguous ``H x W x 3`` array, and the PIL image it is (if one)."""
+    pixels = np.asarray(region) if isinstance(region, Image.Image) else region
+    if not pixels.flags.c_contiguous:
+        pixels = np.ascontiguousarray(pixels)
+    return pixels, region if isinstance(region, Image.Image) else None
+
+
 def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
@@ -596,48 +604,96 @@ class MultiCrop:
         ``into[k][at]`` and the views returned are those slots."""
         if resizers is None:
             resizers = _process_resizers()
-        pixels = np.asarray(region) if isinstance(region, Image.Image) else region
-        if not pixels.flags.c_contiguous:
-            pixels = np.ascontiguousarray(pixels)
-        img: Image.Image | None = region if isinstance(region, Image.Image) else None
+        if into is not None:
+            self.make_many([(region, top, left, draws)], lambda sample: sample, into, at, resizers)
+            return [into[k][at] for k in range(len(self.views))]
+        pixels, img = _pixels(region)
         out: list[Any] = [None] * len(self.views)
         for (size, mean, std), members in self._groups().items():
             out_h, out_w = size
             batch = torch.empty((len(members), 3, out_h, out_w), dtype=torch.uint8)
             planes = batch.numpy()
             for j, k in enumerate(members):
-                view, d = self.views[k], draws[k]
-                t, x, h, w = d.box
-                box = (x - left, t - top, x - left + w, t - top + h)
-                found = resizers.get(view.interpolation)
-                if found is not None:
-                    fn, order, cubic = found
-                    if exact_resize_into(
-                        fn, order, pixels, box, (out_w, out_h), planes[j], planar=True, flip=d.flip, cubic=cubic
-                    ):
-                        continue
-                if img is None:
-                    img = Image.fromarray(pixels, "RGB")
-                resized = img.crop(box).resize((out_w, out_h), pil_modes_mapping[view.interpolation])
-                if d.flip:
-                    resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-                planes[j] = np.asarray(resized).transpose(2, 0, 1)
+                img = self._resize_into(planes[j], pixels, img, top, left, k, draws[k], resizers)
             result = self.photometric(batch, [draws[k] for k in members], inplace=True)
-            if into is not None:
-                norm = None if mean is None else self._normalizer(mean, std)
-                for j, k in enumerate(members):
-                    slot = into[k][at : at + 1]
-                    if norm is not None:
-                        norm(result[j : j + 1], slot)
-                    else:
-                        slot.copy_(result[j : j + 1])
-                    out[k] = slot[0]
-                continue
             if mean is not None:
                 result = ops.normalize(result, mean, std)  # type: ignore[arg-type]
             for j, k in enumerate(members):
                 out[k] = result[j]
         return out
+
+    def make_many(
+        self,
+        samples: Sequence[Any],
+        load: Callable[[Any], tuple[Image.Image | np.ndarray, int, int, Sequence[ViewDraw]]],
+        into: Sequence[torch.Tensor],
+        at: int = 0,
+        resizers: Resizers | None = None,
+    ) -> None:
+        """``make(*load(samples[i]), resizers, into=into, at=at + i)`` for each sample, the
+        photometric operations run once per view size over all of them (a few calls for
+        several samples: the same values, each image with its own parameters). Each
+        sample's region is loaded (``load``: ``(region, top, left, draws)``) and resized
+        from, then let go, before the next is loaded."""
+        if resizers is None:
+            resizers = _process_resizers()
+        count = len(samples)
+        groups = []
+        for (size, mean, std), members in self._groups().items():
+            batch = torch.empty((count * len(members), 3, *size), dtype=torch.uint8)
+            groups.append((members, mean, std, batch, batch.numpy(), []))
+        for i, sample in enumerate(samples):
+            region, top, left, draws = load(sample)
+            pixels, img = _pixels(region)
+            for members, _, _, _, planes, flat in groups:
+                base = i * len(members)
+                for j, k in enumerate(members):
+                    img = self._resize_into(planes[base + j], pixels, img, top, left, k, draws[k], resizers)
+                    flat.append(draws[k])
+            del region, pixels, img
+        for members, mean, std, batch, _, flat in groups:
+            result = self.photometric(batch, flat, inplace=True)
+            norm = None if mean is None else self._normalizer(mean, std)
+            m = len(members)
+            for i in range(count):
+                for j, k in enumerate(members):
+                    slot = into[k][at + i : at + i + 1]
+                    if norm is not None:
+                        norm(result[i * m + j : i * m + j + 1], slot)
+                    else:
+                        slot.copy_(result[i * m + j : i * m + j + 1])
+
+    def _resize_into(
+        self,
+        plane: np.ndarray,
+        pixels: np.ndarray,
+        img: Image.Image | None,
+        top: int,
+        left: int,
+        k: int,
+        d: ViewDraw,
+        resizers: Resizers,
+    ) -> Image.Image | None:
+        """View ``k``'s crop of the region, resized (and mirrored if drawn so) into ``plane``
+        (planar ``3 x H x W``): by the compiled resize where ``resizers`` has one for its
+        interpolation that gives Pillow's pixels, else by Pillow (``img``: the region as a
+        PIL image, made here the first time it is needed; returned)."""
+        view = self.views[k]
+        out_h, out_w = view.out_size
+        t, x, h, w = d.box
+        box = (x - left, t - top, x - left + w, t - top + h)
+        found = resizers.get(view.interpolation)
+        if found is not None:
+            fn, order, cubic = found
+            if exact_resize_into(fn, order, pixels, box, (out_w, out_h), plane, planar=True, flip=d.flip, cubic=cubic):
+                return img
+        if img is None:
+            img = Image.fromarray(pixels, "RGB")
+        resized = img.crop(box).resize((out_w, out_h), pil_modes_mapping[view.interpolation])
+        if d.flip:
+            resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        plane[...] = np.asarray(resized).transpose(2, 0, 1)
+        return img
 
     def batches(self, count: int) -> list[torch.Tensor]:
         """Empty batch tensors for ``count`` samples, one per view (``count x 3 x H x W``:

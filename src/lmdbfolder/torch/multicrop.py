@@ -638,7 +638,7 @@ class MultiCrop:
         if resizers is None:
             resizers = _process_resizers()
         count = len(samples)
-        groups = []
+        groups: list[tuple[list[int], Any, Any, torch.Tensor, np.ndarray, list[ViewDraw]]] = []
         for (size, mean, std), members in self._groups().items():
             batch = torch.empty((count * len(members), 3, *size), dtype=torch.uint8)
             groups.append((members, mean, std, batch, batch.numpy(), []))

@@ -477,3 +477,57 @@ def test_seeded_views_are_the_same_one_by_one_and_in_batches(ssl_pack: tuple[Pat
     for (views, target), index in zip(batch, [2, 0, 3]):
         want, label = one[index]
         assert label == target and all(torch.equal(a, b) for a, b in zip(views, want))
+
+
+# -- a batch's random numbers drawn in bulk -----------------------------------------------------------
+def _draw_presets() -> list[Any]:
+    odd = fused.MultiCrop(
+        [
+            fused.View(32, jitter=(0.0, 0.5, 0.0, 0.2), grayscale=None, flip=None, blur=0.3, solarize=0.5),
+            fused.View(16, scale=(0.9, 1.0), ratio=(0.5, 2.0), jitter=None, grayscale=0.5),
+        ]
+    )
+    return [fused.MultiCrop.dino(), fused.MultiCrop.swav((224, 96), (2, 6), (0.14, 0.05), (1.0, 0.14)), odd]
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["dino", "swav", "odd"])
+def test_bulk_draws_are_the_per_sample_draws(which: int) -> None:
+    tf = _draw_presets()[which]
+    # Sizes that take every branch of the box draw, the central fallback included.
+    sizes = [(500, 375), (375, 500), (3, 1000), (1, 1), (64, 64), (257, 2)] * 3
+    for seed in range(3):
+        _seed(seed)
+        want = [tf.draw(w, h) for w, h in sizes]
+        after = (torch.rand(3).tolist(), random.random(), float(np.random.rand()))
+        _seed(seed)
+        got = tf.draw_many(sizes)
+        assert got is not None, "the bulk draw was not confirmed here"
+        assert got == want
+        assert (torch.rand(3).tolist(), random.random(), float(np.random.rand())) == after
+
+
+def test_batches_of_views_with_and_without_bulk_draws(
+    ssl_pack: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, packed = ssl_pack
+    ds = LMDBFolder(packed, transform=fused.MultiCrop.dino((0.4, 1.0), (0.05, 0.4), 2))
+    order = [1, 3, 0, 2, 2, 1]
+    _seed(4)
+    bulk = ds.__getitems__(order)
+    after = torch.rand(1)
+    monkeypatch.setattr(fused.MultiCrop, "draw_many", lambda self, sizes: None)
+    _seed(4)
+    each = ds.__getitems__(order)
+    assert torch.equal(torch.rand(1), after)
+    assert all(torch.equal(a, b) for a, b in zip(bulk.images, each.images, strict=True))
+    assert bulk.targets == each.targets
+
+
+def test_normalizer_is_normalize() -> None:
+    x = _batch(_photos(3))
+    stats = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    norm = ops.normalizer(*stats)
+    for src in (x, x[1:2], x[:, :, 1:5]):  # contiguous, one image, a strided view (the tensor path)
+        out = torch.empty(src.shape, dtype=torch.float32)
+        norm(src, out)
+        assert torch.equal(out, ops.normalize(src, *stats, compiled=False))

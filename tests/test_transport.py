@@ -10,6 +10,7 @@ same loader run again with the same seeds, each batch cloned as it arrives.
 from __future__ import annotations
 
 import multiprocessing
+import random
 from pathlib import Path
 from typing import Any, Callable
 
@@ -355,3 +356,117 @@ def test_bulk_boxes_step_aside_for_another_default_dtype(photos: Path) -> None:
     for k, x in enumerate(float64):
         assert torch.equal(batch.images[k], x)
     assert not torch.equal(batch.images, want)  # other numbers were drawn, as sample by sample
+
+
+# -- a multi-crop's view batches: one pooled buffer for all of a batch's views ---------------------------
+def _views_dataset(path: Path, threads: int = 1) -> LMDBFolder:
+    """Two normalized float views and a uint8 one (their tensors of two dtypes in one buffer)."""
+    jitter = (0.4, 0.4, 0.2, 0.1)
+    views = [
+        fused.View(SIZE, jitter=jitter, grayscale=0.2, blur=0.5),
+        fused.View(SIZE, jitter=jitter, solarize=0.2),
+        fused.View(13, scale=(0.05, 0.4), jitter=jitter, mean=None, std=None),
+    ]
+    return LMDBFolder(path, transform=fused.MultiCrop(views), threads=threads)
+
+
+def _seed_views() -> None:
+    """The views draw from torch's, Python's and numpy's generators (without workers)."""
+    torch.manual_seed(9)
+    random.seed(9)
+    np.random.seed(9)
+
+
+def _views_reference(ds: LMDBFolder, workers: int, context: str | None) -> list[tuple[list[torch.Tensor], Any]]:
+    _seed_views()
+    return [([v.clone() for v in views], y.clone()) for views, y in _epochs(_loader(ds, workers, context, collate))]
+
+
+def _keep_views(views: list[torch.Tensor], how: int) -> Any:
+    """What a user keeps of a batch of views: all of them, one view's batch, a slice of
+    one, a numpy view of the uint8 one, or one sample's float view."""
+    return [views, views[1], views[0][1:3], views[2].numpy(), views[0][3]][how]
+
+
+@pytest.mark.parametrize(("context", "how"), [("fork", "collate"), ("fork", "default"), ("spawn", "default")])
+def test_held_view_batches_are_never_overwritten_across_processes(photos: Path, context: str, how: str) -> None:
+    ds = _views_dataset(photos)
+    want = _views_reference(ds, 2, "fork")
+    held = []
+    for k, (views, targets) in enumerate(_epochs(_loader(ds, 2, context, collate if how == "collate" else None))):
+        assert [v.dtype for v in views] == [torch.float32, torch.float32, torch.uint8]
+        assert [tuple(v.shape[1:]) for v in views] == [(3, SIZE, SIZE), (3, SIZE, SIZE), (3, 13, 13)]
+        held.append((k, _keep_views(views, k % 5), targets))
+    assert len(held) == len(want) == 20
+    for k, kept, targets in held:
+        x, y = want[k]
+        assert torch.equal(targets, y)
+        expected = _keep_views(x, k % 5)
+        if isinstance(kept, list):
+            assert all(torch.equal(a, b) for a, b in zip(kept, expected, strict=True)), f"batch {k} changed"
+        elif isinstance(kept, np.ndarray):
+            assert np.array_equal(kept, expected), f"batch {k} changed after it was delivered"
+        else:
+            assert torch.equal(kept, expected), f"batch {k} changed after it was delivered"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "memfd_create"), reason="pooled worker batches need memfd_create")
+def test_worker_view_batches_need_no_fresh_shared_memory(photos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = _Counter(monkeypatch)
+    ds = _views_dataset(photos)
+    batches = 0
+    for views, _targets in _epochs(_loader(ds, 2, "fork", None), epochs=3):
+        # Our mapping of the worker's buffer: a tensor torch's queue sent is in shared memory of its own.
+        assert not any(v.is_shared() for v in views)
+        assert len({v.untyped_storage().data_ptr() for v in views}) == 1  # one buffer for all the views
+        batches += 1
+    assert batches == 30
+    assert counter.calls.value == 0, f"{counter.calls.value} batches were put in new shared memory"
+    assert sum(len(maps) for maps in transport._MAPPED.values()) <= 2 * transport.MAX_BUFFERS
+
+
+def test_held_view_batches_are_never_overwritten_in_threads_mode(photos: Path) -> None:
+    ds = _views_dataset(photos, threads=2)
+    want = _views_reference(ds, 0, None)
+    _seed_views()
+    held = [(views, views[0][2], views[2].numpy()) for views, _ in _epochs(_loader(ds, 0, None, None))]
+    for (views, one, arr), (ref, _) in zip(held, want, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(views, ref, strict=True))
+        assert torch.equal(one, ref[0][2]) and np.array_equal(arr, ref[2].numpy())
+
+
+def test_threads_mode_reuses_a_view_buffer_once_the_batch_is_dropped(photos: Path) -> None:
+    ds = _views_dataset(photos, threads=2)
+    pool = transport.pool()
+    before = pool.overflow
+    pointers = set()
+    for views, _ in _epochs(_loader(ds, 0, None, collate), epochs=3):
+        pointers.add(views[0].data_ptr())
+        assert views[1].data_ptr() % 64 == 0 and views[2].data_ptr() % 64 == 0
+        del views
+    assert len(pointers) <= 2 and pool.overflow == before
+
+
+def test_a_view_batch_is_free_only_when_no_view_is_alive() -> None:
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    pool = transport.BatchPool(shared=True)
+    if not pool.shared:
+        pytest.skip("needs memfd_create")
+    specs = [(torch.float32, (2, 3, 5, 5)), (torch.uint8, (2, 3, 3, 3)), (torch.float32, (2, 3, 2, 2))]
+    views = pool.take_many(specs)
+    for k in range(len(views)):
+        views[k].fill_(k + 1)
+    buffer = pool.buffer_of_many(views)
+    assert buffer is not None and pool.buffer_of_many(views[:2]) is None and pool.buffer_of_many(views[::-1]) is None
+    batch = transport.PooledBatch(views, torch.tensor([1, 2]), buffer, pool)
+    received = pickle.loads(ForkingPickler.dumps(batch))
+    got = received[0]
+    assert [(v.dtype, tuple(v.shape)) for v in got] == [(d, s) for d, s in specs]
+    assert all(torch.equal(a, b) for a, b in zip(got, views)) and received[1].tolist() == [1, 2]
+    one = got[2][1]  # one sample's view of the last batch keeps the whole buffer
+    del received, got, batch, views
+    assert not buffer.free()
+    del one
+    assert buffer.free()

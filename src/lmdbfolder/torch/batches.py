@@ -86,7 +86,7 @@ def collate(batch: Any) -> Any:
             collated = torch.utils.data.default_collate(tuple(targets))  # type: ignore[arg-type]
         images = batch.images
         pool = transport.pool()
-        buffer = pool.buffer_of(images)
+        buffer = pool.buffer_of_many(images) if isinstance(images, list) else pool.buffer_of(images)
         if buffer is not None:
             return transport.PooledBatch(images, collated, buffer, pool)
         return [images, collated]

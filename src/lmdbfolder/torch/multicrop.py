@@ -30,6 +30,7 @@ image, so it is a drop-in there too. The presets ``MultiCrop.dino``, ``.swav`` a
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ except ImportError as exc:  # a core-only install: say what to install
 
 from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import Box, exact_resize_into
+from lmdbfolder.torch import crop as _crop
 from lmdbfolder.torch import photometric as ops
 from lmdbfolder.torch.crop import RandomResizedCrop
 
@@ -179,6 +181,189 @@ class ViewDraw(NamedTuple):
 _NO_FACTORS = (None, None, None, None)
 
 
+def _python_draws(view: View) -> tuple[float | None, bool]:
+    """A view's blur radius (None: no blur) and solarization, from Python's (and, for
+    ``blur_draw="numpy"``, numpy's) generator, as DINO's and SwAV's classes draw them."""
+    radius = None
+    if view.blur is not None:
+        chance = random.random() if view.blur_draw == "python" else float(np.random.rand())
+        if chance <= view.blur:
+            radius = random.uniform(view.blur_radius[0], view.blur_radius[1])
+    solar = view.solarize is not None and random.random() < view.solarize
+    return radius, solar
+
+
+def _pixels(region: Image.Image | np.ndarray) -> tuple[np.ndarray, Image.Image | None]:
+    """A region's pixels as a C-contiguous ``H x W x 3`` array, and the PIL image it is (if one)."""
+    pixels = np.asarray(region) if isinstance(region, Image.Image) else region
+    if not pixels.flags.c_contiguous:
+        pixels = np.ascontiguousarray(pixels)
+    return pixels, region if isinstance(region, Image.Image) else None
+
+
+def _seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _f32(p: float) -> float:
+    """``p`` as float32, as torch compares a float32 ``rand`` with it."""
+    return float(np.float32(p))
+
+
+class _BulkSpec(NamedTuple):
+    """What a view draws from torch's generator, for ``_bulk_torch_draws``."""
+
+    scale: tuple[float, float]
+    ratio: tuple[float, float]
+    log_ratio: tuple[float, float]
+    flip: float | None  # float32 probabilities, as compared
+    jitter_p: float | None  # None: no jitter step
+    ranges: tuple[tuple[float, float] | None, ...]  # brightness, contrast, saturation, hue (None: not drawn)
+    gray: float | None
+
+    @classmethod
+    def of(cls, view: View) -> _BulkSpec:
+        jitter = view._jitter
+        ranges: tuple[tuple[float, float] | None, ...] = ()
+        if jitter is not None:
+            ranges = tuple(
+                None if r is None else (float(r[0]), float(r[1]))
+                for r in (jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue)
+            )
+        return cls(
+            (float(view.scale[0]), float(view.scale[1])),
+            (float(view.ratio[0]), float(view.ratio[1])),
+            _crop._log_ratio(view.ratio),
+            None if view.flip is None else _f32(view.flip),
+            None if jitter is None else _f32(view.jitter_p),
+            ranges,
+            None if view.grayscale is None else _f32(view.grayscale),
+        )
+
+
+#: One view's torch draws: box, flip, jitter order, jitter factors, grayscale.
+_TorchDraw = tuple[Box, bool, tuple[int, ...], tuple[float | None, ...], bool]
+
+
+def _bulk_torch_draws(sizes: Sequence[tuple[int, int]], specs: Sequence[_BulkSpec]) -> list[list[_TorchDraw]]:
+    """Every sample's views' torch draws, as ``MultiCrop.draw`` makes them one by one.
+
+    Each of those draws takes one 32-bit number from torch's CPU generator (float32
+    ``uniform_`` and ``rand``, ``random_`` below 2**32, ``randperm(4)``'s three swaps):
+    so the next ``k`` numbers are drawn once per way they are used (each uniform range,
+    each ratio's ``exp(uniform)``, ``rand``, and the raw number from its low 31 bits and
+    its remainder modulo 3), the generator's state put back before each pass, and then
+    advanced by exactly the count the samples used (``crop._draw_boxes``' method).
+    Raises ArithmeticError when the numbers are not what it expects (other code drew)."""
+    ranges = sorted({s.scale for s in specs} | {r for s in specs for r in s.ranges if r is not None})
+    log_ratios = sorted({s.log_ratio for s in specs})
+    per_view = 14  # the most a view draws that fits at the first try: box 4, flip, jitter 1 + 3 + 4, gray
+    k = per_view * len(specs) * len(sizes) + 16
+    while True:
+        state = torch.get_rng_state()
+        try:
+            low = torch.empty(k, dtype=torch.int32).random_().tolist()  # the low 31 bits
+            torch.set_rng_state(state)
+            mod3 = torch.empty(k, dtype=torch.int64).random_(0, 3).tolist()
+            uniform = {}
+            for r in ranges:
+                torch.set_rng_state(state)
+                uniform[r] = torch.empty(k).uniform_(r[0], r[1]).tolist()
+            aspects = {}
+            for lr in log_ratios:
+                torch.set_rng_state(state)
+                aspects[lr] = torch.empty(k).uniform_(lr[0], lr[1]).exp_().tolist()
+            torch.set_rng_state(state)
+            rands = torch.rand(k).tolist()
+        finally:
+            torch.set_rng_state(state)
+        scanned = _scan_views(sizes, specs, k, low, mod3, uniform, aspects, rands)
+        if scanned is not None:
+            parts, used = scanned
+            if used:
+                torch.empty(used, dtype=torch.int32).random_()  # consume what the samples drew
+            return parts
+        k *= 2  # more rejected boxes than drawn for: draw again, more
+
+
+def _scan_views(
+    sizes: Sequence[tuple[int, int]],
+    specs: Sequence[_BulkSpec],
+    k: int,
+    low: list[int],
+    mod3: list[int],
+    uniform: dict[tuple[float, float], list[float]],
+    aspects: dict[tuple[float, float], list[float]],
+    rands: list[float],
+) -> tuple[list[list[_TorchDraw]], int] | None:
+    """The samples' torch draws from the pre-drawn numbers, and the count used (None:
+    ``k`` numbers were not enough)."""
+    sqrt, raw, central = math.sqrt, _crop._raw, _crop._central_box
+    out: list[list[_TorchDraw]] = []
+    j = 0
+    for width, height in sizes:
+        area = height * width
+        row: list[_TorchDraw] = []
+        for spec in specs:
+            # RandomResizedCrop's box (crop._draw_box)
+            areas, ratios = uniform[spec.scale], aspects[spec.log_ratio]
+            box = None
+            for _ in range(10):
+                if j + 2 > k:
+                    return None
+                target_area = area * areas[j]
+                aspect_ratio = ratios[j + 1]
+                j += 2
+                w = int(round(sqrt(target_area * aspect_ratio)))
+                h = int(round(sqrt(target_area / aspect_ratio)))
+                if 0 < w <= width and 0 < h <= height:
+                    if j + 2 > k:
+                        return None
+                    top = raw(low[j], mod3[j]) % (height - h + 1)
+                    left = raw(low[j + 1], mod3[j + 1]) % (width - w + 1)
+                    j += 2
+                    box = (top, left, h, w)
+                    break
+            if box is None:
+                box = central(width, height, spec.ratio)
+            if j + 12 > k:  # the rest of the view's draws, at most
+                return None
+            flip = False
+            if spec.flip is not None:
+                flip = rands[j] < spec.flip
+                j += 1
+            order: tuple[int, ...] = ()
+            factors: tuple[float | None, ...] = _NO_FACTORS
+            if spec.jitter_p is not None:
+                applied = not rands[j] > spec.jitter_p  # RandomApply: skipped when p < rand
+                j += 1
+                if applied:
+                    # torch.randperm(4): Fisher-Yates, each swap position from one 32-bit number
+                    perm = [0, 1, 2, 3]
+                    for i in range(3):
+                        z = i + raw(low[j], mod3[j]) % (4 - i)
+                        perm[i], perm[z] = perm[z], perm[i]
+                        j += 1
+                    order = tuple(perm)
+                    drawn: list[float | None] = []
+                    for r in spec.ranges:
+                        if r is None:
+                            drawn.append(None)
+                        else:
+                            drawn.append(uniform[r][j])
+                            j += 1
+                    factors = tuple(drawn)
+            gray = False
+            if spec.gray is not None:
+                gray = rands[j] < spec.gray
+                j += 1
+            row.append((box, flip, order, factors, gray))
+        out.append(row)
+    return out, j
+
+
 class MultiCrop:
     """Several augmented views of one image, as self-supervised methods train on:
     ``MultiCrop(views)(img)`` is the list of the views, in ``views``' order.
@@ -204,6 +389,7 @@ class MultiCrop:
             raise ValueError("MultiCrop needs at least one view")
         self.views = tuple(views)
         self._drawers: tuple[int, list[Callable[[int, int], Box]]] | None = None
+        self._bulk: tuple[int, bool] | None = None  # (pid, whether draw_many draws what draw does here)
 
     # -- presets ---------------------------------------------------------------------------------
     @classmethod
@@ -324,14 +510,68 @@ class MultiCrop:
                 order = tuple(int(i) for i in fn_idx.tolist())
                 factors = (b, c, s, h)
             gray = view.grayscale is not None and bool(rand(1) < view.grayscale)
-            radius = None
-            if view.blur is not None:
-                chance = random.random() if view.blur_draw == "python" else float(np.random.rand())
-                if chance <= view.blur:
-                    radius = random.uniform(view.blur_radius[0], view.blur_radius[1])
-            solar = view.solarize is not None and random.random() < view.solarize
+            radius, solar = _python_draws(view)
             out.append(ViewDraw(box, flip, order, factors, gray, radius, solar))
         return out
+
+    def draw_many(self, sizes: Sequence[tuple[int, int]]) -> list[list[ViewDraw]] | None:
+        """``[draw(w, h) for w, h in sizes]``, the same numbers and the same count of
+        numbers consumed from each generator, with a few torch calls per batch instead
+        of ~15 per view: torch's numbers are drawn in bulk, once per way a view uses
+        them, from the same generator state (as ``RandomResizedCrop.batch_drawer`` draws
+        boxes), and read in the order the views draw them; Python's and numpy's are
+        drawn as ``draw`` draws them. None where that was not confirmed in this process
+        (checked once, against ``draw``), or when other code drew from torch's generator
+        meanwhile: then draw sample by sample."""
+        if torch.get_default_dtype() != torch.float32 or not self._bulk_confirmed():
+            return None
+        return self._draw_many(sizes)
+
+    def _draw_many(self, sizes: Sequence[tuple[int, int]]) -> list[list[ViewDraw]] | None:
+        specs = [_BulkSpec.of(view) for view in self.views]
+        with _crop._BULK_DRAWS:  # it puts torch's generator state back between its passes
+            try:
+                parts = _bulk_torch_draws(sizes, specs)
+            except ArithmeticError:
+                return None  # the generator's state is as before
+        views = self.views
+        out = []
+        for sample in parts:
+            row = []
+            for view, (box, flip, order, factors, gray) in zip(views, sample):
+                radius, solar = _python_draws(view)
+                row.append(ViewDraw(box, flip, order, factors, gray, radius, solar))
+            out.append(row)
+        return out
+
+    def _bulk_confirmed(self) -> bool:
+        """Whether ``_draw_many`` gives ``draw``'s numbers here, for these views (checked
+        once per process on sizes that take every branch, every generator's state put back)."""
+        pid = os.getpid()
+        if self._bulk is None or self._bulk[0] != pid:
+            self._bulk = (pid, self._check_bulk())
+        return self._bulk[1]
+
+    def _check_bulk(self) -> bool:
+        shapes = [(500, 375), (375, 500), (256, 341), (64, 64), (3, 1000), (1000, 3), (1, 1), (257, 2), (2, 2)]
+        states = (torch.random.get_rng_state(), random.getstate(), np.random.get_state())
+        try:
+            for seed in range(3):
+                sizes = [shapes[(seed * 7 + i * 5) % len(shapes)] for i in range(12)]
+                _seed_all(seed)
+                want = [self.draw(w, h) for w, h in sizes]
+                after = (torch.rand(2).tolist(), random.random(), float(np.random.rand()))
+                _seed_all(seed)
+                got = self._draw_many(sizes)
+                if got != want or (torch.rand(2).tolist(), random.random(), float(np.random.rand())) != after:
+                    return False
+            return True
+        except ArithmeticError:
+            return False
+        finally:
+            torch.random.set_rng_state(states[0])
+            random.setstate(states[1])
+            np.random.set_state(states[2])
 
     @staticmethod
     def union(draws: Sequence[ViewDraw]) -> Box:
@@ -364,62 +604,128 @@ class MultiCrop:
         ``into[k][at]`` and the views returned are those slots."""
         if resizers is None:
             resizers = _process_resizers()
-        pixels = np.asarray(region) if isinstance(region, Image.Image) else region
-        if not pixels.flags.c_contiguous:
-            pixels = np.ascontiguousarray(pixels)
-        img: Image.Image | None = region if isinstance(region, Image.Image) else None
+        if into is not None:
+            self.make_many([(region, top, left, draws)], lambda sample: sample, into, at, resizers)
+            return [into[k][at] for k in range(len(self.views))]
+        pixels, img = _pixels(region)
         out: list[Any] = [None] * len(self.views)
         for (size, mean, std), members in self._groups().items():
             out_h, out_w = size
             batch = torch.empty((len(members), 3, out_h, out_w), dtype=torch.uint8)
             planes = batch.numpy()
             for j, k in enumerate(members):
-                view, d = self.views[k], draws[k]
-                t, x, h, w = d.box
-                box = (x - left, t - top, x - left + w, t - top + h)
-                found = resizers.get(view.interpolation)
-                if found is not None:
-                    fn, order, cubic = found
-                    if exact_resize_into(
-                        fn, order, pixels, box, (out_w, out_h), planes[j], planar=True, flip=d.flip, cubic=cubic
-                    ):
-                        continue
-                if img is None:
-                    img = Image.fromarray(pixels, "RGB")
-                resized = img.crop(box).resize((out_w, out_h), pil_modes_mapping[view.interpolation])
-                if d.flip:
-                    resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-                planes[j] = np.asarray(resized).transpose(2, 0, 1)
+                img = self._resize_into(planes[j], pixels, img, top, left, k, draws[k], resizers)
             result = self.photometric(batch, [draws[k] for k in members], inplace=True)
-            if into is not None:
-                for j, k in enumerate(members):
-                    slot = into[k][at : at + 1]
-                    if mean is not None:
-                        ops.normalize(result[j : j + 1], mean, std, out=slot)  # type: ignore[arg-type]
-                    else:
-                        slot.copy_(result[j : j + 1])
-                    out[k] = slot[0]
-                continue
             if mean is not None:
                 result = ops.normalize(result, mean, std)  # type: ignore[arg-type]
             for j, k in enumerate(members):
                 out[k] = result[j]
         return out
 
+    def make_many(
+        self,
+        samples: Sequence[Any],
+        load: Callable[[Any], tuple[Image.Image | np.ndarray, int, int, Sequence[ViewDraw]]],
+        into: Sequence[torch.Tensor],
+        at: int = 0,
+        resizers: Resizers | None = None,
+    ) -> None:
+        """``make(*load(samples[i]), resizers, into=into, at=at + i)`` for each sample, the
+        photometric operations run once per view size over all of them (a few calls for
+        several samples: the same values, each image with its own parameters). Each
+        sample's region is loaded (``load``: ``(region, top, left, draws)``) and resized
+        from, then let go, before the next is loaded."""
+        if resizers is None:
+            resizers = _process_resizers()
+        count = len(samples)
+        groups: list[tuple[list[int], Any, Any, torch.Tensor, np.ndarray, list[ViewDraw]]] = []
+        for (size, mean, std), members in self._groups().items():
+            batch = torch.empty((count * len(members), 3, *size), dtype=torch.uint8)
+            groups.append((members, mean, std, batch, batch.numpy(), []))
+        for i, sample in enumerate(samples):
+            region, top, left, draws = load(sample)
+            pixels, img = _pixels(region)
+            for members, _, _, _, planes, flat in groups:
+                base = i * len(members)
+                for j, k in enumerate(members):
+                    img = self._resize_into(planes[base + j], pixels, img, top, left, k, draws[k], resizers)
+                    flat.append(draws[k])
+            del region, pixels, img
+        for members, mean, std, batch, _, flat in groups:
+            result = self.photometric(batch, flat, inplace=True)
+            norm = None if mean is None else self._normalizer(mean, std)
+            m = len(members)
+            for i in range(count):
+                for j, k in enumerate(members):
+                    slot = into[k][at + i : at + i + 1]
+                    if norm is not None:
+                        norm(result[i * m + j : i * m + j + 1], slot)
+                    else:
+                        slot.copy_(result[i * m + j : i * m + j + 1])
+
+    def _resize_into(
+        self,
+        plane: np.ndarray,
+        pixels: np.ndarray,
+        img: Image.Image | None,
+        top: int,
+        left: int,
+        k: int,
+        d: ViewDraw,
+        resizers: Resizers,
+    ) -> Image.Image | None:
+        """View ``k``'s crop of the region, resized (and mirrored if drawn so) into ``plane``
+        (planar ``3 x H x W``): by the compiled resize where ``resizers`` has one for its
+        interpolation that gives Pillow's pixels, else by Pillow (``img``: the region as a
+        PIL image, made here the first time it is needed; returned)."""
+        view = self.views[k]
+        out_h, out_w = view.out_size
+        t, x, h, w = d.box
+        box = (x - left, t - top, x - left + w, t - top + h)
+        found = resizers.get(view.interpolation)
+        if found is not None:
+            fn, order, cubic = found
+            if exact_resize_into(fn, order, pixels, box, (out_w, out_h), plane, planar=True, flip=d.flip, cubic=cubic):
+                return img
+        if img is None:
+            img = Image.fromarray(pixels, "RGB")
+        resized = img.crop(box).resize((out_w, out_h), pil_modes_mapping[view.interpolation])
+        if d.flip:
+            resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        plane[...] = np.asarray(resized).transpose(2, 0, 1)
+        return img
+
     def batches(self, count: int) -> list[torch.Tensor]:
         """Empty batch tensors for ``count`` samples, one per view (``count x 3 x H x W``:
         float32 for a normalized view, uint8 otherwise), for ``make(..., into=)``."""
+        return [torch.empty(tuple(shape), dtype=dtype) for dtype, shape in self.batch_specs(count)]
+
+    def batch_specs(self, count: int) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+        """``(dtype, shape)`` of each view's batch tensor for ``count`` samples (as
+        ``batches`` makes them; ``transport.BatchPool.take_many`` takes these)."""
         return [
-            torch.empty((count, 3, *view.out_size), dtype=torch.uint8 if view.mean is None else torch.float32)
-            for view in self.views
+            (torch.uint8 if view.mean is None else torch.float32, (count, 3, *view.out_size)) for view in self.views
         ]
 
     def _groups(self) -> dict[tuple[Any, ...], list[int]]:
-        """The views by (size, mean, std): each group is made as one batch."""
+        """The views by (size, mean, std): each group is made as one batch (found once)."""
+        found = self.__dict__.get("_groups_found")
+        if found is not None and found[0] is self.views:  # views given anew: found again
+            return found[1]
         groups: dict[tuple[Any, ...], list[int]] = {}
         for k, view in enumerate(self.views):
             groups.setdefault((view.out_size, view.mean, view.std), []).append(k)
+        self.__dict__["_groups_found"] = (self.views, groups)
         return groups
+
+    def _normalizer(self, mean: tuple[float, ...], std: tuple[float, ...]) -> Any:
+        """``photometric.normalizer(mean, std)``, made once per process."""
+        found = self.__dict__.setdefault("_normalizers", {})
+        key = (os.getpid(), mean, std)
+        norm = found.get(key)
+        if norm is None:
+            norm = found[key] = ops.normalizer(mean, std)
+        return norm
 
     @staticmethod
     def photometric(batch: torch.Tensor, draws: Sequence[ViewDraw], *, inplace: bool = False) -> torch.Tensor:
@@ -451,6 +757,7 @@ class MultiCrop:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_drawers"] = None  # closures of this process: made again where it is unpickled
+        state.pop("_normalizers", None)
         return state
 
     def __repr__(self) -> str:

@@ -348,6 +348,32 @@ def normalize(
     return out
 
 
+def normalizer(mean: Sequence[float], std: Sequence[float]) -> Any:
+    """``normalize(x, mean, std, out=out)`` as a function ``(x, out) -> None`` whose table
+    and compiled helper are found once (a multi-crop normalizes each view into its slot
+    of a batch: one call per view, without the set-up of each)."""
+    mean_t, std_t = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    module = _compiled_module()
+    table = _normal_table(mean_t, std_t) if module is not None else b""
+
+    def run(x: torch.Tensor, out: torch.Tensor) -> None:
+        if (
+            module is None
+            or _target(x, True) is None
+            or not x.is_contiguous()
+            or not out.is_contiguous()
+            or out.dtype != torch.float32
+            or out.device.type != "cpu"
+            or out.shape != x.shape
+        ):
+            normalize(x, mean_t, std_t, out=out)
+            return
+        n, _, h, w = x.shape
+        module.lookup(x.numpy(), n, h, w, table, out.numpy())
+
+    return run
+
+
 def _normalized(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     m = torch.as_tensor(mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
     s = torch.as_tensor(std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)

@@ -276,33 +276,60 @@ class TransformPlan:
     def views_many(self, records: Sequence[Any], seeded: Any = None) -> list[torch.Tensor]:
         """The multi-crop views of ``records`` (each with a size in its header) as batch
         tensors, one per view (``N x 3 x H x W``, what the DataLoader's collate would
-        stack): every record claimed and its views' random numbers drawn in order, in
-        this thread (the numbers the per-sample path draws, sample after sample;
+        stack; all in one reused buffer, ``transport.BatchPool.take_many``): every
+        record claimed and its views' random numbers drawn in order, in this thread
+        (the numbers the per-sample path draws, sample after sample;
         ``seeded(k)``: a context in which record ``k`` draws, ``lmdbfolder.replay``), then
         the decodes and the views made by the plan's threads (``threads``), each written
-        into its slots. Raises BatchItemError for the first record that failed."""
+        into its slots. Raises BatchItemError for the first record that failed (every
+        record is claimed before any number is drawn)."""
         multicrop, read = self.multicrop, self.read
         if multicrop is None:
             raise ValueError("this plan has no multi-crop")
-        jobs = []
+        encodings = []
         for k, rec in enumerate(records):
             try:
-                enc = read.claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels)
+                encodings.append(read.claim(rec.payload, rec.encoding, rec.width, rec.height, rec.channels))
             except Exception as exc:  # Pillow raises many exception types for bad data
                 raise BatchItemError(k, exc) from exc
-            with contextlib.nullcontext() if seeded is None else seeded(k):
-                draws = multicrop.draw(rec.width, rec.height)
-            jobs.append((k, rec, enc, draws))
-        into = multicrop.batches(len(jobs))
+        # Every claim before any number is drawn (as ``batch`` does); then all the batch's
+        # numbers in bulk (``MultiCrop.draw_many``: the per-sample draws' numbers), else
+        # sample by sample.
+        drawn = None if seeded is not None else multicrop.draw_many([(rec.width, rec.height) for rec in records])
+        if drawn is None:
+            drawn = []
+            for k, rec in enumerate(records):
+                with contextlib.nullcontext() if seeded is None else seeded(k):
+                    drawn.append(multicrop.draw(rec.width, rec.height))
+        samples = [(k, rec, enc, draws) for k, (rec, enc, draws) in enumerate(zip(records, encodings, drawn))]
+        # One reused buffer for every view's batch (``transport``): no fresh memory to
+        # fault in per batch and, in a DataLoader worker, sent by reference, not copied.
+        into = pool().take_many(multicrop.batch_specs(len(samples)))
         found = self._resizers
 
-        def make(job: tuple[int, Any, Any, Any]) -> None:
-            at, rec, enc, draws = job
-            box = multicrop.union(draws)
-            pixels, top, left = read.covering(rec.payload, enc, rec.width, rec.height, rec.channels, box)
-            multicrop.make(pixels, top, left, draws, found, into=into, at=at)
+        def load(sample: tuple[int, Any, Any, Any]) -> tuple[Any, int, int, Any]:
+            at, rec, enc, draws = sample
+            try:
+                pixels, top, left = read.covering(
+                    rec.payload, enc, rec.width, rec.height, rec.channels, multicrop.union(draws)
+                )
+            except Exception as exc:  # decoders raise many exception types for bad data
+                raise BatchItemError(at, exc) from exc
+            return pixels, top, left, draws
 
-        read.map(make, jobs)
+        # A few samples per job: the photometric operations run once per view size for
+        # them all (fewer calls), while the threads still share the batch.
+        jobs = [samples[lo : lo + VIEW_CHUNK] for lo in range(0, len(samples), VIEW_CHUNK)]
+
+        def make(job: list[tuple[int, Any, Any, Any]]) -> None:
+            multicrop.make_many(job, load, into, job[0][0], found)
+
+        try:
+            read.map(make, jobs)
+        except BatchItemError as exc:
+            if isinstance(exc.cause, BatchItemError):  # a record's decode: name the record
+                raise exc.cause from exc.cause.cause
+            raise BatchItemError(jobs[exc.position][0][0], exc.cause) from exc.cause
         return into
 
     def batch(self, records: Sequence[Any], seeds: Sequence[int] | None = None) -> torch.Tensor:
@@ -370,6 +397,11 @@ class TransformPlan:
                     jobs.append(job(rec.payload, enc, rec.width, rec.height, rec.channels, box, flipped))
         self.read.run(jobs, images.numpy(), planar=True)
         return images
+
+
+#: Samples per job of a multi-crop batch (``views_many``): their views' photometric
+#: operations run together (fewer calls), and the working set stays in cache.
+VIEW_CHUNK = 4
 
 
 def fast_path(transform: Any, *, size_hint: int | None = None) -> tuple[bool, str]:

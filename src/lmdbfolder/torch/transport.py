@@ -35,6 +35,11 @@ last batch made in it:
   (``_shared_with_children``), which makes another (or allocates as torch would).
 * **In the main process** (``num_workers=0``, threads mode) the buffers are
   ordinary memory, reused the same way: a fresh batch no longer page-faults in.
+* **Several batch tensors in one buffer** (``BatchPool.take_many``: a multi-crop's
+  views, one float32 or uint8 batch per view) are made, watched, sent and freed as
+  one batch: every view tensor is a slice of the buffer's one storage, so the buffer
+  is free only when no tensor of any of them is alive; a worker sends their layout
+  (dtype, shape, offset of each) with the buffer's reference.
 
 A pool holds at most ``MAX_BUFFERS`` buffers; when all are in use (a program that
 keeps many batches), batches are allocated as before. Where ``memfd_create`` is
@@ -57,7 +62,13 @@ import torch.utils.data
 
 from lmdbfolder.errors import LmdbFolderError
 
-__all__ = ["BatchPool", "PooledBatch", "pool", "MAX_BUFFERS"]
+__all__ = ["BatchPool", "PooledBatch", "pool", "MAX_BUFFERS", "Layout"]
+
+#: Where each tensor of a ``take_many`` batch lies in its buffer: ``(dtype, shape, byte offset)``.
+Layout = tuple[tuple[torch.dtype, tuple[int, ...], int], ...]
+
+#: Byte alignment of each tensor of a ``take_many`` batch in its buffer (a cache line).
+_ALIGN = 64
 
 #: Buffers one process keeps (every size together). A DataLoader worker needs one
 #: per batch in flight (``prefetch_factor``, 2 by default), one the user holds and
@@ -96,7 +107,19 @@ class _Lifetime:
 class _Buffer:
     """One reusable batch buffer: ``nbytes`` of memory, shared (a memfd) or private."""
 
-    __slots__ = ("index", "nbytes", "mm", "fd", "array", "held", "watch", "generation", "fd_sent", "__weakref__")
+    __slots__ = (
+        "index",
+        "nbytes",
+        "mm",
+        "fd",
+        "array",
+        "held",
+        "watch",
+        "generation",
+        "fd_sent",
+        "layout",
+        "__weakref__",
+    )
 
     def __init__(self, index: int, nbytes: int, shared: bool) -> None:
         self.index = index
@@ -113,11 +136,16 @@ class _Buffer:
                 raise
             self.array = np.frombuffer(self.mm, np.uint8, count=nbytes, offset=_HEADER)
         else:
-            self.array = np.empty(nbytes, np.uint8)
+            # Cache-line aligned, as a memfd's mapping past its header is (take_many's offsets).
+            raw = np.empty(nbytes + _ALIGN, np.uint8)
+            start = -raw.ctypes.data % _ALIGN
+            self.array = raw[start : start + nbytes]
         self.held = False  # a tensor made in this process over the buffer is alive
         self.watch: _Lifetime | None = None
         self.generation = 0
         self.fd_sent = False
+        #: The tensors of the last batch made here by ``take_many`` (None: one uint8 tensor).
+        self.layout: Layout | None = None
 
     def free(self) -> bool:
         """Whether nothing refers to the last batch made here (in this process or, for
@@ -128,6 +156,7 @@ class _Buffer:
         """A new batch tensor of ``shape`` over this buffer (which is now held)."""
         view = self.array.reshape(shape)  # a fresh ndarray: torch keeps it alive with the tensor
         self.held = True
+        self.layout = None
         self.generation += 1
         if self.mm is not None:
             self.mm[8:16] = self.generation.to_bytes(8, "little")
@@ -185,6 +214,21 @@ class BatchPool:
             return torch.empty(0, dtype=torch.uint8).set_(storage).view(*shape)
         return torch.empty(tuple(shape), dtype=torch.uint8)
 
+    def take_many(self, specs: Sequence[tuple[torch.dtype, Sequence[int]]]) -> list[torch.Tensor]:
+        """Tensors of the given ``(dtype, shape)`` s (values undefined), all in one free
+        buffer if there is one (each C-contiguous, 64-byte aligned), which is free again
+        only when no tensor of any of them is alive; else each newly allocated."""
+        layout = _layout(specs)
+        nbytes = _layout_bytes(layout)
+        with self._lock:
+            buf = self._find(nbytes) if nbytes else None
+            if buf is not None:
+                whole = buf.tensor((nbytes,))
+                buf.layout = layout
+                return _views_of(whole, layout)
+        self.overflow += 1
+        return [torch.empty(tuple(shape), dtype=dtype) for dtype, shape, _ in layout]
+
     def _find(self, nbytes: int) -> _Buffer | None:
         spare = None
         for buf in self._buffers:
@@ -219,8 +263,68 @@ class BatchPool:
             return None
         return buf
 
+    def buffer_of_many(self, tensors: Any) -> _Buffer | None:
+        """The shared buffer whose ``take_many`` batch ``tensors`` (a list) is, whole and
+        in order (None for anything else)."""
+        if not self.shared or not isinstance(tensors, list) or not tensors:
+            return None
+        first = tensors[0]
+        if not isinstance(first, torch.Tensor):
+            return None
+        buf = self._by_data.get(first.data_ptr())
+        if buf is None or not buf.held or buf.layout is None or len(buf.layout) != len(tensors):
+            return None
+        base = first.data_ptr()
+        for t, (dtype, shape, offset) in zip(tensors, buf.layout):
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dtype != dtype
+                or tuple(t.shape) != shape
+                or not t.is_contiguous()
+                or t.data_ptr() != base + offset
+            ):
+                return None
+        return buf
+
     def __len__(self) -> int:
         return len(self._buffers)
+
+
+def _layout(specs: Sequence[tuple[torch.dtype, Sequence[int]]]) -> Layout:
+    """Each tensor's place in one buffer: one after the other, each 64-byte aligned."""
+    out = []
+    offset = 0
+    for dtype, shape in specs:
+        dims = tuple(int(d) for d in shape)
+        out.append((dtype, dims, offset))
+        nbytes = torch.empty((), dtype=dtype).element_size()
+        for d in dims:
+            nbytes *= d
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    return tuple(out)
+
+
+def _layout_bytes(layout: Layout) -> int:
+    """The bytes a buffer needs for ``layout`` (the end of its last tensor)."""
+    if not layout:
+        return 0
+    dtype, shape, offset = layout[-1]
+    nbytes = torch.empty((), dtype=dtype).element_size()
+    for d in shape:
+        nbytes *= d
+    return offset + nbytes
+
+
+def _views_of(whole: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """The tensors of ``layout`` as views of ``whole`` (a flat uint8 tensor): one storage."""
+    out = []
+    for dtype, shape, offset in layout:
+        count = 1
+        for d in shape:
+            count *= d
+        size = torch.empty((), dtype=dtype).element_size() * count
+        out.append(whole[offset : offset + size].view(dtype).view(shape))
+    return out
 
 
 _POOLS: dict[int, BatchPool] = {}
@@ -240,13 +344,15 @@ def pool() -> BatchPool:
 class PooledBatch(list):  # type: ignore[type-arg]
     """``[images, targets]`` as ``collate`` returns it in a DataLoader worker when the
     images are a pooled shared buffer: sent to the main process by reference (see the
-    module docstring), where it arrives as a plain ``[images, targets]`` list."""
+    module docstring), where it arrives as a plain ``[images, targets]`` list. ``images``
+    may be the list of tensors of a ``take_many`` batch (a multi-crop's views)."""
 
-    def __init__(self, images: torch.Tensor, targets: Any, buffer: _Buffer, owner: BatchPool) -> None:
+    def __init__(self, images: Any, targets: Any, buffer: _Buffer, owner: BatchPool) -> None:
         super().__init__([images, targets])
         self.buffer = buffer
         self.owner = owner
         self.generation = buffer.generation
+        self.layout = buffer.layout
         self.sent = False
 
 
@@ -256,7 +362,8 @@ def _reduce_pooled(batch: PooledBatch) -> tuple[Any, tuple[Any, ...]]:
     buf, owner = batch.buffer, batch.owner
     if batch.sent or owner.pid != os.getpid() or buf.generation != batch.generation or buf.mm is None:
         # Pickled twice, or after the buffer moved on: send a copy the torch way.
-        return (list, ([images.clone(), targets],))
+        copied = [t.clone() for t in images] if isinstance(images, list) else images.clone()
+        return (list, ([copied, targets],))
     batch.sent = True
     buf.mm[0] = _AT_RECEIVER  # before the worker can see the buffer unheld: it is not free
     fd = None
@@ -267,7 +374,10 @@ def _reduce_pooled(batch: PooledBatch) -> tuple[Any, tuple[Any, ...]]:
     int_targets = None
     if isinstance(targets, torch.Tensor) and type(targets) is torch.Tensor and targets.dtype == torch.int64:
         int_targets, targets = targets.tolist(), None  # 64 numbers: cheaper pickled than shared
-    message = (owner.token, buf.index, fd, buf.nbytes, batch.generation, tuple(images.shape), int_targets, targets)
+    # The layout by dtype name: a torch.dtype pickles, but a name is plain data.
+    layout = None if batch.layout is None else tuple((str(d).removeprefix("torch."), s, o) for d, s, o in batch.layout)
+    shape = None if layout is not None else tuple(images.shape)
+    message = (owner.token, buf.index, fd, buf.nbytes, batch.generation, shape, layout, int_targets, targets)
     return (_receive, (message, dropped))
 
 
@@ -283,8 +393,8 @@ _LOCK = threading.Lock()
 
 def _receive(message: tuple[Any, ...], dropped: list[int]) -> list[Any]:
     """Unpickling a ``PooledBatch`` in the main process: the batch tensor over this
-    process's mapping of the worker's buffer, and the targets."""
-    token, index, fd, nbytes, generation, shape, int_targets, targets = message
+    process's mapping of the worker's buffer (or the tensors of its ``layout``), and the targets."""
+    token, index, fd, nbytes, generation, shape, layout, int_targets, targets = message
     with _LOCK:
         maps = _MAPPED.get(token)
         if maps is None:
@@ -312,8 +422,23 @@ def _receive(message: tuple[Any, ...], dropped: list[int]) -> list[Any]:
             "batch arrived (a bug in lmdbfolder.transport: please report it)",
             "meanwhile, a collate_fn that returns a copy (e.g. [b.images.clone(), b.targets]) avoids the reuse",
         )
-    view = np.frombuffer(mm, np.uint8, count=nbytes, offset=_HEADER).reshape(shape)
+    view = np.frombuffer(mm, np.uint8, count=nbytes, offset=_HEADER)
+    if shape is not None:
+        view = view.reshape(shape)
     images = torch.from_numpy(view)
+    result: Any = images
+    if layout is not None:
+        dtypes = []
+        for name, dims, offset in layout:
+            dtype = getattr(torch, name, None)
+            if not isinstance(dtype, torch.dtype):
+                raise LmdbFolderError(
+                    f"a batch from DataLoader worker {token.split('-')[0]} names no dtype {name!r}",
+                    "the workers and the main process must run the same torch",
+                )
+            dtypes.append((dtype, tuple(dims), int(offset)))
+        # Every tensor a view of ``images``: one storage, watched below as one batch.
+        result = _views_of(images, tuple(dtypes))
     pid = os.getpid()
 
     key = next(_KEYS)
@@ -332,7 +457,7 @@ def _receive(message: tuple[Any, ...], dropped: list[int]) -> list[Any]:
     _KEEP[key] = _Lifetime(view, images, release)
     if int_targets is not None:
         targets = torch.tensor(int_targets, dtype=torch.int64)
-    return [images, targets]
+    return [result, targets]
 
 
 _KEEP: dict[int, _Lifetime] = {}  # the watches of received batches, alive until their batch dies

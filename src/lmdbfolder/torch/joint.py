@@ -457,15 +457,7 @@ class JointPlan:
             pending = [type(leaf) is PendingImage for leaf in flat]
             masks = [type(leaf) is PendingMask for leaf in flat]
             if not all(leaf.sized() for leaf in flat if isinstance(leaf, PendingImage)):
-                # A file whose header gives no size: decoded whole, then v2's own steps.
-                flat = [leaf.decode(read) if isinstance(leaf, PendingImage) else leaf for leaf in flat]
-                out = crop(*tree_unflatten(flat, spec)) if len(inputs) > 1 else crop(tree_unflatten(flat, spec))
-                if flip is not None:
-                    out = flip(*out) if len(inputs) > 1 else flip(out)
-                if self.tensors:
-                    leaves, out_spec = tree_flatten(out)
-                    out = tree_unflatten([_to_image(x) if isinstance(x, Image.Image) else x for x in leaves], out_spec)
-                made.append(([out], None))
+                made.append(([self._unfused(flat, spec, len(inputs) > 1)], None))
                 continue
             sizes = [leaf.info() if isinstance(leaf, PendingImage) else None for leaf in flat]
             # What v2 reads of the fields (their types, their sizes): stand-ins of the encoded ones.
@@ -505,23 +497,7 @@ class JointPlan:
                     flat[at] = flip.transform(leaf, {}) if flipped else leaf
             made.append((flat, spec))
         if jobs:
-            out_h, out_w = self.crop.size
-            tensors = self.tensors
-            shape = (len(jobs), 3, out_h, out_w) if tensors else (len(jobs), out_h, out_w, 3)
-            pixels = np.empty(shape, np.uint8)
-            try:
-                read.run(jobs, pixels, planar=tensors)
-            except BatchItemError as exc:
-                raise ImageFieldError(places[exc.position][2], exc.cause) from exc.cause
-            if tensors:
-                from torchvision import tv_tensors
-
-                batch = torch.from_numpy(pixels)
-                for j, (k, at, _leaf) in enumerate(places):
-                    made[k][0][at] = tv_tensors.Image(batch[j])
-            else:
-                for j, (k, at, _leaf) in enumerate(places):
-                    made[k][0][at] = Image.fromarray(pixels[j], "RGB")
+            self._decode_jobs(jobs, places, made)
         for k, at, leaf, box, flipped in rows_jobs:
             img = self._png_crop(leaf, box, flipped)
             made[k][0][at] = _to_image(img) if self.tensors else img
@@ -533,6 +509,40 @@ class JointPlan:
             out = tree_unflatten(flat, spec)
             results.append(out if len(inputs) > 1 else (out,))
         return results
+
+    def _unfused(self, flat: list[Any], spec: Any, several: bool) -> Any:
+        """A sample whose image's file header gives no size: decoded whole, then v2's own steps."""
+        crop, flip = self.crop, self.flip
+        flat = [leaf.decode(self.read) if isinstance(leaf, PendingImage) else leaf for leaf in flat]
+        out = crop(*tree_unflatten(flat, spec)) if several else crop(tree_unflatten(flat, spec))
+        if flip is not None:
+            out = flip(*out) if several else flip(out)
+        if self.tensors:
+            leaves, out_spec = tree_flatten(out)
+            out = tree_unflatten([_to_image(x) if isinstance(x, Image.Image) else x for x in leaves], out_spec)
+        return out
+
+    def _decode_jobs(
+        self, jobs: list[CropJob], places: list[tuple[int, int, PendingImage]], made: list[tuple[list[Any], Any]]
+    ) -> None:
+        """The batch's image crops decoded in one run, each put in its sample's place."""
+        out_h, out_w = self.crop.size
+        tensors = self.tensors
+        shape = (len(jobs), 3, out_h, out_w) if tensors else (len(jobs), out_h, out_w, 3)
+        pixels = np.empty(shape, np.uint8)
+        try:
+            self.read.run(jobs, pixels, planar=tensors)
+        except BatchItemError as exc:
+            raise ImageFieldError(places[exc.position][2], exc.cause) from exc.cause
+        if tensors:
+            from torchvision import tv_tensors
+
+            batch = torch.from_numpy(pixels)
+            for j, (k, at, _leaf) in enumerate(places):
+                made[k][0][at] = tv_tensors.Image(batch[j])
+        else:
+            for j, (k, at, _leaf) in enumerate(places):
+                made[k][0][at] = Image.fromarray(pixels[j], "RGB")
 
     def _png_crop(self, pending: PendingImage, box: tuple[int, int, int, int], flip: bool) -> Image.Image:
         """A PNG image field's crop, resized and flipped as v2 does to its RGB PIL image: the

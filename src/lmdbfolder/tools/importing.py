@@ -768,4 +768,7 @@ def import_basicsr_pair(
     samples = basicsr_pair_samples(lq, gt, scale=scale)
     # one reader: the old LMDBs are read through one PageFile each, from the writer's thread
     options = PackOptions(workers=1, overwrite=overwrite, restart=restart, progress=progress)
-    return pack_field_samples(samples, new, options)
+    result = pack_field_samples(samples, new, options)
+    if not isinstance(result, PackResult):  # no shards asked for: one pack
+        raise TypeError(f"pack_field_samples made {type(result).__name__}, not one pack")
+    return result

@@ -66,7 +66,9 @@ def test_wrong_format_version(small_pack: Path) -> None:
     with Reader(small_pack) as r:
         meta = dict(r.meta, format_version=99)
     _rewrite(small_pack, META_KEY, encode_meta(meta))
-    with pytest.raises(FormatVersionError, match="format version 99, this lmdbfolder reads versions 1, 2 and 3") as e:
+    with pytest.raises(
+        FormatVersionError, match="format version 99, this lmdbfolder reads versions 1, 2, 3 and 4"
+    ) as e:
         Reader(small_pack)
     assert "upgrade" in str(e.value)
 

@@ -788,9 +788,10 @@ def test_a_file_changed_after_it_was_staged_is_read_again(
     _rewrite(src / "dog" / "new1.jpg", "content" if how == "content" else "same")
     reads = CountReads(monkeypatch)
     result = pack(src, dst, update=True, workers=1, commit_every=2, progress=False)
+    read = sorted(reads.paths)  # before the fresh pack below reads every file (in this process, with threads)
     assert contents(dst) == contents(fresh(src, tmp_path))  # before: new1's old bytes
     assert verify(dst, progress=False).ok
-    assert result.resumed_from == 4 and sorted(reads.paths) == ["new1.jpg", "new4.jpg", "new5.jpg"]
+    assert result.resumed_from == 4 and read == ["new1.jpg", "new4.jpg", "new5.jpg"]
     assert pack(src, dst, update=True, progress=False).already_packed  # its size and time are the pack's
 
 
@@ -809,10 +810,11 @@ def test_a_staged_file_damaged_before_the_rerun_is_read_again(
     _damage_staged(Path(staging_path(str(dst))), how)
     reads = CountReads(monkeypatch)
     pack(src, dst, update=True, workers=1, commit_every=2, progress=False)
+    read = sorted(reads.paths)  # before the fresh pack below reads every file (in this process, with threads)
     assert contents(dst) == contents(fresh(src, tmp_path))
     report = verify(dst, progress=False)
     assert report.ok, report.problems
-    assert sorted(reads.paths) == ["new1.jpg", "new4.jpg", "new5.jpg"]
+    assert read == ["new1.jpg", "new4.jpg", "new5.jpg"]
 
 
 @pytest.mark.parametrize("how", ["changed", "damaged"])

@@ -53,7 +53,7 @@ demo: $(VENV)/.demo-installed
 
 test: $(VENV)/.test-installed
 	@echo "==> running the test suite: pytest on tests/ (about 1,650 tests; a line per test file, a dot per test)."
-	@echo "    It takes about 9 min on the 2-core development VM, longer while other work runs (the longest test: 1-2 min);"
+	@echo "    It takes about 11 min on the 2-core development VM, longer while other work runs (the longest test: 1-2 min);"
 	@echo "    the longest tests (marked long) say so when they start, and the slowest five are listed at the end"
 	$(BIN)/python -m pytest --durations=5
 

@@ -303,31 +303,14 @@ def _scan_boxes(
 ) -> tuple[list[Box], list[bool], int] | None:
     """The samples' boxes and flips from the pre-drawn numbers, and the count used
     (None: ``k`` numbers were not enough)."""
-    sqrt = math.sqrt
     boxes: list[Box] = []
     flipped: list[bool] = []
     j = 0
     for width, height in sizes:
-        area = height * width
-        box = None
-        for _ in range(10):
-            if j + 2 > k:
-                return None
-            target_area = area * areas[j]
-            aspect_ratio = aspects[j + 1]
-            j += 2
-            w = int(round(sqrt(target_area * aspect_ratio)))
-            h = int(round(sqrt(target_area / aspect_ratio)))
-            if 0 < w <= width and 0 < h <= height:
-                if j + 2 > k:
-                    return None
-                top = _raw(low[j], mod3[j]) % (height - h + 1)
-                left = _raw(low[j + 1], mod3[j + 1]) % (width - w + 1)
-                j += 2
-                box = (top, left, h, w)
-                break
-        if box is None:  # the central crop, as _draw_box
-            box = _central_box(width, height, ratio)
+        scanned = _scan_box(width, height, ratio, j, k, low, mod3, areas, aspects)
+        if scanned is None:
+            return None
+        box, j = scanned
         boxes.append(box)
         if flips_drawn:
             if j + 1 > k:
@@ -337,6 +320,37 @@ def _scan_boxes(
         else:
             flipped.append(False)
     return boxes, flipped, j
+
+
+def _scan_box(
+    width: int,
+    height: int,
+    ratio: Sequence[float],
+    j: int,
+    k: int,
+    low: list[int],
+    mod3: list[int],
+    areas: list[float],
+    aspects: list[float],
+) -> tuple[Box, int] | None:
+    """One image's box from the pre-drawn numbers at ``j`` (``_draw_box``'s ten tries, then
+    the central crop) and where its numbers end (None: ``k`` numbers were not enough)."""
+    area = height * width
+    for _ in range(10):
+        if j + 2 > k:
+            return None
+        target_area = area * areas[j]
+        aspect_ratio = aspects[j + 1]
+        j += 2
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            if j + 2 > k:
+                return None
+            top = _raw(low[j], mod3[j]) % (height - h + 1)
+            left = _raw(low[j + 1], mod3[j + 1]) % (width - w + 1)
+            return (top, left, h, w), j + 2
+    return _central_box(width, height, ratio), j
 
 
 #: Held by each bulk draw of boxes (``RandomResizedCrop.batch_drawer``).

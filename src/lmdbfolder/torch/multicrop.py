@@ -30,7 +30,6 @@ image, so it is a drop-in there too. The presets ``MultiCrop.dino``, ``.swav`` a
 
 from __future__ import annotations
 
-import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -300,34 +299,17 @@ def _scan_views(
 ) -> tuple[list[list[_TorchDraw]], int] | None:
     """The samples' torch draws from the pre-drawn numbers, and the count used (None:
     ``k`` numbers were not enough)."""
-    sqrt, raw, central = math.sqrt, _crop._raw, _crop._central_box
+    scan_box, raw = _crop._scan_box, _crop._raw
     out: list[list[_TorchDraw]] = []
     j = 0
     for width, height in sizes:
-        area = height * width
         row: list[_TorchDraw] = []
         for spec in specs:
-            # RandomResizedCrop's box (crop._draw_box)
-            areas, ratios = uniform[spec.scale], aspects[spec.log_ratio]
-            box = None
-            for _ in range(10):
-                if j + 2 > k:
-                    return None
-                target_area = area * areas[j]
-                aspect_ratio = ratios[j + 1]
-                j += 2
-                w = int(round(sqrt(target_area * aspect_ratio)))
-                h = int(round(sqrt(target_area / aspect_ratio)))
-                if 0 < w <= width and 0 < h <= height:
-                    if j + 2 > k:
-                        return None
-                    top = raw(low[j], mod3[j]) % (height - h + 1)
-                    left = raw(low[j + 1], mod3[j + 1]) % (width - w + 1)
-                    j += 2
-                    box = (top, left, h, w)
-                    break
-            if box is None:
-                box = central(width, height, spec.ratio)
+            # RandomResizedCrop's box (crop._draw_box, from the stream as crop's bulk draw reads it)
+            scanned = scan_box(width, height, spec.ratio, j, k, low, mod3, uniform[spec.scale], aspects[spec.log_ratio])
+            if scanned is None:
+                return None
+            box, j = scanned
             if j + 12 > k:  # the rest of the view's draws, at most
                 return None
             flip = False

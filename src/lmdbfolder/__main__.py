@@ -1,5 +1,5 @@
 """``python -m lmdbfolder``: the same as the ``lmdbfolder`` command."""
 
-from lmdbfolder.cli import main
+from lmdbfolder.cli import console
 
-raise SystemExit(main())
+raise SystemExit(console())

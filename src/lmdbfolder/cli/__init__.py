@@ -23,7 +23,7 @@ from lmdbfolder._version import __version__
 from lmdbfolder.cli import bench, copy, demo, doctor, export, importing, index, info, pack, show, verify, warm
 from lmdbfolder.cli.common import EXIT_CODES, Parser, run_command
 
-__all__ = ["main", "EXIT_CODES"]
+__all__ = ["main", "console", "EXIT_CODES"]
 
 #: The command modules, in the order ``lmdbfolder --help`` lists them.
 COMMANDS = (pack, info, verify, show, export, importing, index, copy, bench, warm, demo, doctor)
@@ -50,3 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits on --help, --version and usage errors
         return int(exc.code or 0)
     return run_command(args)
+
+
+def console() -> int:
+    """The ``lmdbfolder`` command's entry point (and ``python -m lmdbfolder``'s): ``main()``
+    in a process of its own, whose heap may be tuned for packing (``keep_freed_memory``)."""
+    from lmdbfolder.write.runtime import keep_freed_memory
+
+    keep_freed_memory()
+    return main()

@@ -1,10 +1,15 @@
-"""What the writer changes in its own process while a pack runs, and puts back afterwards.
+"""What the writer changes in the process it runs in.
 
-* A Ctrl-C latch (``_interrupt_latch``): Python can swallow a SIGINT that
-  arrives inside a ``__del__``; the write loop checks the latch before every
-  record instead of trusting the KeyboardInterrupt.
-* glibc's heap thresholds (``_keep_freed_memory``): freed record buffers stay
+* A Ctrl-C latch (``_interrupt_latch``), while a pack runs: Python can
+  swallow a SIGINT that arrives inside a ``__del__``; the write loop checks
+  the latch before every record instead of trusting the KeyboardInterrupt.
+* glibc's heap thresholds (``keep_freed_memory``): freed record buffers stay
   in the process instead of going back to the kernel after every record.
+  Only in the ``lmdbfolder`` command's own process, for its whole life: a
+  ``mallopt`` of these thresholds switches off glibc's adaptive ones for
+  good (nothing switches them on again), so a library call that made it in
+  the caller's process would slow whatever that process did afterwards
+  (tests/test_process_state.py).
 
 Names with a leading underscore are shared by the write modules only.
 """
@@ -61,32 +66,24 @@ def _interrupt_latch() -> Iterator[_Latch]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-@contextlib.contextmanager
-def _keep_freed_memory() -> Iterator[None]:
-    """Let glibc keep freed heap memory while packing, then restore its defaults.
+def keep_freed_memory() -> None:
+    """Let glibc keep freed heap memory in this process from now on (the ``lmdbfolder``
+    command calls it first thing; a library call never does).
 
     Every record passes through a ~100 KB buffer of ours and a dirty page
-    buffer of LMDB's; with glibc's defaults each is returned to the kernel
-    when freed and faulted in again for the next record. Keeping them cut the
-    kernel time of a 1 GB pack by about a quarter (benchmarks/bench_pack.py).
+    buffer of LMDB's; with glibc's starting thresholds each is returned to the
+    kernel when freed and faulted in again for the next record. Keeping them
+    cut the kernel time of a 1 GB pack by about a quarter (benchmarks/bench_pack.py).
     """
     mallopt = _glibc_mallopt()
     if mallopt is None:
-        yield
         return
     mallopt(_M_TRIM_THRESHOLD, 1 << 30)
     mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-    try:
-        yield
-    finally:
-        mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
-        mallopt(_M_MMAP_THRESHOLD, _DEFAULT_MMAP_THRESHOLD)
 
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-_DEFAULT_TRIM_THRESHOLD = 128 * 1024
-_DEFAULT_MMAP_THRESHOLD = 128 * 1024
 
 
 def _glibc_mallopt() -> Any:

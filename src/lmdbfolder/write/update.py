@@ -95,7 +95,6 @@ from lmdbfolder.write.loop import (
 )
 from lmdbfolder.write.options import CHECKS, CONTENT_CHECK, PackOptions
 from lmdbfolder.write.records import Loaded, Skipped
-from lmdbfolder.write.runtime import _keep_freed_memory
 from lmdbfolder.write.sources import SourceList, SourceSpec, check_update_filters
 from lmdbfolder.write.threads import default_workers
 
@@ -644,8 +643,7 @@ def _stage(
                 # Reader processes pay off from a few hundred files; forking them costs
                 # ~10 ms each, more than reading a few small files here.
                 workers = min(default_workers(), max(1, (len(plan.todo) - state.next_source) // 256))
-            with _keep_freed_memory():
-                run.write_all(workers, mean + 64, progress.bar)
+            run.write_all(workers, mean + 64, progress.bar)
     finally:
         state.close()
     return run.input_bytes, done_before

@@ -38,7 +38,6 @@ from lmdbfolder.write.loop import Job, _Run, check_manifest_size
 from lmdbfolder.write.options import PackOptions, pack_options
 from lmdbfolder.write.planner import Kind, PackRequest, Plan, updatable
 from lmdbfolder.write.records import Loaded, Skipped
-from lmdbfolder.write.runtime import _keep_freed_memory
 from lmdbfolder.write.sources import SourceList, SourceSpec
 from lmdbfolder.write.threads import default_workers
 from lmdbfolder.write.update import Changes
@@ -322,8 +321,7 @@ def _write(job: Job) -> PackResult:
         if not state.finished:  # else: written before, stopped before it was published
             if opts.space_check:
                 output._check_free_space(partial, plan, state.next_source)
-            with _keep_freed_memory():
-                run.write_all(workers, plan.mean_value_size, opts.progress)
+            run.write_all(workers, plan.mean_value_size, opts.progress)
     finally:
         state.close()
     # Compact only when free pages are measured above 1%. Neither growing the

@@ -13,13 +13,13 @@ in a fresh interpreter.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import tree
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
@@ -71,7 +71,7 @@ def test_writing_leaves_the_heap_adaptive(tmp_path: Path, kind: str) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    counts = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
     pinned = _PROBE * 256  # every probe a fresh 1 MiB mapping
     for when, n in counts.items():
         assert n < pinned // 4, (when, counts)

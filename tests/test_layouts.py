@@ -1145,7 +1145,7 @@ main(["pack", {src!r}, {dst!r}, "--layout", "voc", "--update", "--no-progress"])
 """
 
 
-def test_a_sharded_update_of_fields_killed_before_the_index_reads_as_the_old_version(tmp_path: Path) -> None:
+def test_a_sharded_update_of_fields_interrupted_or_killed_reads_as_the_old_version(tmp_path: Path) -> None:
     import signal
     import subprocess
     import sys
@@ -1158,8 +1158,26 @@ def test_a_sharded_update_of_fields_killed_before_the_index_reads_as_the_old_ver
     make_voc(src, ["a", "b", "c", "d"])
     dst = tmp_path / "sh"
     assert main(["pack", str(src), str(dst), "--layout", "voc", "--shards", "2", "--no-progress"]) == 0
-    old = reader_view(dst)
-    _change_voc(src)  # both shards change
+    old, files = reader_view(dst), _shard_files(dst)
+    _change_voc(src)  # both shards change: a, b (b's mask) | d, e (c removed, e added)
+    # interrupted while reading the second shard's new sample (the first shard is updated)
+    samples = scan_layout(src, "voc")
+    read = samples.read
+
+    def interrupted(i: int) -> list[bytes]:
+        if samples.relpaths[i] == "JPEGImages/e.jpg":
+            raise KeyboardInterrupt
+        return read(i)
+
+    samples.read = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        pack_field_samples(samples, dst, update=True, workers=1, progress=False)
+    first, second = files  # the shards (the second's staging folder beside them now)
+    now = _shard_files(dst)
+    assert now[first] != files[first] and now[second] == files[second]
+    assert reader_view(dst) == old
+    assert verify(str(dst), progress=False).ok
+    # then killed before the new index
     code = _KILL_AT_INDEX.format(src_dir=str(Path(__file__).resolve().parents[1] / "src"), src=str(src), dst=str(dst))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]

@@ -978,15 +978,17 @@ class LoadedSamples:
     it places those a fresh pack lists last.
 
     ``loader(i)``, ``stat(i)`` and ``mean_size``: ``pack_sources``' for source ``i`` of the
-    whole list; ``manifest_extra``: the fields and layout, in every shard's manifest (and
-    checked against each shard's before any changes). The last ``left_out`` sources are
-    samples left out while listing (a missing partner...): a fresh pack lists them after
-    the others (``write.fields``), so they say nothing of the order of the shards. The
-    update lists each again in the shard that held its path, a new one in the last shard.
+    whole list (``stat`` is what an update of records made by a loader compares: without
+    it, ``pack_sources`` would pack the shard anew); ``manifest_extra``: the fields and
+    layout, in every shard's manifest (and checked against each shard's before any
+    changes). The last ``left_out`` sources are samples left out while listing (a missing
+    partner...): a fresh pack lists them after the others (``write.fields``), so they say
+    nothing of the order of the shards. The update lists each again in the shard that held
+    its path, a new one in the last shard.
     """
 
     loader: Callable[[int], Any]
-    stat: Callable[[int], tuple[int, int]] | None
+    stat: Callable[[int], tuple[int, int]]
     manifest_extra: Mapping[str, Any]
     mean_size: float | None = None
     left_out: int = 0
@@ -996,10 +998,7 @@ class LoadedSamples:
         (``order[s]``: the loader's index of source ``s``; None: the same)."""
         at: Callable[[int], int] = (lambda s: start + s) if order is None else (lambda s: order[start + s])
         loader, stat = self.loader, self.stat
-        more: dict[str, Any] = {"loader": lambda s: loader(at(s)), "mean_size": self.mean_size}
-        if stat is not None:
-            more["stat"] = lambda s: stat(at(s))
-        return more
+        return {"loader": lambda s: loader(at(s)), "stat": lambda s: stat(at(s)), "mean_size": self.mean_size}
 
 
 def _place_loaded(

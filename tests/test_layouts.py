@@ -548,10 +548,14 @@ def test_the_reader_pickles(tmp_path: Path) -> None:
 
 # -- end to end: `lmdbfolder pack --layout`, `lmdbfolder import --gt` -------------------------------
 def stored_fields(pack: Path) -> list[list[bytes]]:
-    """Every record's fields, as the pack holds them (checksums verified)."""
+    """Every record's fields, as the pack holds them (checksums verified); a sharded pack's
+    shards one after the other, as its index names them."""
     from lmdbfolder.format.fields import split_field_payloads
     from lmdbfolder.read.reader import Reader
 
+    if (pack / "index.json").is_file():
+        shards = json.loads((pack / "index.json").read_text())["shards"]
+        return [fields for entry in shards for fields in stored_fields(pack / entry["name"])]
     reader = Reader(str(pack), verify_checksums=True)
     try:
         n = len(reader.meta.field_specs)
@@ -948,10 +952,15 @@ def test_update_refusals(tmp_path: Path) -> None:
 
     with pytest.raises(OptionError, match="--layout voc --update"):
         pack(str(src), str(dst), update=True)
+    # a sharded pack: refused before any shard changes (its last shard's split is checked too)
     sharded = tmp_path / "sharded"
     pack_field_samples(scan_layout(src, "voc"), sharded, shards=2, progress=False)
-    with pytest.raises(OptionError, match="does not update a sharded pack of several fields"):
-        pack_field_samples(scan_layout(src, "voc"), sharded, update=True, progress=False)
+    before = {p.name: (p / "data.mdb").read_bytes() for p in sharded.iterdir() if p.is_dir()}
+    with pytest.raises(OptionError, match="split train.*split val"):
+        pack_field_samples(scan_layout(src, "voc", split="val"), sharded, update=True, progress=False)
+    with pytest.raises(OptionError, match="has 2 shards, not 3"):
+        pack_field_samples(scan_layout(src, "voc"), sharded, shards=3, update=True, progress=False)
+    assert {p.name: (p / "data.mdb").read_bytes() for p in sharded.iterdir() if p.is_dir()} == before
     assert stored_fields(dst) == _voc_files(src, ["a", "b"])  # nothing changed
 
 
@@ -987,10 +996,198 @@ def test_cli_pack_layout_update_and_shards(tmp_path: Path, capsys: pytest.Captur
         assert len(sharded) == len(single)
         for i in range(len(single)):
             assert [im.tobytes() for im in sharded[i]] == [im.tobytes() for im in single[i]]
-    assert main([*base[:2], str(tmp_path / "shards"), *base[3:], "--shards", "2", "--update"]) == EXIT_CODES["usage"]
-    assert "does not update a sharded pack" in capsys.readouterr().err
-    assert main([*base[:2], str(tmp_path / "sh--shards"), *base[3:], "--update"]) == EXIT_CODES["usage"]
-    assert "is a sharded pack" in capsys.readouterr().err
+    # --update of a DST that does not exist packs it; of a sharded pack, updates it as it is split
+    assert main([*base[:2], str(tmp_path / "shards"), *base[3:], "--shards", "2", "--update"]) == 0
+    assert "packed 4 samples" in capsys.readouterr().out and (tmp_path / "shards/index.json").is_file()
+    assert main([*base[:2], str(tmp_path / "sh--shards"), *base[3:], "--update"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert (
+        main([*base[:2], str(tmp_path / "sh--shards"), *base[3:], "--update", "--shards", "3"]) == EXIT_CODES["usage"]
+    )
+    assert "has 2 shards, not 3" in capsys.readouterr().err
+
+
+# -- pack --update of a sharded pack of several fields -----------------------------------------------
+def _change_voc(src: Path) -> None:
+    """b's mask replaced (same size, other bytes), c gone (its files and split line), e added."""
+    voc = src / "VOCdevkit/VOC2012"
+    _put(voc / "SegmentationClass/b.png", _encoded("palette", 20, 14, 999))
+    _touch_later(voc / "SegmentationClass/b.png")
+    for name in ("JPEGImages/c.jpg", "SegmentationClass/c.png"):
+        os.remove(voc / name)
+    _put(voc / "JPEGImages/e.jpg", _encoded("gray", 11, 9, 5))
+    _put(voc / "SegmentationClass/e.png", _encoded("palette", 11, 9, 6))
+    (voc / "ImageSets/Segmentation/train.txt").write_text("a\nb\nd\ne\n")
+
+
+def _shard_files(dst: Path) -> dict[str, bytes]:
+    return {p.name: (p / "data.mdb").read_bytes() for p in sorted(dst.iterdir()) if p.is_dir()}
+
+
+def test_sharded_update_of_a_voc_pack_reads_as_vocsegmentation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lmdbfolder.cli import main
+    from lmdbfolder.tools.verify import verify
+
+    LMDBDataset = _lmdbdataset()
+    src = tmp_path / "src"
+    make_voc(src, ["a", "b", "c", "d"])
+    dst = tmp_path / "sh"
+    base = ["pack", str(src), str(dst), "--layout", "voc", "--no-progress"]
+    assert main([*base, "--shards", "2"]) == 0
+    _change_voc(src)
+    capsys.readouterr()
+    assert main([*base, "--update", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    changes = out["changes"]
+    assert (changes["added"], changes["removed"], changes["changed"]) == (1, 1, 1)
+    assert changes["read"] == 2  # b (its mask changed) and e; a and d stat-ed only
+    assert out["count"] == 4 and out["num_shards"] == 2
+    theirs = datasets.VOCSegmentation(str(src), image_set="train")
+    ours = LMDBDataset(str(dst))
+    assert len(ours) == len(theirs) == 4
+    for i in range(len(theirs)):
+        _same_item(ours[i], theirs[i])
+    assert ours[1][1].mode == "P"  # b's new mask, its palette indices kept
+    assert stored_fields(dst) == _voc_files(src, ["a", "b", "d", "e"])
+    report = verify(str(dst), progress=False)
+    assert report.ok, report.problems
+    # the same update again: nothing read, nothing written
+    before = _shard_files(dst)
+    assert main([*base, "--update"]) == 0
+    assert "nothing changed" in capsys.readouterr().out
+    assert _shard_files(dst) == before
+    history = json.loads((dst / "index.json").read_text())["history"]
+    assert [h["event"] for h in history] == ["pack", "update"]
+
+
+def test_sharded_update_of_pairs_keeps_each_sample_in_its_shard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lmdbfolder.cli import main
+    from lmdbfolder.tools.verify import verify
+
+    LMDBDataset = _lmdbdataset()
+    src = make_pairs(tmp_path / "src", 2)
+    dst = tmp_path / "sh"
+    base = ["pack", str(src), str(dst), "--layout", "pairs", "--scale", "2", "--no-progress"]
+    assert main([*base, "--shards", "2"]) == 0
+    first = scan_layout(src, "pairs", scale=2)
+    # the first shard's first LQ replaced, a pair added, the first shard's second GT removed:
+    # its LQ is left alone, listed in the shard that held its sample (a fresh pack lists it last)
+    lq0, gt1 = first.field_paths[0][0], first.field_paths[1][1]
+    _put(src / lq0, _encoded("rgb_png", *Image.open(src / lq0).size, 77))
+    _touch_later(src / lq0)
+    _put(src / "GT/new.png", _encoded("rgb_png", 8, 6, 1))
+    _put(src / "LQ/new.png", _encoded("rgb_png", 4, 3, 2))
+    os.remove(src / gt1)
+    capsys.readouterr()
+    assert main([*base, "--update"]) == 0
+    out = capsys.readouterr().out
+    # read: the changed pair, the new one, and the lonely LQ (a new entry, listed without a read)
+    assert "updated" in out and "+1 / -1 / ~1" in out and "3 samples read" in out, out
+    assert first.field_paths[1][0] in out  # the lonely LQ: listed
+    now = scan_layout(src, "pairs", scale=2)
+    assert stored_fields(dst) == [now.read(i) for i in range(len(now.relpaths))]  # in BasicSR's order
+    shards = json.loads((dst / "index.json").read_text())["shards"]
+    assert [e["skipped"] for e in shards] == [1, 0]  # the removed sample's shard lists its LQ
+    fresh = tmp_path / "fresh"
+    assert main(["pack", str(src), str(fresh), *base[3:], "--shards", "2"]) == 0
+    single, updated = LMDBDataset(str(fresh)), LMDBDataset(str(dst))
+    assert len(updated) == len(single) == 4
+    for i in range(len(single)):
+        _same_item(updated[i], single[i])
+    report = verify(str(dst), progress=False)
+    assert report.ok, report.problems
+    # the GT back: its sample again, in the shard that holds its LQ's name
+    _put(src / gt1, _encoded("rgb_png", *(2 * v for v in Image.open(src / first.field_paths[1][0]).size), 3))
+    assert main([*base, "--update"]) == 0
+    now = scan_layout(src, "pairs", scale=2)
+    assert stored_fields(dst) == [now.read(i) for i in range(len(now.relpaths))]
+    after = json.loads((dst / "index.json").read_text())["shards"]
+    assert [(e["count"], e["skipped"]) for e in after] == [(shards[0]["count"] + 1, 0), (shards[1]["count"], 0)]
+    assert verify(str(dst), progress=False).ok
+
+
+def test_sharded_update_of_ade20k_when_partners_come_and_go(tmp_path: Path) -> None:
+    """A sample left out while listing is listed after the others, in the last shard: when
+    its mask comes, it is a sample at the start of the list (it once stopped the update,
+    as a file "listed after files of a later shard"); a first-shard sample losing its mask
+    is listed in the first shard."""
+    from lmdbfolder.tools.verify import verify
+
+    ade = tmp_path / "ADEChallengeData2016"
+    for k, name in enumerate(["b", "c", "d", "e"]):
+        _put(ade / f"images/training/{name}.jpg", _encoded(IMAGE_KINDS[k % 3], 9, 7 + k, k))
+        _put(ade / f"annotations/training/{name}.png", _encoded("labels", 9, 7 + k, k))
+    _put(ade / "images/training/a.jpg", _encoded("rgb", 9, 9, 9))  # no mask yet
+    dst = tmp_path / "sh"
+    pack_field_samples(scan_layout(ade, "ade20k"), dst, shards=2, progress=False)
+    _put(ade / "annotations/training/a.png", _encoded("labels", 9, 9, 9))
+    os.remove(ade / "annotations/training/c.png")
+    samples = scan_layout(ade, "ade20k")
+    result = pack_field_samples(samples, dst, update=True, progress=False)
+    assert result.changes is not None and (result.changes.added, result.changes.removed) == (1, 1)
+    assert stored_fields(dst) == [samples.read(i) for i in range(len(samples.relpaths))]
+    shards = json.loads((dst / "index.json").read_text())["shards"]
+    assert [(e["count"], e["skipped"]) for e in shards] == [(2, 1), (2, 0)]  # a, b (c listed); d, e
+    assert verify(str(dst), progress=False).ok
+
+
+_KILL_AT_INDEX = """
+import os, signal, sys
+sys.path.insert(0, {src_dir!r})
+import lmdbfolder.write.shards as shards
+from lmdbfolder.cli import main
+shards.write_index = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+main(["pack", {src!r}, {dst!r}, "--layout", "voc", "--update", "--no-progress"])
+"""
+
+
+def test_a_sharded_update_of_fields_interrupted_or_killed_reads_as_the_old_version(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import reader_view
+    from lmdbfolder.cli import main
+    from lmdbfolder.tools.verify import verify
+
+    src = tmp_path / "src"
+    make_voc(src, ["a", "b", "c", "d"])
+    dst = tmp_path / "sh"
+    assert main(["pack", str(src), str(dst), "--layout", "voc", "--shards", "2", "--no-progress"]) == 0
+    old, files = reader_view(dst), _shard_files(dst)
+    _change_voc(src)  # both shards change: a, b (b's mask) | d, e (c removed, e added)
+    # interrupted while reading the second shard's new sample (the first shard is updated)
+    samples = scan_layout(src, "voc")
+    read = samples.read
+
+    def interrupted(i: int) -> list[bytes]:
+        if samples.relpaths[i] == "JPEGImages/e.jpg":
+            raise KeyboardInterrupt
+        return read(i)
+
+    samples.read = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        pack_field_samples(samples, dst, update=True, workers=1, progress=False)
+    first, second = files  # the shards (the second's staging folder beside them now)
+    now = _shard_files(dst)
+    assert now[first] != files[first] and now[second] == files[second]
+    assert reader_view(dst) == old
+    assert verify(str(dst), progress=False).ok
+    # then killed before the new index
+    code = _KILL_AT_INDEX.format(src_dir=str(Path(__file__).resolve().parents[1] / "src"), src=str(src), dst=str(dst))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    # every shard updated, the index the old one: the old version, whole and checked
+    assert reader_view(dst) == old
+    report = verify(str(dst), progress=False)
+    assert report.ok, report.problems
+    assert main(["pack", str(src), str(dst), "--layout", "voc", "--update", "--no-progress"]) == 0
+    assert stored_fields(dst) == _voc_files(src, ["a", "b", "d", "e"])
+    assert verify(str(dst), progress=False).ok
 
 
 # -- export of pairs and tables ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ import warnings
 from typing import Any, Callable
 
 from lmdbfolder.cli.common import positive_int, print_json, usage
-from lmdbfolder.errors import OptionError, SkippedFilesWarning
+from lmdbfolder.errors import SkippedFilesWarning
 from lmdbfolder.text import megabytes, plural, printable
 
 __all__ = ["LAYOUT_CHOICES", "add_layout_options", "refuse_layout_flags", "run_layout"]
@@ -117,14 +117,6 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
         return usage(
             "pack", "--dry-run describes a new pack; it cannot preview --update (run --update itself: it is atomic)"
         )
-    if args.update and (args.shards is not None or args.shard_size is not None):
-        return usage(
-            "pack",
-            "--update does not update a sharded pack of several fields yet: pack it again with --overwrite "
-            "(and --shards or --shard-size)",
-        )
-    if args.update:
-        _refuse_update_of(args)  # before the scan, which may take minutes
     options = pack_options(args)
     samples = scan_layout(
         args.src,
@@ -150,15 +142,20 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
         return 0
     what = f"{args.layout} ({_info(samples.layout_info)})" if _info(samples.layout_info) else args.layout
     names = ", ".join(f["name"] for f in fields)
+    sharded = isinstance(result, ShardedPackResult)
+    listed_in = "each shard's skipped.txt" if sharded else f"{result.path}/skipped.txt"
     changes = result.changes
     if changes is not None:
         compared = f", {plural(changes.unchanged, 'sample')} compared and unchanged" if changes.unchanged else ""
+        if isinstance(result, ShardedPackResult):
+            rewritten = sum(not s.kept for s in result.shards)
+            compared += f", {rewritten} of {plural(len(result.shards), 'shard')} rewritten"
         print(
             f"updated {result.path}: {changes.summary()} -> {plural(result.count, 'sample')} of {what}; "
             f"{plural(changes.read, 'sample')} read ({megabytes(result.input_bytes)}){compared} "
             f"in {result.seconds:.1f} s"
         )
-        _print_skipped(result.skipped, f"{result.path}/skipped.txt")
+        _print_skipped(result.skipped, listed_in)
         return 0
     if result.already_packed and args.update:
         print(f"{result.path} is up to date with {samples.root}: nothing changed ({plural(result.count, 'sample')})")
@@ -169,7 +166,6 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
             f"({plural(result.count, 'sample')}; --overwrite packs it again)"
         )
         return 0
-    sharded = isinstance(result, ShardedPackResult)
     if isinstance(result, ShardedPackResult):
         resumed = f" ({plural(len(result.shards), 'shard')})"
     else:
@@ -178,25 +174,13 @@ def run_layout(args: argparse.Namespace, pack_options: Callable[[argparse.Namesp
         f"packed {plural(result.count, 'sample')} of {what}, fields {names}, into {result.path}{resumed}: "
         f"{megabytes(result.input_bytes)} read in {result.seconds:.1f} s"
     )
-    _print_skipped(result.skipped, "each shard's skipped.txt" if sharded else f"{result.path}/skipped.txt")
+    _print_skipped(result.skipped, listed_in)
     shell = shlex.quote(result.path)
     print(
         f"next: `lmdbfolder verify {shell}` checks every record;\n"
         f"      in Python: `from lmdbfolder.torch import LMDBDataset; ds = LMDBDataset({result.path!r})`"
     )
     return 0
-
-
-def _refuse_update_of(args: argparse.Namespace) -> None:
-    """OptionError (before the source is listed) when ``--update`` names a sharded pack."""
-    from lmdbfolder import packdir
-
-    found = packdir.inspect(args.dst)
-    if found.kind is packdir.Kind.SHARDED:
-        raise OptionError(
-            f"{args.dst} is a sharded pack: --update does not update a sharded pack of several fields yet",
-            "pack it again with --overwrite (and --shards or --shard-size)",
-        )
 
 
 def _info(info: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from PIL import Image
 
+from lmdbfolder import packdir
 from lmdbfolder.errors import LossyMaskWarning, OptionError
 from lmdbfolder.format import (
     NO_LABEL,
@@ -56,6 +57,7 @@ from lmdbfolder.write.options import CONTENT_CHECK, PackOptions, pack_options
 from lmdbfolder.write.planner import DEFAULT_PREFIX
 from lmdbfolder.write.records import Loaded, Skipped, load_bytes
 from lmdbfolder.write.shards import (
+    LoadedSamples,
     ShardedPackResult,
     ShardResult,
     _same_shard,
@@ -65,6 +67,7 @@ from lmdbfolder.write.shards import (
     prepare_sharded_output,
     shard_field,
     sources_digest,
+    update_sharded,
     write_index,
 )
 from lmdbfolder.write.sources import SourceList
@@ -247,8 +250,11 @@ def pack_field_samples(
     any of their files changed (``samples.stamp``: size and modification time; ``check="content"``
     or no stamp: every sample is read and those whose record is the same are kept), in one
     transaction. The pack must hold the same fields from the same layout (its split, scale,
-    columns); ``result.changes`` says what changed. A sharded pack is refused (pack it again
-    with ``overwrite=True``).
+    columns); ``result.changes`` says what changed. A sharded pack is updated as it is split
+    (``shards`` left out, or its number of shards), each shard in place as ``pack_sharded(...,
+    update=True)`` does (``update_sharded``: every sample stays in its shard, a new one joins the
+    shard of the sample before it; until the new ``index.json`` is in place readers see the old
+    version): a ``ShardedPackResult`` with ``changes``.
 
     ``shards`` (a number) or ``shard_size`` (``"4GB"``...) make a sharded pack instead
     (``dst/<prefix>-NNNNN-of-NNNNN.lmdb`` and ``dst/index.json``, as ``pack_sharded``; each
@@ -262,11 +268,9 @@ def pack_field_samples(
             "leave them out",
         )
     sharded = shards is not None or shard_size is not None
-    if opts.update and (sharded or os.path.isfile(os.path.join(os.fspath(dst), SHARD_INDEX_FILE))):
-        raise OptionError(
-            f"{os.fspath(dst)}: pack --update does not update a sharded pack of several fields",
-            "pack it again with overwrite=True (--overwrite)",
-        )
+    update_shards = opts.update and packdir.inspect(dst).kind is packdir.Kind.SHARDED
+    if opts.update and sharded and not update_shards:
+        opts = opts.for_new_pack()  # no sharded pack to update: pack it (or finish the one started there)
     _check_samples(samples)
     fields = tuple(samples.fields)
     check = opts.check
@@ -328,8 +332,11 @@ def pack_field_samples(
         "layout": {"name": samples.layout, "info": samples.layout_info},
     }
     result: PackResult | ShardedPackResult
-    if sharded:
-        result = _pack_sharded(samples, sources, dst, opts, load, extra, shards, shard_size, prefix)
+    if update_shards:
+        loaded = LoadedSamples(load, stat, extra, samples.mean_size or None, len(samples.skipped))
+        result = update_sharded(sources, dst, opts, shards=shards, prefix=prefix, loaded=loaded)
+    elif sharded:
+        result = _pack_sharded(samples, sources, dst, opts, load, stat, extra, shards, shard_size, prefix)
     else:
         result = pack_sources(
             sources, dst, opts, loader=load, mean_size=samples.mean_size or None, manifest_extra=extra, stat=stat
@@ -355,6 +362,7 @@ def _pack_sharded(
     dst: str | os.PathLike[str],
     opts: PackOptions,
     load: Callable[[int], Loaded | Skipped],
+    stat: Callable[[int], tuple[int, int]],
     extra: dict[str, Any],
     shards: int | None,
     shard_size: int | str | None,
@@ -411,6 +419,7 @@ def _pack_sharded(
             loader=load,
             manifest_extra=extra,
             mean_size=samples.mean_size or None,
+            stat=stat,
         )
         for i in range(shards)
     ]

@@ -94,6 +94,7 @@ __all__ = [
     "execute_sharded",
     "write_index",
     "update_sharded",
+    "LoadedSamples",
 ]
 
 SPLIT_METHOD = "contiguous"
@@ -473,6 +474,7 @@ def pack_shard(
     loader: Callable[[int], Any] | None = None,
     manifest_extra: Mapping[str, Any] | None = None,
     mean_size: float | None = None,
+    stat: Callable[[int], tuple[int, int]] | None = None,
     **fields: Any,
 ) -> ShardResult:
     """Pack shard ``index`` of the ``num_shards``-way contiguous split of ``sources`` into ``dst``.
@@ -490,9 +492,10 @@ def pack_shard(
     into ``dst`` when it is finished, for a ``dst`` on a network file system,
     where LMDB must not be written. ``digest`` is ``sources_digest(sources)``
     if the caller has it already. ``on_progress(done, total)`` is called as
-    source files of this shard are handled. ``loader(i)``, ``manifest_extra`` and
-    ``mean_size``: ``pack_sources``' (``i`` the index in the whole of ``sources``;
-    samples of several fields are packed so).
+    source files of this shard are handled. ``loader(i)``, ``manifest_extra``,
+    ``mean_size`` and ``stat(i)``: ``pack_sources``' (``i`` the index in the whole of
+    ``sources``; samples of several fields are packed so, their stamps recorded for
+    ``update_sharded``).
 
     Example:
         >>> from lmdbfolder.write.sources import scan
@@ -519,6 +522,8 @@ def pack_shard(
     more: dict[str, Any] = {}
     if loader is not None:
         more = {"loader": lambda s: loader(start + s), "mean_size": mean_size}
+        if stat is not None:
+            more["stat"] = lambda s: stat(start + s)
     if staging is None:
         result = pack_sources(part, target, opts, manifest_extra=extra, on_progress=on_progress, **more)
     else:
@@ -683,10 +688,12 @@ def update_sharded(
     shards: int | None = None,
     shard_index: int | None = None,
     prefix: str = DEFAULT_PREFIX,
+    loaded: LoadedSamples | None = None,
 ) -> ShardedPackResult:
     """Bring the finished sharded pack ``dst`` up to date with ``sources`` (``pack_sharded(...,
     update=True)``): each shard is updated in place (``write.update``) with its part of the new
-    sample list, and the index is written again.
+    sample list, and the index is written again. ``loaded``: how samples of several fields
+    are read and placed (``write.fields``; None: ``sources`` are files read from disk).
 
     The split is kept: each source file of the pack stays in its shard, and a new
     file goes to the shard of the pack's file before it (the first shard for files
@@ -705,18 +712,20 @@ def update_sharded(
     root, index = packdir.load_index(dst)
     entries = index.shards
     prefix = _kept_prefix(root, entries, shards, prefix)
+    extra = None if loaded is None else loaded.manifest_extra
     for entry in entries:
         # Every shard against every rule an update checks, before any is changed: a forged
-        # table in the last shard must not leave the first ones updated.
-        check_updatable(os.path.join(root, entry.name))
+        # table in the last shard (or the fields of another layout) must not leave the
+        # first ones updated.
+        check_updatable(os.path.join(root, entry.name), extra)
     for entry in entries:
         _keep_indexed_version(os.path.join(root, entry.name), entry)
-    owner: dict[bytes, int] = {}
-    for k, entry in enumerate(entries):
-        for relpath in _shard_paths(os.path.join(root, entry.name)):
-            owner[relpath] = k
-    bounds = _split_bounds(sources, owner, len(entries), root)
-    results, changes = _update_shards(sources, root, entries, bounds, prefix, options)
+    if loaded is None:
+        bounds = _split_bounds(sources, _owners(root, entries, skipped=True), len(entries), root)
+        order = None
+    else:
+        sources, order, bounds = _place_loaded(sources, root, entries, loaded.left_out)
+    results, changes = _update_shards(sources, root, entries, bounds, prefix, options, loaded, order)
     old_classes = list(index.classes)
     changes.classes_added = [c for c in sources.classes if c not in set(old_classes)]
     changes.classes_removed = [c for c in old_classes if c not in set(sources.classes)]
@@ -816,9 +825,12 @@ def _update_shards(
     bounds: list[int],
     prefix: str,
     options: PackOptions,
+    loaded: LoadedSamples | None = None,
+    order: Sequence[int] | None = None,
 ) -> tuple[list[ShardResult], Changes]:
     """Each shard updated in place with its part ``bounds[k]:bounds[k + 1]`` of ``sources``;
-    the results and the changes summed over the shards."""
+    the results and the changes summed over the shards. ``loaded``: samples read by its
+    loader, ``order[s]`` being the loader's index of ``sources[s]``."""
     num = len(entries)
     digest = sources_digest(sources)
     shard_opts = options.replace(progress=False)
@@ -848,8 +860,9 @@ def _update_shards(
                 shard_sources(sources, lo, hi),
                 target,
                 shard_opts,
-                manifest_extra={SHARD_FIELD: claim},
+                manifest_extra={**(loaded.manifest_extra if loaded else {}), SHARD_FIELD: claim},
                 on_progress=report,
+                **({} if loaded is None else loaded.for_part(order, lo)),
             )
             bar.update(hi - lo - reported[0])
             if result.changes is not None:
@@ -894,27 +907,49 @@ def _update_event(results: list[ShardResult], changes: Changes) -> dict[str, Any
     }
 
 
-def _shard_paths(path: str) -> list[bytes]:
-    """The source files of the shard at ``path`` (its samples and skipped files), as bytes."""
+def _shard_paths(path: str, *, skipped: bool = True) -> list[bytes]:
+    """The source files of the shard at ``path`` (its samples, and its skipped files
+    unless ``skipped=False``), as bytes."""
     meta_blob, _, paths_blob = packfile.read_tables(path)
     count = decode_meta(meta_blob, where=path).count
     offsets = struct.unpack_from(f"<{count + 1}Q", paths_blob)
     names = paths_blob[(count + 1) * 8 :]
     out = [names[a:b] for a, b in zip(offsets, offsets[1:])]
-    out += [os.fsencode(str(item.get("path"))) for item in packfile.read_skipped(path)]
+    if skipped:
+        out += [os.fsencode(str(item.get("path"))) for item in packfile.read_skipped(path)]
     return out
 
 
-def _split_bounds(sources: SourceList, owner: Mapping[bytes, int], num: int, root: str) -> list[int]:
+def _owners(root: str, entries: Sequence[ShardEntry], *, skipped: bool) -> dict[bytes, list[int]]:
+    """Per source path of the pack, the shards that hold it, one per sample of that path
+    (a table's rows may name one image), in order; with ``skipped``, its skipped files too."""
+    owner: dict[bytes, list[int]] = {}
+    for k, entry in enumerate(entries):
+        for relpath in _shard_paths(os.path.join(root, entry.name), skipped=skipped):
+            owner.setdefault(relpath, []).append(k)
+    return owner
+
+
+def _split_bounds(sources: SourceList, owner: Mapping[bytes, Sequence[int]], num: int, root: str) -> list[int]:
     """Where each shard's part of the new sample list starts (and, last, its length):
     every file of the pack stays in its shard; a new file joins the shard of the
-    pack's file before it (shard 0 before all of them)."""
+    pack's file before it (shard 0 before all of them). A path of several samples
+    (``owner`` names several shards) puts its j-th sample in the shard of the pack's
+    j-th, or in the current shard when that one is behind: its samples are alike."""
     bounds = [0] + [-1] * (num - 1) + [len(sources)]
     current = 0
+    seen: dict[bytes, int] = {}
     raw = sources.relpaths.iter_raw() if isinstance(sources.relpaths, PathList) else map(os.fsencode, sources.relpaths)
     for s, path in enumerate(raw):
-        k = owner.get(path)
-        if k is None or k == current:
+        held = owner.get(path)
+        if held is None:
+            continue
+        if len(held) == 1:
+            k = held[0]
+        else:
+            j = seen[path] = seen.get(path, -1) + 1
+            k = max(held[min(j, len(held) - 1)], current)
+        if k == current:
             continue
         if k < current:
             raise OptionError(
@@ -935,6 +970,62 @@ def _split_bounds(sources: SourceList, owner: Mapping[bytes, int], num: int, roo
             "repack the sharded pack with --overwrite (choose the number of shards anew)",
         )
     return bounds
+
+
+@dataclass(frozen=True)
+class LoadedSamples:
+    """How ``update_sharded`` reads samples of several fields (``write.fields``) and where
+    it places those a fresh pack lists last.
+
+    ``loader(i)``, ``stat(i)`` and ``mean_size``: ``pack_sources``' for source ``i`` of the
+    whole list (``stat`` is what an update of records made by a loader compares: without
+    it, ``pack_sources`` would pack the shard anew); ``manifest_extra``: the fields and
+    layout, in every shard's manifest (and checked against each shard's before any
+    changes). The last ``left_out`` sources are samples left out while listing (a missing
+    partner...): a fresh pack lists them after the others (``write.fields``), so they say
+    nothing of the order of the shards. The update lists each again in the shard that held
+    its path, a new one in the last shard.
+    """
+
+    loader: Callable[[int], Any]
+    stat: Callable[[int], tuple[int, int]]
+    manifest_extra: Mapping[str, Any]
+    mean_size: float | None = None
+    left_out: int = 0
+
+    def for_part(self, order: Sequence[int] | None, start: int) -> dict[str, Any]:
+        """``pack_sources``' loader keywords for the part of the list from ``start`` on
+        (``order[s]``: the loader's index of source ``s``; None: the same)."""
+        at: Callable[[int], int] = (lambda s: start + s) if order is None else (lambda s: order[start + s])
+        loader, stat = self.loader, self.stat
+        return {"loader": lambda s: loader(at(s)), "stat": lambda s: stat(at(s)), "mean_size": self.mean_size}
+
+
+def _place_loaded(
+    sources: SourceList, root: str, entries: Sequence[ShardEntry], left_out: int
+) -> tuple[SourceList, list[int], list[int]]:
+    """The new sample list of an update of samples of several fields, in shard order: the
+    listed samples split as ``_split_bounds`` does by the shards that hold them as samples
+    (a file a shard lists as skipped may be one the fresh pack put last, out of order),
+    each shard followed by the samples left out while listing that it held (new ones: the
+    last shard). Returns that list, the index in ``sources`` of each of its sources, and
+    the shards' bounds in it."""
+    listed = len(sources) - left_out
+    num = len(entries)
+    first = _split_bounds(shard_sources(sources, 0, listed), _owners(root, entries, skipped=False), num, root)
+    held = _owners(root, entries, skipped=True)
+    extra: list[list[int]] = [[] for _ in range(num)]
+    for s in range(listed, len(sources)):
+        extra[held.get(os.fsencode(sources.relpaths[s]), [num - 1])[0]].append(s)
+    order: list[int] = []
+    bounds = [0]
+    for k in range(num):
+        order += range(first[k], first[k + 1])
+        order += extra[k]
+        bounds.append(len(order))
+    relpaths, labels = list(sources.relpaths), list(sources.labels)
+    placed = dataclasses.replace(sources, relpaths=[relpaths[s] for s in order], labels=[labels[s] for s in order])
+    return placed, order, bounds
 
 
 def _indexed(root: str, entry: ShardEntry) -> bool:

@@ -153,13 +153,20 @@ def _unstage(
     return kind, size, mtime, body
 
 
-def check_updatable(path: str) -> None:
+def check_updatable(path: str, manifest_extra: Mapping[str, Any] | None = None) -> None:
     """Every rule an update checks of the pack at ``path`` before it writes (its tables,
     the exhaustive rules too, and a record of each class against ``record_classes``; its
     files and its staging folder: lmdbfolder's own, no link or FIFO): NotAPackError,
     OptionError for a pack that cannot be updated in place, or OutputExistsError, naming
-    the path. A sharded update checks every shard so before it changes any."""
-    _OldPack.load(path).pf.close()
+    the path. A sharded update checks every shard so before it changes any.
+    ``manifest_extra``: the fields and layout the update brings (samples of several
+    fields), checked against the pack's as ``update`` does (None: not checked here)."""
+    old = _OldPack.load(path)
+    try:
+        if manifest_extra is not None:
+            _check_same_fields(old, manifest_extra)
+    finally:
+        old.pf.close()
     _check_staging(staging_path(path))
 
 

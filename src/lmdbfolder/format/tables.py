@@ -552,9 +552,11 @@ class SampleRecords:
       resized, one image a sample), its payload is as long as the file ``__stats__``
       says was read (where it knows the file: a known modification time).
 
-    A swap of two samples of one class whose files have the same size breaks neither
-    rule: nothing in the pack tells those two records apart (no table holds a digest of
-    each file); ``verify --against SRC`` compares the bytes with the source files.
+    A swap of two samples of one class whose files have the same size (where the size
+    rule does not apply: of any two of one class) breaks neither rule: nothing in the pack
+    tells those two records apart (no table holds a digest of each file, and
+    ``__paths__`` names samples, not records); ``verify --against SRC`` compares the
+    bytes with the source files.
     """
 
     def exact_sizes(self, meta: Manifest, stats: Any) -> Any:

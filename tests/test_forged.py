@@ -27,7 +27,7 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
-from conftest import built, forge_record, image_bytes, make_photo_tree, photo_jpeg, write
+from conftest import built, forge_record, forge_table, image_bytes, make_photo_tree, photo_jpeg, write
 from lmdbfolder import fused
 from lmdbfolder.encodings import ENCODINGS, PayloadMismatch, check_bomb, encoding_of, sniff
 from lmdbfolder.errors import DecodeError
@@ -141,10 +141,27 @@ def test_a_record_claiming_nothing_is_still_opened_by_verify(photos: Path, tmp_p
     forged = _copy_pack(photos, tmp_path / "forged.lmdb")
     index = _index(forged, "c0/03.jpg")
     forge_record(forged, index, payload=b"plain text, not an image", encoding="other", width=0, height=0, channels=0)
+    _stats_say(forged, index, len(b"plain text, not an image"))  # what is checked here: the header's claims
     problems = [(p.kind, p.index) for p in verify(forged).problems]
     assert problems == [("decode", index)]
     forge_record(forged, index, payload=_png(7, 5), encoding="other", width=0, height=0, channels=0)
+    _stats_say(forged, index, len(_png(7, 5)))
     assert verify(forged).ok  # an image that claims nothing is fine: readers size it from its decode
+
+
+def _stats_say(pack_dir: Path, index: int, size: int) -> None:
+    """``__stats__`` says sample ``index``'s file had ``size`` bytes (a forger who rewrote
+    its record kept the tables in step: verify checks the payload's length against it)."""
+    import lmdb
+
+    from lmdbfolder.format import STAT_DTYPE, STATS_KEY
+
+    env = lmdb.open(str(pack_dir), subdir=True, readonly=True, lock=False)
+    with env.begin() as txn:
+        stats = np.frombuffer(txn.get(STATS_KEY), dtype=STAT_DTYPE).copy()
+    env.close()
+    stats["size"][index] = size
+    forge_table(pack_dir, STATS_KEY, stats.tobytes())
 
 
 def test_a_payload_swapped_for_another_image_is_refused(photos: Path, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -542,6 +543,87 @@ def test_an_update_refuses_forged_tables_before_writing(tmp_path: Path, forgery:
     assert not verify(dst, progress=False).ok  # verify says so too, by the same rules
 
 
+def _forge_order_swap(dst: Path, i: int, j: int) -> None:
+    """Samples ``i`` and ``j`` swap records (``__order__`` entries), every checksum valid."""
+    env = lmdb.open(str(dst), map_size=1 << 30, lock=False, readonly=True)
+    with env.begin() as txn:
+        order = np.frombuffer(txn.get(ORDER_KEY), dtype="<u8").copy()
+    env.close()
+    order[[i, j]] = order[[j, i]]
+    forge_table(dst, ORDER_KEY, encode_order(order))
+
+
+def _sample_paths(dst: Path) -> list[str]:
+    with Reader(dst) as r:
+        return r.paths()
+
+
+@pytest.mark.parametrize("how", ["python", "cli"])
+@pytest.mark.parametrize("swap", ["one class, other sizes", "two classes"])
+def test_an_update_refuses_swapped_records_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], swap: str, how: str
+) -> None:
+    """Issue 34, 1: two ``__order__`` entries swapped (valid checksums). The update keeps
+    both records unread (their files did not change), so it once served each sample the
+    other's image; it checks every record it keeps as ``verify`` does (the header label
+    against the label table, the payload's length against ``__stats__``) and refuses,
+    naming the sample, before it writes anything."""
+    src = tree(tmp_path / "src")
+    dst = tmp_path / "p"
+    pack(src, dst, progress=False)
+    new_image(src / "dog" / "img77.jpg", 300)
+    pack(src, dst, update=True, progress=False)  # format 3: records found through __order__
+    paths = _sample_paths(dst)
+    i, j = (1, 4) if swap == "one class, other sizes" else (2, 9)  # cat/img01, cat/img04 | cat/img02, dog/img03
+    _forge_order_swap(dst, i, j)
+    report = verify(dst, progress=False)
+    kind = "size" if swap == "one class, other sizes" else "label"
+    assert {(p.kind, p.index) for p in report.problems} == {(kind, i), (kind, j)}, report.problems  # the same rules
+    before = (dst / "data.mdb").read_bytes()
+    new_image(src / "emu" / "img88.jpg", 301)  # the update has work to do
+    why = f"the record of sample {i} \\({paths[i]}, record key \\d+\\) (holds|is labelled)"
+    if how == "python":
+        with pytest.raises(NotAPackError, match=why) as caught:
+            pack(src, dst, update=True, progress=False)
+        assert "2 sample(s) differ" in caught.value.message and "--overwrite" in (caught.value.hint or "")
+    else:
+        assert main(["pack", str(src), str(dst), "--update", "--no-progress"]) == EXIT_CODES["not a pack"]
+        err = capsys.readouterr().err
+        assert re.search(why, err) and "lmdbfolder verify" in err and "--overwrite" in err, err
+    assert (dst / "data.mdb").read_bytes() == before and not os.path.exists(staging_path(str(dst)))
+
+
+@pytest.mark.parametrize("how", ["python", "cli"])
+def test_a_sharded_update_refuses_swapped_records_before_changing_any_shard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """Issue 34, 1, on the sharded pack: records swapped in its last shard are refused
+    before the update writes a byte of any shard."""
+    src = tree(tmp_path / "src", classes=("cat", "dog"))
+    dst = tmp_path / "sh"
+    pack_sharded(src, dst, shards=2, progress=False)
+    new_image(src / "cat" / "img00.jpg", 200, w=25)  # one file of each shard rewritten:
+    new_image(src / "dog" / "img05.jpg", 201, w=26)  # both shards become format 3
+    pack_sharded(src, dst, shards=2, update=True, progress=False)
+    shard_dirs = sorted(p for p in dst.iterdir() if p.is_dir())
+    _forge_order_swap(shard_dirs[1], 0, 2)  # two dogs of other sizes
+    assert not verify(dst, progress=False).ok
+    before = [(p / "data.mdb").read_bytes() for p in shard_dirs]
+    index_before = (dst / "index.json").read_bytes()
+    new_image(src / "cat" / "img01.jpg", 202, w=27)  # changes for the first shard too
+    new_image(src / "dog" / "img04.jpg", 203, w=28)
+    why = r"the record of sample 0 \(dog/img00\.jpg, record key \d+\) holds"
+    if how == "python":
+        with pytest.raises(NotAPackError, match=why):
+            pack_sharded(src, dst, shards=2, update=True, progress=False)
+    else:
+        assert main(["pack", str(src), str(dst), "--update", "--no-progress"]) == EXIT_CODES["not a pack"]
+        err = capsys.readouterr().err
+        assert re.search(why, err) and str(shard_dirs[1]) in err, err
+    assert [(p / "data.mdb").read_bytes() for p in shard_dirs] == before
+    assert (dst / "index.json").read_bytes() == index_before
+
+
 def test_verify_finds_what_is_wrong_in_an_updated_pack(tmp_path: Path) -> None:
     src = tree(tmp_path / "src")
     dst = tmp_path / "p"
@@ -557,7 +639,9 @@ def test_verify_finds_what_is_wrong_in_an_updated_pack(tmp_path: Path) -> None:
         txn.put(CHECK_KEY, encode_check(tables))
     env.close()
     problems = verify(dst, progress=False).problems
-    assert [p.kind for p in problems] == ["order", "extra"], problems  # a key twice; a record no sample names
+    # A key twice; sample 1 served sample 0's record (another file's size: ``__stats__``); a record no sample names.
+    assert [p.kind for p in problems] == ["order", "size", "extra"], problems
+    assert problems[1].index == 1
 
 
 def test_updated_packs_copy_verify_against_their_source_and_refuse_damage(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ table, the label table checked in place); it gives every other table checked
 when first asked for (``labels``, ``paths``, ``order``...), ``audit``s them all
 for ``verify`` (the same rules, each problem reported rather than raised,
 plus the ``exhaustive`` ones an open skips); its write half, ``NewTables``,
-encodes a new version's tables for the writer and the update. So the rules of a valid table are
-written once, here.
+encodes a new version's tables for the writer and the update. ``SAMPLE_RECORDS`` holds the
+rules that bind a record to its sample's tables (its header label, its payload's length
+against ``__stats__``), which ``verify`` and an update both check. So the rules of a valid
+table are written once, here.
 
 A table's bytes come from a ``TableSource`` (``packfile`` gives one over a
 ``PageFile``), so this module needs no LMDB code; numpy (a dependency of the
@@ -49,6 +51,7 @@ from lmdbfolder.format.layout import (
     PATHS_KEY,
     SKIPPED_KEY,
     STATS_KEY,
+    UNKNOWN_MTIME,
 )
 from lmdbfolder.format.manifest import (
     DAMAGED_HINT,
@@ -72,6 +75,7 @@ __all__ = [
     "HISTORY",
     "SKIPPED",
     "RECORD_CLASSES",
+    "SAMPLE_RECORDS",
     "PackTables",
     "Audit",
     "NewTables",
@@ -529,26 +533,114 @@ class RecordClasses:
         """TableDamage unless every record's header label (``header_labels``, -1:
         unlabelled), through ``mapping`` (``label_map``; None: the same), is its sample's
         label (``labels``): a permuted ``record_classes`` serves labels that are not the
-        targets."""
-        import numpy as np
-
-        header = np.asarray(header_labels, dtype=np.int64)
-        if mapping is not None:
-            lookup = np.append(np.asarray(mapping, dtype=np.int64), NO_LABEL)  # -1 indexes "no label"
-            inside = (header >= NO_LABEL) & (header < len(lookup) - 1)
-            header = np.where(inside, lookup[np.where(inside, header, NO_LABEL)], -3)
-        wrong = np.flatnonzero(header != np.asarray(labels, dtype=np.int64))
-        if len(wrong):
-            i = int(wrong[0])
-            raise TableDamage(
-                where,
-                f"the record of sample {i} is labelled {int(header[i])} (through record_classes), "
-                f"its label table says {int(labels[i])} ({len(wrong)} sample(s) differ)",
-                kind="label",
-            )
+        targets (``SAMPLE_RECORDS``' label rule, sample ``k`` the ``k``-th given)."""
+        SAMPLE_RECORDS.check(header_labels, None, labels, None, mapping, where=where)
 
 
 RECORD_CLASSES = RecordClasses()
+
+
+class SampleRecords:
+    """What binds a stored record to its sample, beyond the key ``__order__`` gives it
+    (the CRC binds a record to its key, not to its sample, so a swap of two ``__order__``
+    entries leaves every checksum valid): the rules ``verify`` checks of every record
+    and ``pack --update`` of every record before it keeps one.
+
+    * Its header label, through ``record_classes`` (``mapping``, ``label_map``), is the
+      sample's label in ``__labels__``.
+    * In a pack that stores each file's bytes as they are (``exact_sizes``: encoded, not
+      resized, one image a sample), its payload is as long as the file ``__stats__``
+      says was read (where it knows the file: a known modification time).
+
+    A swap of two samples of one class whose files have the same size (where the size
+    rule does not apply: of any two of one class) breaks neither rule: nothing in the pack
+    tells those two records apart (no table holds a digest of each file, and
+    ``__paths__`` names samples, not records); ``verify --against SRC`` compares the
+    bytes with the source files.
+    """
+
+    def exact_sizes(self, meta: Manifest, stats: Any) -> Any:
+        """Per sample, the payload length its record must have (int64; -1: not known),
+        from ``__stats__`` (``stats``, None: the pack has none); None when the pack's
+        records are not the files' bytes (raw pixels, resized, several fields)."""
+        import numpy as np
+
+        params = meta.params
+        if (
+            stats is None
+            or meta.store != "encoded"
+            or meta.field_specs is not None
+            or not isinstance(params, dict)
+            or params.get("max_size") is not None
+        ):
+            return None
+        sizes = np.asarray(stats["size"], dtype=np.int64)
+        return np.where(np.asarray(stats["mtime_ns"]) == UNKNOWN_MTIME, -1, sizes)
+
+    def mismatches(
+        self, header_labels: Any, payload_lens: Any, labels: Any, sizes: Any, mapping: Any
+    ) -> list[tuple[int, str, str]]:
+        """``(k, kind, why)`` for each record ``k`` of the arrays given that is not its
+        sample's: ``header_labels`` (its header's label; -1: unlabelled) through ``mapping``
+        (``label_map``; None: the same) against the label table's ``labels`` (None: not
+        known), ``payload_lens`` against ``sizes`` (``exact_sizes``' entries; None, or -1 in
+        an entry: not known). ``why`` follows "the record of sample N" ("is labelled 2, its
+        label table says 1"). Whole arrays at once: an update checks every record by it."""
+        import numpy as np
+
+        header = np.asarray(header_labels, dtype=np.int64)
+        sample = header
+        no_class = np.zeros(len(header), dtype=bool)
+        if mapping is not None:
+            lookup = np.append(np.asarray(mapping, dtype=np.int64), NO_LABEL)  # -1 indexes "no label"
+            inside = (header >= NO_LABEL) & (header < len(lookup) - 1)
+            sample = np.where(inside, lookup[np.where(inside, header, NO_LABEL)], -2)
+            no_class = sample < NO_LABEL  # a removed class's (-2 in the map), or no class at all
+        bad_label = np.zeros(len(header), dtype=bool)
+        if labels is not None:
+            bad_label = ~no_class & (sample != np.asarray(labels, dtype=np.int64))
+        bad_size = np.zeros(len(header), dtype=bool)
+        if sizes is not None:
+            known = np.asarray(sizes, dtype=np.int64)
+            bad_size = ~no_class & ~bad_label & (known >= 0) & (np.asarray(payload_lens, dtype=np.int64) != known)
+        out = []
+        for k in np.flatnonzero(no_class | bad_label | bad_size).tolist():
+            h = int(header[k])
+            if no_class[k]:
+                kind, why = "label", f"has the header label {h}, which names no class of the pack (record_classes)"
+            elif bad_label[k]:
+                through = f" through record_classes (header label {h})" if mapping is not None and h != NO_LABEL else ""
+                kind, why = "label", f"is labelled {int(sample[k])}{through}, its label table says {int(labels[k])}"
+            else:
+                length, size = int(payload_lens[k]), int(sizes[k])
+                why = f"holds {length:,} bytes, but the file it was read from had {size:,} ({STATS_KEY.decode()})"
+                kind = "size"
+            out.append((k, kind, why))
+        return out
+
+    def check(
+        self,
+        header_labels: Any,
+        payload_lens: Any,
+        labels: Any,
+        sizes: Any,
+        mapping: Any,
+        *,
+        where: str,
+        hint: str | None = None,
+        describe: Callable[[int], str] = "sample {}".format,
+    ) -> None:
+        """TableDamage (with ``hint``) naming the first record that breaks a rule of
+        ``mismatches`` (``describe(k)`` says which sample record ``k`` is) and how many do."""
+        wrong = self.mismatches(header_labels, payload_lens, labels, sizes, mapping)
+        if wrong:
+            k, kind, why = wrong[0]
+            raise TableDamage(
+                where, f"the record of {describe(k)} {why} ({len(wrong)} sample(s) differ)", hint, kind=kind
+            )
+
+
+SAMPLE_RECORDS = SampleRecords()
 
 
 def class_counts(labels: Any, classes: int) -> Any:
@@ -832,6 +924,7 @@ class Audit:
     paths: list[str] | None = None
     order: Any = None
     skipped: Any = None
+    stats: Any = None
 
     @classmethod
     def of(cls, tables: PackTables, source: TableSource, meta_blob: memoryview) -> Audit:
@@ -857,7 +950,7 @@ class Audit:
             LABELS_KEY: lambda b: out._labels(b, count, len(tables.meta.classes), where),
             PATHS_KEY: lambda b: setattr(out, "paths", PATHS.decode(b, count, where=where)),
             ORDER_KEY: lambda b: out._order(b, count, tables.next_record, where),
-            STATS_KEY: lambda b: STATS.view(b, count, where=where),
+            STATS_KEY: lambda b: setattr(out, "stats", STATS.view(b, count, where=where)),
             HISTORY_KEY: lambda b: HISTORY.decode(b, where=where),
             SKIPPED_KEY: lambda b: setattr(out, "skipped", SKIPPED.decode(b, where=where)),
         }

@@ -18,7 +18,10 @@ runs on the file, so no damage can take the command down), and it checks:
 * every record ``0..count-1`` looked up through the tree as ``Reader.get``
   does (format 3: under its ``__order__`` key), with the CRC (bound to the
   key and the pack in formats 2 and 3), the header label against the label
-  table (format 3: through ``record_classes``), raw sizes against the
+  table (format 3: through ``record_classes``) and, in a pack of the files'
+  bytes as they are, the payload's length against ``__stats__``
+  (``format.SAMPLE_RECORDS``, the rules ``pack --update`` checks of every
+  record it keeps: two swapped ``__order__`` entries), raw sizes against the
   payload, the encoding against the pack's store, the header's size and
   components against the payload's own header and Pillow's
   decompression-bomb limit (``Encoding.check``, what every decode path checks
@@ -30,6 +33,7 @@ So it cannot say OK for a pack on which some ``Reader.get(i)`` fails.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import io
 import os
@@ -57,6 +61,7 @@ from lmdbfolder.format import (
     PATHS_KEY,
     RECORD_CLASSES,
     RESERVED_PREFIX,
+    SAMPLE_RECORDS,
     SKIPPED_KEY,
     SOURCE_LAYOUTS,
     STATS_KEY,
@@ -392,6 +397,8 @@ class _Checked:
         #: Format 3: the record key of every sample (None: key = index, or the table is unreadable).
         self.order: Any = None
         self.labels: Any = None
+        #: Per sample, the payload length its record must have (``SAMPLE_RECORDS.exact_sizes``; None: unknown).
+        self.sizes: Any = None
         self.path_list: list[str] | None = None
         self.skipped: Any = []
 
@@ -408,6 +415,7 @@ class _Checked:
         audit = self.tables.audit(packfile.PackSource(self.pf, self.path), self.meta_blob)
         report.problems += [Problem(exc.kind, exc.why) for exc in audit.problems]
         self.labels, self.path_list, self.order, self.skipped = audit.labels, audit.paths, audit.order, audit.skipped
+        self.sizes = SAMPLE_RECORDS.exact_sizes(self.meta, audit.stats)
         for name in self.meta.invalid_fields:
             report.problems.append(Problem("manifest", f"the informational field {name!r} has the wrong type"))
         if _pack_resize(self.meta) == INVALID:
@@ -433,6 +441,7 @@ class _Checked:
         if self.version >= 3 and self.order is None:
             return  # no record can be found without its key: the table problem is reported
         order = self.order
+        headers = _Headers()
         with Progress(count, "verify", enabled=progress) as bar, warnings.catch_warnings():
             # Images between Pillow's limit and twice it are readable (ImageFolder warns): not a problem.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -453,7 +462,7 @@ class _Checked:
                 report.payload_bytes += len(value)
                 bar.update(1, len(value))
                 label = labels[index] if labels is not None else None
-                record = _check_one(report, rules, index, key, value, path, label)
+                record = _check_one(report, rules, index, key, value, path, label, headers)
                 if record is not None and sources is not None and path is not None and path in sources:
                     _compare_with_source(
                         report,
@@ -464,7 +473,21 @@ class _Checked:
                         rules.store,
                         resize if isinstance(resize, Resize) else None,
                     )
+        self._check_samples(report, headers)
         self._check_keys(report)
+
+    def _check_samples(self, report: VerifyReport, headers: _Headers) -> None:
+        """Every record parsed against what binds it to its sample (``SAMPLE_RECORDS``, the
+        rules ``pack --update`` checks before it keeps a record): its header label against
+        the label table, its payload's length against ``__stats__``."""
+        at = np.frombuffer(headers.at, dtype=np.int64)
+        labels = None if self.labels is None else np.asarray(self.labels, dtype=np.int64)[at]
+        sizes = None if self.sizes is None else self.sizes[at]
+        lens = np.frombuffer(headers.lengths, dtype=np.int64)
+        for k, kind, why in SAMPLE_RECORDS.mismatches(headers.labels, lens, labels, sizes, self.label_map):
+            index = int(at[k])
+            path = self.path_list[index] if self.path_list is not None else None
+            report.problems.append(Problem(kind, f"the record {why}", index, path))
 
     def _check_keys(self, report: VerifyReport) -> None:
         """Every key in the tree is a record ``0..count-1`` (format 3: a key of
@@ -691,6 +714,21 @@ def _pack_resize(meta: Manifest) -> Resize | str | None:
         return INVALID
 
 
+@dataclass
+class _Headers:
+    """Per record parsed: its sample index, header label and payload length (compact arrays)."""
+
+    at: array.array = field(default_factory=lambda: array.array("q"))
+    labels: array.array = field(default_factory=lambda: array.array("i"))
+    lengths: array.array = field(default_factory=lambda: array.array("q"))
+
+    def add(self, index: int, label: int, length: int) -> None:
+        """Record ``index``'s header label and payload length."""
+        self.at.append(index)
+        self.labels.append(label)
+        self.lengths.append(length)
+
+
 @dataclass(frozen=True)
 class _RecordRules:
     """What every record of one pack is checked against (``_check_one``)."""
@@ -731,10 +769,13 @@ def _check_one(
     value: memoryview,
     path: str | None,
     label: int | None,
+    headers: _Headers,
 ) -> tuple[RecordHeader, memoryview] | None:
     """Check one record (stored under ``key``, default ``index``; format 3's header
-    labels go through ``rules.mapping``, ``format.label_map``); returns its header (the
-    label a sample's) and payload, or None if it cannot be parsed."""
+    labels go through ``rules.mapping``, ``format.label_map``); its header label and
+    length go to ``headers``, checked against its sample's tables once every record is
+    (``_Checked._check_samples``). Returns its header (the label a sample's) and payload,
+    or None if it cannot be parsed or names no class."""
     n_fields = len(rules.fields.fields) if rules.fields is not None else None
     try:
         header, payload = decode_record(
@@ -743,20 +784,12 @@ def _check_one(
     except CorruptRecordError as exc:
         report.problems.append(Problem(exc.kind, exc.why, index, path))
         return None
+    headers.add(index, header.label, header.payload_len)
     if rules.mapping is not None and header.label != NO_LABEL:
         sample_label = RECORD_CLASSES.sample_label(header.label, rules.mapping)
         if sample_label is None:
-            report.problems.append(
-                Problem(
-                    "label", f"header label {header.label} names no class of the pack (record_classes)", index, path
-                )
-            )
-            return None
+            return None  # a record of no class of the pack: ``_check_samples`` reports it
         header = dataclasses.replace(header, label=sample_label)
-    if label is not None and header.label != label:
-        report.problems.append(
-            Problem("label", f"header label {header.label} differs from the label table's {label}", index, path)
-        )
     n_classes, store, decode = rules.n_classes, rules.store, rules.decode
     if not (header.label == NO_LABEL or 0 <= header.label < n_classes):
         report.problems.append(

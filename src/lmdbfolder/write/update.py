@@ -6,7 +6,9 @@ pixels); the cost is a ``stat`` of every source file plus reading and
 writing the files that changed (docs/design.md, "Updating a pack"):
 
 1. ``_OldPack.load``: the pack's tables (paths, labels, the size and
-   modification time of every sample's file, ``__stats__``), never a record.
+   modification time of every sample's file, ``__stats__``), and every
+   record's header label and length checked against them as ``verify``
+   checks them (``_check_records``), never a record's payload.
 2. ``_plan``: every source file is ``stat``-ed and sorted into kept (same
    path, size and time: its record stays where it is), relabelled (the same
    file under another class: its record is rewritten from the pack's bytes),
@@ -38,6 +40,7 @@ update.
 
 from __future__ import annotations
 
+import array
 import datetime as _dt
 import errno
 import hashlib
@@ -62,7 +65,8 @@ from lmdbfolder.format import (
     META_KEY,
     NO_LABEL,
     PROGRESS_KEY,
-    RECORD_CLASSES,
+    RECORD_HEADER,
+    SAMPLE_RECORDS,
     SKIPPED_REPORT,
     UNKNOWN_MTIME,
     UPDATE_SUFFIX,
@@ -76,7 +80,7 @@ from lmdbfolder.format import (
     encode_record,
     new_pack_id,
 )
-from lmdbfolder.pagefile import PageFile
+from lmdbfolder.pagefile import PageDamage, PageFile
 from lmdbfolder.progress import Progress
 from lmdbfolder.text import describe_changes, disk_size, escape_field, plural, printable, skipped_line
 from lmdbfolder.write import resume
@@ -264,7 +268,7 @@ class _OldPack:
             items = tables.skipped(source)
             skipped = {os.fsencode(str(item.get("path"))): item for item in items} if isinstance(items, list) else {}
             history = tables.history(source)
-            _check_record_labels(source, tables, labels, order, _fields_of(meta))
+            _check_records(source, tables, labels, order, stats, names, bounds)
         except BaseException:
             pf.close()
             raise
@@ -332,22 +336,65 @@ def _fields_of(meta: Manifest) -> int | None:
     return None if specs is None else len(specs)
 
 
-def _check_record_labels(
-    source: packfile.PackSource, tables: PackTables, labels: np.ndarray, order: Any, fields: int | None
+#: Where a record header holds its label (``RECORD_HEADER``: the i32 before the CRC).
+_HEADER_LABEL_AT = struct.calcsize(RECORD_HEADER.format[:-2])
+_HEADER_LABEL = struct.Struct("<i")
+#: What a refusal of records that are not their samples' says to do.
+_RECORDS_HINT = (
+    "its tables do not match its records (damaged or forged): nothing was written; run "
+    "`lmdbfolder verify` on it, and pack it again with --overwrite"
+)
+
+
+def _check_records(
+    source: packfile.PackSource,
+    tables: PackTables,
+    labels: np.ndarray,
+    order: Any,
+    stats: Any,
+    names: bytes,
+    bounds: list[int],
 ) -> None:
-    """Refuse a pack whose record headers name other classes than its label table
-    (``RECORD_CLASSES.check_records``): a permuted ``record_classes`` would relabel every
-    kept record. A permutation moves every record of a class, so the first sample of each
-    class is enough (one lookup a class); ``verify`` checks every record."""
-    _, first = np.unique(labels, return_index=True)
-    headers = []
-    for i in first.tolist():
-        key = i if order is None else int(order[i])
-        value = source.get(KEY.pack(key))
-        if value is None:
-            raise PackError(f"{source.where} has no record under key {key}", "repack it with --overwrite")
-        headers.append(decode_record(value, index=i, fields=fields)[0].label)
-    RECORD_CLASSES.check_records(headers, labels[first], tables.label_map, where=source.where)
+    """Refuse a pack whose records are not their samples' by the rules ``verify`` checks
+    (``SAMPLE_RECORDS``: the header label through ``record_classes``, and the payload's
+    length against ``__stats__``), before anything is written: an update keeps records
+    by their ``__order__`` entry without reading them, so a swapped entry (or a permuted
+    ``record_classes``) would go on serving another sample's image or class. Every
+    record: one lookup and its 4-byte header label each (about 3 us), no payload read;
+    ``Reader.get`` checks the rest of a header when it reads the record."""
+    pf, count = source.pf, len(labels)
+    keys = range(count) if order is None else order.tolist()
+    header_labels = array.array("i", bytes(4 * count))
+    payload_lens = array.array("q", bytes(8 * count))
+    locate, pack_key, view, head = pf.locate, KEY.pack, pf.view, RECORD_HEADER.size
+    try:
+        for i, key in enumerate(keys):
+            found = locate(pack_key(key))
+            if found is None or found[1] < head:
+                raise PackError(f"{source.where} has no record under key {key}", "repack it with --overwrite")
+            off, size = found
+            header_labels[i] = _HEADER_LABEL.unpack_from(view(off + _HEADER_LABEL_AT, 4))[0]
+            payload_lens[i] = size - head
+    except PageDamage as exc:
+        raise PackError(
+            f"{source.where} is damaged where a record is stored ({exc.why})",
+            "run `lmdbfolder verify` on it; repack it with --overwrite",
+        ) from None
+
+    def describe(i: int) -> str:
+        path = os.fsdecode(names[bounds[i] : bounds[i + 1]])
+        return f"sample {i} ({printable(path, 200)}, record key {keys[i]})"
+
+    SAMPLE_RECORDS.check(
+        np.frombuffer(header_labels, dtype=np.int32),
+        np.frombuffer(payload_lens, dtype=np.int64),
+        labels,
+        SAMPLE_RECORDS.exact_sizes(tables.meta, stats),
+        tables.label_map,
+        where=source.where,
+        hint=_RECORDS_HINT,
+        describe=describe,
+    )
 
 
 def check_options(old: _OldPack, options: PackOptions) -> PackOptions:

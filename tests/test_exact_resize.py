@@ -134,3 +134,58 @@ def test_the_default_path_resizes_natively_with_imagefolders_pixels(
 def test_without_the_compiled_resize_pillow_resizes(capabilities: Any, tmp_path: Path) -> None:
     capabilities(exact_resize=None)
     _assert_default_path(tmp_path)
+
+
+_EVERY_PATH = """
+import sys, numpy as np
+from PIL import Image
+sys.path.insert(0, {tests!r})
+from test_exact_resize import every_path_case
+print(every_path_case())
+"""
+
+
+def every_path_case() -> str:
+    """Random boxes, sizes, filters, flips and layouts of a photo-like 400x300 image, each
+    against Pillow: the SIMD horizontal passes (AVX2 groups of four taps, SSE4.1, the plain
+    loop at a row's end) and the row stores of every layout. "ok", or the first case that differs."""
+    from conftest import built
+
+    fn, order = built(current().exact_bicubic(), "the compiled bicubic resize")
+    rng = np.random.default_rng(11)
+    x = np.linspace(0, 1, 400)[None, :, None]
+    src = np.clip(rng.normal(0, 20, (300, 400, 3)) + 255 * x * np.array([1.0, 0.5, 0.2]), 0, 255).astype(np.uint8)
+    img = Image.fromarray(src)
+    for trial in range(160):
+        w, h = int(rng.integers(1, 401)), int(rng.integers(1, 301))
+        left, top = int(rng.integers(0, 401 - w)), int(rng.integers(0, 301 - h))
+        size = (int(rng.integers(1, 260)), int(rng.integers(1, 260)))
+        cubic, flip, planar = bool(trial % 2), bool(trial % 3 == 0), bool(trial % 5 < 2)
+        dst = np.empty((3, size[1], size[0]) if planar else (size[1], size[0], 3), np.uint8)
+        box = (left, top, left + w, top + h)
+        done = crops.exact_resize_into(fn, order, src, box, size, dst, cubic=cubic, flip=flip, planar=planar)
+        want = img.crop(box).resize(size, Image.Resampling.BICUBIC if cubic else Image.Resampling.BILINEAR)
+        if flip:
+            want = want.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        got = dst.transpose(1, 2, 0) if planar else dst
+        if not done or not np.array_equal(got, np.asarray(want)):
+            return f"differs: box {box} size {size} cubic {cubic} flip {flip} planar {planar}"
+    return "ok"
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_every_pass_and_layout_is_pillows(simd: bool) -> None:
+    """With the SIMD passes this machine runs, and without them (LMDBFOLDER_NO_SIMD)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if simd:
+        env.pop("LMDBFOLDER_NO_SIMD", None)
+    else:
+        env["LMDBFOLDER_NO_SIMD"] = "1"
+    code = _EVERY_PATH.format(tests=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

@@ -323,6 +323,32 @@ static inline void store(const target *t, int y, int x, uint8_t r, uint8_t g, ui
     }
 }
 
+/* Row y of a target from `line` (out_w interleaved pixels): ``store`` for a whole row,
+ * its layout decided once per row rather than per pixel (a quarter of a horizontal pass's
+ * time went to per-pixel stores into planes). */
+static void store_line(const target *t, int y, const uint8_t *line, int out_w) {
+    if (!t->planar) {
+        uint8_t *q = t->buf + (size_t)y * t->stride;
+        if (!t->flip) {
+            memcpy(q, line, (size_t)out_w * 3);
+            return;
+        }
+        for (int x = 0; x < out_w; x++) {
+            uint8_t *o = q + (size_t)(t->width - 1 - x) * 3;
+            o[0] = line[3 * x], o[1] = line[3 * x + 1], o[2] = line[3 * x + 2];
+        }
+        return;
+    }
+    uint8_t *r = t->buf + (size_t)y * t->width, *g = r + t->plane, *b = g + t->plane;
+    if (!t->flip) {
+        for (int x = 0; x < out_w; x++)
+            r[x] = line[3 * x], g[x] = line[3 * x + 1], b[x] = line[3 * x + 2];
+        return;
+    }
+    for (int x = 0, o = t->width - 1; x < out_w; x++, o--)
+        r[o] = line[3 * x], g[o] = line[3 * x + 1], b[o] = line[3 * x + 2];
+}
+
 /* The passes are compiled twice, for AVX2 and for any x86-64 (picked at run time, glibc's ifunc): the
  * same integer operations, so the same values, more of them per instruction with AVX2. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
@@ -356,6 +382,7 @@ PASS_CLONES static void horizontal_pass(const uint8_t *in, size_t in_stride, int
 PASS_CLONES static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out_h, const int *first,
                           const int *count, const int32_t *w, int ksize, int32_t *acc, const target *t) {
     size_t n = (size_t)cols * 3;
+    uint8_t *line = malloc(n); /* without it, pixel by pixel */
     for (int y = 0; y < out_h; y++) {
         const int32_t *k = w + (size_t)y * ksize;
         const uint8_t *row = in + (size_t)first[y] * in_stride;
@@ -366,9 +393,16 @@ PASS_CLONES static void vertical_pass(const uint8_t *in, size_t in_stride, int c
             for (size_t j = 0; j < n; j++)
                 acc[j] += row[j] * ki;
         }
-        for (int x = 0; x < cols; x++)
-            store(t, y, x, clip8(acc[3 * x]), clip8(acc[3 * x + 1]), clip8(acc[3 * x + 2]));
+        if (line) {
+            for (size_t j = 0; j < n; j++)
+                line[j] = clip8(acc[j]);
+            store_line(t, y, line, cols);
+        } else {
+            for (int x = 0; x < cols; x++)
+                store(t, y, x, clip8(acc[3 * x]), clip8(acc[3 * x + 1]), clip8(acc[3 * x + 2]));
+        }
     }
+    free(line);
 }
 
 /* horizontal_pass's result, computed as a vertical pass over the transposed rows (the
@@ -406,6 +440,7 @@ static int horizontal_by_transpose(const uint8_t *in, size_t in_stride, int rows
 static int exact_sse41 = 0;
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
 #include <smmintrin.h>
 #define EXACT_SSE41 1
 /* Output pixels [x0, x1) of one row of the horizontal pass into `line`, the three channels
@@ -432,6 +467,65 @@ __attribute__((target("sse4.1"))) static void hrow_sse41(const uint8_t *row, int
     }
 }
 
+/* Whether the horizontal pass may use AVX2 here (set at import; LMDBFOLDER_NO_SIMD unsets it). */
+static int exact_avx2 = 0;
+
+/* The AVX2 horizontal pass multiplies 16-bit pairs (vpmaddwd): four taps of one output
+ * pixel per instruction pair instead of one tap per 32-bit multiply. Pillow's weights
+ * have 22 fractional bits, too many for 16 bits, so each is split as k = hi * 2^11 + lo
+ * (lo in [0, 2^11), hi = k >> 11, both fit an int16) and the two sums are combined:
+ * sum(v * k) = (sum(v * hi) << 11) + sum(v * lo), the same integer as Pillow's. */
+#define HSPLIT 11
+
+/* Each output's taps in groups of four, as the vectors vpmaddwd takes: per group, the low
+ * halves then the high halves, each 16 int16 = (k0, k1) x 4 in the lower 128 bits and
+ * (k2, k3) x 4 in the upper (taps past count are 0). */
+static int16_t *avx2_weights(int out_w, const int *count, const int32_t *w, int ksize, int groups) {
+    int16_t *c = calloc((size_t)out_w * (size_t)groups * 32, sizeof(int16_t));
+    if (!c)
+        return NULL;
+    for (int x = 0; x < out_w; x++)
+        for (int t = 0; t < count[x] && t < 4 * groups; t++) {
+            int32_t k = w[(size_t)x * ksize + t];
+            int16_t hi = (int16_t)(k >> HSPLIT), lo = (int16_t)(k & ((1 << HSPLIT) - 1));
+            int16_t *g = c + ((size_t)x * groups + t / 4) * 32;
+            int lane = (t / 2) % 2, odd = t % 2;
+            for (int ch = 0; ch < 4; ch++) {
+                g[lane * 8 + ch * 2 + odd] = lo;
+                g[16 + lane * 8 + ch * 2 + odd] = hi;
+            }
+        }
+    return c;
+}
+
+/* Output pixels [0, x1) of one row into `line` (see HSPLIT). A group reads 16 bytes at
+ * its first tap and 16 at its third: the caller keeps to outputs whose reads stay in the row. */
+__attribute__((target("avx2"))) static void hrow_avx2(const uint8_t *row, int x1, const int *first, const int16_t *c,
+                                                      int groups, uint8_t *line) {
+    /* A lane's 6 bytes (R0 G0 B0 R1 G1 B1) as int16 pairs (R0, R1) (G0, G1) (B0, B1) (0, 0). */
+    const __m256i pairs = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, 0, -1, 3, -1,
+                                           1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m128i half = _mm_set1_epi32(1 << (RESIZE_BITS - 1));
+    for (int x = 0; x < x1; x++) {
+        const uint8_t *p = row + (size_t)first[x] * 3;
+        const int16_t *k = c + (size_t)x * groups * 32;
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        for (int g = 0; g < groups; g++, p += 12, k += 32) {
+            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                                _mm_loadu_si128((const __m128i *)(p + 6)), 1);
+            v = _mm256_shuffle_epi8(v, pairs);
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)k)));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)(k + 16))));
+        }
+        __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(hi, HSPLIT), lo);
+        __m128i acc = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1)), half);
+        acc = _mm_srai_epi32(acc, RESIZE_BITS);
+        __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(acc, acc), _mm_setzero_si128());
+        int32_t out = _mm_cvtsi128_si32(bytes);
+        memcpy(line + 3 * (size_t)x, &out, 3);
+    }
+}
+
 /* horizontal_pass with SSE4.1 for the outputs whose taps end before the row's last pixel
  * (first[] and first + count grow with x: the outputs before the first that reaches it),
  * through a row buffer. Returns 0 (having written nothing) without the buffer. */
@@ -443,9 +537,21 @@ static int horizontal_sse41(const uint8_t *in, size_t in_stride, int rows, int w
     int vec_end = 0;
     while (vec_end < out_w && first[vec_end] + count[vec_end] < width)
         vec_end++;
+    /* AVX2 (when it runs here) for the outputs whose groups' reads end inside the row,
+     * SSE4.1 for the next ones up to vec_end, the plain loop for the rest. */
+    int most = 1, avx_end = 0;
+    for (int x = 0; x < out_w; x++)
+        most = count[x] > most ? count[x] : most;
+    int groups = (most + 3) / 4; /* ksize bounds count loosely: a group fewer for most kernels */
+    int16_t *c = NULL;
+    if (exact_avx2 && (c = avx2_weights(out_w, count, w, ksize, groups)) != NULL)
+        while (avx_end < vec_end && (size_t)(first[avx_end] + 4 * (groups - 1)) * 3 + 22 <= (size_t)width * 3)
+            avx_end++;
     for (int y = 0; y < rows; y++) {
         const uint8_t *row = in + (size_t)y * in_stride;
-        hrow_sse41(row, 0, vec_end, first, count, w, ksize, line);
+        if (avx_end)
+            hrow_avx2(row, avx_end, first, c, groups, line);
+        hrow_sse41(row, avx_end, vec_end, first, count, w, ksize, line);
         for (int x = vec_end; x < out_w; x++) {
             const int32_t *k = w + (size_t)x * ksize;
             const uint8_t *p = row + (size_t)first[x] * 3;
@@ -457,13 +563,9 @@ static int horizontal_sse41(const uint8_t *in, size_t in_stride, int rows, int w
             }
             line[3 * x] = clip8(r), line[3 * x + 1] = clip8(g), line[3 * x + 2] = clip8(b);
         }
-        if (!t->planar && !t->flip)
-            memcpy(t->buf + (size_t)y * t->stride, line, (size_t)out_w * 3);
-        else
-            for (int x = 0; x < out_w; x++)
-                store(t, y, x, line[3 * x], line[3 * x + 1], line[3 * x + 2]);
+        store_line(t, y, line, out_w);
     }
-    free(line);
+    free(line), free(c);
     return 1;
 }
 #endif
@@ -1216,6 +1318,7 @@ PyMODINIT_FUNC PyInit__crops(void) {
 #ifdef EXACT_SSE41
     __builtin_cpu_init();
     exact_sse41 = __builtin_cpu_supports("sse4.1") && getenv("LMDBFOLDER_NO_SIMD") == NULL;
+    exact_avx2 = exact_sse41 && __builtin_cpu_supports("avx2");
 #endif
     if (PyType_Ready(&BatchType) < 0)
         return NULL;

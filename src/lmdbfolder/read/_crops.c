@@ -236,6 +236,11 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
  * compares it with Pillow once per process before using it. */
 
 #define RESIZE_BITS 22
+/* The AVX2 passes multiply 16-bit pairs (vpmaddwd). Pillow's weights have 22 fractional
+ * bits, too many for 16, so each is split as k = hi * 2^11 + lo (lo in [0, 2^11), hi = k >> 11,
+ * both fit an int16) and the two sums combined: sum(v * k) = (sum(v * hi) << 11) + sum(v * lo),
+ * the same integer as Pillow's. */
+#define HSPLIT 11
 
 /* Pillow's bicubic filter (a = -0.5), support 2. */
 static inline double bicubic_filter(double x) {
@@ -376,11 +381,75 @@ PASS_CLONES static void horizontal_pass(const uint8_t *in, size_t in_stride, int
     }
 }
 
+/* Whether the passes may use SSE4.1 and AVX2 here (set at import; LMDBFOLDER_NO_SIMD unsets them). */
+static int exact_sse41 = 0;
+static int exact_avx2 = 0;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define EXACT_AVX2 1
+/* The vertical pass in AVX2, 16 bytes of a row at a time through all of an output row's
+ * taps, two input rows per vpmaddwd pair with the weights split as in the horizontal pass
+ * (HSPLIT): the same integer sums. The tail of a row (under 16 bytes) as the plain pass
+ * does it. Returns 0 (having written nothing) without its row buffer. */
+__attribute__((target("avx2"))) static int vertical_avx2(const uint8_t *in, size_t in_stride, int cols, int out_h,
+                                                         const int *first, const int *count, const int32_t *w,
+                                                         int ksize, const target *t) {
+    size_t n = (size_t)cols * 3, blocks = n / 16 * 16;
+    uint8_t *line = malloc(n + 32);
+    if (!line)
+        return 0;
+    const __m256i half = _mm256_set1_epi32(1 << (RESIZE_BITS - 1));
+    for (int y = 0; y < out_h; y++) {
+        const int32_t *k = w + (size_t)y * ksize;
+        const uint8_t *base = in + (size_t)first[y] * in_stride;
+        int taps = count[y];
+        for (size_t j = 0; j < blocks; j += 16) {
+            __m256i acc0 = half, acc1 = half;
+            for (int i = 0; i < taps; i += 2) {
+                const uint8_t *ra = base + (size_t)i * in_stride + j;
+                int32_t ka = k[i], kb = i + 1 < taps ? k[i + 1] : 0;
+                const uint8_t *rb = i + 1 < taps ? ra + in_stride : ra;
+                __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)ra));
+                __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)rb));
+                __m256i lo = _mm256_set1_epi32((int32_t)(((uint32_t)(kb & ((1 << HSPLIT) - 1)) << 16) |
+                                                         (uint32_t)(ka & ((1 << HSPLIT) - 1))));
+                __m256i hi = _mm256_set1_epi32((int32_t)(((uint32_t)(uint16_t)(int16_t)(kb >> HSPLIT) << 16) |
+                                                         (uint32_t)(uint16_t)(int16_t)(ka >> HSPLIT)));
+                __m256i p0 = _mm256_unpacklo_epi16(a, b), p1 = _mm256_unpackhi_epi16(a, b);
+                acc0 = _mm256_add_epi32(acc0, _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(p0, hi), HSPLIT),
+                                                               _mm256_madd_epi16(p0, lo)));
+                acc1 = _mm256_add_epi32(acc1, _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(p1, hi), HSPLIT),
+                                                               _mm256_madd_epi16(p1, lo)));
+            }
+            /* acc0 holds bytes 0-3 and 8-11, acc1 4-7 and 12-15: packing them restores the order. */
+            __m256i v = _mm256_packs_epi32(_mm256_srai_epi32(acc0, RESIZE_BITS), _mm256_srai_epi32(acc1, RESIZE_BITS));
+            v = _mm256_permute4x64_epi64(_mm256_packus_epi16(v, v), 0x08);
+            _mm_storeu_si128((__m128i *)(line + j), _mm256_castsi256_si128(v));
+        }
+        for (size_t j = blocks; j < n; j++) {
+            int32_t acc = 1 << (RESIZE_BITS - 1);
+            const uint8_t *p = base + j;
+            for (int i = 0; i < taps; i++, p += in_stride)
+                acc += *p * k[i];
+            line[j] = clip8(acc);
+        }
+        store_line(t, y, line, cols);
+    }
+    free(line);
+    return 1;
+}
+#endif
+
 /* Columns 0 .. cols-1 of `in` resized vertically (weights of `out_h` outputs;
  * first[] counts rows of `in`). Row by row into `acc` (3 * cols int32), so the
  * inner loop runs along a row, which the compiler vectorises. */
 PASS_CLONES static void vertical_pass(const uint8_t *in, size_t in_stride, int cols, int out_h, const int *first,
                           const int *count, const int32_t *w, int ksize, int32_t *acc, const target *t) {
+#ifdef EXACT_AVX2
+    if (exact_avx2 && vertical_avx2(in, in_stride, cols, out_h, first, count, w, ksize, t))
+        return;
+#endif
     size_t n = (size_t)cols * 3;
     uint8_t *line = malloc(n); /* without it, pixel by pixel */
     for (int y = 0; y < out_h; y++) {
@@ -436,8 +505,6 @@ static int horizontal_by_transpose(const uint8_t *in, size_t in_stride, int rows
     return 1;
 }
 
-/* Whether the horizontal pass may use SSE4.1 here (set at import; LMDBFOLDER_NO_SIMD unsets it). */
-static int exact_sse41 = 0;
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -467,15 +534,9 @@ __attribute__((target("sse4.1"))) static void hrow_sse41(const uint8_t *row, int
     }
 }
 
-/* Whether the horizontal pass may use AVX2 here (set at import; LMDBFOLDER_NO_SIMD unsets it). */
-static int exact_avx2 = 0;
 
-/* The AVX2 horizontal pass multiplies 16-bit pairs (vpmaddwd): four taps of one output
- * pixel per instruction pair instead of one tap per 32-bit multiply. Pillow's weights
- * have 22 fractional bits, too many for 16 bits, so each is split as k = hi * 2^11 + lo
- * (lo in [0, 2^11), hi = k >> 11, both fit an int16) and the two sums are combined:
- * sum(v * k) = (sum(v * hi) << 11) + sum(v * lo), the same integer as Pillow's. */
-#define HSPLIT 11
+/* The AVX2 horizontal pass: four taps of one output pixel per vpmaddwd pair instead of
+ * one tap per 32-bit multiply (weights split as HSPLIT says). */
 
 /* Each output's taps in groups of four, as the vectors vpmaddwd takes: per group, the low
  * halves then the high halves, each 16 int16 = (k0, k1) x 4 in the lower 128 bits and

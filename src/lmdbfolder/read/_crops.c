@@ -587,12 +587,67 @@ __attribute__((target("avx2"))) static void hrow_avx2(const uint8_t *row, int x1
     }
 }
 
+/* hrow_avx2 of two rows at once (row0 into line0, row1 into line1): each output's weights
+ * are loaded once for both, and the two rows' sums are finished together. */
+__attribute__((target("avx2"))) static void hrow2_avx2(const uint8_t *row0, const uint8_t *row1, int x1,
+                                                       const int *first, const int16_t *c, int groups, uint8_t *line0,
+                                                       uint8_t *line1) {
+    const __m256i pairs = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, 0, -1, 3, -1,
+                                           1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m256i half = _mm256_set1_epi32(1 << (RESIZE_BITS - 1));
+    for (int x = 0; x < x1; x++) {
+        size_t at = (size_t)first[x] * 3;
+        const uint8_t *p = row0 + at, *q = row1 + at;
+        const int16_t *k = c + (size_t)x * groups * 32;
+        __m256i lo0 = _mm256_setzero_si256(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
+        for (int g = 0; g < groups; g++, p += 12, q += 12, k += 32) {
+            __m256i kl = _mm256_loadu_si256((const __m256i *)k), kh = _mm256_loadu_si256((const __m256i *)(k + 16));
+            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                                _mm_loadu_si128((const __m128i *)(p + 6)), 1);
+            __m256i u = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q)),
+                                                _mm_loadu_si128((const __m128i *)(q + 6)), 1);
+            v = _mm256_shuffle_epi8(v, pairs);
+            u = _mm256_shuffle_epi8(u, pairs);
+            lo0 = _mm256_add_epi32(lo0, _mm256_madd_epi16(v, kl));
+            hi0 = _mm256_add_epi32(hi0, _mm256_madd_epi16(v, kh));
+            lo1 = _mm256_add_epi32(lo1, _mm256_madd_epi16(u, kl));
+            hi1 = _mm256_add_epi32(hi1, _mm256_madd_epi16(u, kh));
+        }
+        __m256i s0 = _mm256_add_epi32(_mm256_slli_epi32(hi0, HSPLIT), lo0);
+        __m256i s1 = _mm256_add_epi32(_mm256_slli_epi32(hi1, HSPLIT), lo1);
+        /* lanes: [row0's taps 0-1 | row1's taps 0-1] + [row0's taps 2-3 | row1's taps 2-3] */
+        __m256i acc = _mm256_add_epi32(_mm256_permute2x128_si256(s0, s1, 0x20), _mm256_permute2x128_si256(s0, s1, 0x31));
+        acc = _mm256_srai_epi32(_mm256_add_epi32(acc, half), RESIZE_BITS);
+        __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), _mm256_setzero_si256());
+        int32_t out0 = _mm256_cvtsi256_si32(bytes), out1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1));
+        memcpy(line0 + 3 * (size_t)x, &out0, 3);
+        memcpy(line1 + 3 * (size_t)x, &out1, 3);
+    }
+}
+
+/* Output pixels [x0, x1) of one row into `line`, the plain loop (the outputs whose taps
+ * reach the row's last pixel, which the vector loads would read past). */
+static void horizontal_tail(const uint8_t *row, int x0, int x1, const int *first, const int *count, const int32_t *w,
+                            int ksize, uint8_t *line) {
+    for (int x = x0; x < x1; x++) {
+        const int32_t *k = w + (size_t)x * ksize;
+        const uint8_t *p = row + (size_t)first[x] * 3;
+        int32_t r = 1 << (RESIZE_BITS - 1), g = r, b = r;
+        for (int i = 0; i < count[x]; i++, p += 3) {
+            r += p[0] * k[i];
+            g += p[1] * k[i];
+            b += p[2] * k[i];
+        }
+        line[3 * x] = clip8(r), line[3 * x + 1] = clip8(g), line[3 * x + 2] = clip8(b);
+    }
+}
+
 /* horizontal_pass with SSE4.1 for the outputs whose taps end before the row's last pixel
  * (first[] and first + count grow with x: the outputs before the first that reaches it),
  * through a row buffer. Returns 0 (having written nothing) without the buffer. */
 static int horizontal_sse41(const uint8_t *in, size_t in_stride, int rows, int width, int out_w, const int *first,
                             const int *count, const int32_t *w, int ksize, const target *t) {
-    uint8_t *line = malloc((size_t)3 * (size_t)out_w + 1);
+    uint8_t *line = malloc((size_t)6 * (size_t)out_w + 1); /* two rows' lines */
     if (!line)
         return 0;
     int vec_end = 0;
@@ -610,20 +665,22 @@ static int horizontal_sse41(const uint8_t *in, size_t in_stride, int rows, int w
             avx_end++;
     for (int y = 0; y < rows; y++) {
         const uint8_t *row = in + (size_t)y * in_stride;
+        if (avx_end && y + 1 < rows) {
+            /* Two rows: the second row's line after the first's, finished below. */
+            uint8_t *next = line + 3 * (size_t)out_w;
+            hrow2_avx2(row, row + in_stride, avx_end, first, c, groups, line, next);
+            hrow_sse41(row + in_stride, avx_end, vec_end, first, count, w, ksize, next);
+            horizontal_tail(row + in_stride, vec_end, out_w, first, count, w, ksize, next);
+            hrow_sse41(row, avx_end, vec_end, first, count, w, ksize, line);
+            horizontal_tail(row, vec_end, out_w, first, count, w, ksize, line);
+            store_line(t, y, line, out_w);
+            store_line(t, ++y, next, out_w);
+            continue;
+        }
         if (avx_end)
             hrow_avx2(row, avx_end, first, c, groups, line);
         hrow_sse41(row, avx_end, vec_end, first, count, w, ksize, line);
-        for (int x = vec_end; x < out_w; x++) {
-            const int32_t *k = w + (size_t)x * ksize;
-            const uint8_t *p = row + (size_t)first[x] * 3;
-            int32_t r = 1 << (RESIZE_BITS - 1), g = r, b = r;
-            for (int i = 0; i < count[x]; i++, p += 3) {
-                r += p[0] * k[i];
-                g += p[1] * k[i];
-                b += p[2] * k[i];
-            }
-            line[3 * x] = clip8(r), line[3 * x + 1] = clip8(g), line[3 * x + 2] = clip8(b);
-        }
+        horizontal_tail(row, vec_end, out_w, first, count, w, ksize, line);
         store_line(t, y, line, out_w);
     }
     free(line), free(c);

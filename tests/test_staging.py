@@ -862,21 +862,45 @@ def test_a_mapped_shard_is_evicted_once_its_reader_lets_go_and_a_forked_child_ke
         os.waitpid(child, 0)
 
 
+MAP_A_SHARD = """
+import sys
+from lmdbfolder.torch import LMDBFolder
+ds = LMDBFolder(sys.argv[1], cache_dir=sys.argv[2])
+ds[ds.reader.shard_offsets[int(sys.argv[3])]]
+print("mapped", flush=True)
+sys.stdin.read()
+"""
+
+
 def test_a_reader_lets_go_of_what_no_rank_needs_and_the_warning_names_what_is_mapped(
     s3: S3, uploaded: tuple[Path, str], tmp_path: Path
 ) -> None:
     local, url = uploaded
     size = max(shard_sizes(local).values())
-    ds = LMDBFolder(url, cache_dir=tmp_path / "cache", cache_limit=size)
+    cache = str(tmp_path / "cache")
+    ds = LMDBFolder(url, cache_dir=cache, cache_limit=size)
     pack = ds.reader.staging  # type: ignore[union-attr]
     starts = ds.reader.shard_offsets  # type: ignore[union-attr]
     ds[starts[0]]
-    # another rank downloads shard 1: shard 0, which no rank lists, is mapped here
-    with pytest.warns(RuntimeWarning, match=r"train-00000-of-00008\.lmdb .* still mapped by 1 reader process"):
-        pack.ensure(1)
+    pack.ensure(1)  # shard 0, mapped by this process's reader, stays: no room for 1 yet
     assert pack.staged() == [0, 1]
     ds[starts[1]]  # opening shard 1, this reader lets shard 0 go, and it is evicted
     assert pack.staged() == [1]
+    # another process maps shard 1 (a DataLoader worker): the warning names it
+    other = subprocess.Popen(
+        [sys.executable, "-c", MAP_A_SHARD, url, cache, "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "mapped"
+        ds.reader.close()
+        with pytest.warns(RuntimeWarning, match=r"train-00001-of-00008\.lmdb .* still mapped by 1 reader process"):
+            pack.ensure(2)
+        assert pack.staged() == [1, 2]
+    finally:
+        other.kill()
+        other.wait()
+    pack.ensure(3)  # its reader gone, shard 1 is evicted
+    assert pack.staged() == [3]
 
 
 def test_a_full_disk_says_how_much_of_the_cache_readers_map(

@@ -701,6 +701,10 @@ class StagedPack:
         if not held:
             return text + "every shard in it is in use (raise cache_limit to hold shards_at_once + ahead + 2 shards)"
         readers = _lock_holders([self._lock_file(k) for k in held])
+        if readers == {os.getpid()} and total - sum(held.values()) <= self.cache_limit:
+            # Mapped by a reader of this process only (its prefetch thread is ahead of it): that
+            # reader lets go of them when it opens its next shard, and evicts them then (let_go).
+            return None
         who = f"{len(readers)} reader process{'es' if len(readers) != 1 else ''}" if readers else "readers"
         return text + (
             f"{_shards(self.names, list(held))} ({sum(held.values()):,} bytes), which no rank needs now or next, "

@@ -12,6 +12,8 @@ their share. Downloads are counted by a proxy in front of the server.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -722,3 +724,200 @@ def test_a_fifo_named_like_a_list_of_needs_is_not_waited_on(
         thread.join(60)
     assert finished and not failed, failed
     assert pack.staged() == [1] and name.exists()
+
+
+# -- a mapped shard is never evicted: the cache accounts for what readers map (issue 34, 8) -------
+def _family() -> list[int]:
+    """This process and its children (DataLoader workers, and servers it started)."""
+    me, pids = os.getpid(), [os.getpid()]
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+            pids.append(int(name))
+    return pids
+
+
+def _mapped_shards(root: str) -> tuple[int, int]:
+    """(bytes of the cache's data.mdb files mapped now, bytes of those mapped but no longer in
+    the cache folder: deleted, yet still using the disk), over this process and its children."""
+    live: dict[tuple[str, str], int] = {}
+    deleted: dict[tuple[str, str], int] = {}
+    for pid in _family():
+        try:
+            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:
+            continue  # a worker that has just exited
+        for line in lines:
+            fields = line.split(None, 5)
+            if len(fields) < 6 or not fields[5].startswith(root + os.sep) or DATA_FILE not in fields[5]:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            # one file mapped by several processes uses its disk space once: by device and inode
+            (deleted if fields[5].endswith("(deleted)") else live)[(fields[3], fields[4])] = end - start
+    return sum(live.values()), sum(deleted.values())
+
+
+def _shard_disk_use(root: str) -> int:
+    """Disk blocks of the shards' data.mdb files in the cache folder (downloads in flight too)."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        if DATA_FILE in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, DATA_FILE)).st_blocks * 512
+    return total
+
+
+class DiskWatch:
+    """Looks at a staging cache's disk use, under its decision lock (what is evicted, and what
+    readers let go of, is decided there: a look never sees a half-made decision)."""
+
+    def __init__(self, root: str, limit: int) -> None:
+        self.root, self.limit = root, limit
+        self.looks = self.deleted_seen = self.over = 0
+
+    def look(self) -> None:
+        with open(os.path.join(self.root, ROOM_LOCK), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            mapped, deleted = _mapped_shards(self.root)
+            disk = _shard_disk_use(self.root) + deleted
+        self.looks += 1
+        self.deleted_seen += deleted > 0
+        # beyond the limit only what readers map now (in use)
+        self.over += disk > self.limit + mapped
+
+
+@pytest.mark.filterwarnings("ignore:the staging cache of")  # a limit below shards_at_once + 3 shards: said so
+@pytest.mark.parametrize("s3_server", ["seaweedfs"], indirect=True)
+@pytest.mark.parametrize("reader", ["in-process", "fork", "spawn"])
+def test_a_small_cache_limit_frees_disk_as_it_evicts(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, reader: str
+) -> None:
+    """A cache_limit of 2 shards, every shard read in order (the sampler's prefetch thread
+    ahead): an evicted shard that a reader still mapped stayed on disk, unseen by the limit
+    (up to 4 per process), and the disk filled. The cache's disk use, the folder's shards
+    plus any deleted file still mapped, stays within the limit plus what readers map."""
+    local, url = uploaded
+    size = max(shard_sizes(local).values())
+    limit = 2 * size
+    ds = LMDBFolder(url, cache_dir=tmp_path / "cache", cache_limit=limit, transform=PILToTensor())
+    watch = DiskWatch(ds.reader.staging.root, limit)  # type: ignore[union-attr]
+    sampler = ExactDistributedSampler(ds, 1, 0, seed=1, order="nodes", nodes=1, shards_at_once=1)
+    read: list[int] = []
+    if reader == "in-process":
+
+        def read_all() -> None:
+            for i in sampler:
+                ds[i]
+                read.append(i)
+                watch.look()
+
+        thread = threading.Thread(target=read_all, daemon=True)
+        thread.start()
+        thread.join(300)  # a guard against a deadlock, not a measurement
+        assert not thread.is_alive(), "the reader and the prefetch thread wait on each other"
+    else:
+        loader = DataLoader(
+            ds, batch_size=4, sampler=sampler, num_workers=2, multiprocessing_context=reader, timeout=300
+        )
+        for _, labels in loader:
+            read.extend(labels.tolist())
+            watch.look()
+    assert len(read) == len(ds) == 128
+    assert watch.looks >= 32 and watch.deleted_seen == 0, (watch.deleted_seen, watch.looks)
+    assert watch.over == 0, (watch.over, watch.looks)
+
+
+def test_a_mapped_shard_is_evicted_once_its_reader_lets_go_and_a_forked_child_keeps_no_hold(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    _, url = uploaded
+    ds = LMDBFolder(url, cache_dir=tmp_path / "cache")
+    pack = ds.reader.staging  # type: ignore[union-attr]
+    ds[0]  # shard 0, mapped
+    assert not pack.evict(0)  # held while mapped
+    r, w = os.pipe()
+    started_r, started_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # a DataLoader worker forked while the parent maps shard 0; it lives on
+        os.close(w)
+        os.write(started_w, b"!")  # Python runs here once the at-fork hooks have run
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    os.close(started_w)
+    try:
+        assert os.read(started_r, 1) == b"!"
+        os.close(started_r)
+        ds.reader.close()
+        assert pack.evict(0), "the forked child kept the parent's hold on shard 0"
+        assert ds[0] == LMDBFolder(uploaded[0])[0]  # read again: fetched and mapped afresh
+        assert not pack.evict(0)
+    finally:
+        os.close(w)
+        os.waitpid(child, 0)
+
+
+MAP_A_SHARD = """
+import sys
+from lmdbfolder.torch import LMDBFolder
+ds = LMDBFolder(sys.argv[1], cache_dir=sys.argv[2])
+ds[ds.reader.shard_offsets[int(sys.argv[3])]]
+print("mapped", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_reader_lets_go_of_what_no_rank_needs_and_the_warning_names_what_is_mapped(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path
+) -> None:
+    local, url = uploaded
+    size = max(shard_sizes(local).values())
+    cache = str(tmp_path / "cache")
+    ds = LMDBFolder(url, cache_dir=cache, cache_limit=size)
+    pack = ds.reader.staging  # type: ignore[union-attr]
+    starts = ds.reader.shard_offsets  # type: ignore[union-attr]
+    ds[starts[0]]
+    pack.ensure(1)  # shard 0, mapped by this process's reader, stays: no room for 1 yet
+    assert pack.staged() == [0, 1]
+    ds[starts[1]]  # opening shard 1, this reader lets shard 0 go, and it is evicted
+    assert pack.staged() == [1]
+    # another process maps shard 1 (a DataLoader worker): the warning names it
+    other = subprocess.Popen(
+        [sys.executable, "-c", MAP_A_SHARD, url, cache, "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "mapped"
+        ds.reader.close()
+        with pytest.warns(RuntimeWarning, match=r"train-00001-of-00008\.lmdb .* still mapped by 1 reader process"):
+            pack.ensure(2)
+        assert pack.staged() == [1, 2]
+    finally:
+        other.kill()
+        other.wait()
+    pack.ensure(3)  # its reader gone, shard 1 is evicted
+    assert pack.staged() == [3]
+
+
+def test_a_full_disk_says_how_much_of_the_cache_readers_map(
+    s3: S3, uploaded: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local, url = uploaded
+    sizes = shard_sizes(local)
+    ds = LMDBFolder(url, cache_dir=tmp_path / "cache", cache_limit=10 * max(sizes.values()))
+    pack = ds.reader.staging  # type: ignore[union-attr]
+    ds[0]  # shard 0, mapped here
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(staging, "download", full)
+    with pytest.raises(RemoteError, match="the disk is full") as caught:
+        pack.ensure(1)
+    mapped = sizes[pack.names[0]]
+    assert f"{mapped:,} of them in 1 shard that readers map now" in caught.value.hint
+    assert "cache_limit" in caught.value.hint and "shards_at_once" in caught.value.hint

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import contextlib
 import os
 import threading
 from typing import Any, Mapping, Sequence
@@ -23,14 +24,14 @@ from lmdbfolder import packdir
 from lmdbfolder.errors import NotAPackError, PackChangedError
 from lmdbfolder.format import SHARD_INDEX_FILE, Manifest, ShardIndex, shard_matches, shard_place
 from lmdbfolder.read.reader import PackAPI, Reader, Record
-from lmdbfolder.read.staging import StagedPack
+from lmdbfolder.read.staging import MAPPED_PER_PROCESS, ShardHold, StagedPack
 from lmdbfolder.text import printable
 
 __all__ = ["ShardedReader", "out_of_place"]
 
 #: Shards of a staged pack one process keeps mapped at most (the least recently
-#: opened is closed): evicted shards free their disk space once no map holds them.
-_STAGED_OPEN = 4
+#: opened is closed): each one mapped is held in the cache, never evicted.
+_STAGED_OPEN = MAPPED_PER_PROCESS
 
 
 class ShardedReader(PackAPI):
@@ -90,6 +91,7 @@ class ShardedReader(PackAPI):
         self._owner_pid = os.getpid()
         self._labels_cache: array.array | None = None
         self._open_order: list[int] = []  # staged packs: the shards this process has mapped, oldest first
+        self._holds: dict[int, ShardHold | None] = {}  # staged packs: what keeps each mapped shard in the cache
 
     # -- shards ----------------------------------------------------------------------
     @property
@@ -125,6 +127,7 @@ class ShardedReader(PackAPI):
                 # path behind the cache's back (it may have been evicted since).
                 self._readers = [None] * len(self._names)
                 self._open_order = []
+                self._holds = {}  # the parent's: the fork dropped this process's copies
         reader = self._readers[k]
         if reader is None:
             with self._shard_lock:
@@ -137,20 +140,28 @@ class ShardedReader(PackAPI):
     def _open_shard(self, k: int) -> Reader:
         if self.staging is None:
             return self._check_shard(k, os.path.join(self.path, self.meta.shards[k].name), keep_open=False)
-        # Staged: fetched into the cache if it is not there, then opened and mapped
-        # while the cache lock keeps it from being evicted; a mapped shard stays
-        # readable after an eviction. A process keeps a few shards mapped at most,
-        # so evicted shards free their disk space.
-        with self.staging.reading(k) as path:
-            reader = self._check_shard(k, path, keep_open=True)
+        # Staged: fetched into the cache if it is not there, then opened and mapped, and
+        # held there (a shared lock) until this process closes it: a mapped shard is never
+        # evicted, as its disk space would stay in use, unseen by the cache's limit. So
+        # this process first lets go of the oldest beyond a few, and of what the limit
+        # needs evicted (what no rank needs any more; all it may evict when the cache is full).
+        excess = self._open_order[: max(0, len(self._open_order) + 1 - _STAGED_OPEN)]
+        self.staging.let_go(self._open_order, k, self._close_staged, excess)
+        reader, hold = self.staging.open_held(k, lambda path: self._check_shard(k, path, keep_open=True))
+        self._holds[k] = hold
         self._open_order.append(k)
-        while len(self._open_order) > _STAGED_OPEN:
-            old = self._open_order.pop(0)
-            previous = self._readers[old]
-            self._readers[old] = None
-            if previous is not None:
-                previous.close()
         return reader
+
+    def _close_staged(self, k: int) -> None:
+        """Close this process's map of staged shard ``k``, then let the cache evict it."""
+        with contextlib.suppress(ValueError):
+            self._open_order.remove(k)
+        reader, self._readers[k] = self._readers[k], None
+        if reader is not None:
+            reader.close()
+        hold = self._holds.pop(k, None)
+        if hold is not None:
+            hold.release()
 
     def _check_shard(self, k: int, path: str, *, keep_open: bool) -> Reader:
         entry = self.meta.shards[k]
@@ -288,7 +299,14 @@ class ShardedReader(PackAPI):
         return [p for k in range(len(self._names)) for p in self.shard(k).paths()]
 
     def close(self) -> None:
-        """Release this process's handles on every shard."""
+        """Release this process's handles on every shard (a staged pack's shards are then
+        evictable; each is opened through the cache again when next read)."""
+        if self.staging is not None:
+            if os.getpid() == self._owner_pid:  # a forked child's inherited maps are not its own
+                with self._shard_lock:
+                    for k in list(self._open_order):
+                        self._close_staged(k)
+            return
         for reader in self._readers:
             if reader is not None:
                 reader.close()
@@ -298,7 +316,15 @@ class ShardedReader(PackAPI):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_readers", "_shard_lock", "_owner_pid", "_labels_cache", "_index_by_path", "_open_order"):
+        for name in (
+            "_readers",
+            "_shard_lock",
+            "_owner_pid",
+            "_labels_cache",
+            "_index_by_path",
+            "_open_order",
+            "_holds",
+        ):
             state.pop(name, None)
         return state
 

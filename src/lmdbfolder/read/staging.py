@@ -22,18 +22,34 @@ on the node still needs are evicted). It holds
 * **Nothing half-copied is opened.** A shard is downloaded into
   ``<shard>.copying`` (marked as ours), its SHA-256 compared with the
   index's ``data_sha256`` (written by ``lmdbfolder copy PACK URL``), its
-  manifest and tables with the index's digests, then renamed into place. A
-  reader takes the lock shared while it opens and maps a shard, so a shard
-  is never evicted between "it is there" and "it is mapped"; once mapped, an
-  eviction only unlinks it (the map stays valid).
+  manifest and tables with the index's digests, then renamed into place.
+* **A mapped shard is never evicted.** A reader takes the shard's lock
+  shared while it opens and maps it, and before letting go of that lock
+  keeps a shared lock of its own (``ShardHold``, a duplicate of the
+  descriptor) for as long as it maps the shard (``open_held``; a
+  ``ShardedReader`` maps 4 at most per process). An evicted file that a
+  process still mapped would keep its disk space, unseen by the cache: so
+  what the cache folder holds is what its shards use on disk.
 * **A cache limit** (``cache_limit`` bytes of this pack's shards) is kept by
   evicting shards, least recently used first, that no rank on the node still
   needs this epoch; then, if that is not enough, the shards needed last
   (Belady's rule), never those in use or next. Each rank following a sampler
   lists what it still needs, in order, in ``.needs-<pid>-<n>`` (held with a
   shared lock while the rank lives, so a killed rank's list is recognised
-  and ignored). Shards in use are never deleted, so the limit can be
-  exceeded by what is needed at once (a warning says so).
+  and ignored). Readers let go of what the limit needs (``let_go``): before
+  opening a shard a reader closes those it maps that no live rank needs any
+  more and, when the cache is above its limit, every one an eviction may
+  take, then evicts what the limit asks for. Shards in use (needed now or
+  next by a rank, or mapped by a reader) are never deleted, so the limit can
+  be exceeded by what is in use at once: a warning says so, naming the
+  mapped shards and how many processes map them; a full disk's error says
+  how much of the cache readers map, and what to lower.
+* **Nobody waits on a reader.** Evictions only try a shard's lock
+  (``LOCK_NB``); a download takes it exclusively only while the shard is
+  missing, when no reader can hold it; and a reader's hold is the duplicate
+  of a lock already held, so taking it never waits. The prefetch thread of a
+  rank therefore never waits for that rank's own readers (two descriptors'
+  flock locks conflict even within one process).
 * **Ahead of need.** ``follow(schedule)`` (called by
   ``ExactDistributedSampler`` at the start of each epoch's iteration)
   starts a thread in the rank's main process that fetches the shards in the
@@ -54,7 +70,7 @@ import shutil
 import stat
 import threading
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from lmdbfolder import packdir, packfile
 from lmdbfolder.errors import NotAPackError, OutputExistsError, RemoteError
@@ -74,7 +90,11 @@ from lmdbfolder.format import (
 from lmdbfolder.pagefile import NotRegularFileError, read_regular
 from lmdbfolder.remote import DEFAULT_JOBS, DEFAULT_PART_SIZE, Limits, ObjectInfo, Remote, download
 
-__all__ = ["StagedPack", "fetch_shard", "fetch_index"]
+__all__ = ["StagedPack", "ShardHold", "fetch_shard", "fetch_index"]
+
+#: Shards of a staged pack one process keeps mapped at most (``ShardedReader``: the least
+#: recently opened is closed, and its hold released, when it opens another).
+MAPPED_PER_PROCESS = 4
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -120,6 +140,7 @@ def fetch_shard(
     abort: threading.Event | None = None,
     info: ObjectInfo | None = None,
     limits: Limits | None = None,
+    when_full: Callable[[], str] | None = None,
 ) -> int:
     """Download the shard ``entry`` of the pack at ``remote`` and publish it as
     ``directory/<name>``; return the bytes fetched now. ``info``: the shard's
@@ -131,7 +152,8 @@ def fetch_shard(
     tables digests, then renamed into place. A shard whose check fails is
     removed and reported (RemoteError kind "digest"). The caller holds the
     shard's lock. ``limits``: how slow the server may be (``remote.Limits``; by
-    default from the environment).
+    default from the environment). ``when_full``: the hint of a full disk (by
+    default: free space there).
     """
     name = entry.name
     final = os.path.join(directory, name)
@@ -142,7 +164,7 @@ def fetch_shard(
             packdir.clear_temp_dir(tmp)
             packdir.make_temp_dir(tmp)
         except OSError as exc:  # a cache folder this process may not write, a full disk
-            raise disk_error(exc, src.url, directory) from None
+            raise disk_error(exc, src.url, directory, when_full) from None
         except OutputExistsError as exc:  # not ours (a link, a FIFO planted in it): never written through
             raise RemoteError(src.url, f"cannot stage it: {exc.message}", f"remove {tmp}", kind="disk") from None
     info = info or src.info()
@@ -168,7 +190,7 @@ def fetch_shard(
             limits=limits,
         )
     except OSError as exc:
-        raise disk_error(exc, src.url, tmp) from None
+        raise disk_error(exc, src.url, tmp, when_full) from None
     try:
         tables = packfile.read_tables(tmp)
         ok = shard_matches(entry, *tables)
@@ -188,8 +210,9 @@ def fetch_shard(
     return fetched
 
 
-def disk_error(exc: OSError, url: str, where: str) -> RemoteError:
-    """A local OSError while staging (full disk, permission) as a RemoteError naming both."""
+def disk_error(exc: OSError, url: str, where: str, when_full: Callable[[], str] | None = None) -> RemoteError:
+    """A local OSError while staging (full disk, permission) as a RemoteError naming both;
+    ``when_full()``: the hint for a full disk (a staging cache says what it holds)."""
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     if isinstance(exc, NotRegularFileError):  # a link or FIFO planted in the cache folder
         return RemoteError(
@@ -198,12 +221,16 @@ def disk_error(exc: OSError, url: str, where: str) -> RemoteError:
             f"remove {exc.filename} (lmdbfolder makes it again), then run the same command again",
             kind="disk",
         )
+    if not full:
+        hint = "check the permissions of the destination folder"
+    elif when_full is not None:
+        hint = when_full()
+    else:
+        hint = "free space there (or use another disk); run the same command again to resume"
     return RemoteError(
         url,
         f"cannot store it in {where}: {exc.strerror or exc}" + (" (the disk is full)" if full else ""),
-        "free space there (or pass a smaller cache_limit / another cache_dir); run the same command again to resume"
-        if full
-        else "check the permissions of the destination folder",
+        hint,
         kind="disk",
     )
 
@@ -309,6 +336,40 @@ def _drop_inherited_locks() -> None:
 os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
+class ShardHold:
+    """A reader's hold on a staged shard it maps (``StagedPack.open_held``): a shared lock
+    on the shard's lock file, through a descriptor of its own, so that no process evicts
+    the shard while it is mapped (an evicted file that a process still maps keeps its
+    disk space, unseen by the cache's accounting). ``release()`` once the map is closed.
+
+    A forked child does not keep it (``_drop_inherited_locks`` closes its copy; the
+    parent's hold stands), and never closes the parent's descriptor number.
+    """
+
+    __slots__ = ("fd", "pid")
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+        self.pid = os.getpid()
+        _HELD[fd] = self.pid
+
+    def release(self) -> None:
+        """Drop the lock (the shard may be evicted from now on); releasing twice does nothing."""
+        fd, self.fd = self.fd, None
+        # In a forked child the number may name another file by now: only the holder closes it.
+        if fd is not None and self.pid == os.getpid() and _HELD.get(fd) == self.pid:
+            del _HELD[fd]
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # A reader dropped without close(): its shard must not stay unevictable.
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+_T = TypeVar("_T")
+
+
 class StagedPack:
     """A sharded pack in object storage, staged shard by shard into ``cache_dir``.
 
@@ -317,7 +378,14 @@ class StagedPack:
         cache_dir: a local folder on fast disk, the same for every process of
             a node (DataLoader workers and ranks share it).
         cache_limit: bytes of this pack's shards to keep at most (None: no
-            limit). Shards no rank needs any more are evicted first.
+            limit). Shards no rank needs any more are evicted first; shards in
+            use (needed now or next by a rank, or mapped by a reader, which
+            ``open_held`` holds) never are, so the cache exceeds the limit by
+            what is in use at once when the limit is below it (about
+            ``shards_at_once + ahead + 2`` shards; a warning says which are
+            mapped). Readers let go of what the limit needs when they open
+            another shard (``let_go``). Everything the cache's shards use on
+            disk is in its folder: nothing evicted stays mapped.
         ahead: shards to fetch beyond the one being read, when following a
             sampler (``follow``).
         part_size, jobs: the ranged requests of each shard's download.
@@ -460,7 +528,9 @@ class StagedPack:
             entry = self.index.shards[k]
             self._make_room(entry.data_bytes or 0, keep=k)
             try:
-                fetch_shard(self.remote, entry, self.root, part_size=self.part_size, jobs=self.jobs)
+                fetch_shard(
+                    self.remote, entry, self.root, part_size=self.part_size, jobs=self.jobs, when_full=self._full_hint
+                )
             except RemoteError as exc:
                 if exc.kind == "digest" and self._replaced():
                     raise RemoteError(
@@ -486,14 +556,42 @@ class StagedPack:
     @contextlib.contextmanager
     def reading(self, k: int) -> Iterator[str]:
         """Shard ``k``'s local path, held so that it is not evicted until the block ends
-        (open and map it inside the block)."""
+        (open it inside the block; a reader that keeps it mapped uses ``open_held``)."""
+        with self._shared(k) as (path, _):
+            yield path
+
+    def open_held(self, k: int, open_: Callable[[str], _T]) -> tuple[_T, ShardHold | None]:
+        """``open_(path)`` of shard ``k`` (fetched first if it is not in the cache), and a
+        hold that keeps the shard from eviction until it is released: call
+        ``hold.release()`` once what ``open_`` mapped is closed. The hold is taken before
+        the shard's short lock is let go, so it is never evicted in between. None: a
+        cache folder this process may only read (nothing is evicted there by it)."""
+        with self._shared(k) as (path, fd):
+            # The same open file as the short lock (a dup, never a second flock call):
+            # taking it cannot wait, and it outlives the short lock's descriptor.
+            hold = None if fd is None else ShardHold(os.dup(fd))
+            try:
+                return open_(path), hold
+            except BaseException:
+                if hold is not None:
+                    hold.release()
+                raise
+
+    @contextlib.contextmanager
+    def _shared(self, k: int) -> Iterator[tuple[str, int | None]]:
+        """(path, descriptor of the shared lock) of shard ``k``, in the cache for the block.
+
+        Waits for no lock this process may hold itself: a shared lock waits only for a
+        download or an eviction of shard ``k`` (never held for long), and ``ensure``'s
+        exclusive lock is asked only while the shard is missing, when no reader holds
+        it (a held shard is never evicted)."""
         while True:
-            with _flock(self._lock_file(k), fcntl.LOCK_SH):
+            with _flock(self._lock_file(k), fcntl.LOCK_SH) as fd:
                 path = self.path(k)
                 if os.path.isdir(path):
                     with contextlib.suppress(OSError):
                         os.utime(path)  # least recently used goes first
-                    yield path
+                    yield path, fd
                     return
             self.ensure(k)
 
@@ -556,7 +654,7 @@ class StagedPack:
     def _make_room(self, incoming: int, *, keep: int) -> None:
         """Evict shards so that the cache, with shard ``keep`` (``incoming`` bytes, about to
         be downloaded; the caller holds its lock) and every other download in flight, fits
-        ``cache_limit``.
+        ``cache_limit``; warn when it cannot (what is in use exceeds the limit).
 
         One process decides at a time (``ROOM_LOCK``), and a download in flight counts
         at its full size: two downloads that start together (the prefetch thread's and a
@@ -565,29 +663,131 @@ class StagedPack:
         if self.cache_limit is None:
             return
         with self._deciding():
-            staged = [k for k in self.staged() if k != keep]
-            total = sum(_size(self.path(k)) for k in staged) + incoming + self._in_flight({keep, *staged})
+            over = self._fit(incoming, keep)
+        if over is not None:
+            warnings.warn(over, RuntimeWarning, stacklevel=3)
+
+    def _fit(self, incoming: int, keep: int | None) -> str | None:
+        """``_make_room``'s evictions, under ``ROOM_LOCK`` (held by the caller); the warning
+        to give when the cache stays above its limit, else None. ``keep=None``: nothing
+        is about to be downloaded (``let_go``)."""
+        if self.cache_limit is None:
+            return None
+        staged = [k for k in self.staged() if k != keep]
+        skip = set(staged) if keep is None else {keep, *staged}
+        total = sum(_size(self.path(k)) for k in staged) + incoming + self._in_flight(skip)
+        if total <= self.cache_limit:
+            return None
+        # First what no rank needs any more (least recently used first); then, if that
+        # is not enough, what is needed last (never the shards in use or next). A shard
+        # a reader maps is never evicted: its disk space would stay in use, unseen here.
+        soonest = self._needed_soonest()
+        unneeded = sorted((k for k in staged if k not in soonest), key=lambda k: _mtime(self.path(k)))
+        protected = 2 + self.ahead
+        later = sorted((k for k in staged if soonest.get(k, 0) > protected), key=lambda k: -soonest[k])
+        held: dict[int, int] = {}
+        for k in unneeded + later:
             if total <= self.cache_limit:
+                return None
+            size = _size(self.path(k))
+            outcome = self._evict(k)
+            if outcome == "evicted":
+                total -= size
+            elif outcome == "held":
+                held[k] = size
+        if total <= self.cache_limit:
+            return None
+        text = f"the staging cache of {self.url} holds {total:,} bytes, above cache_limit={self.cache_limit:,}: "
+        if not held:
+            return text + "every shard in it is in use (raise cache_limit to hold shards_at_once + ahead + 2 shards)"
+        readers = _lock_holders([self._lock_file(k) for k in held])
+        if readers == {os.getpid()} and total - sum(held.values()) <= self.cache_limit:
+            # Mapped by a reader of this process only (its prefetch thread is ahead of it): that
+            # reader lets go of them when it opens its next shard, and evicts them then (let_go).
+            return None
+        who = f"{len(readers)} reader process{'es' if len(readers) != 1 else ''}" if readers else "readers"
+        return text + (
+            f"{_shards(self.names, list(held))} ({sum(held.values()):,} bytes), which no rank needs now or next, "
+            f"{'is' if len(held) == 1 else 'are'} still mapped by {who}, and the rest is in use or next; a mapped "
+            "shard is never evicted, and a reader lets go of it when it opens another (raise cache_limit to hold "
+            "shards_at_once + ahead + 2 shards, or lower num_workers: each DataLoader worker maps the shards it "
+            f"reads, up to {MAPPED_PER_PROCESS})"
+        )
+
+    def let_go(
+        self, mapped: Sequence[int], opening: int, close: Callable[[int], None], excess: Sequence[int] = ()
+    ) -> None:
+        """Before a reader of this process opens shard ``opening``: ``close(k)`` (its map,
+        then its hold) the shards of ``excess`` and those of ``mapped`` (what it maps,
+        oldest first) an eviction should be able to take, then evict what
+        ``cache_limit`` asks for now; all under ``ROOM_LOCK``, so no decision sees a
+        shard let go but not yet evicted.
+
+        What a reader lets go of: the shards no live rank needs any more (when ranks
+        follow a sampler), and, when the cache with ``opening`` is above
+        ``cache_limit``, every one an eviction may take. Without a ``cache_limit``
+        only ``excess``: nothing is evicted, and reopening a shard costs its tables'
+        checks.
+        """
+        go = [k for k in excess if k != opening]
+        others = [k for k in mapped if k != opening and k not in go]
+        if self.cache_limit is None or not (go or others):
+            for k in go:
+                close(k)
+            return
+        try:
+            with self._deciding():
+                soonest = self._needed_soonest()
+                staged = self.staged()
+                total = sum(_size(self.path(k)) for k in staged)
+                if opening not in staged:
+                    total += self.index.shards[opening].data_bytes or 0
+                over = total > self.cache_limit
+                protected = 2 + self.ahead
+                go += [
+                    k
+                    for k in others
+                    if (k not in soonest and (over or bool(soonest))) or (over and soonest.get(k, 0) > protected)
+                ]
+                for k in go:
+                    close(k)
+                if go:
+                    self._fit(0, None)  # no warning here: a download that finds no room gives it
                 return
-            # First what no rank needs any more (least recently used first); then, if that
-            # is not enough, what is needed last (never the shards in use or next).
-            soonest = self._needed_soonest()
-            unneeded = sorted((k for k in staged if k not in soonest), key=lambda k: _mtime(self.path(k)))
-            protected = 2 + self.ahead
-            later = sorted((k for k in staged if soonest.get(k, 0) > protected), key=lambda k: -soonest[k])
-            for k in unneeded + later:
-                if total <= self.cache_limit:
-                    return
-                size = _size(self.path(k))
-                if self.evict(k):
-                    total -= size
-        if total > self.cache_limit:
-            warnings.warn(
-                f"the staging cache of {self.url} holds {total:,} bytes, above cache_limit={self.cache_limit:,}: "
-                "every shard in it is in use (raise cache_limit to hold shards_at_once + ahead + 2 shards)",
-                RuntimeWarning,
-                stacklevel=3,
+        except OSError:
+            pass  # a cache folder this process may only read: it evicts nothing
+        for k in go:
+            close(k)
+
+    def _full_hint(self) -> str:
+        """What to do when the cache's disk is full, with what the cache holds there (the hint
+        of a staging download's "the disk is full")."""
+        try:
+            staged = self.staged()
+            cached = sum(_size(self.path(k)) for k in staged)
+            mapped = [k for k in staged if self._probe(k) == "held"]
+            free = f"{shutil.disk_usage(self.root).free:,}"
+        except OSError:
+            staged, cached, mapped, free = [], 0, [], "few"
+        largest = max((e.data_bytes or 0 for e in self.index.shards), default=0)
+        text = (
+            f"the disk holding {self.root} has {free} bytes free; this pack's cache holds {cached:,} bytes "
+            f"({len(staged)} shard{'s' if len(staged) != 1 else ''}), {sum(_size(self.path(k)) for k in mapped):,} "
+            f"of them in {len(mapped)} shard{'s' if len(mapped) != 1 else ''} that readers map now (never evicted "
+            "while mapped); "
+        )
+        if self.cache_limit is None:
+            text += (
+                "pass a cache_limit the disk can hold (shards are up to "
+                f"{largest:,} bytes; it needs shards_at_once + ahead + 2 of them), or free space there"
             )
+        else:
+            text += (
+                f"free space there, or pass a cache_limit below what the disk can hold (now {self.cache_limit:,}; "
+                f"shards are up to {largest:,} bytes), or a smaller shards_at_once, so that fewer shards are in use "
+                "at once"
+            )
+        return text + "; run the same command again to resume"
 
     def _in_flight(self, skip: set[int]) -> int:
         """Bytes of the shards not in ``skip`` (the one about to be fetched, the staged ones)
@@ -607,20 +807,34 @@ class StagedPack:
         return total
 
     def evict(self, k: int) -> bool:
-        """Remove shard ``k`` from the cache unless a process holds it (False then).
+        """Remove shard ``k`` from the cache unless a process holds it (False then): one
+        downloading, opening or mapping it (``open_held``), or evicting it."""
+        return self._evict(k) == "evicted"
 
-        A process that has it mapped keeps reading it (the file is only unlinked)."""
+    def _evict(self, k: int) -> str:
+        """``evict``, saying why not: "evicted", "held" (a process holds its lock: mostly a
+        reader mapping it), or "gone" (not in the cache)."""
         try:
             with _flock(self._lock_file(k), fcntl.LOCK_EX | fcntl.LOCK_NB):
                 path = self.path(k)
                 if not os.path.isdir(path):
-                    return False
+                    return "gone"
                 old = f"{path}{OLD_SUFFIX}{os.getpid()}"
                 os.rename(path, old)
                 shutil.rmtree(old, ignore_errors=True)
-                return True
+                return "evicted"
         except BlockingIOError:
-            return False
+            return "held"
+
+    def _probe(self, k: int) -> str:
+        """Whether a process holds shard ``k``'s lock now ("held") or not ("free"); changes nothing."""
+        try:
+            with _flock(self._lock_file(k), fcntl.LOCK_EX | fcntl.LOCK_NB, create=False):
+                return "free"
+        except FileNotFoundError:
+            return "free"
+        except BlockingIOError:
+            return "held"
 
     # -- ahead of need -----------------------------------------------------------------
     def follow(self, schedule: Sequence[tuple[int, int]], linger: int = 0) -> _Follower:
@@ -758,3 +972,33 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime
     except OSError:
         return 0.0
+
+
+def _shards(names: Sequence[str], ks: Sequence[int]) -> str:
+    """A few shards by name, for a message."""
+    shown = ", ".join(names[k] for k in ks[:4]) + (f" and {len(ks) - 4} more" if len(ks) > 4 else "")
+    return f"shard{'s' if len(ks) != 1 else ''} {shown}"
+
+
+def _lock_holders(paths: Sequence[str]) -> set[int]:
+    """The processes holding a flock on any of ``paths`` (from ``/proc/locks``; empty where
+    it cannot be read). For a message only."""
+    keys = set()
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        keys.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    pids: set[int] = set()
+    try:
+        with open("/proc/locks", "rb") as f:
+            lines = f.read(1 << 24).decode("ascii", "replace").splitlines()
+    except OSError:
+        return pids
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  READ  1234 fe:00:5678 0 EOF" (a waiter's line has "->" after "1:")
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] in keys and fields[4].isdigit():
+            pids.add(int(fields[4]))
+    return pids

@@ -559,36 +559,10 @@ static int16_t *avx2_weights(int out_w, const int *count, const int32_t *w, int 
     return c;
 }
 
-/* Output pixels [0, x1) of one row into `line` (see HSPLIT). A group reads 16 bytes at
- * its first tap and 16 at its third: the caller keeps to outputs whose reads stay in the row. */
-__attribute__((target("avx2"))) static void hrow_avx2(const uint8_t *row, int x1, const int *first, const int16_t *c,
-                                                      int groups, uint8_t *line) {
-    /* A lane's 6 bytes (R0 G0 B0 R1 G1 B1) as int16 pairs (R0, R1) (G0, G1) (B0, B1) (0, 0). */
-    const __m256i pairs = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, 0, -1, 3, -1,
-                                           1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
-    const __m128i half = _mm_set1_epi32(1 << (RESIZE_BITS - 1));
-    for (int x = 0; x < x1; x++) {
-        const uint8_t *p = row + (size_t)first[x] * 3;
-        const int16_t *k = c + (size_t)x * groups * 32;
-        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-        for (int g = 0; g < groups; g++, p += 12, k += 32) {
-            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
-                                                _mm_loadu_si128((const __m128i *)(p + 6)), 1);
-            v = _mm256_shuffle_epi8(v, pairs);
-            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)k)));
-            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(v, _mm256_loadu_si256((const __m256i *)(k + 16))));
-        }
-        __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(hi, HSPLIT), lo);
-        __m128i acc = _mm_add_epi32(_mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1)), half);
-        acc = _mm_srai_epi32(acc, RESIZE_BITS);
-        __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(acc, acc), _mm_setzero_si128());
-        int32_t out = _mm_cvtsi128_si32(bytes);
-        memcpy(line + 3 * (size_t)x, &out, 3);
-    }
-}
-
-/* hrow_avx2 of two rows at once (row0 into line0, row1 into line1): each output's weights
- * are loaded once for both, and the two rows' sums are finished together. */
+/* Output pixels [0, x1) of two rows (row0 into line0, row1 into line1; see HSPLIT), each
+ * output's weights loaded once for both and the two rows' sums finished together. A group
+ * reads 16 bytes at its first tap and 16 at its third: the caller keeps to outputs whose
+ * reads stay in the row. */
 __attribute__((target("avx2"))) static void hrow2_avx2(const uint8_t *row0, const uint8_t *row1, int x1,
                                                        const int *first, const int16_t *c, int groups, uint8_t *line0,
                                                        uint8_t *line1) {
@@ -677,8 +651,8 @@ static int horizontal_sse41(const uint8_t *in, size_t in_stride, int rows, int w
             store_line(t, ++y, next, out_w);
             continue;
         }
-        if (avx_end)
-            hrow_avx2(row, avx_end, first, c, groups, line);
+        if (avx_end) /* the last of an odd number of rows: its sums twice, one kept */
+            hrow2_avx2(row, row, avx_end, first, c, groups, line, line + 3 * (size_t)out_w);
         hrow_sse41(row, avx_end, vec_end, first, count, w, ksize, line);
         horizontal_tail(row, vec_end, out_w, first, count, w, ksize, line);
         store_line(t, y, line, out_w);

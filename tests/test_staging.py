@@ -126,6 +126,29 @@ def test_first_batch_before_every_shard_landed_and_the_epoch_is_the_local_packs(
     assert_one_download_per_shard(proxy, shard_sizes(local))
 
 
+@contextlib.contextmanager
+def forked_child() -> Any:
+    """A child forked here that lives (doing nothing) until the block ends: the body runs
+    once the child's Python runs, so after every at-fork hook of the child."""
+    r, w = os.pipe()
+    started_r, started_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(w)
+        os.write(started_w, b"!")
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    os.close(started_w)
+    try:
+        assert os.read(started_r, 1) == b"!"
+        os.close(started_r)
+        yield
+    finally:
+        os.close(w)
+        os.waitpid(child, 0)
+
+
 @on_every_s3_server
 def test_a_cache_limit_evicts_what_no_rank_needs_any_more(
     s3: S3, proxy: Proxy, uploaded: tuple[Path, str], tmp_path: Path
@@ -368,26 +391,11 @@ def test_a_process_forked_while_a_lock_is_held_does_not_keep_it(
         k, prefetch = 1, threading.Thread(target=pack._in_flight, args=({0},))
     prefetch.start()
     inside.wait()
-    r, w = os.pipe()
-    started_r, started_w = os.pipe()
-    child = os.fork()
-    if child == 0:  # a worker that lives on
-        os.close(w)
-        os.write(started_w, b"!")  # Python runs here once the at-fork hooks have run
-        os.read(r, 1)
-        os._exit(0)
-    os.close(r)
-    os.close(started_w)
-    try:
-        assert os.read(started_r, 1) == b"!"
-        os.close(started_r)
+    with forked_child():  # a worker that lives on
         go_on.set()
         prefetch.join()
         monkeypatch.undo()
         assert lock_is_free(pack, k), "the shard's lock is still held by the forked child"
-    finally:
-        os.close(w)
-        os.waitpid(child, 0)
 
 
 @on_every_s3_server
@@ -840,26 +848,11 @@ def test_a_mapped_shard_is_evicted_once_its_reader_lets_go_and_a_forked_child_ke
     pack = ds.reader.staging  # type: ignore[union-attr]
     ds[0]  # shard 0, mapped
     assert not pack.evict(0)  # held while mapped
-    r, w = os.pipe()
-    started_r, started_w = os.pipe()
-    child = os.fork()
-    if child == 0:  # a DataLoader worker forked while the parent maps shard 0; it lives on
-        os.close(w)
-        os.write(started_w, b"!")  # Python runs here once the at-fork hooks have run
-        os.read(r, 1)
-        os._exit(0)
-    os.close(r)
-    os.close(started_w)
-    try:
-        assert os.read(started_r, 1) == b"!"
-        os.close(started_r)
+    with forked_child():  # a DataLoader worker forked while the parent maps shard 0; it lives on
         ds.reader.close()
         assert pack.evict(0), "the forked child kept the parent's hold on shard 0"
         assert ds[0] == LMDBFolder(uploaded[0])[0]  # read again: fetched and mapped afresh
         assert not pack.evict(0)
-    finally:
-        os.close(w)
-        os.waitpid(child, 0)
 
 
 MAP_A_SHARD = """

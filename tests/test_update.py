@@ -355,6 +355,18 @@ print("finished")
 """
 
 
+def _updated_sharded_pack(tmp_path: Path) -> tuple[Path, Path, list[Path]]:
+    """A two-shard pack of cats and dogs, updated once with a file of each shard rewritten
+    (so both shards are format 3): (src, the pack, its shard folders)."""
+    src = tree(tmp_path / "src", classes=("cat", "dog"))
+    dst = tmp_path / "sh"
+    pack_sharded(src, dst, shards=2, progress=False)
+    new_image(src / "cat" / "img00.jpg", 200, w=25)
+    new_image(src / "dog" / "img05.jpg", 201, w=26)
+    pack_sharded(src, dst, shards=2, update=True, progress=False)
+    return src, dst, sorted(p for p in dst.iterdir() if p.is_dir())
+
+
 def _run_child(src: Path, dst: Path, point: str, k: int, workers: int = 1) -> subprocess.CompletedProcess[str]:
     code = _CHILD.format(src=str(SRC_DIR), tree=str(src), dst=str(dst))
     return subprocess.run(
@@ -599,13 +611,7 @@ def test_a_sharded_update_refuses_swapped_records_before_changing_any_shard(
 ) -> None:
     """Issue 34, 1, on the sharded pack: records swapped in its last shard are refused
     before the update writes a byte of any shard."""
-    src = tree(tmp_path / "src", classes=("cat", "dog"))
-    dst = tmp_path / "sh"
-    pack_sharded(src, dst, shards=2, progress=False)
-    new_image(src / "cat" / "img00.jpg", 200, w=25)  # one file of each shard rewritten:
-    new_image(src / "dog" / "img05.jpg", 201, w=26)  # both shards become format 3
-    pack_sharded(src, dst, shards=2, update=True, progress=False)
-    shard_dirs = sorted(p for p in dst.iterdir() if p.is_dir())
+    src, dst, shard_dirs = _updated_sharded_pack(tmp_path)
     _forge_order_swap(shard_dirs[1], 0, 2)  # two dogs of other sizes
     assert not verify(dst, progress=False).ok
     before = [(p / "data.mdb").read_bytes() for p in shard_dirs]
@@ -794,13 +800,7 @@ shards.pack_sharded({str(src)!r}, {str(dst)!r}, update=True, progress=False)
 def test_a_sharded_update_refuses_a_forged_shard_before_changing_any(tmp_path: Path) -> None:
     """Issue 34, 1, on the sharded pack: the forged tables of its last shard are refused
     before the update writes a byte of any shard (it once updated the shards before it)."""
-    src = tree(tmp_path / "src", classes=("cat", "dog"))
-    dst = tmp_path / "sh"
-    pack_sharded(src, dst, shards=2, progress=False)
-    new_image(src / "cat" / "img00.jpg", 200, w=25)  # one file of each shard rewritten:
-    new_image(src / "dog" / "img05.jpg", 201, w=26)  # both shards become format 3
-    pack_sharded(src, dst, shards=2, update=True, progress=False)
-    shard_dirs = sorted(p for p in dst.iterdir() if p.is_dir())
+    src, dst, shard_dirs = _updated_sharded_pack(tmp_path)
     for shard in shard_dirs:
         with Reader(shard) as r:
             assert r.meta.format_version == 3

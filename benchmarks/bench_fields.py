@@ -22,6 +22,10 @@ one sample at a time (no DataLoader: the CPU of one sample is what is compared):
       resize="native", output="tensor")`` then the flip: v2's boxes and flips, masks exact,
       images within about a grey level of v2's (docs/fields-fast.md), as uint8 tensors
       (where the files' row gives PIL images, which a training pipeline then converts).
+    - ``lmdbfolder-batches``, ``lmdbfolder-native-batches``: the same, through
+      ``LMDBDataset.__getitems__`` of 32 samples at a time, as a DataLoader with a batch
+      size calls it (the batch's crops decoded in one run). ``VOCSegmentation`` has no
+      ``__getitems__``: a DataLoader calls the files' row one sample at a time.
 (b) super-resolution, BasicSR's folder layout (GT PNGs and their x``--scale`` LQ PNGs,
     DIV2K-like sizes scaled down by ``--pair-size``): a ``--gt-size`` patch, flips and rotation
     - ``basicsr-files``: BasicSR's ``PairedImageDataset`` training path written out here
@@ -211,6 +215,26 @@ def _lmdbfolder(pack: str, tf: Any) -> Callable[[int], Any]:
     return ds.__getitem__
 
 
+#: Samples per call of the batch rows (``__getitems__``, which a DataLoader with a batch size calls).
+BATCH = 32
+
+
+class _Batches:
+    """``LMDBDataset.__getitems__`` over BATCH samples at a time: what a DataLoader with
+    ``batch_size`` calls (the fused crops of a batch decoded in one run)."""
+
+    def __init__(self, pack: str, tf: Any) -> None:
+        from lmdbfolder.torch import LMDBDataset
+
+        self.ds = LMDBDataset(pack, transforms=tf)
+
+    def __call__(self, i: int) -> Any:
+        return self.ds[i]
+
+    def many(self, indices: list[int]) -> Any:
+        return self.ds.__getitems__(indices)
+
+
 def _native_tf(size: int) -> Any:
     """The opt-in inexact crop: ``fused.RandomResizedCrop(size, resize="native", output="tensor")``
     then the flip (v2's box and flip; images resized by the compiled bilinear after a DCT
@@ -267,9 +291,14 @@ def run_once(item: Callable[[int], Any], order: list[int], seed: int) -> dict[st
 
     torch.manual_seed(seed)
     random.seed(seed)
+    many = getattr(item, "many", None)  # a batch contestant: ``many(indices)``, BATCH at a time
     busy0, cpu0, t0 = _busy(), time.process_time(), time.perf_counter()
-    for i in order:
-        item(i)
+    if many is not None:
+        for j in range(0, len(order), BATCH):
+            many(order[j : j + BATCH])
+    else:
+        for i in order:
+            item(i)
     wall, cpu, busy = time.perf_counter() - t0, time.process_time() - cpu0, _busy() - busy0
     return {
         "samples_s": len(order) / wall,
@@ -370,9 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         contestants_a = {"voc-files": _voc_files(voc_root, tf), "fused-bytes": _fused_bytes(voc_root, tf)}
         if why is None:
             contestants_a["lmdbfolder"] = _lmdbfolder(voc_pack, tf)
+            contestants_a["lmdbfolder-batches"] = _Batches(voc_pack, tf)
             native = _native_tf(args.size)
             if native is not None:
                 contestants_a["lmdbfolder-native"] = _lmdbfolder(voc_pack, native)
+                contestants_a["lmdbfolder-native-batches"] = _Batches(voc_pack, native)
             else:
                 skipped_a["lmdbfolder-native"] = "the compiled helper is not built here"
         else:

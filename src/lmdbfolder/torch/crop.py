@@ -49,7 +49,7 @@ from lmdbfolder.read.capabilities import Capabilities, current
 from lmdbfolder.read.crops import NATIVE_MISSING, RESIZE_BACKENDS, Box
 from lmdbfolder.read.plan import CropSpec
 
-__all__ = ["RandomResizedCrop", "BatchDrawer"]
+__all__ = ["RandomResizedCrop", "BatchDrawer", "fast_drawer", "bulk_drawer"]
 
 
 class RandomResizedCrop(T.RandomResizedCrop):
@@ -123,16 +123,7 @@ class RandomResizedCrop(T.RandomResizedCrop):
         (``caps``, default this process's capabilities); if it ever does not
         (another torchvision), the function calls ``get_params``.
         """
-        caps = current() if caps is None else caps
-        if not caps.answer("torchvision.fast_boxes", _fast_boxes_ok):
-            return self._torchvision_box
-        scale, ratio = tuple(self.scale), tuple(self.ratio)
-        log_ratio = _log_ratio(ratio)
-
-        def draw(width: int, height: int) -> Box:
-            return _draw_box(width, height, scale, ratio, log_ratio)
-
-        return draw
+        return fast_drawer(self.scale, self.ratio, caps) or self._torchvision_box
 
     def batch_drawer(self, caps: Capabilities | None = None) -> BatchDrawer | None:
         """The boxes of a whole batch and the flips after them, drawn in bulk: a
@@ -140,30 +131,7 @@ class RandomResizedCrop(T.RandomResizedCrop):
         ``torch.rand(1) < flip`` give sample by sample, in that order (the same
         numbers, the same count of random numbers consumed), or None when that was
         not confirmed here (checked once per process; see ``_draw_boxes``)."""
-        caps = current() if caps is None else caps
-        if not caps.answer("torchvision.fast_boxes", _fast_boxes_ok) or not caps.answer(
-            "torchvision.batch_boxes", _batch_boxes_ok
-        ):
-            return None
-        scale, ratio = tuple(self.scale), tuple(self.ratio)
-        log_ratio = _log_ratio(ratio)
-
-        def draw_many(sizes: Sequence[tuple[int, int]], flip: float | None) -> tuple[list[Box], list[bool]]:
-            # One bulk draw at a time: it puts torch's generator state back between its
-            # passes, so two at once (a dataset shared by threads) read each other's numbers.
-            with _BULK_DRAWS:
-                try:
-                    return _draw_boxes(sizes, flip, scale, ratio, log_ratio)
-                except ArithmeticError:
-                    # Other code drew from the generator meanwhile: this batch is drawn
-                    # sample by sample (the generator's state is as before the bulk draw).
-                    boxes, flips = [], []
-                    for width, height in sizes:
-                        boxes.append(_draw_box(width, height, scale, ratio, log_ratio))
-                        flips.append(flip is not None and bool(torch.rand(1) < flip))
-                    return boxes, flips
-
-        return draw_many
+        return bulk_drawer(self.scale, self.ratio, caps)
 
     def _torchvision_box(self, width: int, height: int) -> Box:
         shape_only = torch.empty((1, 1, 1), dtype=torch.uint8).expand(1, height, width)
@@ -191,6 +159,53 @@ class RandomResizedCrop(T.RandomResizedCrop):
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", reduce={self.reduce}, resize={self.resize!r}, output={self.output!r})"
+
+
+def fast_drawer(
+    scale: Sequence[float], ratio: Sequence[float], caps: Capabilities | None = None
+) -> Callable[[int, int], Box] | None:
+    """``(width, height) -> box``: torchvision's RandomResizedCrop box (v1's ``get_params``
+    and v2's ``make_params`` draw alike) with the same torch random calls, without their
+    per-call set-up; None where that was not confirmed in this process (``caps``)."""
+    caps = current() if caps is None else caps
+    if not caps.answer("torchvision.fast_boxes", _fast_boxes_ok):
+        return None
+    scale, ratio = tuple(scale), tuple(ratio)
+    log_ratio = _log_ratio(ratio)
+
+    def draw(width: int, height: int) -> Box:
+        return _draw_box(width, height, scale, ratio, log_ratio)
+
+    return draw
+
+
+def bulk_drawer(scale: Sequence[float], ratio: Sequence[float], caps: Capabilities | None = None) -> BatchDrawer | None:
+    """``(sizes, flip) -> (boxes, flips)``: what ``fast_drawer`` then ``torch.rand(1) < flip``
+    give sample by sample, drawn in bulk; None where that was not confirmed here."""
+    caps = current() if caps is None else caps
+    if not caps.answer("torchvision.fast_boxes", _fast_boxes_ok) or not caps.answer(
+        "torchvision.batch_boxes", _batch_boxes_ok
+    ):
+        return None
+    scale, ratio = tuple(scale), tuple(ratio)
+    log_ratio = _log_ratio(ratio)
+
+    def draw_many(sizes: Sequence[tuple[int, int]], flip: float | None) -> tuple[list[Box], list[bool]]:
+        # One bulk draw at a time: it puts torch's generator state back between its
+        # passes, so two at once (a dataset shared by threads) read each other's numbers.
+        with _BULK_DRAWS:
+            try:
+                return _draw_boxes(sizes, flip, scale, ratio, log_ratio)
+            except ArithmeticError:
+                # Other code drew from the generator meanwhile: this batch is drawn
+                # sample by sample (the generator's state is as before the bulk draw).
+                boxes, flips = [], []
+                for width, height in sizes:
+                    boxes.append(_draw_box(width, height, scale, ratio, log_ratio))
+                    flips.append(flip is not None and bool(torch.rand(1) < flip))
+                return boxes, flips
+
+    return draw_many
 
 
 def _draw_box(

@@ -79,6 +79,7 @@ from lmdbfolder.read.pairs import (
 )
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
 from lmdbfolder.torch.crop import RandomResizedCrop as _FusedCrop
+from lmdbfolder.torch.crop import bulk_drawer, fast_drawer
 
 __all__ = [
     "PendingImage",
@@ -371,6 +372,42 @@ def size_stand_in(image: Any, plan: ReadPlan) -> Any:
     return _stand_in(width, height)
 
 
+def _v2_boxes_ok() -> bool:
+    """Whether ``fast_drawer`` and ``bulk_drawer`` draw v2's boxes and flips here: v2's
+    ``RandomResizedCrop.make_params`` then ``RandomHorizontalFlip``'s ``torch.rand(1)``,
+    sample by sample, on sizes that take every branch, with the RNG state restored.
+    (Asked once per process, through the capabilities.)"""
+    from torchvision.transforms import v2  # a v2 crop is being planned: imported already
+
+    state = torch.random.get_rng_state()
+    try:
+        sizes = [(500, 375), (375, 500), (64, 64), (3, 1000), (1000, 3), (1, 1), (257, 2)]
+        for scale, ratio in (((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (0.5, 2.0))):
+            crop = v2.RandomResizedCrop(8, scale=scale, ratio=ratio)
+            torch.manual_seed(3)
+            want = []
+            for w, h in sizes:
+                params = crop.make_params([_stand_in(w, h)])
+                box = (params["top"], params["left"], params["height"], params["width"])
+                want.append((tuple(int(v) for v in box), not bool(torch.rand(1) >= 0.5)))
+            one = fast_drawer(scale, ratio)
+            many = bulk_drawer(scale, ratio)
+            if one is None:
+                return False
+            torch.manual_seed(3)
+            got = [(one(w, h), not bool(torch.rand(1) >= 0.5)) for w, h in sizes]
+            if got != want:
+                return False
+            if many is not None:
+                torch.manual_seed(3)
+                boxes, flips = many(sizes, 0.5)
+                if list(zip(boxes, flips)) != want:
+                    return False
+        return True
+    finally:
+        torch.random.set_rng_state(state)
+
+
 class JointPlan:
     """How a dataset applies a ``transforms.v2`` pipeline to a sample whose image fields
     are ``PendingImage``: the leading crop and flip fused with decoding (``fused``), or
@@ -417,6 +454,14 @@ class JointPlan:
         self.read = ReadPlan(decoder, crop=spec, threads=threads, caps=caps)
         #: Whether a batch's crops are decoded together (``batch``).
         self.batches = self.fused and _draws_nothing(self.rest)
+        #: The boxes and flips of samples of image fields and masks only, drawn without v2's
+        #: per-sample machinery: (one at a time, in bulk), the same numbers as v2's draws
+        #: (checked once per process); None where not confirmed here.
+        self.drawers: tuple[Any, Any] | None = None
+        if crop is not None and caps.answer("torchvision.v2_boxes", _v2_boxes_ok):
+            one = fast_drawer(crop.scale, crop.ratio, caps)
+            if one is not None:
+                self.drawers = (one, bulk_drawer(crop.scale, crop.ratio, caps))
 
     def stale(self, transforms: Any) -> bool:
         """Whether ``transforms`` is no longer what this plan was made from."""
@@ -445,6 +490,29 @@ class JointPlan:
             return outputs if len(outputs) > 1 else outputs[0]
         return self.rest(*outputs)
 
+    def _draw_all(self, samples: Sequence[tuple[Any, ...]]) -> list[tuple[tuple[int, int, int, int], bool]] | None:
+        """Every sample's box and flip, as v2's ``make_params`` and flip draw them sample by
+        sample, where every sample is image fields and masks of one size given by their
+        headers (what v2 would do to them is then known: crop all, or raise for sizes that
+        differ, which the per-sample path below leaves to v2); None otherwise."""
+        if self.drawers is None:
+            return None
+        sizes = []
+        for inputs in samples:
+            if not all(type(x) is PendingImage or type(x) is PendingMask for x in inputs):
+                return None
+            _, width, height, _ = inputs[0].info()
+            if width <= 0 or height <= 0 or any(x.info()[1:3] != (width, height) for x in inputs[1:]):
+                return None
+            sizes.append((width, height))
+        one, many = self.drawers
+        p = None if self.flip is None else self.flip.p
+        if many is not None and len(sizes) > 1:
+            boxes, flips = many(sizes, p)
+            return list(zip(boxes, flips))
+        # v2's RandomHorizontalFlip: ``if torch.rand(1) >= p: return inputs``.
+        return [(one(w, h), p is not None and not bool(torch.rand(1) >= p)) for w, h in sizes]
+
     def _crop_flip(self, samples: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         crop, flip = self.crop, self.flip
         read = self.read
@@ -452,31 +520,36 @@ class JointPlan:
         jobs: list[CropJob] = []
         places: list[tuple[int, int, PendingImage]] = []  # (sample, leaf, pending) of each job
         rows_jobs: list[tuple[int, int, PendingImage, tuple[int, int, int, int], bool]] = []
+        drawn = self._draw_all(samples)
         for k, inputs in enumerate(samples):
             flat, spec = tree_flatten(inputs if len(inputs) > 1 else inputs[0])
             pending = [type(leaf) is PendingImage for leaf in flat]
             masks = [type(leaf) is PendingMask for leaf in flat]
-            if not all(leaf.sized() for leaf in flat if isinstance(leaf, PendingImage)):
+            if drawn is not None:
+                box, flipped = drawn[k]
+                needs = [True] * len(flat)
+            elif not all(leaf.sized() for leaf in flat if isinstance(leaf, PendingImage)):
                 made.append(([self._unfused(flat, spec, len(inputs) > 1)], None))
                 continue
-            sizes = [leaf.info() if isinstance(leaf, PendingImage) else None for leaf in flat]
-            # What v2 reads of the fields (their types, their sizes): stand-ins of the encoded ones.
-            typed = [
-                _TYPE_PROBE if p else (_mask_stand_in(info[1], info[2]) if m else leaf)  # type: ignore[index]
-                for leaf, p, m, info in zip(flat, pending, masks, sizes)
-            ]
-            crop.check_inputs(typed)
-            needs = crop._needs_transform_list(typed)
-            params = crop.make_params(
-                [
-                    (_stand_in(info[1], info[2]) if p else probe) if info is not None else probe
-                    for probe, p, info, need in zip(typed, pending, sizes, needs)
-                    if need
+            else:
+                sizes = [leaf.info() if isinstance(leaf, PendingImage) else None for leaf in flat]
+                # What v2 reads of the fields (their types, their sizes): stand-ins of the encoded ones.
+                typed = [
+                    _TYPE_PROBE if p else (_mask_stand_in(info[1], info[2]) if m else leaf)  # type: ignore[index]
+                    for leaf, p, m, info in zip(flat, pending, masks, sizes)
                 ]
-            )
-            # v2's RandomHorizontalFlip: ``if torch.rand(1) >= p: return inputs``.
-            flipped = flip is not None and not bool(torch.rand(1) >= flip.p)
-            box = (params["top"], params["left"], params["height"], params["width"])
+                crop.check_inputs(typed)
+                needs = crop._needs_transform_list(typed)
+                params = crop.make_params(
+                    [
+                        (_stand_in(info[1], info[2]) if p else probe) if info is not None else probe
+                        for probe, p, info, need in zip(typed, pending, sizes, needs)
+                        if need
+                    ]
+                )
+                # v2's RandomHorizontalFlip: ``if torch.rand(1) >= p: return inputs``.
+                flipped = flip is not None and not bool(torch.rand(1) >= flip.p)
+                box = (params["top"], params["left"], params["height"], params["width"])
             for at, (leaf, p, m, need) in enumerate(zip(flat, pending, masks, needs)):
                 if p:
                     name, width, height, channels = leaf.info()

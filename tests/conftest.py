@@ -809,11 +809,19 @@ class Proxy:
                     with self.lock:
                         self.requests.append((m.group(1).decode(), m.group(2).decode()))
                     current[0] = m.group(2).decode()
-                dst.sendall(data)
+                dst.sendall(self._request_bytes(data))
         except OSError:
             pass
         finally:
             self._kill(dst)
+
+    def _request_bytes(self, data: bytes) -> bytes:
+        """What is forwarded of a request's bytes (a subclass may rewrite them)."""
+        return data
+
+    def _deliver(self, dst: Any, data: bytes, path: str) -> None:
+        """Send a response's bytes for the request of ``path`` (a subclass may pace them)."""
+        dst.sendall(data)
 
     def _responses(self, src: Any, dst: Any, current: list[str]) -> None:
         try:
@@ -828,7 +836,7 @@ class Proxy:
                             self._go.clear()
                             self.paused.set()
                 self._go.wait()
-                dst.sendall(data)
+                self._deliver(dst, data, current[0])
                 with self.lock:  # counted once delivered: a connection closed meanwhile forwards nothing
                     self.sent[current[0]] += len(data)
         except OSError:

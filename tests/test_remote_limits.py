@@ -65,41 +65,20 @@ class _BadProxy(Proxy):
         self.strip_range = False
         super().__init__(upstream)
 
-    def _requests(self, src: Any, dst: Any, current: list[str]) -> None:
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                for m in self._REQUEST.finditer(data):
-                    current[0] = m.group(2).decode()
-                if self.strip_range:
-                    data = re.sub(rb"\r\n[Rr]ange: bytes=[0-9]*-[0-9]*", b"", data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            self._kill(dst)
+    def _request_bytes(self, data: bytes) -> bytes:
+        if self.strip_range:
+            return re.sub(rb"\r\n[Rr]ange: bytes=[0-9]*-[0-9]*", b"", data)
+        return data
 
-    def _responses(self, src: Any, dst: Any, current: list[str]) -> None:
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                path = current[0].split("?")[0]
-                if not any(path.endswith(name) for name in self.dribble):
-                    dst.sendall(data)
-                    continue
-                head, sep, body = data.partition(b"\r\n\r\n") if data.startswith(b"HTTP/") else (b"", b"", data)
-                dst.sendall(head + sep)
-                for i in range(len(body)):
-                    time.sleep(self.gap)
-                    dst.sendall(body[i : i + 1])
-        except OSError:
-            pass
-        finally:
-            self._kill(dst)
+    def _deliver(self, dst: Any, data: bytes, path: str) -> None:
+        if not any(path.split("?")[0].endswith(name) for name in self.dribble):
+            dst.sendall(data)
+            return
+        head, sep, body = data.partition(b"\r\n\r\n") if data.startswith(b"HTTP/") else (b"", b"", data)
+        dst.sendall(head + sep)
+        for i in range(len(body)):
+            time.sleep(self.gap)
+            dst.sendall(body[i : i + 1])
 
 
 @pytest.fixture

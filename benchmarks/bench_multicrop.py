@@ -42,7 +42,6 @@ import argparse
 import datetime
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)  # dino_reference
 sys.path.insert(0, os.path.join(HERE, "peers"))
 from contestants import _tree_cpu_seconds, machine_busy_seconds  # noqa: E402
 
@@ -62,72 +62,7 @@ SCALES = {"global_crops_scale": (0.4, 1.0), "local_crops_scale": (0.05, 0.4), "l
 # -- DINO's augmentation (main_dino.py lines 419-464, utils.py lines 36-68), from torchvision ---------
 def dino_augmentation() -> Any:
     """``DataAugmentationDINO((0.4, 1.0), (0.05, 0.4), 8)`` as main_dino.py builds it."""
-    from PIL import Image, ImageFilter, ImageOps
-    from torchvision import transforms
-
-    class GaussianBlur:
-        def __init__(self, p: float = 0.5, radius_min: float = 0.1, radius_max: float = 2.0) -> None:
-            self.prob, self.radius_min, self.radius_max = p, radius_min, radius_max
-
-        def __call__(self, img: Any) -> Any:
-            if not random.random() <= self.prob:
-                return img
-            return img.filter(ImageFilter.GaussianBlur(radius=random.uniform(self.radius_min, self.radius_max)))
-
-    class Solarization:
-        def __init__(self, p: float) -> None:
-            self.p = p
-
-        def __call__(self, img: Any) -> Any:
-            return ImageOps.solarize(img) if random.random() < self.p else img
-
-    class DataAugmentationDINO:
-        def __init__(self, global_crops_scale: Any, local_crops_scale: Any, local_crops_number: int) -> None:
-            flip_and_color_jitter = transforms.Compose(
-                [
-                    transforms.RandomHorizontalFlip(p=0.5),
-                    transforms.RandomApply(
-                        [transforms.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)], p=0.8
-                    ),
-                    transforms.RandomGrayscale(p=0.2),
-                ]
-            )
-            normalize = transforms.Compose(
-                [transforms.ToTensor(), transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
-            )
-            crop = transforms.RandomResizedCrop
-            self.global_transfo1 = transforms.Compose(
-                [
-                    crop(224, scale=global_crops_scale, interpolation=Image.BICUBIC),
-                    flip_and_color_jitter,
-                    GaussianBlur(1.0),
-                    normalize,
-                ]
-            )
-            self.global_transfo2 = transforms.Compose(
-                [
-                    crop(224, scale=global_crops_scale, interpolation=Image.BICUBIC),
-                    flip_and_color_jitter,
-                    GaussianBlur(0.1),
-                    Solarization(0.2),
-                    normalize,
-                ]
-            )
-            self.local_crops_number = local_crops_number
-            self.local_transfo = transforms.Compose(
-                [
-                    crop(96, scale=local_crops_scale, interpolation=Image.BICUBIC),
-                    flip_and_color_jitter,
-                    GaussianBlur(p=0.5),
-                    normalize,
-                ]
-            )
-
-        def __call__(self, image: Any) -> list[Any]:
-            crops = [self.global_transfo1(image), self.global_transfo2(image)]
-            for _ in range(self.local_crops_number):
-                crops.append(self.local_transfo(image))
-            return crops
+    from dino_reference import DataAugmentationDINO
 
     return DataAugmentationDINO(**SCALES)
 

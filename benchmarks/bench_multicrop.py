@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # dino_reference
 sys.path.insert(0, os.path.join(HERE, "peers"))
-from contestants import _tree_cpu_seconds, machine_busy_seconds  # noqa: E402
+from contestants import _tree_cpu_seconds, epochs, machine_busy_seconds  # noqa: E402
 
 NAMES = ("dino-imagefolder", "preset-workers", "preset-threads", "dali-cpu")
 SCALES = {"global_crops_scale": (0.4, 1.0), "local_crops_scale": (0.05, 0.4), "local_crops_number": 8}
@@ -156,16 +156,7 @@ def child(name: str, tree: str, pack: str, workers: int, threads: int, batch: in
     torch.manual_seed(0)
     loader = make_loader(name, tree, pack, workers, threads, batch)
 
-    def batches() -> Any:
-        while True:
-            produced = False
-            for b in loader:
-                produced = True
-                yield b
-            if not produced:
-                raise RuntimeError(f"{name}: an epoch produced no batch (fewer samples than --batch?)")
-
-    it = batches()
+    it = epochs(loader, f"{name} (fewer samples than --batch?)")
     made = 0
     while made < warmup:
         next(it)

@@ -616,7 +616,10 @@ def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     endpoint_url=endpoint,
                     config_kwargs={"connect_timeout": 2, "read_timeout": 5, "retries": {"max_attempts": 1}},
                 )
-                fs.mkdir(probe)  # the gateway, the filer and a volume all answer: S3 is served
+                try:  # the gateway, the filer and a volume all answer: S3 is served
+                    fs.mkdir(probe)
+                except FileExistsError:
+                    pass  # an earlier try made the bucket, then failed to store into it (a busy start)
                 fs.pipe(f"{probe}/x", b"x")
                 if fs.cat_file(f"{probe}/x") == b"x":
                     fs.rm(probe, recursive=True)

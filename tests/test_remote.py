@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import numpy as np
 import pytest
 from PIL import Image
@@ -556,12 +557,18 @@ def test_uploading_a_damaged_pack_is_refused_so_no_digest_blesses_the_damage(
 ) -> None:
     # A flipped byte inside a record's payload: a local copy refuses it; an upload must too,
     # or the index's digest (of the damaged bytes) makes every later download "good".
+    # Through LMDB, into a record it serves: the first JPEG marker in data.mdb can be a stale
+    # copy in a freed page (where batches were committed depends on the disk's sync latency),
+    # whose flip damages nothing (it failed so under load).
     names = shard_names(sharded)
-    data = sharded / names[1] / DATA_FILE
-    blob = bytearray(data.read_bytes())
-    at = blob.find(b"\xff\xd8\xff") + 200  # inside the first JPEG's bytes
-    blob[at] ^= 0x55
-    data.write_bytes(bytes(blob))
+    env = lmdb.open(str(sharded / names[1]), map_size=1 << 30, subdir=True)
+    with env.begin(write=True) as txn:
+        key, value = next(
+            (bytes(k), bytearray(v)) for k, v in txn.cursor() if not k.startswith(b"__") and b"\xff\xd8\xff" in v
+        )
+        value[value.find(b"\xff\xd8\xff") + 200] ^= 0x55  # inside the record's JPEG bytes
+        txn.put(key, bytes(value))
+    env.close()
     assert not verify(sharded, progress=False).ok
     url = s3.url("damaged")
     assert main(["copy", str(sharded), url, "--no-progress"]) == EXIT_CODES["pack failed"]

@@ -122,12 +122,17 @@ static enum outcome read_region(j_decompress_ptr cinfo, int left, int top, int w
     if (cinfo->output_scanline != (JDIMENSION)top)
         return SHORT_READ;
     JDIMENSION end = (JDIMENSION)top + (JDIMENSION)height;
+    /* Several rows per call: libjpeg delivers up to a row group (max_v_samp_factor * DCT
+     * size rows) at once, and a call per row costs its bookkeeping once per row. */
+    JSAMPROW rows[32];
     while (cinfo->output_scanline < end) {
         JDIMENSION at = cinfo->output_scanline;
         if (at < (JDIMENSION)top)
             return SHORT_READ;
-        JSAMPROW row = (JSAMPROW)out->buf + (size_t)(at - (JDIMENSION)top) * stride;
-        if (jpeg_read_scanlines(cinfo, &row, 1) != 1)
+        JDIMENSION want = end - at < 32 ? end - at : 32;
+        for (JDIMENSION r = 0; r < want; r++)
+            rows[r] = (JSAMPROW)out->buf + (size_t)(at + r - (JDIMENSION)top) * stride;
+        if (jpeg_read_scanlines(cinfo, rows, want) == 0)
             return SHORT_READ; /* no progress (a suspending source): never loop on it */
     }
     if (!jpeg_has_multiple_scans(cinfo) &&

@@ -302,6 +302,8 @@ def assert_same(a: Any, b: Any) -> None:
         assert_same_image(a, b)
     elif isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and torch.equal(a, b)
+        # The same memory layout (the strides of the dimensions longer than 1), as v2 makes it.
+        assert [s for s, n in zip(a.stride(), a.shape) if n > 1] == [s for s, n in zip(b.stride(), b.shape) if n > 1]
         if isinstance(a, tv_tensors.BoundingBoxes):
             assert (a.format, a.canvas_size) == (b.format, b.canvas_size)
     elif isinstance(a, np.ndarray):

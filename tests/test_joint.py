@@ -60,6 +60,12 @@ def _oracle_inputs(jpeg: bytes, png: bytes) -> tuple[Image.Image, tv_tensors.Mas
     )
 
 
+def _layout(t: torch.Tensor) -> list[int]:
+    """A tensor's memory layout: the strides of its dimensions longer than 1 (a transposed mask,
+    or a contiguous image where v2's ToImage gives a permuted one, differs)."""
+    return [stride for stride, n in zip(t.stride(), t.shape) if n > 1]
+
+
 def _same(a: object, b: object) -> None:
     if isinstance(a, Image.Image):
         assert isinstance(b, Image.Image) and a.mode == b.mode and a.size == b.size
@@ -67,6 +73,7 @@ def _same(a: object, b: object) -> None:
     elif isinstance(a, torch.Tensor):
         assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape  # type: ignore[attr-defined]
         assert torch.equal(a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor))  # type: ignore[attr-defined]
+        assert _layout(a) == _layout(b)  # type: ignore[arg-type]
         if isinstance(a, tv_tensors.BoundingBoxes):
             assert a.canvas_size == b.canvas_size and a.format == b.format  # type: ignore[attr-defined]
     elif isinstance(a, dict):
@@ -496,17 +503,72 @@ def test_lmdbdataset_fused_shared_by_threads(tmp_path: Path) -> None:
     from lmdbfolder.torch import LMDBDataset
 
     root, dst = _voc_pack(tmp_path)
-    # Random steps whose outcome does not depend on the numbers (threads share torch's generator):
-    # no allowed box fits in ten draws, so v2 takes its fallback, the whole image; always flipped.
-    tf = v2.Compose(
-        [v2.RandomResizedCrop((20, 24), scale=(1.0, 1.0), ratio=(0.01, 100.0)), v2.RandomHorizontalFlip(p=1.0)]
-    )
+    tf = _drawless()
     ds, oracle = LMDBDataset(dst, transforms=tf), _voc_oracle(root, tf)
     assert ds._fused is not None and ds._fused.get(tf).fused
     order = [i % len(ds) for i in range(24)]
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(ds.__getitem__, order))
     _same([oracle[i] for i in order], got)
+
+
+def test_lmdbdataset_batches_in_threads_at_once(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmdbfolder.torch import LMDBDataset
+
+    root, dst = _voc_pack(tmp_path)
+    tf = _drawless()
+    ds, oracle = LMDBDataset(dst, transforms=tf), _voc_oracle(root, tf)
+    assert ds._fused.get(tf).batches and not ds._fused.get(tf).to_image
+    # Each thread decodes a batch into its own buffer before making its PIL images.
+    n = len(ds)
+    chunks = [[(k + j) % n for j in range(5)] for k in range(n)] * 4
+    with ThreadPoolExecutor(4) as pool:
+        batches = list(pool.map(ds.__getitems__, chunks))
+    _same([[oracle[i] for i in chunk] for chunk in chunks], batches)
+
+
+def _drawless() -> v2.Compose:
+    """A crop and flip whose outcome does not depend on the numbers drawn (threads share torch's
+    generator, so which thread draws which is not known): no box of an aspect ratio in [5, 6]
+    and the whole area fits an image wider than tall by less than 5, so each sample gets v2's
+    fallback, the central crop of ratio 5; always flipped. (At ratios that hold the image's own,
+    a box one pixel narrower than the image fits too, at a random place.)"""
+    return v2.Compose(
+        [v2.RandomResizedCrop((20, 24), scale=(1.0, 1.0), ratio=(5.0, 6.0)), v2.RandomHorizontalFlip(p=1.0)]
+    )
+
+
+def test_to_image_after_the_crop_gives_v2s_tensors_without_pil_images(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lmdbfolder.torch import LMDBDataset
+
+    root, dst = _voc_pack(tmp_path)
+    made: list[object] = []
+    fromarray = Image.fromarray
+    # PIL images of a crop's size: what the crops would be made into without the fusion.
+    monkeypatch.setattr(
+        Image, "fromarray", lambda *a, **k: made.append(a[0].shape[:2] == (20, 24)) or fromarray(*a, **k)
+    )
+    to_float = v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)
+    fused = v2.Compose([v2.RandomResizedCrop((20, 24)), v2.RandomHorizontalFlip(), v2.ToImage(), to_float])
+    later = v2.Compose([v2.RandomResizedCrop((20, 24)), v2.RandomHorizontalFlip(), v2.Grayscale(3), v2.ToImage()])
+    for tf, direct in ((fused, True), (later, False), (_tf(), True)):
+        ds, oracle = LMDBDataset(dst, transforms=tf), _voc_oracle(root, tf)
+        assert ds._fused.get(tf).to_image is direct
+        torch.manual_seed(7)
+        want = [oracle[i] for i in range(len(ds))]
+        made.clear()
+        torch.manual_seed(7)
+        got = [ds[i] for i in range(len(ds))]
+        torch.manual_seed(7)
+        got_batch = ds.__getitems__(list(range(len(ds))))
+        # JPEG crops become tensors directly; only PNG images (none here) go through PIL.
+        assert (sum(made) == 0) is direct
+        _same(want, got)
+        _same(want, got_batch)
 
 
 def test_nearest_indices_are_torchs() -> None:
@@ -801,3 +863,26 @@ def _idats(data: bytes) -> list[int]:
             found.append(pos)
         pos += 12 + length
     return found
+
+
+def test_box_probes_hold_when_another_thread_draws_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probes that confirm the fast box draws compare draws from torch's generator, which
+    every thread shares. A draw by another thread in the middle of one (here: once, on the first
+    box the probe draws) used to answer False, and the fast path stayed off in that process."""
+    from lmdbfolder.torch import crop, joint
+
+    for probe in (crop._fast_boxes_ok, crop._batch_boxes_ok, joint._v2_boxes_ok):
+        assert probe()
+        draw_box = crop._draw_box
+        disturbed: list[int] = []
+
+        def draw_after_a_stranger(*args: object, **kwargs: object) -> object:
+            if not disturbed:
+                disturbed.append(1)
+                torch.rand(1)  # what another thread's sample would draw at this moment
+            return draw_box(*args, **kwargs)
+
+        monkeypatch.setattr(crop, "_draw_box", draw_after_a_stranger)
+        assert probe(), probe.__name__
+        assert disturbed == [1]
+        monkeypatch.setattr(crop, "_draw_box", draw_box)

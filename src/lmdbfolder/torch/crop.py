@@ -28,6 +28,7 @@ can move the crop by up to half a decoded pixel (a fraction of an output pixel).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Any, Callable, Sequence
@@ -380,6 +381,26 @@ def _raw(low31: int, mod3: int) -> int:
     return low31 | high << 31
 
 
+#: How many times a probe that draws from the process's shared generators is tried (``shared_probe``).
+PROBE_TRIES = 3
+
+
+def shared_probe(probe: Callable[[], bool]) -> Callable[[], bool]:
+    """``probe`` tried up to ``PROBE_TRIES`` times, True as soon as one try is. The probes that
+    compare two ways of drawing from torch's (and Python's, numpy's) global generators share
+    them with every thread of the process: a thread that draws meanwhile (a dataset read from
+    several threads, whose first samples ask the question) makes a try fail, and the fast path
+    was then off for the whole process. A draw from elsewhere can only make the sequences
+    compared differ, never agree, so a try that passes is an answer."""
+
+    @functools.wraps(probe)
+    def tried() -> bool:
+        return any(probe() for _ in range(PROBE_TRIES))
+
+    return tried
+
+
+@shared_probe
 def _batch_boxes_ok() -> bool:
     """Whether ``_draw_boxes`` gives what the per-sample draws give here: several
     seeds, sizes that take every branch (and the central fallback), flip
@@ -424,6 +445,7 @@ def _draw_buffers() -> tuple[torch.Tensor, torch.Tensor]:
     return buffers
 
 
+@shared_probe
 def _fast_boxes_ok() -> bool:
     """Whether ``_draw_box`` gives ``get_params``' boxes here: on sizes that take every
     branch, with the global RNG state restored. (Asked once per process, through

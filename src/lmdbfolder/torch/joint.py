@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import io
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -67,7 +68,7 @@ except ImportError as exc:  # a core-only install: say what to install
 
 from lmdbfolder.encodings import sniff
 from lmdbfolder.read.capabilities import Capabilities, current
-from lmdbfolder.read.crops import exact_resize_into, resize_region
+from lmdbfolder.read.crops import exact_resize_into, resize_region, thread_buffer
 from lmdbfolder.read.pairs import (
     PairDraw,
     PatchReader,
@@ -79,7 +80,7 @@ from lmdbfolder.read.pairs import (
 )
 from lmdbfolder.read.plan import BatchItemError, CropJob, CropSpec, ReadPlan
 from lmdbfolder.torch.crop import RandomResizedCrop as _FusedCrop
-from lmdbfolder.torch.crop import bulk_drawer, fast_drawer
+from lmdbfolder.torch.crop import bulk_drawer, fast_drawer, shared_probe
 
 __all__ = [
     "PendingImage",
@@ -184,7 +185,9 @@ class PendingMask(PendingImage):
             rows = nearest_indices(height, out_h) + top
             cols = nearest_indices(width, out_w) + left
             plane = found[0][:, :, 0]
-            return tv_tensors.Mask(torch.from_numpy(plane[rows][:, cols[::-1] if flip else cols][None]))
+            # take() along one axis, then the other: a contiguous result, as v2's mask (a 2-D
+            # fancy index gives a transposed one: the same values in column order).
+            return tv_tensors.Mask(torch.from_numpy(plane.take(rows, 0).take(cols[::-1] if flip else cols, 1)[None]))
         try:
             part = F.pil_to_tensor(self._open(top + height).crop((left, top, left + width, top + height)))
         except Exception as exc:  # Pillow raises many exception types for bad data
@@ -194,8 +197,9 @@ class PendingMask(PendingImage):
             cols = nearest_indices(width, out_w)
             if flip:
                 cols = cols[::-1]
-            # Two takes along one axis each: ~7x faster than one 2-D gather (measured).
-            return tv_tensors.Mask(torch.from_numpy(part.numpy()[:, rows][:, :, cols]))
+            # Two takes along one axis each: ~7x faster than one 2-D gather (measured), and
+            # contiguous, as v2's mask.
+            return tv_tensors.Mask(torch.from_numpy(part.numpy().take(rows, 1).take(cols, 2)))
         out = F.resize_mask(part, list(size))
         return tv_tensors.Mask(F.horizontal_flip_mask(out) if flip else out)
 
@@ -332,6 +336,17 @@ def _draws_nothing(rest: Any) -> bool:
     )
 
 
+def _starts_with_to_image(rest: Any) -> bool:
+    """Whether the steps after the fused crop and flip start with exactly ``v2.ToImage``: it turns
+    a PIL image into ``tv_tensors.Image`` and leaves a ``tv_tensors.Image`` as it is, so the crop
+    may give that tensor itself (``JointPlan.to_image``)."""
+    v2 = _v2()
+    if v2 is None or rest is None:
+        return False
+    steps = list(rest.transforms) if type(rest) is v2.Compose else [rest]
+    return bool(steps) and type(steps[0]) is v2.ToImage
+
+
 def _to_image(img: Image.Image) -> Any:
     """A PIL image as the ``tv_tensors.Image`` (uint8 CHW, contiguous) that v2's ``ToImage`` makes of it."""
     from torchvision import tv_tensors
@@ -372,6 +387,7 @@ def size_stand_in(image: Any, plan: ReadPlan) -> Any:
     return _stand_in(width, height)
 
 
+@shared_probe
 def _v2_boxes_ok() -> bool:
     """Whether ``fast_drawer`` and ``bulk_drawer`` draw v2's boxes and flips here: v2's
     ``RandomResizedCrop.make_params`` then ``RandomHorizontalFlip``'s ``torch.rand(1)``,
@@ -437,6 +453,10 @@ class JointPlan:
         self.fused = crop is not None
         #: Whether image fields come out as ``tv_tensors.Image`` (uint8 CHW) rather than PIL images.
         self.tensors = False
+        #: Whether the fused crops of a JPEG come out as what the ``v2.ToImage`` that follows the
+        #: crop and flip makes of their PIL images (the same values, dtype and strides), so that
+        #: no PIL image is made and converted; ``ToImage`` still runs, on the other fields.
+        self.to_image = False
         spec = None
         if crop is not None:
             mode = _interpolation(crop.interpolation)
@@ -451,7 +471,9 @@ class JointPlan:
                 )
         #: The v2 crop whose ``make_params`` draws the box (and whose ``transform`` does the other fields).
         self.crop = crop
+        self.to_image = crop is not None and not self.tensors and _starts_with_to_image(self.rest)
         self.read = ReadPlan(decoder, crop=spec, threads=threads, caps=caps)
+        self._local = threading.local()  # each thread's batch buffer (_decode_jobs)
         #: Whether a batch's crops are decoded together (``batch``).
         self.batches = self.fused and _draws_nothing(self.rest)
         #: The boxes and flips of samples of image fields and masks only, drawn without v2's
@@ -602,17 +624,23 @@ class JointPlan:
         out_h, out_w = self.crop.size
         tensors = self.tensors
         shape = (len(jobs), 3, out_h, out_w) if tensors else (len(jobs), out_h, out_w, 3)
-        pixels = np.empty(shape, np.uint8)
+        if tensors or self.to_image:
+            pixels = np.empty(shape, np.uint8)  # handed out: the tensors are views of it
+        else:
+            # Copied into PIL images: one buffer per thread, kept. A fresh one per batch is a
+            # new mapping, page-faulted afresh every batch (~40 faults per sample at 224x224).
+            pixels = thread_buffer(self._local, "batch", int(np.prod(shape)))[: int(np.prod(shape))].reshape(shape)
         try:
             self.read.run(jobs, pixels, planar=tensors)
         except BatchItemError as exc:
             raise ImageFieldError(places[exc.position][2], exc.cause) from exc.cause
-        if tensors:
+        if tensors or self.to_image:
             from torchvision import tv_tensors
 
             batch = torch.from_numpy(pixels)
             for j, (k, at, _leaf) in enumerate(places):
-                made[k][0][at] = tv_tensors.Image(batch[j])
+                # ToImage of a PIL image: its HWC pixels, permuted to CHW (not made contiguous).
+                made[k][0][at] = tv_tensors.Image(batch[j] if tensors else batch[j].permute(2, 0, 1))
         else:
             for j, (k, at, _leaf) in enumerate(places):
                 made[k][0][at] = Image.fromarray(pixels[j], "RGB")
@@ -645,6 +673,7 @@ class JointPlan:
             "flip": self.flip is not None,
             "batches": self.batches,
             "tensors": self.tensors,
+            "to_image": self.to_image,
             **self.read.describe(),
         }
 

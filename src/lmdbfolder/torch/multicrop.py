@@ -531,7 +531,7 @@ class MultiCrop:
         once per process on sizes that take every branch, every generator's state put back)."""
         pid = os.getpid()
         if self._bulk is None or self._bulk[0] != pid:
-            self._bulk = (pid, self._check_bulk())
+            self._bulk = (pid, _crop.shared_probe(self._check_bulk)())
         return self._bulk[1]
 
     def _check_bulk(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -871,17 +872,18 @@ def test_box_probes_hold_when_another_thread_draws_meanwhile(monkeypatch: pytest
     box the probe draws) used to answer False, and the fast path stayed off in that process."""
     from lmdbfolder.torch import crop, joint
 
+    draw_box = crop._draw_box
+    disturbed: list[int] = []
+
+    def draw_after_a_stranger(*args: Any, **kwargs: Any) -> Any:
+        if not disturbed:
+            disturbed.append(1)
+            torch.rand(1)  # what another thread's sample would draw at this moment
+        return draw_box(*args, **kwargs)
+
     for probe in (crop._fast_boxes_ok, crop._batch_boxes_ok, joint._v2_boxes_ok):
         assert probe()
-        draw_box = crop._draw_box
-        disturbed: list[int] = []
-
-        def draw_after_a_stranger(*args: object, **kwargs: object) -> object:
-            if not disturbed:
-                disturbed.append(1)
-                torch.rand(1)  # what another thread's sample would draw at this moment
-            return draw_box(*args, **kwargs)
-
+        disturbed.clear()
         monkeypatch.setattr(crop, "_draw_box", draw_after_a_stranger)
         assert probe(), probe.__name__
         assert disturbed == [1]

@@ -54,6 +54,7 @@ import datetime as _dt
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import time
@@ -369,6 +370,20 @@ def _gt_path(relpath: str, info: dict[str, Any]) -> str | None:
     return f"{gt_dir}/{base}{dot}{ext}"
 
 
+#: The mask folder of each Cityscapes ``mode`` a pack records (the layout's, then torchvision's).
+CITYSCAPES_FOLDERS = {"fine": "gtFine", "coarse": "gtCoarse", "gtFine": "gtFine", "gtCoarse": "gtCoarse"}
+
+
+def _voc_year_folder(info: dict[str, Any]) -> str:
+    """The ``VOC<year>`` folder a VOC pack is exported into: the one it was packed from
+    (``year_folder``; older packs of a ``VOCSegmentation`` record ``year``), else ``VOC2012``."""
+    folder = str(info.get("year_folder") or "")
+    if re.fullmatch(r"VOC\d{4}", folder):
+        return folder
+    year = str(info.get("year") or "")
+    return f"VOC{year}" if re.fullmatch(r"\d{4}", year) else "VOC2012"
+
+
 def _partner(layout: str, relpath: str, info: dict[str, Any], mask_ext: str) -> str | None:
     """The stored path of the mask beside the image ``relpath`` in ``layout`` (None: not of its naming)."""
     parts = relpath.split("/")
@@ -379,7 +394,9 @@ def _partner(layout: str, relpath: str, info: dict[str, Any], mask_ext: str) -> 
         return "/".join(["annotations", *parts[1:-1], stem + mask_ext])
     suffix = "_leftImg8bit.png"
     if layout == "cityscapes" and len(parts) >= 4 and parts[0] == "leftImg8bit" and parts[-1].endswith(suffix):
-        mode = str(info.get("mode") or "gtFine")
+        # The mask folder: packs record the layout's "fine"/"coarse" (older packs of a
+        # Cityscapes object its folder name, "gtFine").
+        mode = CITYSCAPES_FOLDERS.get(str(info.get("mode") or "fine"), "gtFine")
         name = parts[-1][: -len(suffix)] + f"_{mode}_labelIds{mask_ext}"
         return "/".join([mode, *parts[1:-1], name])
     return None
@@ -403,7 +420,7 @@ def _write_fields(reader: Any, meta: Manifest, tmp: str, progress: bool | None) 
     schema = SampleSchema.of(meta, reader.path)
     base = tmp
     if layout == "voc":
-        base = os.path.join(tmp, "VOCdevkit", f"VOC{printable(str(info.get('year') or '2012'), 8)}")
+        base = os.path.join(tmp, "VOCdevkit", _voc_year_folder(info))
     paths = reader.paths()
     nbytes = 0
     stems: list[str] = []

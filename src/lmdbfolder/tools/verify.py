@@ -270,6 +270,9 @@ def _against_fields(path: str, report: VerifyReport, src: str, annotations: str 
         elif layout in ("coco", "table"):
             name = info.get("annotations" if layout == "coco" else "table")
             options["annotations"] = _layout_file(src, name, annotations)
+            if options["annotations"] is None and name is None:
+                # a pack of a CocoDetection object: the dataset did not know its file's name
+                return cannot("the pack names no annotation file (packed from a dataset): pass it (--annotations FILE)")
             if options["annotations"] is None:
                 return cannot(
                     f"its {printable(str(name), 200)} is not in it nor beside it: pass it (--annotations FILE)"

@@ -5,10 +5,16 @@ dataset object (``field_samples_of``), one adapter per kind of dataset.
   ``target_type="semantic"`` (layout ``cityscapes``) and ``CocoDetection`` (layout ``coco``): the
   files they name are read and their bytes kept (a mask's palette and mode with them); COCO's
   image entry and annotation list are kept as JSON. ``LMDBDataset`` gives back their items.
+  They are listed as ``write.layouts`` lists the same files (the same root, stored paths,
+  ``layout_info`` and stamps, by the layouts' own functions), so ``pack --layout L --update``
+  updates a pack made here and ``pack_dataset(..., update=True)`` one made there; only the
+  name of COCO's annotation file is not known here (``write.update`` compares it only when
+  both packs record one).
 * any other map-style dataset whose items are several values (a tuple, list or dict of PIL
   images, numpy arrays, torch tensors and JSON-able values; layout ``dataset``): stored as they
   come: PIL images losslessly (PNG, or TIFF for the modes PNG cannot hold) with their mode, arrays
-  and tensors as ``.npy``, the rest as JSON. ``LMDBDataset`` gives back the same item.
+  and tensors as ``.npy``, the rest as JSON. ``LMDBDataset`` gives back the same item. No stamps:
+  an update reads every item again and keeps the records that come out the same.
 
 Nothing here imports torch or torchvision: datasets are recognised by their class names and read
 through their own attributes.
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from PIL import Image
 
@@ -26,6 +32,9 @@ from lmdbfolder.errors import OptionError
 from lmdbfolder.format import NO_LABEL
 from lmdbfolder.format.fields import FieldSpec, encode_array, encode_json
 from lmdbfolder.write.fields import FieldSamples, SampleError
+from lmdbfolder.write.layouts._common import file_samples
+from lmdbfolder.write.layouts.coco import coco_categories, coco_samples
+from lmdbfolder.write.layouts.segmentation import IMAGE_AND_MASK, cityscapes_info, voc_info
 
 __all__ = ["field_samples_of", "FIELD_DATASETS"]
 
@@ -35,8 +44,6 @@ FIELD_DATASETS = {"VOCSegmentation": "voc", "Cityscapes": "cityscapes", "CocoDet
 _PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA", "I;16")
 #: PIL modes stored as a mask (their values are labels, not intensities).
 _MASK_MODES = ("P", "I;16", "I", "1")
-#: COCO categories larger than this (as JSON) are not kept in the manifest.
-_MAX_CATEGORIES_BYTES = 1 << 20
 
 
 def _torchvision_kind(dataset: Any) -> str | None:
@@ -44,29 +51,8 @@ def _torchvision_kind(dataset: Any) -> str | None:
     return next((FIELD_DATASETS[n] for n in names if n in FIELD_DATASETS), None)
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def _relpath(path: str, root: str) -> str:
-    rel = os.path.relpath(path, root) if root else os.path.basename(path)
-    return rel.replace(os.sep, "/")
-
-
-def _file_reader(root: str, files: Sequence[Sequence[str]]) -> Callable[[int], list[bytes]]:
-    def read(i: int) -> list[bytes]:
-        out = []
-        for path in files[i]:
-            try:
-                out.append(_read(path))
-            except FileNotFoundError:
-                raise SampleError(
-                    f"{_relpath(path, root)} does not exist", [_relpath(p, root) for p in files[i]]
-                ) from None
-        return out
-
-    return read
+    return os.path.relpath(path, root).replace(os.sep, "/")
 
 
 def _mean(files: Sequence[Sequence[str]]) -> float:
@@ -80,6 +66,8 @@ def _mean(files: Sequence[Sequence[str]]) -> float:
 
 
 def _segmentation(dataset: Any, layout: str) -> FieldSamples:
+    """The samples of a ``VOCSegmentation`` or ``Cityscapes``: the files it names, under the root
+    and with the ``layout_info`` the layout's scanner gives the same tree (stamped as it stamps)."""
     if layout == "cityscapes":
         types = list(getattr(dataset, "target_type", []))
         if types != ["semantic"]:
@@ -88,69 +76,39 @@ def _segmentation(dataset: Any, layout: str) -> FieldSamples:
                 "make the dataset with target_type='semantic'",
             )
         masks = [os.fspath(t[0]) for t in dataset.targets]
-        info: dict[str, Any] = {"split": str(dataset.split), "mode": str(dataset.mode)}
     else:
         masks = [os.fspath(m) for m in dataset.masks]
-        info = {"split": str(getattr(dataset, "image_set", "")), "year": str(getattr(dataset, "year", ""))}
     images = [os.fspath(p) for p in dataset.images]
     if len(images) != len(masks):
         raise OptionError(f"the dataset lists {len(images)} images but {len(masks)} masks")
     files = list(zip(images, masks))
-    root = os.path.commonpath([os.path.dirname(p) for p in images[:1] + masks[:1]]) if images else ""
     if layout == "cityscapes":
-        root = os.fspath(dataset.root)
-    return FieldSamples(
-        layout=layout,
-        root=root,
-        fields=(FieldSpec("image", "image"), FieldSpec("mask", "mask")),
-        relpaths=[_relpath(p, root) for p in images],
-        field_paths=[(_relpath(a, root), _relpath(b, root)) for a, b in files],
-        labels=[NO_LABEL] * len(images),
-        classes=[],
-        read=_file_reader(root, files),
-        layout_info=info,
-        mean_size=_mean(files),
-    )
+        root = os.path.abspath(os.fspath(dataset.root))
+        info = cityscapes_info(str(dataset.split), str(dataset.mode))
+    else:
+        # The year's folder (VOCdevkit/VOC2012): the one holding JPEGImages and SegmentationClass.
+        first = [os.path.dirname(os.path.abspath(p)) for p in images[:1] + masks[:1]]
+        root = os.path.commonpath(first) if first else os.path.abspath(os.fspath(dataset.root))
+        info = voc_info(str(getattr(dataset, "image_set", "")), root)
+    # A missing file is not left out here but when its sample is read (skipped, with its files):
+    # the pack's samples are the dataset's, each at its index.
+    field_paths: list[tuple[str, ...]] = [(_relpath(a, root), _relpath(b, root)) for a, b in files]
+    total = round(_mean(files) * len(files))
+    return file_samples(layout, root, IMAGE_AND_MASK, field_paths, [], info, total)
 
 
 def _coco(dataset: Any) -> FieldSamples:
+    """The samples of a ``CocoDetection``: its images (``dataset.ids``' order) with their entries and
+    annotation lists as it serves them, listed by the coco layout's rules. The annotation file's
+    name is not known (neither the dataset nor pycocotools keeps it): the pack records none."""
     coco = dataset.coco
-    root = os.fspath(dataset.root)
-    ids = list(dataset.ids)
-    infos = [coco.loadImgs(image_id)[0] for image_id in ids]
-    relpaths = [str(info["file_name"]).replace("\\", "/") for info in infos]
-    categories = coco.dataset.get("categories", [])
-    info: dict[str, Any] = {}
-    try:
-        if len(encode_json(categories)) <= _MAX_CATEGORIES_BYTES:
-            info["categories"] = categories
-    except ValueError:
-        pass
-
-    def read(i: int) -> list[bytes]:
-        path = os.path.join(root, relpaths[i])
-        try:
-            image = _read(path)
-        except FileNotFoundError:
-            raise SampleError(f"{relpaths[i]} does not exist (named by image id {ids[i]})", [relpaths[i]]) from None
-        annotations = coco.loadAnns(coco.getAnnIds(ids[i]))
-        try:
-            return [image, encode_json(infos[i], "image_info"), encode_json(annotations, "annotations")]
-        except ValueError as exc:
-            raise SampleError(str(exc), [relpaths[i]]) from None
-
-    return FieldSamples(
-        layout="coco",
-        root=root,
-        fields=(FieldSpec("image", "image"), FieldSpec("image_info", "json"), FieldSpec("annotations", "json")),
-        relpaths=relpaths,
-        field_paths=[(r, "", "") for r in relpaths],
-        labels=[NO_LABEL] * len(ids),
-        classes=[],
-        read=read,
-        layout_info=info,
-        mean_size=_mean([[os.path.join(root, r)] for r in relpaths]),
-    )
+    entries = [
+        (f"image id {image_id!r}", coco.loadImgs(image_id)[0], coco.loadAnns(coco.getAnnIds(image_id)))
+        for image_id in dataset.ids
+    ]
+    where = f"{type(dataset).__name__}(root={os.fspath(dataset.root)!r})"
+    info: dict[str, object] = {"categories": coco_categories(coco.dataset.get("categories", []), where)}
+    return coco_samples(os.fspath(dataset.root), entries, info)
 
 
 # -- any map-style dataset of several values --------------------------------------------------------

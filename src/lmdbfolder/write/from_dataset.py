@@ -333,14 +333,29 @@ def pack_dataset(
     shard_size: int | str | None = None,
     **fields: Any,
 ) -> PackResult | ShardedPackResult:
-    """Pack the samples of a dataset object into a new pack at ``dst``.
+    """Pack the samples of a dataset object into a new pack at ``dst`` (or update one).
 
     Datasets of several fields (torchvision's ``VOCSegmentation``, ``Cityscapes`` with
     ``target_type="semantic"``, ``CocoDetection``: the files they name, bytes kept; any
     map-style dataset whose items are tuples, lists or dicts of PIL images, arrays, tensors
     and JSON values: as they come) make a pack of several fields, read back with
     ``lmdbfolder.torch.LMDBDataset`` (docs/fields.md). Datasets of ``(image, label)``
-    items make a classification pack:
+    items make a classification pack.
+
+    ``update=True`` brings the pack at ``dst`` of a dataset of several fields up to date in place
+    (``pack_field_samples``'s update: samples added, removed, changed; single or sharded;
+    ``result.changes``). torchvision's three datasets list the same samples, under the same root
+    and layout details, as ``lmdbfolder pack SRC --layout voc|cityscapes|coco`` lists their
+    files, so either may update the other's pack, and an update reads only the samples whose
+    files (size, modification time) or COCO entry and annotations changed. A pack of
+    ``CocoDetection`` records no annotation file name (the dataset does not know it): its
+    updates take any annotation file. Any other dataset of several values (layout
+    ``dataset``) has nothing to compare without reading: its update reads every item again
+    and keeps the records that come out the same (an item is its index: the items after
+    one removed from the middle are changed). A dataset of ``(image, label)`` items refuses
+    ``update=True`` (pack it again with ``overwrite=True``, or pack its image folder with
+    ``pack`` and update that).
+
 
     Args:
         dataset: a Hugging Face ``datasets.Dataset`` with an ``Image`` and a
@@ -353,7 +368,8 @@ def pack_dataset(
         dst: the pack directory to create (``pack``'s rules: never overwritten
             without ``overwrite=True``, resumable when interrupted, atomic).
         options: a ``PackOptions``, or its fields as keywords (``check``,
-            ``strict``, ``workers``, ``overwrite``, ``restart``, ``progress``...).
+            ``strict``, ``workers``, ``overwrite``, ``restart``, ``progress``,
+            ``update`` for a dataset of several fields...).
             Images are stored as the dataset holds them: ``store="raw"`` and
             ``resize`` are refused. ``workers`` defaults to 1 (the dataset is
             read from this thread; more reads it from that many threads).
@@ -380,9 +396,16 @@ def pack_dataset(
             "pack_dataset stores the images as the dataset holds them: store='raw' and resize are not supported",
             "pack the dataset as it is, then read it at the size you need (or pack the image files with pack)",
         )
-    if opts.update:
-        raise OptionError("pack_dataset writes a new pack: update=True is for packs of folders", "leave it out")
     several = None if _is_huggingface(dataset) else field_samples_of(dataset)
+    if opts.update and several is None:
+        # A classification pack of a dataset object records no stamps of its samples, and its
+        # stored paths may be numbers: an update could not tell a sample changed from one moved.
+        raise OptionError(
+            "pack_dataset updates packs of datasets of several fields only; a dataset of (image, label) "
+            "items (ImageFolder, a Hugging Face dataset...) makes a new pack",
+            "pack it again with overwrite=True; or pack the image folder itself with lmdbfolder.pack(folder, dst) "
+            "and keep that pack up to date with lmdbfolder.pack(folder, dst, update=True)",
+        )
     if several is not None:
         if classes is not None or image is not None or label is not None:
             raise OptionError("classes=, image= and label= are for datasets of (image, label) items", "leave them out")

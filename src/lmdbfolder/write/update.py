@@ -1160,6 +1160,10 @@ def refuse_fields(path: str, meta: Manifest) -> None:
 
 #: Layout details an update may change (COCO's categories come with the annotations it reads).
 _UPDATABLE_INFO = ("categories",)
+#: Layout details compared only when both the pack and the update record them: the name of COCO's
+#: annotation file, which a pack made by ``pack_dataset`` of a ``CocoDetection`` does not know
+#: (torchvision and pycocotools keep no file name), so either may update the other's pack.
+_KNOWN_BY_ONE_INFO = ("annotations",)
 
 
 def _check_same_fields(old: _OldPack, manifest_extra: Mapping[str, Any]) -> None:
@@ -1183,7 +1187,15 @@ def _check_same_fields(old: _OldPack, manifest_extra: Mapping[str, Any]) -> None
         )
     layout = manifest_extra.get("layout") or {}
     given = {k: v for k, v in (layout.get("info") or {}).items() if k not in _UPDATABLE_INFO}
-    had = {k: v for k, v in old.meta.layout_info.items() if k not in _UPDATABLE_INFO}
+    had = {
+        k: v
+        for k, v in _as_recorded_now(old.meta.layout_name, old.meta.layout_info).items()
+        if k not in _UPDATABLE_INFO
+    }
+    for key in _KNOWN_BY_ONE_INFO:
+        if (key in given) != (key in had):
+            given.pop(key, None)
+            had.pop(key, None)
     if layout.get("name") != old.meta.layout_name or given != had:
         raise OptionError(
             f"{old.path} was packed from the {old.meta.layout_name} layout ({_describe(had)}), "
@@ -1191,6 +1203,19 @@ def _check_same_fields(old: _OldPack, manifest_extra: Mapping[str, Any]) -> None
             "give the layout, split and flags the pack was made with (see `lmdbfolder info`), "
             "or pack it again with --overwrite",
         )
+
+
+def _as_recorded_now(layout: str | None, info: Mapping[str, Any]) -> dict[str, Any]:
+    """A pack's ``layout_info`` as this version records it: ``pack_dataset`` of a
+    ``VOCSegmentation`` or ``Cityscapes`` recorded the year (``{"year": "2012"}``) and
+    torchvision's mask folder (``{"mode": "gtFine"}``) where the layouts record the year's
+    folder (``VOC2012``) and the mode (``fine``); both describe the same dataset."""
+    now = dict(info)
+    if layout == "voc" and "year" in now and "year_folder" not in now:
+        now["year_folder"] = f"VOC{now.pop('year')}"
+    if layout == "cityscapes" and now.get("mode") in ("gtFine", "gtCoarse"):
+        now["mode"] = "fine" if now["mode"] == "gtFine" else "coarse"
+    return now
 
 
 def _describe(info: Mapping[str, Any]) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 from lmdbfolder.errors import OptionError, SourceError
 from lmdbfolder.format.fields import FieldSpec, encode_json
@@ -34,7 +34,7 @@ from lmdbfolder.write.layouts._common import (
     unsafe_name,
 )
 
-__all__ = ["scan_coco", "COCO_FIELDS", "MAX_COCO_JSON_BYTES", "MAX_CATEGORIES_BYTES"]
+__all__ = ["scan_coco", "coco_samples", "coco_categories", "COCO_FIELDS", "MAX_COCO_JSON_BYTES", "MAX_CATEGORIES_BYTES"]
 
 COCO_FIELDS = (FieldSpec("image", "image"), FieldSpec("image_info", "json"), FieldSpec("annotations", "json"))
 #: An annotation file larger than this is refused before it is read (COCO 2017 train: 448 MB).
@@ -100,14 +100,29 @@ def scan_coco(src: str, annotations: str | os.PathLike[str] | None) -> FieldSamp
         ids = sorted(by_id)
     except TypeError:
         raise SourceError(ann_file, "its image ids mix numbers and strings: they cannot be sorted", _HINT) from None
+    entries = [(f"{name}: images[{by_id[i][0]}] (id {i!r})", by_id[i][1], per_image.get(i, [])) for i in ids]
+    info: dict[str, object] = {"annotations": name, "categories": coco_categories(data.get("categories", []), ann_file)}
+    return coco_samples(src, entries, info, skipped)
+
+
+def coco_samples(
+    src: str,
+    entries: Sequence[tuple[str, dict[str, Any], list[Any]]],
+    info: dict[str, object],
+    skipped: list[tuple[str, str]] | None = None,
+) -> FieldSamples:
+    """The ``FieldSamples`` of COCO images, in the order given: each entry is (how messages name
+    it, its ``images`` entry, its annotation list). An image whose ``file_name`` leaves ``src`` or
+    whose file is missing is skipped and listed (with ``skipped``, those left out before); the
+    entry and the list are stored as JSON. ``scan_coco`` and ``pack_dataset`` of a
+    ``CocoDetection`` both list their images here, so their packs are the same."""
+    skipped = list(skipped or [])
     field_paths: list[tuple[str, ...]] = []
     values: list[tuple[bytes, ...]] = []
     total = 0
     root = os.path.abspath(src)
-    for image_id in ids:
-        k, img = by_id[image_id]
+    for label, img, anns in entries:
         file_name = img.get("file_name")
-        label = f"{name}: images[{k}] (id {image_id!r})"
         problem = unsafe_name(file_name)
         if problem is not None:
             skipped.append((label, f"{problem}: {str(file_name)[:200]!r}"))
@@ -117,24 +132,15 @@ def scan_coco(src: str, annotations: str | os.PathLike[str] | None) -> FieldSamp
         if not os.path.isfile(full):
             skipped.append((rel, f"named by {label} but missing from {root}"))
             continue
-        info = json_payload(img, f"{label}")
-        boxes = json_payload(per_image.get(image_id, []), f"the annotations of {label}")
-        if isinstance(info, str) or isinstance(boxes, str):
-            skipped.append((rel, info if isinstance(info, str) else str(boxes)))
+        image_info = json_payload(img, f"{label}")
+        boxes = json_payload(anns, f"the annotations of {label}")
+        if isinstance(image_info, str) or isinstance(boxes, str):
+            skipped.append((rel, image_info if isinstance(image_info, str) else str(boxes)))
             continue
         field_paths.append((rel, "", ""))
-        values.append((info, boxes))
-        total += os.path.getsize(full) + len(info) + len(boxes)
-    return file_samples(
-        "coco",
-        root,
-        COCO_FIELDS,
-        field_paths,
-        skipped,
-        {"annotations": name, "categories": _categories(data, ann_file)},
-        total,
-        values=values,
-    )
+        values.append((image_info, boxes))
+        total += os.path.getsize(full) + len(image_info) + len(boxes)
+    return file_samples("coco", root, COCO_FIELDS, field_paths, skipped, info, total, values=values)
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -176,8 +182,9 @@ def _id(entry: dict[str, Any], key: str, where: str) -> Any:
     return value
 
 
-def _categories(data: dict[str, Any], path: str) -> list[Any]:
-    cats = data.get("categories", [])
+def coco_categories(cats: Any, path: str) -> list[Any]:
+    """The categories a COCO pack keeps in its manifest (``path`` names where they come from in
+    messages); SourceError when they are not a list or take more than ``MAX_CATEGORIES_BYTES``."""
     if not isinstance(cats, list):
         raise SourceError(path, f"its 'categories' is a {type(cats).__name__}, not a list", _HINT)
     try:

@@ -32,7 +32,7 @@ from lmdbfolder.write.layouts._common import (
 )
 from lmdbfolder.write.sources import IMG_EXTENSIONS
 
-__all__ = ["scan_voc", "scan_ade20k", "scan_cityscapes", "find_voc_root"]
+__all__ = ["scan_voc", "scan_ade20k", "scan_cityscapes", "find_voc_root", "voc_info", "cityscapes_info"]
 
 IMAGE_AND_MASK = (FieldSpec("image", "image"), FieldSpec("mask", "mask"))
 #: What VOCSegmentation reads: the split folder, the image folder and ending, the mask folder and ending.
@@ -42,6 +42,22 @@ VOC_MASKS, VOC_MASK_EXT = "SegmentationClass", ".png"
 #: Cityscapes' image and (semantic, fine) mask name endings.
 CITYSCAPES_IMAGE = "_leftImg8bit"
 CITYSCAPES_MASK = "_gtFine_labelIds.png"
+#: The ``mode`` a Cityscapes pack records, by torchvision's ``Cityscapes.mode`` (its mask folder).
+CITYSCAPES_MODES = {"gtFine": "fine", "gtCoarse": "coarse"}
+
+
+def voc_info(split: str, root: str) -> dict[str, object]:
+    """The ``layout_info`` of a VOC pack (what ``pack --update`` checks it against): the split and
+    the name of the year's folder holding ``JPEGImages`` (``VOC2012``). ``scan_voc`` and
+    ``pack_dataset`` of a ``VOCSegmentation`` record the same, so either can update the other's pack.
+    ``root`` as given (not made absolute): the packs made before record it so."""
+    return {"split": split, "year_folder": os.path.basename(root)}
+
+
+def cityscapes_info(split: str, mode: str = "fine") -> dict[str, object]:
+    """The ``layout_info`` of a Cityscapes pack: the split and the annotation ``mode`` (``fine``, as
+    the layout reads; torchvision's ``gtFine``/``gtCoarse`` are recorded as ``fine``/``coarse``)."""
+    return {"split": split, "mode": CITYSCAPES_MODES.get(mode, mode)}
 
 
 def find_voc_root(src: str) -> str:
@@ -109,7 +125,7 @@ def scan_voc(src: str, split: str | None) -> FieldSamples:
         IMAGE_AND_MASK,
         field_paths,
         skipped,
-        {"split": split, "year_folder": os.path.basename(root)},
+        voc_info(split, root),
         total,
     )
 
@@ -194,9 +210,7 @@ def scan_cityscapes(src: str, split: str | None) -> FieldSamples:
             mask = f"gtFine/{split}/{city}/{mask_name}"
             if mask_name.endswith(CITYSCAPES_MASK) and mask not in paired_masks:
                 skipped.append((mask, "a mask without its image (no leftImg8bit file of that name)"))
-    return file_samples(
-        "cityscapes", root, IMAGE_AND_MASK, field_paths, skipped, {"split": split, "mode": "fine"}, total
-    )
+    return file_samples("cityscapes", root, IMAGE_AND_MASK, field_paths, skipped, cityscapes_info(split), total)
 
 
 def _check_split_name(split: str) -> None:

@@ -166,7 +166,7 @@ def card(
         labelled = f"and {said[1]}" if classes is not None else "(no labels)"
         what = f"features `image` (the stored image bytes, unchanged) {labelled}"
     else:
-        what = "features " + ", ".join(said) + ("" if classes is not None else " (no labels)")
+        what = "features " + ", ".join(said) + ("" if classes is not None else "; no labels")
     lines += [
         f"Exported by lmdbfolder from the pack `{os.path.basename(source)}`: {count:,} samples in the split "
         f"`{split}`, {what}.",

@@ -322,3 +322,24 @@ def test_datasets_loads_the_webdataset_export_with_two_image_columns(tmp_path: P
     _, _, fields = stored(tmp_path / "voc.lmdb")
     raw = ds.cast_column("mask.png", hf.Image(decode=False))
     assert [r["mask.png"]["bytes"] for r in raw] == [f[1] for f in fields]
+
+
+def test_a_json_field_utf8_cannot_hold_reaches_hugging_face_escaped(tmp_path: Path, hf: Any) -> None:
+    # A lone surrogate is stored as JSON writes it with surrogatepass: not UTF-8, so not an Arrow
+    # string as it is; the column holds the same value with a \ud800 escape.
+    pytest.importorskip("pyarrow")
+
+    class Odd:
+        def __len__(self) -> int:
+            return 1
+
+        def __getitem__(self, i: int) -> tuple[Image.Image, Any]:
+            return Image.new("RGB", (3, 2)), {"name": "a\ud800b"}
+
+    pack_dataset(Odd(), tmp_path / "odd.lmdb", progress=False)
+    export(tmp_path / "odd.lmdb", tmp_path / "hf", format="huggingface", progress=False)
+    ds = hf.load_dataset(str(tmp_path / "hf"), split="train", cache_dir=str(tmp_path / "cache"))
+    assert ds[0]["f1"] == '{"name":"a\\ud800b"}' and json.loads(ds[0]["f1"]) == {"name": "a\ud800b"}
+    export(tmp_path / "odd.lmdb", tmp_path / "wds", format="webdataset", progress=False)
+    _, members = read_shards([str(tmp_path / "wds" / "shard-000000.tar")])
+    assert members["00000000"]["f1.json"] == '{"name":"a\ud800b"}'.encode("utf-8", "surrogatepass")

@@ -621,8 +621,8 @@ def test_export_writes_the_layout_back_for_torchvision(tmp_path: Path, voc: tupl
     export(tmp_path / "coco.lmdb", tmp_path / "coco-out")
     out = tmp_path / "coco-out"
     _same_dataset(coco, datasets.CocoDetection(str(out), str(out / "annotations.json")))
-    with pytest.raises(OptionError, match="--format files"):
-        export(pack, tmp_path / "wds", format="webdataset")
+    # and as WebDataset shards, a member a field (tests/test_export_fields.py)
+    assert export(pack, tmp_path / "wds", format="webdataset").samples == len(dataset)
 
 
 def test_copy_and_update_of_a_pack_of_fields(tmp_path: Path, voc: tuple[Any, Path]) -> None:

@@ -23,7 +23,9 @@ def add_parser(sub: Any) -> None:
         "webdataset: tar shards of about --shard-size, members <key>.jpg/.png/... and <key>.cls, __key__ = "
         "the path without its extension, and classes.txt. huggingface: what datasets.load_dataset(OUT) loads, "
         "features image (the stored bytes) and label (a ClassLabel of the class names): Parquet files of about "
-        "--shard-size under OUT/data and the dataset card OUT/README.md (needs pyarrow).",
+        "--shard-size under OUT/data and the dataset card OUT/README.md (needs pyarrow). A pack of several "
+        "fields: files writes its layout's files back (not the dataset layout); webdataset a member a field, "
+        "<key>.<field>.<ext>; huggingface a column a field.",
     )
     p.add_argument("pack", metavar="DST", help="pack directory")
     p.add_argument("out", metavar="OUT", help="new directory to write")

@@ -22,12 +22,28 @@
   names the classes, one per line, line = index. (This is the layout of the
   ``webdataset`` library; Hugging Face ``datasets`` does not load it as a
   classification dataset, its class names and mixed encodings: use ``huggingface``.)
+  A pack of several fields gives a member a field, in field order, after the
+  same key: ``<key>.<field>.<ext>`` (``JPEGImages/2012_000001.image.jpg``,
+  ``JPEGImages/2012_000001.mask.png``), the stored bytes unchanged (a mask's
+  palette and bit depth kept); ``<ext>`` is the image's by its encoding,
+  ``json`` for a ``json`` field, ``npy`` for an ``array`` field. Field names
+  are ``[a-z][a-z0-9_]*``, never a dot, so WebDataset's sample holds the keys
+  ``<field>.<ext>`` (``image.jpg``, ``mask.png``) and ``datasets.load_dataset(
+  "webdataset", data_files=...)`` gives a column each. ``classes.txt`` is
+  written only when the pack has classes.
 * ``format="huggingface"`` writes a folder that Hugging Face ``datasets``
   loads as it is (``load_dataset(OUT)``): Parquet files of about
   ``shard_size`` bytes (``OUT/data/<split>-00000-of-0000N.parquet``) with the
   features ``image`` (the stored bytes) and ``label`` (a ``ClassLabel`` of the
   pack's classes), and a dataset card ``OUT/README.md`` declaring them; see
   ``lmdbfolder.tools.huggingface``. ``split`` names the split (``train``).
+  A pack of several fields gives a column a field, named as the field (an
+  ``Image`` for image and mask fields, a JSON string, the ``.npy`` bytes).
+
+A pack of several fields is written back as ``files`` in its layout
+(``FIELD_LAYOUTS``: VOC, ADE20K, Cityscapes, COCO, pairs, table); the
+``dataset`` layout (``pack_dataset`` of any dataset of several values) came
+from no files and is refused, naming ``webdataset`` and ``huggingface``.
 
 ``OUT`` must not exist (or be an empty directory): nothing is overwritten.
 The export is written to ``OUT.partial`` and renamed to ``OUT`` when
@@ -63,8 +79,8 @@ from typing import Any, BinaryIO
 
 from lmdbfolder import packdir
 from lmdbfolder.encodings import ENCODINGS, encoding_of
-from lmdbfolder.errors import OptionError, OutputExistsError, SourceError
-from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, Manifest, ShardIndex
+from lmdbfolder.errors import CorruptRecordError, OptionError, OutputExistsError, SourceError
+from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, FieldSpec, Manifest, ShardIndex, split_field_payloads
 from lmdbfolder.progress import Progress
 from lmdbfolder.read.fields import samples_manifest
 from lmdbfolder.read.opening import open_pack
@@ -138,28 +154,25 @@ def export(
         params = _params(reader)
         samples_meta = samples_manifest(reader)
         specs = samples_meta.field_specs if samples_meta is not None else None
-        if specs is not None and format != "files":
-            raise OptionError(
-                f"{found.path} holds samples of several fields: it is exported as the files of its layout only",
-                "use --format files (the default)",
-            )
+        if samples_meta is not None and format == "files":
+            _files_layout(found.path, samples_meta.layout_name)
         if format == "files":
             _refuse_changed_bytes(found.path, meta.store, params)
         os.makedirs(tmp)
         shards: list[str] = []
         try:
-            if samples_meta is not None:
+            if samples_meta is not None and format == "files":
                 count, nbytes = _write_fields(reader, samples_meta, tmp, progress)
                 list_file = None
             elif format == "files":
                 count, nbytes, list_file = _write_files(reader, tmp, out, progress)
             elif format == "huggingface":
                 count, nbytes, shards = huggingface.write_huggingface(
-                    reader, tmp, limit, progress, split, found.path, _member
+                    reader, tmp, limit, progress, split, found.path, _member, specs
                 )
                 list_file = None
             else:
-                count, nbytes, shards = _write_webdataset(reader, tmp, limit, progress)
+                count, nbytes, shards = _write_webdataset(reader, tmp, limit, progress, specs)
                 list_file = None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # made by this call
@@ -349,6 +362,26 @@ FIELD_LAYOUTS = ("voc", "ade20k", "cityscapes", "coco", "pairs", "table")
 TABLE_IMAGE_COLUMN = "image"
 
 
+def _files_layout(path: str, layout: str | None) -> str:
+    """The layout of a pack of several fields when ``files`` export writes it back, else an
+    OptionError (raised before anything is written) saying what does: the ``dataset`` layout (the
+    items of a Python dataset) came from no files, and nothing reads a folder of its fields back
+    as that dataset."""
+    if layout is not None and layout in FIELD_LAYOUTS:
+        return layout
+    what = (
+        "are the items of a Python dataset (pack_dataset), which came from no files"
+        if layout in (None, "dataset")
+        else f"come from the layout {printable(str(layout), 40)!s}, whose files export does not know"
+    )
+    raise OptionError(
+        f"{path}: its samples of several fields {what}, so --format files has nothing to write back "
+        "(it writes the files of the layouts " + ", ".join(FIELD_LAYOUTS) + ")",
+        "use --format webdataset (a tar member each field, <key>.<field>.<ext>) or --format huggingface "
+        "(a Parquet column each field), or read it with lmdbfolder.torch.LMDBDataset",
+    )
+
+
 def _gt_path(relpath: str, info: dict[str, Any]) -> str | None:
     """The GT path of a pair whose LQ is stored as ``relpath``: BasicSR names the LQ
     ``filename_tmpl.format(basename) + ext`` after the GT ``basename + ext``, so the GT is
@@ -409,13 +442,7 @@ def _write_fields(reader: Any, meta: Manifest, tmp: str, progress: bool | None) 
     them as they read the originals."""
     from lmdbfolder.read.fields import SampleSchema
 
-    layout = meta.layout_name
-    if layout not in FIELD_LAYOUTS:
-        raise OptionError(
-            f"{reader.path}: its samples came from the layout {printable(str(layout), 40)!s}, which export does not "
-            "write back (it writes " + ", ".join(FIELD_LAYOUTS) + ")",
-            "read it with lmdbfolder.torch.LMDBDataset",
-        )
+    layout = _files_layout(reader.path, meta.layout_name)
     info = meta.layout_info
     schema = SampleSchema.of(meta, reader.path)
     base = tmp
@@ -519,10 +546,66 @@ def webdataset_key(relpath: str) -> str:
     return "/".join([*parts[:-1], stem])
 
 
-def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) -> tuple[int, int, list[str]]:
+def _unique_key(relpath: str, index: int, keys: set[str]) -> str:
+    """``webdataset_key(relpath)``, or when another sample has it ``<key>_<index>`` (and
+    ``_<index>_<k>`` when that is taken too); added to ``keys``."""
+    key = webdataset_key(relpath)
+    if key in keys:
+        # `_<index>` may itself be a key already (the key of x.2.jpg is x_2): then more.
+        base, k = f"{key}_{index}", 0
+        key = base
+        while key in keys:
+            k += 1
+            key = f"{base}_{k}"
+    keys.add(key)
+    return key
+
+
+def _field_ext(spec: FieldSpec, data: memoryview, relpath: str, first: bool) -> str:
+    """The extension of a field's tar member: ``json``, ``npy``, or an image's by the encoding
+    its bytes have (``jpg``, ``png``...; a PNM or another image: the stored path's own for the
+    first field, ``pnm`` or ``bin`` for the others)."""
+    if spec.kind == "json":
+        return "json"
+    if spec.kind == "array":
+        return "npy"
+    name = sniff_encoding(data)
+    ext = encoding_of(name).extension or (os.path.splitext(relpath)[1].lstrip(".").lower() if first else name)
+    return ext if ext.isascii() and ext.isalnum() and len(ext) <= 10 and ext != "other" else "bin"
+
+
+def _sample_members(
+    record: Any, relpath: str, key: str, index: int, specs: tuple[FieldSpec, ...] | None
+) -> tuple[list[tuple[str, bytes]], int]:
+    """The tar members of one sample (name, bytes) and its image (or field) bytes: ``<key>.<ext>``
+    for one image a sample, ``<key>.<field>.<ext>`` a field for several (field names are
+    ``[a-z][a-z0-9_]*``: no dot, so WebDataset's sample keys are ``<field>.<ext>``); then
+    ``<key>.cls`` for a labelled sample."""
+    if specs is None:
+        data, ext = _member(record, relpath)
+        members = [(f"{key}.{ext}", data)]
+        size = len(data)
+    else:
+        parts = split_field_payloads(record.payload, len(specs))
+        if isinstance(parts, str):
+            raise CorruptRecordError(index, parts)
+        members = [
+            (f"{key}.{spec.name}.{_field_ext(spec, part, relpath, k == 0)}", bytes(part))
+            for k, (spec, part) in enumerate(zip(specs, parts))
+        ]
+        size = sum(len(part) for part in parts)
+    if record.label != NO_LABEL:
+        members.append((f"{key}.cls", str(record.label).encode("ascii")))
+    return members, size
+
+
+def _write_webdataset(
+    reader: Any, tmp: str, limit: int, progress: bool | None, specs: tuple[FieldSpec, ...] | None = None
+) -> tuple[int, int, list[str]]:
     classes = list(reader.meta.classes)
-    with open(os.path.join(tmp, "classes.txt"), "w", encoding="utf-8", errors="surrogateescape") as f:
-        f.writelines(f"{name}\n" for name in classes)
+    if specs is None or classes:  # a pack of several fields without classes has no classes.txt
+        with open(os.path.join(tmp, "classes.txt"), "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.writelines(f"{name}\n" for name in classes)
     paths = reader.paths()
     shards: list[str] = []
     keys: set[str] = set()
@@ -535,19 +618,8 @@ def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) 
         with Progress(len(paths), "export", enabled=progress) as bar:
             for i, relpath in enumerate(paths):
                 record = reader.get(i)
-                key = webdataset_key(relpath)
-                if key in keys:
-                    # `_<index>` may itself be a key already (the key of x.2.jpg is x_2): then more.
-                    base, k = f"{key}_{i}", 0
-                    key = base
-                    while key in keys:
-                        k += 1
-                        key = f"{base}_{k}"
-                keys.add(key)
-                data, ext = _member(record, relpath)
-                members = [(f"{key}.{ext}", data)]
-                if record.label != NO_LABEL:
-                    members.append((f"{key}.cls", str(record.label).encode("ascii")))
+                key = _unique_key(relpath, i, keys)
+                members, data_bytes = _sample_members(record, relpath, key, i, specs)
                 size = sum(len(d) + 1024 for _, d in members)  # a header block each, and padding
                 if current is None or (written and written + size > limit):
                     if current is not None and handle is not None:
@@ -558,15 +630,15 @@ def _write_webdataset(reader: Any, tmp: str, limit: int, progress: bool | None) 
                     handle = open(os.path.join(tmp, name), "xb")  # noqa: SIM115 - closed when the shard is full
                     current = tarfile.open(fileobj=handle, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
                     written = 0
-                for member_name, blob in members:
+                for member_name, blob in members:  # adjacent: WebDataset groups a sample's members in order
                     info = tarfile.TarInfo(member_name)
                     info.size = len(blob)
                     info.mtime = mtime
                     info.mode = 0o644
                     current.addfile(info, io.BytesIO(blob))
                 written += size
-                nbytes += len(data)
-                bar.update(1, len(data))
+                nbytes += data_bytes
+                bar.update(1, data_bytes)
     finally:
         if current is not None:
             current.close()

@@ -19,6 +19,15 @@ and the Hub serves:
   (``dataset_info``: the class names under ``class_label``) and the files of the
   split (``configs``), which ``load_dataset`` reads first.
 
+A pack of several fields (``pack --layout voc|...``, ``pack_dataset`` of a segmentation,
+detection or any dataset of several values) gives one column a field, named as the field, in
+field order: an ``image`` or ``mask`` field is a ``datasets.Image`` (the stored bytes unchanged,
+a mask's palette and bit depth kept; the first field's ``path`` is the sample's stored path, the
+others' none), a ``json`` field a string of its JSON text (``json.loads(row["annotations"])``:
+a string loads in every ``datasets`` version, and a COCO annotation list is not of one Arrow
+type from sample to sample), an ``array`` field the bytes of its ``.npy`` file
+(``numpy.load(io.BytesIO(row["f1"]))``); a ``label`` column only when the pack has labels.
+
 pyarrow writes the files (it comes with ``datasets``; ``pip install
 "lmdbfolder[huggingface]"`` installs it alone). A class name that is not valid
 Unicode (a folder name with undecodable bytes) is refused: Arrow and YAML strings
@@ -30,14 +39,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Sequence
 
-from lmdbfolder.errors import MissingDependencyError, OptionError, SourceError
-from lmdbfolder.format import NO_LABEL
+from lmdbfolder.errors import CorruptRecordError, MissingDependencyError, OptionError, SourceError
+from lmdbfolder.format import NO_LABEL, FieldSpec, split_field_payloads
 from lmdbfolder.progress import Progress
 from lmdbfolder.text import printable
 
-__all__ = ["DEFAULT_SPLIT", "ROW_GROUP", "check_split", "write_huggingface", "card"]
+__all__ = ["DEFAULT_SPLIT", "ROW_GROUP", "check_split", "write_huggingface", "card", "columns", "features"]
 
 DEFAULT_SPLIT = "train"
 #: Rows per Parquet row group: ``datasets``' own for image datasets (a group is read whole).
@@ -88,11 +97,34 @@ def _path_text(relpath: str) -> str:
         return os.fsencode(relpath).decode("utf-8", "backslashreplace")
 
 
-def features(classes: list[str] | None) -> dict[str, Any]:
-    """The ``datasets`` features, as ``Features.to_dict()`` writes them (schema metadata)."""
-    out: dict[str, Any] = {"image": {"_type": "Image"}}
+#: The ``datasets`` feature (``Features.to_dict()`` form) and the card's ``dtype`` of each field kind.
+_FEATURE = {
+    "image": ({"_type": "Image"}, "image"),
+    "mask": ({"_type": "Image"}, "image"),
+    "json": ({"dtype": "string", "_type": "Value"}, "string"),
+    "array": ({"dtype": "binary", "_type": "Value"}, "binary"),
+}
+
+
+def columns(classes: list[str] | None, fields: Sequence[FieldSpec] | None = None) -> list[tuple[str, str]]:
+    """``(column name, kind)`` of the export's columns: ``image`` (one image a sample) or one a
+    field, then ``label`` (kind ``label``) when ``classes`` is not None (``label_`` when a field
+    has that name)."""
+    out = [("image", "image")] if fields is None else [(f.name, f.kind) for f in fields]
     if classes is not None:
-        out["label"] = {"names": list(classes), "_type": "ClassLabel"}
+        taken = {name for name, _ in out}
+        out.append(("label" if "label" not in taken else "label_", "label"))
+    return out
+
+
+def features(classes: list[str] | None, fields: Sequence[FieldSpec] | None = None) -> dict[str, Any]:
+    """The ``datasets`` features, as ``Features.to_dict()`` writes them (schema metadata)."""
+    out: dict[str, Any] = {}
+    for name, kind in columns(classes, fields):
+        if kind == "label":
+            out[name] = {"names": list(classes or ()), "_type": "ClassLabel"}
+        else:
+            out[name] = dict(_FEATURE[kind][0])
     return out
 
 
@@ -112,19 +144,32 @@ def _yaml_string(text: str) -> str:
     return "".join(out)
 
 
-def card(classes: list[str] | None, split: str, count: int, source: str) -> str:
+def card(
+    classes: list[str] | None, split: str, count: int, source: str, fields: Sequence[FieldSpec] | None = None
+) -> str:
     """The dataset card ``README.md``: a YAML header that ``load_dataset`` reads (features with the
     class names, the split's files), and a few lines for people."""
-    lines = ["---", "dataset_info:", "  features:", "  - name: image", "    dtype: image"]
-    if classes is not None:
-        lines += ["  - name: label", "    dtype:", "      class_label:", "        names:"]
-        lines += [f"          {_yaml_string(str(i))}: {_yaml_string(name)}" for i, name in enumerate(classes)]
+    lines = ["---", "dataset_info:", "  features:"]
+    said = []
+    for name, kind in columns(classes, fields):
+        lines.append(f"  - name: {name}")
+        if kind == "label":
+            lines += ["    dtype:", "      class_label:", "        names:"]
+            lines += [f"          {_yaml_string(str(i))}: {_yaml_string(c)}" for i, c in enumerate(classes or ())]
+            said.append(f"`{name}` (a `ClassLabel` of {len(classes or ())} classes)")
+        else:
+            lines.append(f"    dtype: {_FEATURE[kind][1]}")
+            said.append(f"`{name}` ({_SAID[kind]})")
     lines += ["configs:", "- config_name: default", "  data_files:", f"  - split: {split}"]
     lines += [f"    path: {_DATA}/{split}-*.parquet", "---", ""]
-    labelled = f"and `label` (a `ClassLabel` of {len(classes)} classes)" if classes is not None else "(no labels)"
+    if fields is None:
+        labelled = f"and {said[1]}" if classes is not None else "(no labels)"
+        what = f"features `image` (the stored image bytes, unchanged) {labelled}"
+    else:
+        what = "features " + ", ".join(said) + ("" if classes is not None else "; no labels")
     lines += [
         f"Exported by lmdbfolder from the pack `{os.path.basename(source)}`: {count:,} samples in the split "
-        f"`{split}`, features `image` (the stored image bytes, unchanged) {labelled}.",
+        f"`{split}`, {what}.",
         "",
         "```python",
         "from datasets import load_dataset",
@@ -135,6 +180,29 @@ def card(classes: list[str] | None, split: str, count: int, source: str) -> str:
     return "\n".join(lines)
 
 
+#: How the card names each column's content (packs of several fields).
+_SAID = {
+    "image": "an image: the stored bytes, unchanged",
+    "mask": "an image: the stored mask bytes, unchanged",
+    "json": "a JSON text",
+    "array": "the bytes of a .npy array",
+}
+
+
+def _json_text(data: memoryview, where: str) -> str:
+    """A ``json`` field's text as an Arrow string: its bytes as they are, or (a lone surrogate,
+    which UTF-8 cannot hold) the same value written with ``\\uXXXX`` escapes."""
+    raw = bytes(data)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        try:
+            value = json.loads(raw.decode("utf-8", "surrogatepass"))
+        except (ValueError, RecursionError) as exc:
+            raise SourceError(where, f"its JSON is not valid UTF-8 JSON ({exc})", "verify the pack") from None
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+
+
 def write_huggingface(
     reader: Any,
     tmp: str,
@@ -143,9 +211,11 @@ def write_huggingface(
     split: str,
     source: str,
     member: Any,
+    fields: Sequence[FieldSpec] | None = None,
 ) -> tuple[int, int, list[str]]:
     """Write the split's Parquet files and the card into ``tmp``; returns (samples, image bytes,
-    file names relative to ``tmp``). ``member(record, relpath)`` gives a sample's image bytes."""
+    file names relative to ``tmp``). ``member(record, relpath)`` gives a sample's image bytes;
+    ``fields``: the pack's fields, when its samples have several (a column each, their bytes)."""
     pa, pq = _pyarrow()
     classes = list(reader.meta.classes)
     paths = reader.paths()
@@ -153,30 +223,41 @@ def write_huggingface(
     labelled = bool(classes) or any(label != NO_LABEL for label in labels)
     _check_names(classes, source)
     names = classes if labelled else None
-    feats = features(names)
-    fields = [pa.field("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())]))]
-    if labelled:
-        fields.append(pa.field("label", pa.int64()))
-    schema = pa.schema(fields, metadata={"huggingface": json.dumps({"info": {"features": feats}})})
+    cols = columns(names, fields)
+    feats = features(names, fields)
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    arrow = {"image": image_type, "mask": image_type, "json": pa.string(), "array": pa.binary(), "label": pa.int64()}
+    schema = pa.schema(
+        [pa.field(name, arrow[kind]) for name, kind in cols],
+        metadata={"huggingface": json.dumps({"info": {"features": feats}})},
+    )
     os.makedirs(os.path.join(tmp, _DATA))
     files: list[str] = []
     writer: Any = None
     written = 0
     nbytes = 0
-    rows: dict[str, list[Any]] = {"bytes": [], "path": [], "label": []}
+    rows: list[list[Any]] = [[] for _ in cols]
+    pending = 0  # the field bytes of the rows not yet written
+    pending_paths = 0  # and the bytes of their image paths
+
+    def column(kind: str, values: list[Any]) -> Any:
+        if kind in ("image", "mask"):
+            return pa.StructArray.from_arrays(
+                [pa.array([v[0] for v in values], pa.binary()), pa.array([v[1] for v in values], pa.string())],
+                names=["bytes", "path"],
+            )
+        return pa.array(values, arrow[kind])
 
     def flush() -> None:
-        nonlocal written
-        if not rows["bytes"]:
+        nonlocal written, pending, pending_paths
+        if not rows[0]:
             return
-        image = pa.StructArray.from_arrays(
-            [pa.array(rows["bytes"], pa.binary()), pa.array(rows["path"], pa.string())], names=["bytes", "path"]
-        )
-        columns = [image] + ([pa.array(rows["label"], pa.int64())] if labelled else [])
-        writer.write_table(pa.Table.from_arrays(columns, schema=schema), row_group_size=ROW_GROUP)
-        written += sum(len(b) for b in rows["bytes"]) + sum(len(p) for p in rows["path"])
-        for column in rows.values():
-            column.clear()
+        arrays = [column(kind, values) for (_, kind), values in zip(cols, rows)]
+        writer.write_table(pa.Table.from_arrays(arrays, schema=schema), row_group_size=ROW_GROUP)
+        written += pending + pending_paths
+        pending = pending_paths = 0
+        for values in rows:
+            values.clear()
 
     def open_next() -> Any:
         name = os.path.join(_DATA, f"{split}-{len(files):05d}.parquet")
@@ -187,20 +268,29 @@ def write_huggingface(
         with Progress(len(paths), "export", enabled=progress) as bar:
             for i, relpath in enumerate(paths):
                 record = reader.get(i)
-                data, _ext = member(record, relpath)
+                path = _path_text(relpath)
+                if fields is None:
+                    data, _ext = member(record, relpath)
+                    row: list[Any] = [(data, path)]
+                    size = len(data)
+                else:
+                    row, size = _field_row(record.payload, fields, path, i, relpath)
+                if labelled:
+                    row.append(record.label if record.label != NO_LABEL else None)
                 if writer is None:
                     writer = open_next()
                     written = 0
-                rows["bytes"].append(data)
-                rows["path"].append(_path_text(relpath))
-                rows["label"].append(record.label if record.label != NO_LABEL else None)
-                if len(rows["bytes"]) >= ROW_GROUP or written + sum(map(len, rows["bytes"])) >= limit:
+                for values, value in zip(rows, row):
+                    values.append(value)
+                pending += size
+                pending_paths += len(path)
+                if len(rows[0]) >= ROW_GROUP or written + pending >= limit:
                     flush()
                     if written >= limit:  # this file is full: the next sample starts another
                         writer.close()
                         writer = None
-                nbytes += len(data)
-                bar.update(1, len(data))
+                nbytes += size
+                bar.update(1, size)
             if writer is None and not files:  # an empty pack: one empty file, so that the split exists
                 writer = open_next()
             if writer is not None:
@@ -213,5 +303,23 @@ def write_huggingface(
     for old, new in zip(files, final):
         os.rename(os.path.join(tmp, old), os.path.join(tmp, new))
     with open(os.path.join(tmp, "README.md"), "x", encoding="utf-8") as f:
-        f.write(card(names, split, len(paths), source))
+        f.write(card(names, split, len(paths), source, fields))
     return len(paths), nbytes, final
+
+
+def _field_row(
+    payload: memoryview, fields: Sequence[FieldSpec], path: str, index: int, relpath: str
+) -> tuple[list[Any], int]:
+    """The column values of a sample of several fields (its record's ``payload``), and their bytes."""
+    parts = split_field_payloads(payload, len(fields))
+    if isinstance(parts, str):
+        raise CorruptRecordError(index, parts)
+    row: list[Any] = []
+    for k, (spec, data) in enumerate(zip(fields, parts)):
+        if spec.kind in ("image", "mask"):
+            row.append((bytes(data), path if k == 0 else None))
+        elif spec.kind == "json":
+            row.append(_json_text(data, f"{printable(relpath, 200)}, field {spec.name!r}"))
+        else:
+            row.append(bytes(data))
+    return row, sum(len(d) for d in parts)

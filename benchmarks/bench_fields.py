@@ -26,6 +26,9 @@ one sample at a time (no DataLoader: the CPU of one sample is what is compared):
       ``LMDBDataset.__getitems__`` of 32 samples at a time, as a DataLoader with a batch
       size calls it (the batch's crops decoded in one run). ``VOCSegmentation`` has no
       ``__getitems__``: a DataLoader calls the files' row one sample at a time.
+(a') the same pipeline followed by ``v2.ToImage()`` (the tensors a training pipeline goes on
+    with; ``LMDBDataset`` then makes the crops as those tensors, no PIL image between):
+    ``voc-files+toimage``, ``lmdbfolder+toimage``, ``lmdbfolder+toimage-batches``.
 (b) super-resolution, BasicSR's folder layout (GT PNGs and their x``--scale`` LQ PNGs,
     DIV2K-like sizes scaled down by ``--pair-size``): a ``--gt-size`` patch, flips and rotation
     - ``basicsr-files``: BasicSR's ``PairedImageDataset`` training path written out here
@@ -410,6 +413,17 @@ def main(argv: list[str] | None = None) -> int:
             skipped_a["lmdbfolder"] = why
         res_a = alternate(contestants_a, args.samples, args.rounds, args.max_other)
 
+        # (a') the same steps then v2.ToImage(): the tensors a training pipeline goes on with.
+        tensor_tf = v2.Compose([v2.RandomResizedCrop(args.size), v2.RandomHorizontalFlip(), v2.ToImage()])
+        contestants_t: dict[str, Callable[[int], Any]] = {"voc-files+toimage": _voc_files(voc_root, tensor_tf)}
+        skipped_t: dict[str, str] = {}
+        if why is None:
+            contestants_t["lmdbfolder+toimage"] = _lmdbfolder(voc_pack, tensor_tf)
+            contestants_t["lmdbfolder+toimage-batches"] = _Batches(voc_pack, tensor_tf)
+        else:
+            skipped_t["lmdbfolder+toimage"] = why
+        res_t = alternate(contestants_t, args.samples, args.rounds, args.max_other)
+
         # (b) pairs
         from lmdbfolder.torch.joint import PairedRandomCrop
 
@@ -466,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         res_b = alternate(contestants_b, args.pairs, args.rounds, args.max_other)
 
     report["segmentation"] = res_a
+    report["segmentation_tensors"] = res_t
     report["pairs"] = res_b
     print(
         table(
@@ -473,6 +488,15 @@ def main(argv: list[str] | None = None) -> int:
             res_a,
             "voc-files",
             skipped_a,
+        )
+    )
+    print()
+    print(
+        table(
+            f"(a') image + mask: RandomResizedCrop({args.size}) + flip + ToImage, {args.samples} VOC samples",
+            res_t,
+            "voc-files+toimage",
+            skipped_t,
         )
     )
     print()

@@ -1006,3 +1006,40 @@ def assert_imagefolder(src: Path, pack_path: Path) -> None:
     for i in range(len(theirs)):
         (a, ta), (b, tb) = theirs[i], ours[i]
         assert ta == tb and np.array_equal(np.asarray(a), np.asarray(b)), i
+
+
+# -- the oracles of samples of several fields ------------------------------------------------------
+def assert_same_image(a: Image.Image, b: Image.Image) -> None:
+    """The same PIL image: mode, size, pixels and palette."""
+    assert (a.mode, a.size) == (b.mode, b.size)
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert a.getpalette() == b.getpalette()
+
+
+def assert_same_sample(a: Any, b: Any) -> None:
+    """Equal items: PIL images by mode, size, palette and pixels; tensors by type, dtype, values
+    and memory layout (the strides of their dimensions longer than 1, as v2 makes them); arrays by
+    dtype and values; tuples, lists and dicts item by item."""
+    import torch
+    from torchvision import tv_tensors
+
+    assert type(a) is type(b) or (isinstance(a, Image.Image) and isinstance(b, Image.Image))
+    if isinstance(a, Image.Image):
+        assert_same_image(a, b)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+        assert [s for s, n in zip(a.stride(), a.shape) if n > 1] == [s for s, n in zip(b.stride(), b.shape) if n > 1]
+        if isinstance(a, tv_tensors.BoundingBoxes):
+            assert (a.format, a.canvas_size) == (b.format, b.canvas_size)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_sample(x, y)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same_sample(a[k], b[k])
+    else:
+        assert a == b

@@ -24,7 +24,8 @@ from torchvision import datasets, tv_tensors
 from torchvision.transforms import v2
 
 import lmdbfolder
-from conftest import make_cityscapes, make_coco, make_voc, mask_png, photo_jpeg
+from conftest import assert_same_image, make_cityscapes, make_coco, make_voc, mask_png, photo_jpeg
+from conftest import assert_same_sample as assert_same
 from lmdbfolder import format as fmt
 from lmdbfolder.errors import CorruptRecordError, LossyMaskWarning, NotAPackError, OptionError
 from lmdbfolder.tools.export import export
@@ -289,37 +290,6 @@ def test_old_readers_and_lmdbfolder_refuse_a_pack_of_fields(tmp_path: Path) -> N
 
 
 # -- the oracles ------------------------------------------------------------------------------------
-def assert_same_image(a: Image.Image, b: Image.Image) -> None:
-    assert (a.mode, a.size) == (b.mode, b.size)
-    assert np.array_equal(np.asarray(a), np.asarray(b))
-    assert a.getpalette() == b.getpalette()
-
-
-def assert_same(a: Any, b: Any) -> None:
-    """Equal items: PIL images by mode, size, palette and pixels; tensors by type and values."""
-    assert type(a) is type(b) or (isinstance(a, Image.Image) and isinstance(b, Image.Image))
-    if isinstance(a, Image.Image):
-        assert_same_image(a, b)
-    elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b)
-        # The same memory layout (the strides of the dimensions longer than 1), as v2 makes it.
-        assert [s for s, n in zip(a.stride(), a.shape) if n > 1] == [s for s, n in zip(b.stride(), b.shape) if n > 1]
-        if isinstance(a, tv_tensors.BoundingBoxes):
-            assert (a.format, a.canvas_size) == (b.format, b.canvas_size)
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and np.array_equal(a, b)
-    elif isinstance(a, (tuple, list)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_same(a[k], b[k])
-    else:
-        assert a == b
-
-
 def _pipeline(detection: bool = False) -> v2.Compose:
     steps = [
         v2.RandomResizedCrop(16, antialias=True),

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 import lmdbfolder
+from conftest import assert_same_sample as assert_same
 from conftest import make_cityscapes, make_coco, make_small_tree, make_voc, mask_png, photo_jpeg, write
 from lmdbfolder.cli import main
 from lmdbfolder.errors import OptionError
@@ -40,27 +41,6 @@ def _touch_later(path: Path) -> None:
 def _rewrite(path: Path, data: bytes) -> None:
     write(path, data)
     _touch_later(path)
-
-
-def assert_same(a: Any, b: Any) -> None:
-    """Equal items: PIL images by mode, size, palette and pixels; tensors and arrays by type,
-    dtype and values; tuples, lists and dicts item by item."""
-    assert type(a) is type(b) or (isinstance(a, Image.Image) and isinstance(b, Image.Image))
-    if isinstance(a, Image.Image):
-        assert (a.mode, a.size, a.getpalette()) == (b.mode, b.size, b.getpalette())
-        assert np.array_equal(np.asarray(a), np.asarray(b))
-    elif isinstance(a, (torch.Tensor, np.ndarray)):
-        assert a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
-    elif isinstance(a, (tuple, list)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_same(a[k], b[k])
-    else:
-        assert a == b
 
 
 def _same_as(dataset: Any, pack: Path) -> None:

@@ -24,6 +24,13 @@ from torchvision.transforms import v2
 from lmdbfolder.sampler import ExactDistributedSampler
 from lmdbfolder.torch import LMDBDataset
 
+#: How the DataLoader starts its worker. Not fork: each epoch's DataLoader would fork while the
+#: previous one's queue feeder thread may still be tearing down its Python thread state, and
+#: CPython 3.11's child then waits forever in PyOS_AfterFork_Child for the lock that thread held
+#: (two hung runs of this test; a stack of the hung worker shows _PyThreadState_DeleteExcept).
+#: The forkserver's process has no other threads. Fork and spawn are tested elsewhere.
+CONTEXT = "forkserver"
+
 
 def pipeline() -> v2.Compose:
     """The seeded joint pipeline of the test (the test builds the same one)."""
@@ -67,7 +74,14 @@ def main(spec_file: str) -> None:
             sampler = ExactDistributedSampler(ds, seed=0, order=order, shards_at_once=1)
             sampler.set_epoch(epoch)
             ds.set_epoch(epoch)
-            loader = DataLoader(Indexed(ds), batch_size=2, sampler=sampler, num_workers=1, collate_fn=list)
+            loader = DataLoader(
+                Indexed(ds),
+                batch_size=2,
+                sampler=sampler,
+                num_workers=1,
+                collate_fn=list,
+                multiprocessing_context=CONTEXT,
+            )
             mine = [[i, c] for batch in loader for i, c in batch]
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, mine)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 
@@ -257,6 +257,69 @@ def _log_ratio(ratio: Sequence[float]) -> tuple[float, float]:
 BatchDrawer = Callable[[Sequence[tuple[int, int]], "float | None"], tuple[list[Box], list[bool]]]
 
 
+class Streams(NamedTuple):
+    """The next ``k`` numbers of torch's CPU generator, read each way a draw may use one
+    (``bulk_draws``): ``low``, the low 31 bits (``random_()`` of int32), and ``mod3``, the
+    number modulo 3 (together they give the whole 32-bit number: ``_raw``); ``uniform[r]``,
+    float32 ``uniform_(*r)``; ``aspects[lr]``, float32 ``uniform_(*lr).exp_()``; ``rands``,
+    float32 ``rand``."""
+
+    low: list[int]
+    mod3: list[int]
+    uniform: dict[tuple[float, float], list[float]]
+    aspects: dict[tuple[float, float], list[float]]
+    rands: list[float]
+
+
+_Drawn = TypeVar("_Drawn")
+
+
+def bulk_draws(
+    k: int,
+    ranges: Iterable[tuple[float, float]],
+    log_ratios: Iterable[tuple[float, float]],
+    scan: Callable[[Streams, int], tuple[_Drawn, int] | None],
+) -> _Drawn:
+    """What a sequence of per-sample draws from torch's CPU generator gives, drawn in bulk.
+
+    Every one of those draws takes one 32-bit number from the generator (float32
+    ``uniform_`` and ``rand``, ``random_`` below 2**32, ``randperm``'s swaps). So the next
+    ``k`` numbers are drawn once for each way they can be used (``Streams``), with the
+    generator's state put back before each pass; ``scan(streams, k)`` then reads the samples'
+    values in the order they draw them and returns ``(result, used)``, or None when ``k``
+    numbers were not enough (drawn again, twice as many). Finally the state is put back and
+    advanced by exactly the count used. ArithmeticError from ``scan`` (``_raw``: other code drew
+    meanwhile) leaves the state as before. ``crop.RandomResizedCrop``'s boxes and flips
+    (``_draw_boxes``) and the multi-crop's views are drawn this way; each is confirmed against
+    its per-sample draws once per process."""
+    ranges, log_ratios = sorted(set(ranges)), sorted(set(log_ratios))
+    while True:
+        state = torch.get_rng_state()
+        try:
+            low = torch.empty(k, dtype=torch.int32).random_().tolist()
+            torch.set_rng_state(state)
+            mod3 = torch.empty(k, dtype=torch.int64).random_(0, 3).tolist()
+            uniform = {}
+            for r in ranges:
+                torch.set_rng_state(state)
+                uniform[r] = torch.empty(k).uniform_(r[0], r[1]).tolist()
+            aspects = {}
+            for lr in log_ratios:
+                torch.set_rng_state(state)
+                aspects[lr] = torch.empty(k).uniform_(lr[0], lr[1]).exp_().tolist()
+            torch.set_rng_state(state)
+            rands = torch.rand(k).tolist()
+        finally:
+            torch.set_rng_state(state)
+        scanned = scan(Streams(low, mod3, uniform, aspects, rands), k)
+        if scanned is not None:
+            result, used = scanned
+            if used:
+                torch.empty(used, dtype=torch.int32).random_()  # consume what the samples drew
+            return result
+        k *= 2  # more rejected draws than drawn for: draw again, more
+
+
 def _draw_boxes(
     sizes: Sequence[tuple[int, int]],
     flip: float | None,
@@ -266,76 +329,48 @@ def _draw_boxes(
 ) -> tuple[list[Box], list[bool]]:
     """For each ``(width, height)`` in order, ``_draw_box`` then (unless ``flip`` is
     None) ``bool(torch.rand(1) < flip)``: the same values and the same count of
-    random numbers consumed, with a few torch calls per batch instead of ~9 per sample.
+    random numbers consumed, with a few torch calls per batch instead of ~9 per sample
+    (``bulk_draws``; ``_batch_boxes_ok`` confirms it once per process)."""
+    area = (float(scale[0]), float(scale[1]))
+    # torch compares a float32 rand with a Python float in float32
+    p = None if flip is None else float(np.float32(flip))
 
-    Every one of those per-sample draws takes one 32-bit number from the CPU
-    generator (float32 ``uniform_``, and ``random_`` below 2**28). So the next ``k``
-    numbers are drawn once for each way they can be used — as the area's uniform,
-    the aspect ratio's ``exp(uniform)``, the flip's ``rand``, and as the raw number
-    (its low 31 bits, and the number modulo 3, give it whole) for the ``randint``
-    of top and left — with the generator's state put back before each pass, and the
-    samples then read their values in the order they draw them. Finally the state is
-    put back and advanced by exactly the count used. ``_batch_boxes_ok`` confirms
-    all this against the per-sample draws once per process.
-    """
-    n = len(sizes)
-    k = 7 * n + 16  # ~5.7 numbers per sample on 4:3 photos with torchvision's scale and ratio
-    while True:
-        state = torch.get_rng_state()
-        try:
-            low = torch.empty(k, dtype=torch.int32).random_().tolist()  # the low 31 bits
-            torch.set_rng_state(state)
-            mod3 = torch.empty(k, dtype=torch.int64).random_(0, 3).tolist()
-            torch.set_rng_state(state)
-            areas = torch.empty(k).uniform_(scale[0], scale[1]).tolist()
-            torch.set_rng_state(state)
-            aspects = torch.empty(k).uniform_(log_ratio[0], log_ratio[1]).exp_().tolist()
-            flips: list[bool] = []
-            if flip is not None:
-                torch.set_rng_state(state)
-                flips = (torch.rand(k) < flip).tolist()
-        finally:
-            torch.set_rng_state(state)
-        scanned = _scan_boxes(sizes, flip is not None, scale, ratio, k, low, mod3, areas, aspects, flips)
-        if scanned is not None:
-            boxes, flipped, used = scanned
-            if used:
-                torch.empty(used, dtype=torch.int32).random_()  # consume what the samples drew
-            return boxes, flipped
-        k *= 2  # more rejected draws than drawn for: draw again, more
+    def scan(streams: Streams, k: int) -> tuple[tuple[list[Box], list[bool]], int] | None:
+        return _scan_boxes(sizes, p, ratio, k, streams, streams.uniform[area], streams.aspects[log_ratio])
+
+    # ~5.7 numbers per sample on 4:3 photos with torchvision's scale and ratio
+    return bulk_draws(7 * len(sizes) + 16, [area], [log_ratio], scan)
 
 
 def _scan_boxes(
     sizes: Sequence[tuple[int, int]],
-    flips_drawn: bool,
-    scale: Sequence[float],
+    flip: float | None,
     ratio: Sequence[float],
     k: int,
-    low: list[int],
-    mod3: list[int],
+    streams: Streams,
     areas: list[float],
     aspects: list[float],
-    flips: list[bool],
-) -> tuple[list[Box], list[bool], int] | None:
+) -> tuple[tuple[list[Box], list[bool]], int] | None:
     """The samples' boxes and flips from the pre-drawn numbers, and the count used
     (None: ``k`` numbers were not enough)."""
     boxes: list[Box] = []
     flipped: list[bool] = []
+    rands = streams.rands
     j = 0
     for width, height in sizes:
-        scanned = _scan_box(width, height, ratio, j, k, low, mod3, areas, aspects)
+        scanned = _scan_box(width, height, ratio, j, k, streams.low, streams.mod3, areas, aspects)
         if scanned is None:
             return None
         box, j = scanned
         boxes.append(box)
-        if flips_drawn:
+        if flip is not None:
             if j + 1 > k:
                 return None
-            flipped.append(flips[j])
+            flipped.append(rands[j] < flip)
             j += 1
         else:
             flipped.append(False)
-    return boxes, flipped, j
+    return (boxes, flipped), j
 
 
 def _scan_box(

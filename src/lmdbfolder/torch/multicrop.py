@@ -247,59 +247,28 @@ _TorchDraw = tuple[Box, bool, tuple[int, ...], tuple[float | None, ...], bool]
 
 
 def _bulk_torch_draws(sizes: Sequence[tuple[int, int]], specs: Sequence[_BulkSpec]) -> list[list[_TorchDraw]]:
-    """Every sample's views' torch draws, as ``MultiCrop.draw`` makes them one by one.
-
-    Each of those draws takes one 32-bit number from torch's CPU generator (float32
-    ``uniform_`` and ``rand``, ``random_`` below 2**32, ``randperm(4)``'s three swaps):
-    so the next ``k`` numbers are drawn once per way they are used (each uniform range,
-    each ratio's ``exp(uniform)``, ``rand``, and the raw number from its low 31 bits and
-    its remainder modulo 3), the generator's state put back before each pass, and then
-    advanced by exactly the count the samples used (``crop._draw_boxes``' method).
-    Raises ArithmeticError when the numbers are not what it expects (other code drew)."""
-    ranges = sorted({s.scale for s in specs} | {r for s in specs for r in s.ranges if r is not None})
-    log_ratios = sorted({s.log_ratio for s in specs})
+    """Every sample's views' torch draws, as ``MultiCrop.draw`` makes them one by one, drawn
+    in bulk (``crop.bulk_draws``: each of those draws takes one 32-bit number from torch's CPU
+    generator: float32 ``uniform_`` and ``rand``, ``random_`` below 2**32, ``randperm(4)``'s
+    three swaps). Raises ArithmeticError when the numbers are not what it expects (other
+    code drew)."""
+    ranges = {s.scale for s in specs} | {r for s in specs for r in s.ranges if r is not None}
     per_view = 14  # the most a view draws that fits at the first try: box 4, flip, jitter 1 + 3 + 4, gray
-    k = per_view * len(specs) * len(sizes) + 16
-    while True:
-        state = torch.get_rng_state()
-        try:
-            low = torch.empty(k, dtype=torch.int32).random_().tolist()  # the low 31 bits
-            torch.set_rng_state(state)
-            mod3 = torch.empty(k, dtype=torch.int64).random_(0, 3).tolist()
-            uniform = {}
-            for r in ranges:
-                torch.set_rng_state(state)
-                uniform[r] = torch.empty(k).uniform_(r[0], r[1]).tolist()
-            aspects = {}
-            for lr in log_ratios:
-                torch.set_rng_state(state)
-                aspects[lr] = torch.empty(k).uniform_(lr[0], lr[1]).exp_().tolist()
-            torch.set_rng_state(state)
-            rands = torch.rand(k).tolist()
-        finally:
-            torch.set_rng_state(state)
-        scanned = _scan_views(sizes, specs, k, low, mod3, uniform, aspects, rands)
-        if scanned is not None:
-            parts, used = scanned
-            if used:
-                torch.empty(used, dtype=torch.int32).random_()  # consume what the samples drew
-            return parts
-        k *= 2  # more rejected boxes than drawn for: draw again, more
+    return _crop.bulk_draws(
+        per_view * len(specs) * len(sizes) + 16,
+        ranges,
+        {s.log_ratio for s in specs},
+        lambda streams, k: _scan_views(sizes, specs, k, streams),
+    )
 
 
 def _scan_views(
-    sizes: Sequence[tuple[int, int]],
-    specs: Sequence[_BulkSpec],
-    k: int,
-    low: list[int],
-    mod3: list[int],
-    uniform: dict[tuple[float, float], list[float]],
-    aspects: dict[tuple[float, float], list[float]],
-    rands: list[float],
+    sizes: Sequence[tuple[int, int]], specs: Sequence[_BulkSpec], k: int, streams: _crop.Streams
 ) -> tuple[list[list[_TorchDraw]], int] | None:
     """The samples' torch draws from the pre-drawn numbers, and the count used (None:
     ``k`` numbers were not enough)."""
     scan_box, raw = _crop._scan_box, _crop._raw
+    low, mod3, uniform, aspects, rands = streams
     out: list[list[_TorchDraw]] = []
     j = 0
     for width, height in sizes:

@@ -333,3 +333,26 @@ def test_packs_of_torchvisions_datasets_made_before_update_too(tmp_path: Path) -
     with pytest.raises(OptionError, match="another dataset"):  # another year is another dataset
         forge_meta(dst, layout={"name": "voc", "info": {"split": "train", "year": "2011"}})
         lmdbfolder.pack_dataset(_voc(root), dst, update=True, progress=False)
+
+
+@pytest.mark.parametrize("shards", [None, 2])
+def test_an_update_skips_a_sample_whose_file_the_dataset_lists_but_is_gone(tmp_path: Path, shards: int | None) -> None:
+    """VOCSegmentation lists a sample whose mask was deleted (it never looks): the update skips and
+    names it. It ended in ``struct.error: argument out of range``: the sample's stamp, unknown (-1),
+    went into the staged value's unsigned size."""
+    root = make_voc(tmp_path / "voc")
+    dst = tmp_path / "voc.lmdb"
+    lmdbfolder.pack_dataset(_voc(root), dst, shards=shards, progress=False)
+    voc = root / "VOCdevkit" / "VOC2012"
+    names = (voc / "ImageSets/Segmentation/train.txt").read_text().split()
+    (voc / "SegmentationClass" / f"{names[1]}.png").unlink()
+    for _ in range(2):  # and again, with nothing else changed
+        result = lmdbfolder.pack_dataset(_voc(root), dst, update=True, progress=False)
+        assert [reason for _, reason in result.skipped if f"{names[1]}.png" in reason], result.skipped
+        ours = LMDBDataset(dst)
+        theirs = _voc(root)
+        assert len(ours) == len(theirs) - 1
+        kept = [i for i, name in enumerate(names) if name != names[1]]
+        for k, i in enumerate(kept):
+            assert_same(theirs[i], ours[k])
+        assert lmdbfolder.verify(dst, progress=False).ok

@@ -304,7 +304,9 @@ def pack_field_samples(
         except SampleError as exc:
             named = ", ".join(exc.paths or [p for p in paths if p])
             why = f"{exc.why}" + (f" ({named})" if named and named not in exc.why else "")
-            return Skipped(why, size, stamp)
+            # A file that could not be stat-ed (gone: a dataset that lists it anyway) has no
+            # size: 0, as records.Skipped has then (its unknown stamp is read again next time).
+            return Skipped(why, max(size, 0), stamp)
         except OSError as exc:
             return Skipped(f"cannot read it: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""))
         checked = check_fields(payloads, fields, samples.labels[i], check=check, max_pixels=max_pixels, paths=paths)

@@ -264,6 +264,11 @@ def _interpolation(value: Any) -> InterpolationMode | None:
     return mode if isinstance(mode, InterpolationMode) and mode in pil_modes_mapping else None
 
 
+def _steps(transforms: Any, v2: Any) -> list[Any]:
+    """The steps of a ``v2.Compose`` (exactly that class), or ``[transforms]`` for one step."""
+    return list(transforms.transforms) if type(transforms) is v2.Compose else [transforms]
+
+
 def split_joint(transforms: Any) -> tuple[Any, Any, Any]:
     """``(crop, flip, rest)`` when ``transforms`` is a ``v2.RandomResizedCrop`` or a
     ``v2.Compose`` that starts with one (exactly those classes: a subclass may do
@@ -275,7 +280,7 @@ def split_joint(transforms: Any) -> tuple[Any, Any, Any]:
     v2 = _v2()
     if v2 is None or transforms is None:
         return None, None, transforms
-    steps = list(transforms.transforms) if type(transforms) is v2.Compose else [transforms]
+    steps = _steps(transforms, v2)
     if (
         not steps
         or type(steps[0]) not in (v2.RandomResizedCrop, _FusedCrop)
@@ -328,11 +333,11 @@ def _draws_nothing(rest: Any) -> bool:
     v2 = _v2()
     if rest is None:
         return True
-    steps = list(rest.transforms) if v2 is not None and type(rest) is v2.Compose else [rest]
-    return (
-        v2 is not None
-        and all(type(step) is getattr(v2, type(step).__name__, None) for step in steps)
-        and all(type(step).__name__ in _DETERMINISTIC for step in steps)
+    if v2 is None:
+        return False
+    steps = _steps(rest, v2)
+    return all(type(step) is getattr(v2, type(step).__name__, None) for step in steps) and all(
+        type(step).__name__ in _DETERMINISTIC for step in steps
     )
 
 
@@ -343,7 +348,7 @@ def _starts_with_to_image(rest: Any) -> bool:
     v2 = _v2()
     if v2 is None or rest is None:
         return False
-    steps = list(rest.transforms) if type(rest) is v2.Compose else [rest]
+    steps = _steps(rest, v2)
     return bool(steps) and type(steps[0]) is v2.ToImage
 
 
@@ -453,10 +458,6 @@ class JointPlan:
         self.fused = crop is not None
         #: Whether image fields come out as ``tv_tensors.Image`` (uint8 CHW) rather than PIL images.
         self.tensors = False
-        #: Whether the fused crops of a JPEG come out as what the ``v2.ToImage`` that follows the
-        #: crop and flip makes of their PIL images (the same values, dtype and strides), so that
-        #: no PIL image is made and converted; ``ToImage`` still runs, on the other fields.
-        self.to_image = False
         spec = None
         if crop is not None:
             mode = _interpolation(crop.interpolation)
@@ -471,6 +472,9 @@ class JointPlan:
                 )
         #: The v2 crop whose ``make_params`` draws the box (and whose ``transform`` does the other fields).
         self.crop = crop
+        #: Whether the fused crops of a JPEG come out as what the ``v2.ToImage`` that follows the
+        #: crop and flip makes of their PIL images (the same values, dtype and strides), so that
+        #: no PIL image is made and converted; ``ToImage`` still runs, on the other fields.
         self.to_image = crop is not None and not self.tensors and _starts_with_to_image(self.rest)
         self.read = ReadPlan(decoder, crop=spec, threads=threads, caps=caps)
         self._local = threading.local()  # each thread's batch buffer (_decode_jobs)
@@ -629,7 +633,8 @@ class JointPlan:
         else:
             # Copied into PIL images: one buffer per thread, kept. A fresh one per batch is a
             # new mapping, page-faulted afresh every batch (~40 faults per sample at 224x224).
-            pixels = thread_buffer(self._local, "batch", int(np.prod(shape)))[: int(np.prod(shape))].reshape(shape)
+            need = len(jobs) * out_h * out_w * 3
+            pixels = thread_buffer(self._local, "batch", need)[:need].reshape(shape)
         try:
             self.read.run(jobs, pixels, planar=tensors)
         except BatchItemError as exc:

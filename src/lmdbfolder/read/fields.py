@@ -31,7 +31,17 @@ from lmdbfolder.errors import CorruptRecordError, NotAPackError
 from lmdbfolder.format import FIELDS_FORMAT_VERSION, Manifest
 from lmdbfolder.format.fields import FieldSpec, decode_array, decode_json, split_field_payloads
 
-__all__ = ["SampleSchema", "SEGMENTATION_LAYOUTS", "decode_image", "samples_manifest"]
+__all__ = ["SampleSchema", "SEGMENTATION_LAYOUTS", "decode_image", "samples_manifest", "split_record"]
+
+
+def split_record(payload: memoryview, count: int, index: int) -> list[memoryview]:
+    """The ``count`` field payloads of record ``index``'s payload (``split_field_payloads``);
+    CorruptRecordError naming the record when it is malformed."""
+    parts = split_field_payloads(payload, count)
+    if isinstance(parts, str):
+        raise CorruptRecordError(index, parts)
+    return parts
+
 
 #: Layouts whose samples are an image and its mask (torchvision's ``VOCSegmentation``,
 #: ``Cityscapes(target_type="semantic")``; ADE20K's folders the same way).
@@ -140,10 +150,7 @@ class SampleSchema:
     # -- reading ---------------------------------------------------------------------------------
     def split(self, payload: memoryview, index: int) -> list[memoryview]:
         """The field payloads of a record's payload; CorruptRecordError when it is malformed."""
-        parts = split_field_payloads(payload, len(self.fields))
-        if isinstance(parts, str):
-            raise CorruptRecordError(index, parts)
-        return parts
+        return split_record(payload, len(self.fields), index)
 
     def value(self, k: int, data: memoryview, index: int) -> Any:
         """Field ``k``'s value (``TENSOR`` fields as numpy arrays: the caller makes the tensor)."""

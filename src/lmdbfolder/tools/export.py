@@ -79,10 +79,10 @@ from typing import Any, BinaryIO
 
 from lmdbfolder import packdir
 from lmdbfolder.encodings import ENCODINGS, encoding_of
-from lmdbfolder.errors import CorruptRecordError, OptionError, OutputExistsError, SourceError
-from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, FieldSpec, Manifest, ShardIndex, split_field_payloads
+from lmdbfolder.errors import OptionError, OutputExistsError, SourceError
+from lmdbfolder.format import NO_LABEL, PARTIAL_SUFFIX, FieldSpec, Manifest, ShardIndex
 from lmdbfolder.progress import Progress
-from lmdbfolder.read.fields import samples_manifest
+from lmdbfolder.read.fields import samples_manifest, split_record
 from lmdbfolder.read.opening import open_pack
 from lmdbfolder.read.reader import Reader
 from lmdbfolder.text import plural, printable
@@ -154,15 +154,17 @@ def export(
         params = _params(reader)
         samples_meta = samples_manifest(reader)
         specs = samples_meta.field_specs if samples_meta is not None else None
+        # Refused before anything is written: a layout of several fields the files export does not know.
+        layout: str | None = None
         if samples_meta is not None and format == "files":
-            _files_layout(found.path, samples_meta.layout_name)
+            layout = _files_layout(found.path, samples_meta.layout_name)
         if format == "files":
             _refuse_changed_bytes(found.path, meta.store, params)
         os.makedirs(tmp)
         shards: list[str] = []
         try:
-            if samples_meta is not None and format == "files":
-                count, nbytes = _write_fields(reader, samples_meta, tmp, progress)
+            if samples_meta is not None and layout is not None:  # format files
+                count, nbytes = _write_fields(reader, samples_meta, layout, tmp, progress)
                 list_file = None
             elif format == "files":
                 count, nbytes, list_file = _write_files(reader, tmp, out, progress)
@@ -435,14 +437,13 @@ def _partner(layout: str, relpath: str, info: dict[str, Any], mask_ext: str) -> 
     return None
 
 
-def _write_fields(reader: Any, meta: Manifest, tmp: str, progress: bool | None) -> tuple[int, int]:
-    """Export a pack of several fields as the files of its layout (``FIELD_LAYOUTS``): VOC's
+def _write_fields(reader: Any, meta: Manifest, layout: str, tmp: str, progress: bool | None) -> tuple[int, int]:
+    """Export a pack of several fields as the files of its ``layout`` (``_files_layout``): VOC's
     ``VOCdevkit/VOC<year>`` tree with its split file, ADE20K's and Cityscapes' image and
     annotation trees, COCO's images and an ``annotations.json``; torchvision's datasets read
     them as they read the originals."""
     from lmdbfolder.read.fields import SampleSchema
 
-    layout = _files_layout(reader.path, meta.layout_name)
     info = meta.layout_info
     schema = SampleSchema.of(meta, reader.path)
     base = tmp
@@ -569,9 +570,18 @@ def _field_ext(spec: FieldSpec, data: memoryview, relpath: str, first: bool) -> 
         return "json"
     if spec.kind == "array":
         return "npy"
-    name = sniff_encoding(data)
-    ext = encoding_of(name).extension or (os.path.splitext(relpath)[1].lstrip(".").lower() if first else name)
-    return ext if ext.isascii() and ext.isalnum() and len(ext) <= 10 and ext != "other" else "bin"
+    ext = _extension(sniff_encoding(data), relpath if first else None)
+    return "bin" if ext == "other" else ext
+
+
+def _extension(encoding: str, relpath: str | None) -> str:
+    """A member's extension for bytes of ``encoding``: the encoding's own (``jpg``, ``png``...),
+    else the stored path's when ``relpath`` is given, else the encoding's name (``pnm``); ``bin``
+    where that is not a plain one (empty, not ASCII letters and digits, over 10 characters)."""
+    ext = encoding_of(encoding).extension
+    if not ext:
+        ext = os.path.splitext(relpath)[1].lstrip(".").lower() if relpath is not None else encoding
+    return ext if ext.isascii() and ext.isalnum() and len(ext) <= 10 else "bin"
 
 
 def _sample_members(
@@ -586,9 +596,7 @@ def _sample_members(
         members = [(f"{key}.{ext}", data)]
         size = len(data)
     else:
-        parts = split_field_payloads(record.payload, len(specs))
-        if isinstance(parts, str):
-            raise CorruptRecordError(index, parts)
+        parts = split_record(record.payload, len(specs), index)
         members = [
             (f"{key}.{spec.name}.{_field_ext(spec, part, relpath, k == 0)}", bytes(part))
             for k, (spec, part) in enumerate(zip(specs, parts))
@@ -652,10 +660,7 @@ def _member(record: Any, relpath: str) -> tuple[bytes, str]:
     enc = encoding_of(record.encoding)
     if enc.stores_pixels:
         return bytes(enc.file_bytes(record.payload, record.width, record.height)), str(enc.extension)
-    ext = enc.extension or os.path.splitext(relpath)[1].lstrip(".").lower()
-    if not (ext.isascii() and ext.isalnum() and len(ext) <= 10):
-        ext = "bin"  # the stored path's own extension, when it is a plain one
-    return bytes(record.payload), ext
+    return bytes(record.payload), _extension(record.encoding, relpath)
 
 
 def _created(meta: Manifest | ShardIndex) -> int:

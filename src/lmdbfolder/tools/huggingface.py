@@ -41,9 +41,10 @@ import os
 import re
 from typing import Any, Sequence
 
-from lmdbfolder.errors import CorruptRecordError, MissingDependencyError, OptionError, SourceError
-from lmdbfolder.format import NO_LABEL, FieldSpec, split_field_payloads
+from lmdbfolder.errors import MissingDependencyError, OptionError, SourceError
+from lmdbfolder.format import NO_LABEL, FieldSpec
 from lmdbfolder.progress import Progress
+from lmdbfolder.read.fields import split_record
 from lmdbfolder.text import printable
 
 __all__ = ["DEFAULT_SPLIT", "ROW_GROUP", "check_split", "write_huggingface", "card", "columns", "features"]
@@ -311,9 +312,7 @@ def _field_row(
     payload: memoryview, fields: Sequence[FieldSpec], path: str, index: int, relpath: str
 ) -> tuple[list[Any], int]:
     """The column values of a sample of several fields (its record's ``payload``), and their bytes."""
-    parts = split_field_payloads(payload, len(fields))
-    if isinstance(parts, str):
-        raise CorruptRecordError(index, parts)
+    parts = split_record(payload, len(fields), index)
     row: list[Any] = []
     for k, (spec, data) in enumerate(zip(fields, parts)):
         if spec.kind in ("image", "mask"):

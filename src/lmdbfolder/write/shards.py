@@ -721,7 +721,7 @@ def update_sharded(
     for entry in entries:
         _keep_indexed_version(os.path.join(root, entry.name), entry)
     if loaded is None:
-        bounds = _split_bounds(sources, _owners(root, entries, skipped=True), len(entries), root)
+        bounds = _split_bounds(sources, _owners(root, entries)[1], len(entries), root)
         order = None
     else:
         sources, order, bounds = _place_loaded(sources, root, entries, loaded.left_out)
@@ -907,27 +907,30 @@ def _update_event(results: list[ShardResult], changes: Changes) -> dict[str, Any
     }
 
 
-def _shard_paths(path: str, *, skipped: bool = True) -> list[bytes]:
-    """The source files of the shard at ``path`` (its samples, and its skipped files
-    unless ``skipped=False``), as bytes."""
+def _shard_paths(path: str) -> tuple[list[bytes], list[bytes]]:
+    """The source files of the shard at ``path``, as bytes: its samples', and its skipped files."""
     meta_blob, _, paths_blob = packfile.read_tables(path)
     count = decode_meta(meta_blob, where=path).count
     offsets = struct.unpack_from(f"<{count + 1}Q", paths_blob)
     names = paths_blob[(count + 1) * 8 :]
-    out = [names[a:b] for a, b in zip(offsets, offsets[1:])]
-    if skipped:
-        out += [os.fsencode(str(item.get("path"))) for item in packfile.read_skipped(path)]
-    return out
+    listed = [names[a:b] for a, b in zip(offsets, offsets[1:])]
+    return listed, [os.fsencode(str(item.get("path"))) for item in packfile.read_skipped(path)]
 
 
-def _owners(root: str, entries: Sequence[ShardEntry], *, skipped: bool) -> dict[bytes, list[int]]:
+def _owners(root: str, entries: Sequence[ShardEntry]) -> tuple[dict[bytes, list[int]], dict[bytes, list[int]]]:
     """Per source path of the pack, the shards that hold it, one per sample of that path
-    (a table's rows may name one image), in order; with ``skipped``, its skipped files too."""
-    owner: dict[bytes, list[int]] = {}
+    (a table's rows may name one image), in order: as samples only, and with the shards'
+    skipped files too (each shard's tables read once for both)."""
+    samples: dict[bytes, list[int]] = {}
+    held: dict[bytes, list[int]] = {}
     for k, entry in enumerate(entries):
-        for relpath in _shard_paths(os.path.join(root, entry.name), skipped=skipped):
-            owner.setdefault(relpath, []).append(k)
-    return owner
+        listed, skipped = _shard_paths(os.path.join(root, entry.name))
+        for relpath in listed:
+            samples.setdefault(relpath, []).append(k)
+            held.setdefault(relpath, []).append(k)
+        for relpath in skipped:
+            held.setdefault(relpath, []).append(k)
+    return samples, held
 
 
 def _split_bounds(sources: SourceList, owner: Mapping[bytes, Sequence[int]], num: int, root: str) -> list[int]:
@@ -1012,8 +1015,8 @@ def _place_loaded(
     the shards' bounds in it."""
     listed = len(sources) - left_out
     num = len(entries)
-    first = _split_bounds(shard_sources(sources, 0, listed), _owners(root, entries, skipped=False), num, root)
-    held = _owners(root, entries, skipped=True)
+    samples, held = _owners(root, entries)
+    first = _split_bounds(shard_sources(sources, 0, listed), samples, num, root)
     extra: list[list[int]] = [[] for _ in range(num)]
     for s in range(listed, len(sources)):
         extra[held.get(os.fsencode(sources.relpaths[s]), [num - 1])[0]].append(s)

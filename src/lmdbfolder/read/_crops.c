@@ -313,6 +313,18 @@ static inline uint8_t clip8(int32_t v) {
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
+/* One output pixel of the horizontal pass, the plain way: the `n` RGB pixels from `p`
+ * times the weights `k`, rounded and clipped into rgb[0..2]. */
+static inline void taps_rgb(const uint8_t *p, const int32_t *k, int n, uint8_t *rgb) {
+    int32_t r = 1 << (RESIZE_BITS - 1), g = r, b = r;
+    for (int i = 0; i < n; i++, p += 3) {
+        r += p[0] * k[i];
+        g += p[1] * k[i];
+        b += p[2] * k[i];
+    }
+    rgb[0] = clip8(r), rgb[1] = clip8(g), rgb[2] = clip8(b);
+}
+
 /* Where output pixel (y, x) of a pass goes: interleaved rows of `stride` bytes,
  * or (the last pass of a batch image) three planes, mirrored if asked. */
 typedef struct {
@@ -373,15 +385,9 @@ PASS_CLONES static void horizontal_pass(const uint8_t *in, size_t in_stride, int
     for (int y = 0; y < rows; y++) {
         const uint8_t *line = in + (size_t)y * in_stride;
         for (int x = 0; x < out_w; x++) {
-            const int32_t *k = w + (size_t)x * ksize;
-            const uint8_t *p = line + (size_t)first[x] * 3;
-            int32_t r = 1 << (RESIZE_BITS - 1), g = r, b = r;
-            for (int i = 0; i < count[x]; i++, p += 3) {
-                r += p[0] * k[i];
-                g += p[1] * k[i];
-                b += p[2] * k[i];
-            }
-            store(t, y, x, clip8(r), clip8(g), clip8(b));
+            uint8_t px[3];
+            taps_rgb(line + (size_t)first[x] * 3, w + (size_t)x * ksize, count[x], px);
+            store(t, y, x, px[0], px[1], px[2]);
         }
     }
 }
@@ -608,17 +614,8 @@ __attribute__((target("avx2"))) static void hrow2_avx2(const uint8_t *row0, cons
  * reach the row's last pixel, which the vector loads would read past). */
 static void horizontal_tail(const uint8_t *row, int x0, int x1, const int *first, const int *count, const int32_t *w,
                             int ksize, uint8_t *line) {
-    for (int x = x0; x < x1; x++) {
-        const int32_t *k = w + (size_t)x * ksize;
-        const uint8_t *p = row + (size_t)first[x] * 3;
-        int32_t r = 1 << (RESIZE_BITS - 1), g = r, b = r;
-        for (int i = 0; i < count[x]; i++, p += 3) {
-            r += p[0] * k[i];
-            g += p[1] * k[i];
-            b += p[2] * k[i];
-        }
-        line[3 * x] = clip8(r), line[3 * x + 1] = clip8(g), line[3 * x + 2] = clip8(b);
-    }
+    for (int x = x0; x < x1; x++)
+        taps_rgb(row + (size_t)first[x] * 3, w + (size_t)x * ksize, count[x], line + 3 * (size_t)x);
 }
 
 /* horizontal_pass in vectors (AVX2 where it runs, else SSE4.1) for the outputs whose taps

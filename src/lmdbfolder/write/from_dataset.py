@@ -356,7 +356,6 @@ def pack_dataset(
     ``update=True`` (pack it again with ``overwrite=True``, or pack its image folder with
     ``pack`` and update that).
 
-
     Args:
         dataset: a Hugging Face ``datasets.Dataset`` with an ``Image`` and a
             ``ClassLabel`` column (the bytes it holds are stored unchanged, the

@@ -1210,14 +1210,13 @@ def _as_recorded_now(layout: str | None, info: Mapping[str, Any]) -> dict[str, A
     ``VOCSegmentation`` or ``Cityscapes`` recorded the year (``{"year": "2012"}``) and
     torchvision's mask folder (``{"mode": "gtFine"}``) where the layouts record the year's
     folder (``VOC2012``) and the mode (``fine``); both describe the same dataset."""
-    # Imported here: the layouts import write.fields, which imports this module.
-    from lmdbfolder.write.layouts.segmentation import CITYSCAPES_MODES
-
     now = dict(info)
     if layout == "voc" and "year" in now and "year_folder" not in now:
         now["year_folder"] = f"VOC{now.pop('year')}"
-    if layout == "cityscapes" and now.get("mode") in CITYSCAPES_MODES:
-        now["mode"] = CITYSCAPES_MODES[now["mode"]]
+    # layouts.segmentation.CITYSCAPES_MODES, not imported: the layouts import write.fields,
+    # which imports this module (tests/test_layers.py refuses the cycle).
+    if layout == "cityscapes" and now.get("mode") in ("gtFine", "gtCoarse"):
+        now["mode"] = "fine" if now["mode"] == "gtFine" else "coarse"
     return now
 
 

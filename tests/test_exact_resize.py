@@ -141,7 +141,8 @@ import sys, numpy as np
 from PIL import Image
 sys.path.insert(0, {tests!r})
 from test_exact_resize import every_path_case
-print(every_path_case())
+from lmdbfolder.read import _crops
+print(_crops.exact_simd(), every_path_case())
 """
 
 
@@ -173,19 +174,35 @@ def every_path_case() -> str:
     return "ok"
 
 
-@pytest.mark.parametrize("simd", [True, False])
-def test_every_pass_and_layout_is_pillows(simd: bool) -> None:
-    """With the SIMD passes this machine runs, and without them (LMDBFOLDER_NO_SIMD)."""
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return {flag for line in f if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("simd", ["all", "avx2", "none"])
+def test_every_pass_and_layout_is_pillows(simd: str) -> None:
+    """With the SIMD passes this machine runs (AVX-512 VBMI's horizontal pass where the CPU
+    has it), with AVX2 at most (LMDBFOLDER_NO_AVX512), and without any (LMDBFOLDER_NO_SIMD)."""
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ)
-    if simd:
-        env.pop("LMDBFOLDER_NO_SIMD", None)
-    else:
+    env = {k: v for k, v in os.environ.items() if k not in ("LMDBFOLDER_NO_SIMD", "LMDBFOLDER_NO_AVX512")}
+    if simd == "avx2":
+        env["LMDBFOLDER_NO_AVX512"] = "1"
+    elif simd == "none":
         env["LMDBFOLDER_NO_SIMD"] = "1"
     code = _EVERY_PATH.format(tests=str(Path(__file__).parent))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    used, result = done.stdout.split()
+    assert result == "ok"
+    flags = _cpu_flags()
+    wanted = {"all": "avx512-vbmi", "avx2": "avx2", "none": "none"}[simd]
+    if simd == "none" or {"avx512bw", "avx512vl", "avx512vbmi", "avx512_vnni"} <= flags:
+        assert used == wanted  # the pass asked for is the one that ran
+    elif simd == "all" and "avx2" in flags:
+        assert used in ("avx2", "avx512-vbmi")

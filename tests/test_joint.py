@@ -572,6 +572,49 @@ def test_to_image_after_the_crop_gives_v2s_tensors_without_pil_images(
         _same(want, got_batch)
 
 
+def test_to_image_runs_only_where_it_converts_something(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the fused crop, a ``ToImage`` that would convert nothing (JPEG crops made as its
+    tensors, masks) is not run; it runs where a field is a PIL image (a PNG image's crop) and
+    where a hook waits on it. The samples are v2's either way."""
+    from lmdbfolder.torch import LMDBDataset
+
+    calls: list[int] = []
+    forward = v2.ToImage.forward
+    monkeypatch.setattr(v2.ToImage, "forward", lambda self, *a: calls.append(1) or forward(self, *a))
+    tf = _tf()
+    root, dst = _voc_pack(tmp_path)
+    ds, oracle = LMDBDataset(dst, transforms=tf), _voc_oracle(root, tf)
+    torch.manual_seed(3)
+    want = [oracle[i] for i in range(len(ds))]
+    calls.clear()
+    torch.manual_seed(3)
+    _same(want, [ds[i] for i in range(len(ds))])
+    torch.manual_seed(3)
+    _same(want, ds.__getitems__(list(range(len(ds)))))
+    assert calls == []
+
+    jpeg, mask = _sample(61, 47, 5)
+    png = io.BytesIO()
+    Image.open(io.BytesIO(jpeg)).save(png, "PNG")
+    plan = JointPlan(tf, decoder=_decoder())
+    torch.manual_seed(4)
+    inputs = _oracle_inputs(png.getvalue(), mask)
+    want_png = tf(*inputs)
+    calls.clear()
+    torch.manual_seed(4)
+    _same(want_png, plan(PendingImage(png.getvalue()), inputs[1]))
+    assert calls == [1]
+
+    hooked: list[int] = []
+    handle = tf.transforms[2].register_forward_hook(lambda *_: hooked.append(1))
+    try:
+        torch.manual_seed(3)
+        _same(want[:2], [ds[0], ds[1]])
+    finally:
+        handle.remove()
+    assert hooked == [1, 1]
+
+
 def test_nearest_indices_are_torchs() -> None:
     from lmdbfolder.torch.joint import nearest_indices
 

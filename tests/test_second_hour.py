@@ -105,6 +105,10 @@ def test_doctor_says_what_is_active(capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(capsys.readouterr().out)
     assert set(report) >= {"compiled", "decoders", "auto_decoder", "checksums", "libraries", "advice"}
     assert report["decoders"]["pillow"] == {"available": True, "matches_pillow": True, "why_not": None}
+    if report["compiled"]["exact_resize"]:  # which vectors its passes use, in both forms
+        simd = report["compiled"]["exact_resize_simd"]
+        assert simd in ("avx512-vbmi", "avx2", "sse4.1", "none")
+        assert f"exact resize into the batch (Pillow's bilinear, compiled): on ({simd})" in out
 
 
 def test_doctor_says_what_to_install_without_the_compiled_module(

@@ -54,12 +54,19 @@ def _version(dists: tuple[str, ...]) -> str | None:
     return None
 
 
+def _exact_simd(module: Any) -> str | None:
+    """The vectors the compiled exact resize uses here (None from a build that cannot say)."""
+    ask = getattr(module, "exact_simd", None)
+    return str(ask()) if ask is not None else None
+
+
 def system_report(caps: Capabilities | None = None) -> dict[str, Any]:
     """What this installation can do (``lmdbfolder doctor --json``).
 
     Keys: ``lmdbfolder``, ``python``, ``platform``; ``compiled`` (the crop
-    decoder: ``built``, ``region_decoding``, ``exact_resize`` and why region
-    decoding is off); ``decoders`` (name -> ``available``, ``matches_pillow``,
+    decoder: ``built``, ``region_decoding``, ``exact_resize``, ``exact_resize_simd``
+    (the vectors its passes use: ``avx512-vbmi``, ``avx2``, ``sse4.1``, ``none``) and why
+    region decoding is off); ``decoders`` (name -> ``available``, ``matches_pillow``,
     ``why_not``); ``auto_decoder``; ``checksums``; ``libraries`` (name ->
     version or None); ``cuda`` (None without torch); ``advice`` (what to
     install, one line each; empty when everything that speeds up reading is
@@ -75,6 +82,7 @@ def system_report(caps: Capabilities | None = None) -> dict[str, Any]:
         "region_decoding": regions_off is None,
         "region_decoding_off_because": regions_off,
         "exact_resize": exact is not None,
+        "exact_resize_simd": _exact_simd(module) if exact is not None else None,
     }
     found: dict[str, dict[str, Any]] = {}
     for name in decoders.DECODER_NAMES:
@@ -145,7 +153,11 @@ def format_report(report: dict[str, Any]) -> str:
         "  region decoding (only the crop's rows and columns): "
         + ("on" if c["region_decoding"] else f"off ({c['region_decoding_off_because']})"),
         "  exact resize into the batch (Pillow's bilinear, compiled): "
-        + ("on" if c["exact_resize"] else "off (Pillow resizes)"),
+        + (
+            ("on" + (f" ({c['exact_resize_simd']})" if c.get("exact_resize_simd") else ""))
+            if c["exact_resize"]
+            else "off (Pillow resizes)"
+        ),
     ]
     parts = []
     for name, d in report["decoders"].items():

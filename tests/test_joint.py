@@ -931,3 +931,50 @@ def test_box_probes_hold_when_another_thread_draws_meanwhile(monkeypatch: pytest
         assert probe(), probe.__name__
         assert disturbed == [1]
         monkeypatch.setattr(crop, "_draw_box", draw_box)
+
+
+_GATHER_CASES = """
+import numpy as np
+from lmdbfolder.read import _crops
+from lmdbfolder.torch.joint import nearest_indices
+rng = np.random.default_rng(3)
+for t in range(400):
+    H, W = int(rng.integers(1, 300)), int(rng.integers(1, 700))
+    plane = rng.integers(0, 256, (H, W, 1), dtype=np.uint8)
+    h, w = int(rng.integers(1, H + 1)), int(rng.integers(1, W + 1))
+    top, left = int(rng.integers(0, H - h + 1)), int(rng.integers(0, W - w + 1))
+    oh, ow = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+    rows, cols, flip = nearest_indices(h, oh), nearest_indices(w, ow), bool(rng.integers(2))
+    out = np.empty((1, oh, ow), np.uint8)
+    _crops.gather(plane, W, rows, top, cols, left, flip, out)
+    want = plane[:, :, 0].take(rows + top, 0).take((cols + left)[::-1] if flip else cols + left, 1)
+    if not np.array_equal(out[0], want):
+        print("differs", (H, W), (top, left, h, w), (oh, ow), flip)
+        break
+else:
+    print(_crops.exact_simd(), "ok")
+"""
+
+
+@pytest.mark.parametrize("simd", ["all", "avx2"])
+def test_the_compiled_mask_gather_is_two_takes(simd: str) -> None:
+    """The masks' nearest resize in one compiled pass (AVX-512's two-register byte permutes
+    where the CPU has them, else the plain loop) gives what numpy's two takes give, mirrored
+    or not, over shrinks and stretches; an index outside the rows is a ValueError."""
+    import os
+    import subprocess
+    import sys
+
+    compiled = current().compiled()
+    if compiled is None or not hasattr(compiled, "gather"):
+        pytest.skip("the compiled module is not built here")
+    env = {k: v for k, v in os.environ.items() if k != "LMDBFOLDER_NO_AVX512"}
+    if simd == "avx2":
+        env["LMDBFOLDER_NO_AVX512"] = "1"
+    done = subprocess.run([sys.executable, "-c", _GATHER_CASES], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "ok", done.stdout
+    with pytest.raises(ValueError, match="row index"):
+        compiled.gather(bytes(20), 5, np.array([4], np.int64), 1, np.array([0], np.int64), 0, False, bytearray(1))
+    with pytest.raises(ValueError, match="column index"):
+        compiled.gather(bytes(20), 5, np.array([0], np.int64), 0, np.array([3], np.int64), 2, False, bytearray(1))

@@ -459,6 +459,58 @@ __attribute__((target("avx2"))) static int vertical_avx2(const uint8_t *in, size
  * LMDBFOLDER_NO_AVX512 or LMDBFOLDER_NO_SIMD). */
 static int exact_vbmi = 0;
 
+/* The vpermb indices that take a block of m <= 16 pixels of an interleaved line to where
+ * `t` wants them: interleaved or split into planes (16 bytes each), mirrored or not (output
+ * pixel j of the block is input pixel j, or m - 1 - j: the block then lands at the row's
+ * other end). */
+static void line_order(const target *t, int m, uint8_t order[64]) {
+    memset(order, 0, 64);
+    for (int j = 0; j < m; j++)
+        for (int c = 0; c < 3; c++)
+            order[t->planar ? 16 * c + j : 3 * j + c] = (uint8_t)(3 * (t->flip ? m - 1 - j : j) + c);
+}
+
+/* store_line with byte permutes: a mirrored interleaved row and a row split into planes
+ * (mirrored or not) sixteen pixels at a time, where store_line moves them one by one (a
+ * twentieth of a fused sample's time went to its mirrored rows). The same bytes. `whole`
+ * and `last`: line_order's indices for a block of 16 and for the row's last block. */
+VBMI static void store_line_vbmi(const target *t, int y, const uint8_t *line, int out_w, const uint8_t *whole,
+                                 const uint8_t *last) {
+    if (!t->planar && !t->flip) {
+        memcpy(t->buf + (size_t)y * t->stride, line, (size_t)out_w * 3);
+        return;
+    }
+    const __m512i full = _mm512_loadu_si512(whole);
+    for (int x = 0; x < out_w; x += 16) {
+        int m = out_w - x < 16 ? out_w - x : 16;
+        __mmask64 bytes = (1ULL << (3 * m)) - 1;
+        __m512i v = _mm512_permutexvar_epi8(m == 16 ? full : _mm512_loadu_si512(last),
+                                            _mm512_maskz_loadu_epi8(bytes, line + 3 * (size_t)x));
+        size_t at = t->flip ? (size_t)(t->width - x - m) : (size_t)x;
+        if (!t->planar) {
+            uint8_t *q = t->buf + (size_t)y * t->stride + 3 * at;
+            if (m == 16) { /* 48 bytes in two plain stores (masked ones are slow on some CPUs) */
+                _mm256_storeu_si256((__m256i *)q, _mm512_castsi512_si256(v));
+                _mm_storeu_si128((__m128i *)(q + 32), _mm512_extracti32x4_epi32(v, 2));
+            } else {
+                _mm512_mask_storeu_epi8(q, bytes, v);
+            }
+            continue;
+        }
+        uint8_t *r = t->buf + (size_t)y * t->width + at, *g = r + t->plane, *b = g + t->plane;
+        if (m == 16) {
+            _mm_storeu_si128((__m128i *)r, _mm512_castsi512_si128(v));
+            _mm_storeu_si128((__m128i *)g, _mm512_extracti32x4_epi32(v, 1));
+            _mm_storeu_si128((__m128i *)b, _mm512_extracti32x4_epi32(v, 2));
+        } else {
+            __mmask16 keep = (__mmask16)((1u << m) - 1);
+            _mm_mask_storeu_epi8(r, keep, _mm512_castsi512_si128(v));
+            _mm_mask_storeu_epi8(g, keep, _mm512_extracti32x4_epi32(v, 1));
+            _mm_mask_storeu_epi8(b, keep, _mm512_extracti32x4_epi32(v, 2));
+        }
+    }
+}
+
 /* vertical_avx2 with 32 bytes of a row per step and vpdpwssd (the multiply-add and its sum
  * in one instruction); the row's tail by masked loads. The same integer sums. */
 VBMI static int vertical_vbmi(const uint8_t *in, size_t in_stride, int cols, int out_h, const int *first,
@@ -468,6 +520,9 @@ VBMI static int vertical_vbmi(const uint8_t *in, size_t in_stride, int cols, int
     if (!line)
         return 0;
     const __m512i half = _mm512_set1_epi32(1 << (RESIZE_BITS - 1)), zero = _mm512_setzero_si512();
+    uint8_t whole[64], last[64];
+    line_order(t, 16, whole);
+    line_order(t, cols % 16 ? cols % 16 : 16, last);
     for (int y = 0; y < out_h; y++) {
         const int32_t *k = w + (size_t)y * ksize;
         const uint8_t *base = in + (size_t)first[y] * in_stride;
@@ -498,7 +553,7 @@ VBMI static int vertical_vbmi(const uint8_t *in, size_t in_stride, int cols, int
             _mm_storeu_si128((__m128i *)(line + j), _mm_unpacklo_epi32(x0, x1));
             _mm_storeu_si128((__m128i *)(line + j + 16), _mm_unpackhi_epi32(x0, x1));
         }
-        store_line(t, y, line, cols);
+        store_line_vbmi(t, y, line, cols, whole, last);
     }
     free(line);
     return 1;
@@ -1569,6 +1624,110 @@ static void unfilter_span(int filter, uint8_t *row, const uint8_t *prev, size_t 
     }
 }
 
+#ifdef EXACT_AVX2
+/* gather's rows 64 outputs at a time: each block's columns lie within 128 bytes of the
+ * block's first (the nearest indices of a shrink by under 2x, the usual crop), so one
+ * vpermi2b takes the block from two 64-byte loads of the row. Returns 0 (having written
+ * nothing) where some block's columns spread wider, or without memory. */
+VBMI static int gather_vbmi(const uint8_t *src, Py_ssize_t stride, const int64_t *r, Py_ssize_t out_h, Py_ssize_t top,
+                            const int64_t *c, Py_ssize_t out_w, Py_ssize_t left, int flip, uint8_t *out) {
+    Py_ssize_t blocks = (out_w + 63) / 64;
+    int64_t *base = malloc(sizeof(int64_t) * (size_t)blocks);
+    uint8_t *idx = malloc((size_t)blocks * 64);
+    if (!base || !idx) {
+        free(base), free(idx);
+        return 0;
+    }
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        Py_ssize_t n = out_w - 64 * b < 64 ? out_w - 64 * b : 64;
+        int64_t lo = INT64_MAX, hi = -1;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            int64_t col = c[flip ? out_w - 1 - (64 * b + j) : 64 * b + j];
+            lo = col < lo ? col : lo, hi = col > hi ? col : hi;
+        }
+        if (hi - lo >= 128) {
+            free(base), free(idx);
+            return 0;
+        }
+        base[b] = lo;
+        memset(idx + 64 * b, 0, 64);
+        for (Py_ssize_t j = 0; j < n; j++)
+            idx[64 * b + j] = (uint8_t)(c[flip ? out_w - 1 - (64 * b + j) : 64 * b + j] - lo);
+    }
+    for (Py_ssize_t i = 0; i < out_h; i++) {
+        const uint8_t *row = src + (top + r[i]) * stride + left;
+        Py_ssize_t width = stride - left; /* bytes of the row from `row` on */
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            Py_ssize_t n = out_w - 64 * b < 64 ? out_w - 64 * b : 64, avail = width - base[b];
+            __mmask64 m0 = avail >= 64 ? ~0ULL : (1ULL << avail) - 1;
+            __mmask64 m1 = avail >= 128 ? ~0ULL : avail <= 64 ? 0 : (1ULL << (avail - 64)) - 1;
+            const uint8_t *p = row + base[b];
+            __m512i v = _mm512_permutex2var_epi8(_mm512_maskz_loadu_epi8(m0, p), _mm512_loadu_si512(idx + 64 * b),
+                                                 _mm512_maskz_loadu_epi8(m1, p + 64));
+            uint8_t *o = out + i * out_w + 64 * b;
+            if (n == 64)
+                _mm512_storeu_si512(o, v);
+            else
+                _mm512_mask_storeu_epi8(o, (1ULL << n) - 1, v);
+        }
+    }
+    free(base), free(idx);
+    return 1;
+}
+#endif
+
+PyDoc_STRVAR(gather_doc,
+"gather(src, stride, rows, top, cols, left, flip, dst)\n\n"
+"The nearest resize of a mask's box as indices say: ``dst[i, j] = src[(top + rows[i]) * stride\n"
+"+ left + cols[j]]`` (bytes; ``rows`` and ``cols``: int64 buffers; with ``flip`` the columns\n"
+"are taken from the last). ``dst`` holds len(rows) * len(cols) bytes. What two numpy\n"
+"``take``s give, in one pass. ValueError for an index outside ``src`` or buffers too small.");
+
+static PyObject *gather(PyObject *self, PyObject *args) {
+    Py_buffer src, rows, cols, dst;
+    Py_ssize_t stride, top, left;
+    int flip;
+    if (!PyArg_ParseTuple(args, "y*ny*ny*npw*", &src, &stride, &rows, &top, &cols, &left, &flip, &dst))
+        return NULL;
+    const char *problem = NULL;
+    Py_ssize_t out_h = rows.len / 8, out_w = cols.len / 8;
+    const int64_t *r = (const int64_t *)rows.buf, *c = (const int64_t *)cols.buf;
+    if (stride <= 0 || top < 0 || left < 0 || rows.len % 8 || cols.len % 8)
+        problem = "stride, top, left or the index buffers are not what gather takes";
+    else if (dst.len < out_h * out_w)
+        problem = "dst is too small";
+    for (Py_ssize_t i = 0; !problem && i < out_h; i++)
+        if (r[i] < 0 || (top + r[i] + 1) * stride > src.len)
+            problem = "a row index is outside src";
+    for (Py_ssize_t j = 0; !problem && j < out_w; j++)
+        if (c[j] < 0 || left + c[j] >= stride)
+            problem = "a column index is outside a row";
+    if (problem) {
+        PyBuffer_Release(&src), PyBuffer_Release(&rows), PyBuffer_Release(&cols), PyBuffer_Release(&dst);
+        PyErr_SetString(PyExc_ValueError, problem);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *out = (uint8_t *)dst.buf;
+#ifdef EXACT_AVX2
+    if (exact_vbmi && gather_vbmi((const uint8_t *)src.buf, stride, r, out_h, top, c, out_w, left, flip, out))
+        out_h = 0; /* done */
+#endif
+    for (Py_ssize_t i = 0; i < out_h; i++) {
+        const uint8_t *row = (const uint8_t *)src.buf + (top + r[i]) * stride + left;
+        uint8_t *o = out + i * out_w;
+        if (flip)
+            for (Py_ssize_t j = 0; j < out_w; j++)
+                o[j] = row[c[out_w - 1 - j]];
+        else
+            for (Py_ssize_t j = 0; j < out_w; j++)
+                o[j] = row[c[j]];
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src), PyBuffer_Release(&rows), PyBuffer_Release(&cols), PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(png_unfilter_stream_doc,
 "png_unfilter_stream(src, at, filter, rows, stride, bpp, dst) -> filter\n\n"
 "Undo the filters of the next piece ``src`` of a PNG's inflated image data (each\n"
@@ -1630,6 +1789,7 @@ static PyMethodDef methods[] = {
     {"resize_bilinear", resize_bilinear, METH_VARARGS, resize_bilinear_doc},
     {"resize_native", resize_native, METH_VARARGS, resize_native_doc},
     {"png_unfilter_stream", png_unfilter_stream, METH_VARARGS, png_unfilter_stream_doc},
+    {"gather", gather, METH_VARARGS, gather_doc},
     {"exact_simd", exact_simd, METH_NOARGS,
      "The vectors the exact resize uses here: 'avx512-vbmi' (AVX-512 with VBMI and VNNI), 'avx2', "
      "'sse4.1' or 'none' (LMDBFOLDER_NO_AVX512 and LMDBFOLDER_NO_SIMD step down)."},

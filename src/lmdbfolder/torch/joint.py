@@ -182,6 +182,20 @@ class PendingMask(PendingImage):
         if found is not None and found[1] in ("L", "P") and found[0].shape[:2] == (top + height, full_w):
             # An 8-bit grey or palette PNG: its samples are what pil_to_tensor gives (uint8),
             # gathered straight from the decoded rows (no copy of the box first).
+            gather = getattr(current().compiled(), "gather", None)
+            if gather is not None:  # the compiled gather: one pass (AVX-512: ~10x the takes)
+                out = np.empty((1, out_h, out_w), np.uint8)
+                gather(
+                    found[0],
+                    full_w,
+                    nearest_indices(height, out_h),
+                    top,
+                    nearest_indices(width, out_w),
+                    left,
+                    flip,
+                    out,
+                )
+                return tv_tensors.Mask(torch.from_numpy(out))
             rows = nearest_indices(height, out_h) + top
             cols = nearest_indices(width, out_w) + left
             plane = found[0][:, :, 0]

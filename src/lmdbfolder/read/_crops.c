@@ -523,23 +523,34 @@ VBMI static int vertical_vbmi(const uint8_t *in, size_t in_stride, int cols, int
     uint8_t whole[64], last[64];
     line_order(t, 16, whole);
     line_order(t, cols % 16 ? cols % 16 : 16, last);
+    /* Each row's pairs of taps: the two rows' offsets and the weights' halves as vpdpwssd
+     * takes them (the same for every step along the row). */
+    int pairs_max = (ksize + 1) / 2;
+    size_t *off = malloc(sizeof(size_t) * 2 * (size_t)pairs_max);
+    int32_t *klo = malloc(sizeof(int32_t) * 2 * (size_t)pairs_max), *khi = klo ? klo + pairs_max : NULL;
+    if (!off || !klo) {
+        free(line), free(off), free(klo);
+        return 0;
+    }
     for (int y = 0; y < out_h; y++) {
         const int32_t *k = w + (size_t)y * ksize;
         const uint8_t *base = in + (size_t)first[y] * in_stride;
-        int taps = count[y];
+        int taps = count[y], pairs = (taps + 1) / 2;
+        for (int q = 0; q < pairs; q++) {
+            int i = 2 * q;
+            int32_t ka = k[i], kb = i + 1 < taps ? k[i + 1] : 0;
+            off[2 * q] = (size_t)i * in_stride, off[2 * q + 1] = (size_t)(i + 1 < taps ? i + 1 : i) * in_stride;
+            klo[q] = (int32_t)(((uint32_t)(kb & ((1 << HSPLIT) - 1)) << 16) | (uint32_t)(ka & ((1 << HSPLIT) - 1)));
+            khi[q] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(kb >> HSPLIT) << 16) |
+                               (uint32_t)(uint16_t)(int16_t)(ka >> HSPLIT));
+        }
         for (size_t j = 0; j < n; j += 32) {
             __mmask32 m = n - j >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - j)) - 1);
             __m512i lo0 = half, lo1 = half, hi0 = zero, hi1 = zero;
-            for (int i = 0; i < taps; i += 2) {
-                const uint8_t *ra = base + (size_t)i * in_stride + j;
-                int32_t ka = k[i], kb = i + 1 < taps ? k[i + 1] : 0;
-                const uint8_t *rb = i + 1 < taps ? ra + in_stride : ra;
-                __m512i a = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, ra));
-                __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, rb));
-                __m512i lo = _mm512_set1_epi32((int32_t)(((uint32_t)(kb & ((1 << HSPLIT) - 1)) << 16) |
-                                                         (uint32_t)(ka & ((1 << HSPLIT) - 1))));
-                __m512i hi = _mm512_set1_epi32((int32_t)(((uint32_t)(uint16_t)(int16_t)(kb >> HSPLIT) << 16) |
-                                                         (uint32_t)(uint16_t)(int16_t)(ka >> HSPLIT)));
+            for (int q = 0; q < pairs; q++) {
+                __m512i a = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, base + off[2 * q] + j));
+                __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, base + off[2 * q + 1] + j));
+                __m512i lo = _mm512_set1_epi32(klo[q]), hi = _mm512_set1_epi32(khi[q]);
                 __m512i p0 = _mm512_unpacklo_epi16(a, b), p1 = _mm512_unpackhi_epi16(a, b);
                 lo0 = _mm512_dpwssd_epi32(lo0, p0, lo), hi0 = _mm512_dpwssd_epi32(hi0, p0, hi);
                 lo1 = _mm512_dpwssd_epi32(lo1, p1, lo), hi1 = _mm512_dpwssd_epi32(hi1, p1, hi);
@@ -555,7 +566,7 @@ VBMI static int vertical_vbmi(const uint8_t *in, size_t in_stride, int cols, int
         }
         store_line_vbmi(t, y, line, cols, whole, last);
     }
-    free(line);
+    free(line), free(off), free(klo);
     return 1;
 }
 #endif

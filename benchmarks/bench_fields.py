@@ -58,6 +58,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import sys
 import time
@@ -295,6 +296,7 @@ def run_once(item: Callable[[int], Any], order: list[int], seed: int) -> dict[st
     torch.manual_seed(seed)
     random.seed(seed)
     many = getattr(item, "many", None)  # a batch contestant: ``many(indices)``, BATCH at a time
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     busy0, cpu0, t0 = _busy(), time.process_time(), time.perf_counter()
     if many is not None:
         for j in range(0, len(order), BATCH):
@@ -303,10 +305,13 @@ def run_once(item: Callable[[int], Any], order: list[int], seed: int) -> dict[st
         for i in order:
             item(i)
     wall, cpu, busy = time.perf_counter() - t0, time.process_time() - cpu0, _busy() - busy0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     return {
         "samples_s": len(order) / wall,
         "cpu_ms": 1000 * cpu / len(order),
         "other_cores": max(0.0, busy - cpu) / wall,
+        # Fresh pages touched: glibc's heap state (shared by the rows of this one process) moves it.
+        "faults": faults / len(order),
     }
 
 
@@ -326,7 +331,7 @@ def alternate(
             res = run_once(contestants[name], order, 1000 + r)
             print(
                 f"round {r + 1} {name}: {res['samples_s']:,.1f} samples/s, {res['cpu_ms']:.2f} CPU ms/sample, "
-                f"others {res['other_cores']:.2f} cores",
+                f"{res['faults']:.1f} page faults/sample, others {res['other_cores']:.2f} cores",
                 file=sys.stderr,
                 flush=True,
             )
@@ -337,6 +342,7 @@ def alternate(
         out[name] = {
             "samples_s": statistics.median(r["samples_s"] for r in kept) if kept else None,
             "cpu_ms": statistics.median(r["cpu_ms"] for r in kept) if kept else None,
+            "faults": statistics.median(r["faults"] for r in kept) if kept else None,
             "other_cores": [round(r["other_cores"], 2) for r in kept],
             "dropped_other_cores": [round(r["other_cores"], 2) for r in dropped[name]],
         }
@@ -344,19 +350,24 @@ def alternate(
 
 
 def table(title: str, results: dict[str, dict[str, Any]], base: str, skipped: dict[str, str]) -> str:
-    lines = [f"### {title}", "", "| contestant | samples/s | CPU ms/sample | CPU vs " + base + " | other cores |"]
-    lines.append("|---|---:|---:|---:|---|")
+    lines = [
+        f"### {title}",
+        "",
+        "| contestant | samples/s | CPU ms/sample | CPU vs " + base + " | page faults/sample | other cores |",
+    ]
+    lines.append("|---|---:|---:|---:|---:|---|")
     ref = results.get(base, {}).get("cpu_ms")
     for name, r in results.items():
         rate = "—" if r["samples_s"] is None else f"{r['samples_s']:,.1f}"
         cpu = "—" if r["cpu_ms"] is None else f"{r['cpu_ms']:.2f}"
         ratio = "—" if r["cpu_ms"] is None or not ref else f"{r['cpu_ms'] / ref:.2f}"
+        faults = "—" if r.get("faults") is None else f"{r['faults']:.1f}"
         others = ", ".join(f"{v:.2f}" for v in r["other_cores"]) or "—"
         if r["dropped_other_cores"]:
             others += f" (dropped: {', '.join(f'{v:.2f}' for v in r['dropped_other_cores'])})"
-        lines.append(f"| {name} | {rate} | {cpu} | {ratio} | {others} |")
+        lines.append(f"| {name} | {rate} | {cpu} | {ratio} | {faults} | {others} |")
     for name, why in skipped.items():
-        lines.append(f"| {name} | not run: {why} | | | |")
+        lines.append(f"| {name} | not run: {why} | | | | |")
     return "\n".join(lines)
 
 

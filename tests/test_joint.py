@@ -978,3 +978,12 @@ def test_the_compiled_mask_gather_is_two_takes(simd: str) -> None:
         compiled.gather(bytes(20), 5, np.array([4], np.int64), 1, np.array([0], np.int64), 0, False, bytearray(1))
     with pytest.raises(ValueError, match="column index"):
         compiled.gather(bytes(20), 5, np.array([0], np.int64), 0, np.array([3], np.int64), 2, False, bytearray(1))
+    # (top + index + 1) * stride and left + index would wrap around to small numbers: refused all the same.
+    with pytest.raises(ValueError, match="row index"):
+        compiled.gather(
+            bytes(20), 4, np.array([2**62 - 2], np.int64), 1, np.array([0], np.int64), 0, False, bytearray(1)
+        )
+    with pytest.raises(ValueError, match="column index"):
+        compiled.gather(
+            bytes(20), 5, np.array([0], np.int64), 0, np.array([2**63 - 1], np.int64), 2, False, bytearray(1)
+        )

@@ -1707,11 +1707,12 @@ static PyObject *gather(PyObject *self, PyObject *args) {
         problem = "stride, top, left or the index buffers are not what gather takes";
     else if (dst.len < out_h * out_w)
         problem = "dst is too small";
+    /* Compared by subtraction and division: any int64 index is refused, none overflows. */
     for (Py_ssize_t i = 0; !problem && i < out_h; i++)
-        if (r[i] < 0 || (top + r[i] + 1) * stride > src.len)
+        if (r[i] < 0 || r[i] >= src.len / stride - top)
             problem = "a row index is outside src";
     for (Py_ssize_t j = 0; !problem && j < out_w; j++)
-        if (c[j] < 0 || left + c[j] >= stride)
+        if (c[j] < 0 || c[j] >= stride - left)
             problem = "a column index is outside a row";
     if (problem) {
         PyBuffer_Release(&src), PyBuffer_Release(&rows), PyBuffer_Release(&cols), PyBuffer_Release(&dst);

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import assert_same_image, assert_same_sample
 from lmdbfolder.errors import OptionError, SourceError, SourceNotFoundError
 from lmdbfolder.write.fields import FieldSamples, SampleError, pack_field_samples
 from lmdbfolder.write.layouts import LAYOUTS, scan_layout
@@ -86,13 +87,6 @@ def _pil(data: bytes) -> Image.Image:
     return im
 
 
-def _same_image(ours: Image.Image, theirs: Image.Image) -> None:
-    assert ours.mode == theirs.mode and ours.size == theirs.size
-    assert np.array_equal(np.asarray(ours), np.asarray(theirs))
-    if ours.mode == "P":
-        assert ours.getpalette() == theirs.getpalette()
-
-
 def test_the_layouts() -> None:
     assert LAYOUTS == ("voc", "ade20k", "cityscapes", "coco", "pairs", "table")
 
@@ -116,8 +110,8 @@ def test_voc_pairs_as_vocsegmentation(tmp_path: Path, given: str) -> None:
     for i in range(len(theirs)):
         image, mask = _check_read(samples, i)
         their_image, their_mask = theirs[i]
-        _same_image(_pil(image).convert("RGB"), their_image)
-        _same_image(_pil(mask), their_mask)
+        assert_same_image(_pil(image).convert("RGB"), their_image)
+        assert_same_image(_pil(mask), their_mask)
         assert _pil(mask).mode == "P"  # the palette's indices stay indices
 
 
@@ -249,8 +243,8 @@ def test_cityscapes_pairs_as_torchvision(tmp_path: Path) -> None:
         for i in range(len(theirs)):
             image, mask = _check_read(samples, i)
             their_image, their_mask = theirs[i]
-            _same_image(_pil(image).convert("RGB"), their_image)
-            _same_image(_pil(mask), their_mask)
+            assert_same_image(_pil(image).convert("RGB"), their_image)
+            assert_same_image(_pil(mask), their_mask)
 
 
 def test_cityscapes_missing_partners_are_listed(tmp_path: Path) -> None:
@@ -338,7 +332,7 @@ def test_coco_as_cocodetection(tmp_path: Path) -> None:
         assert samples.field_paths[i] == (theirs.coco.imgs[image_id]["file_name"], "", "")
         image, info, anns = _check_read(samples, i)
         their_image, their_target = theirs[i]
-        _same_image(_pil(image).convert("RGB"), their_image)
+        assert_same_image(_pil(image).convert("RGB"), their_image)
         assert json.loads(info) == theirs.coco.imgs[image_id]
         assert json.loads(anns) == their_target  # the same annotations, in the same order
     assert json.loads(samples.read(0)[2]) == [data["annotations"][0], data["annotations"][2]]  # id 9: ann 7 then 5
@@ -687,30 +681,6 @@ def test_import_basicsr_pair_scale_from_meta_info(tmp_path: Path) -> None:
 
 
 # -- end to end: the pack read back with LMDBDataset equals the reference dataset ------------------
-def _same_item(ours: Any, theirs: Any) -> None:
-    """Two items of a dataset: tuples/lists/dicts of PIL images, tensors and JSON values."""
-    import torch
-
-    if isinstance(theirs, Image.Image):
-        assert isinstance(ours, Image.Image)
-        _same_image(ours, theirs)
-    elif isinstance(theirs, torch.Tensor):
-        assert isinstance(ours, torch.Tensor) and type(ours) is type(theirs)
-        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
-        if hasattr(theirs, "format"):  # BoundingBoxes
-            assert ours.format == theirs.format and ours.canvas_size == theirs.canvas_size
-    elif isinstance(theirs, (tuple, list)):
-        assert type(ours) is type(theirs) and len(ours) == len(theirs)
-        for a, b in zip(ours, theirs):
-            _same_item(a, b)
-    elif isinstance(theirs, dict):
-        assert set(ours) == set(theirs)
-        for k in theirs:
-            _same_item(ours[k], theirs[k])
-    else:
-        assert ours == theirs
-
-
 def _lmdbdataset() -> Any:
     torch_layer = pytest.importorskip("lmdbfolder.torch")
     return torch_layer.LMDBDataset
@@ -730,7 +700,7 @@ def test_packed_voc_reads_as_vocsegmentation_also_through_v2(tmp_path: Path) -> 
     ours = LMDBDataset(dst)
     assert len(ours) == len(theirs) == 4
     for i in range(len(theirs)):
-        _same_item(ours[i], theirs[i])
+        assert_same_sample(ours[i], theirs[i])
     tf = v2.Compose([v2.RandomResizedCrop((12, 10), antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor()])
     wrapped = datasets.wrap_dataset_for_transforms_v2(datasets.VOCSegmentation(str(tmp_path / "src"), transforms=tf))
     ours = LMDBDataset(dst, transforms=tf)
@@ -738,7 +708,7 @@ def test_packed_voc_reads_as_vocsegmentation_also_through_v2(tmp_path: Path) -> 
         torch.manual_seed(i)
         expected = wrapped[i]
         torch.manual_seed(i)
-        _same_item(ours[i], expected)
+        assert_same_sample(ours[i], expected)
 
 
 def test_packed_cityscapes_and_ade20k_read_back(tmp_path: Path) -> None:
@@ -753,14 +723,14 @@ def test_packed_cityscapes_and_ade20k_read_back(tmp_path: Path) -> None:
     ours = LMDBDataset(tmp_path / "cs.lmdb")
     assert len(ours) == len(theirs) == 6
     for i in range(len(theirs)):
-        _same_item(ours[i], theirs[i])
+        assert_same_sample(ours[i], theirs[i])
     ade = tmp_path / "ade"
     _put(ade / "images/training/a.jpg", _encoded("cmyk", 11, 7, 0))
     _put(ade / "annotations/training/a.png", _encoded("mask16", 11, 7, 0))
     assert main(["pack", str(ade), str(tmp_path / "ade.lmdb"), "--layout", "ade20k", "--no-progress"]) == 0
     image, mask = LMDBDataset(tmp_path / "ade.lmdb")[0]
-    _same_image(image, Image.open(ade / "images/training/a.jpg").convert("RGB"))
-    _same_image(mask, Image.open(ade / "annotations/training/a.png"))  # 16 bits, as the file opens
+    assert_same_image(image, Image.open(ade / "images/training/a.jpg").convert("RGB"))
+    assert_same_image(mask, Image.open(ade / "annotations/training/a.png"))  # 16 bits, as the file opens
 
 
 def test_packed_coco_reads_as_cocodetection_also_through_v2(tmp_path: Path) -> None:
@@ -778,7 +748,7 @@ def test_packed_coco_reads_as_cocodetection_also_through_v2(tmp_path: Path) -> N
     ours = LMDBDataset(dst)
     assert len(ours) == len(theirs)
     for i in range(len(theirs)):
-        _same_item(ours[i], theirs[i])
+        assert_same_sample(ours[i], theirs[i])
     tf = v2.Compose([v2.RandomHorizontalFlip(), v2.RandomResizedCrop((16, 16), antialias=True), v2.PILToTensor()])
     wrapped = datasets.wrap_dataset_for_transforms_v2(datasets.CocoDetection(str(images), str(ann), transforms=tf))
     ours = LMDBDataset(dst, transforms=tf)
@@ -786,7 +756,7 @@ def test_packed_coco_reads_as_cocodetection_also_through_v2(tmp_path: Path) -> N
         torch.manual_seed(i)
         expected = wrapped[i]
         torch.manual_seed(i)
-        _same_item(ours[i], expected)
+        assert_same_sample(ours[i], expected)
 
 
 def test_packed_pairs_read_back_as_rgb_pairs(tmp_path: Path) -> None:
@@ -813,7 +783,7 @@ def test_packed_pairs_read_back_as_rgb_pairs(tmp_path: Path) -> None:
     ours = LMDBDataset(tmp_path / "p.lmdb")
     assert len(ours) == len(expected) == 4
     for i, (lq, gt) in enumerate(expected):
-        _same_item(ours[i], (Image.open(lq).convert("RGB"), Image.open(gt).convert("RGB")))
+        assert_same_sample(ours[i], (Image.open(lq).convert("RGB"), Image.open(gt).convert("RGB")))
 
 
 def _listed(batch: list[Any]) -> list[Any]:
@@ -844,7 +814,7 @@ def test_packed_table_reads_back_through_dataloader_workers(tmp_path: Path) -> N
     got = [item for batch in loader for item in batch]
     assert len(got) == 3
     for ours, theirs in zip(got, expected):
-        _same_item(tuple(ours), theirs)
+        assert_same_sample(tuple(ours), theirs)
 
 
 def test_cityscapes_stray_files_beside_the_cities(tmp_path: Path) -> None:
@@ -1048,7 +1018,7 @@ def test_sharded_update_of_a_voc_pack_reads_as_vocsegmentation(
     ours = LMDBDataset(str(dst))
     assert len(ours) == len(theirs) == 4
     for i in range(len(theirs)):
-        _same_item(ours[i], theirs[i])
+        assert_same_sample(ours[i], theirs[i])
     assert ours[1][1].mode == "P"  # b's new mask, its palette indices kept
     assert stored_fields(dst) == _voc_files(src, ["a", "b", "d", "e"])
     report = verify(str(dst), progress=False)
@@ -1097,7 +1067,7 @@ def test_sharded_update_of_pairs_keeps_each_sample_in_its_shard(
     single, updated = LMDBDataset(str(fresh)), LMDBDataset(str(dst))
     assert len(updated) == len(single) == 4
     for i in range(len(single)):
-        _same_item(updated[i], single[i])
+        assert_same_sample(updated[i], single[i])
     report = verify(str(dst), progress=False)
     assert report.ok, report.problems
     # the GT back: its sample again, in the shard that holds its LQ's name

@@ -247,6 +247,13 @@ static PyObject *decode_region(PyObject *self, PyObject *args) {
  * the same integer as Pillow's. */
 #define HSPLIT 11
 
+/* The two halves of a weight as HSPLIT splits it. */
+static inline int16_t weight_lo(int32_t k) { return (int16_t)(k & ((1 << HSPLIT) - 1)); }
+static inline int16_t weight_hi(int32_t k) { return (int16_t)(k >> HSPLIT); }
+
+/* Two int16 as the 32-bit lane vpmaddwd pairs them in: `a` low, `b` high. */
+static inline int32_t int16_pair(int16_t a, int16_t b) { return (int32_t)(((uint32_t)(uint16_t)b << 16) | (uint16_t)a); }
+
 /* Pillow's bicubic filter (a = -0.5), support 2. */
 static inline double bicubic_filter(double x) {
     const double a = -0.5;
@@ -424,10 +431,8 @@ __attribute__((target("avx2"))) static int vertical_avx2(const uint8_t *in, size
                 const uint8_t *rb = i + 1 < taps ? ra + in_stride : ra;
                 __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)ra));
                 __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)rb));
-                __m256i lo = _mm256_set1_epi32((int32_t)(((uint32_t)(kb & ((1 << HSPLIT) - 1)) << 16) |
-                                                         (uint32_t)(ka & ((1 << HSPLIT) - 1))));
-                __m256i hi = _mm256_set1_epi32((int32_t)(((uint32_t)(uint16_t)(int16_t)(kb >> HSPLIT) << 16) |
-                                                         (uint32_t)(uint16_t)(int16_t)(ka >> HSPLIT)));
+                __m256i lo = _mm256_set1_epi32(int16_pair(weight_lo(ka), weight_lo(kb)));
+                __m256i hi = _mm256_set1_epi32(int16_pair(weight_hi(ka), weight_hi(kb)));
                 __m256i p0 = _mm256_unpacklo_epi16(a, b), p1 = _mm256_unpackhi_epi16(a, b);
                 acc0 = _mm256_add_epi32(acc0, _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(p0, hi), HSPLIT),
                                                                _mm256_madd_epi16(p0, lo)));
@@ -459,15 +464,15 @@ __attribute__((target("avx2"))) static int vertical_avx2(const uint8_t *in, size
  * LMDBFOLDER_NO_AVX512 or LMDBFOLDER_NO_SIMD). */
 static int exact_vbmi = 0;
 
-/* The vpermb indices that take a block of m <= 16 pixels of an interleaved line to where
- * `t` wants them: interleaved or split into planes (16 bytes each), mirrored or not (output
+/* The vpermb indices that take a block of m <= 16 pixels of an interleaved line to where a
+ * target wants them: interleaved or split into planes (16 bytes each), mirrored or not (output
  * pixel j of the block is input pixel j, or m - 1 - j: the block then lands at the row's
  * other end). */
-static void line_order(const target *t, int m, uint8_t order[64]) {
+static void line_order(int planar, int flip, int m, uint8_t order[64]) {
     memset(order, 0, 64);
     for (int j = 0; j < m; j++)
         for (int c = 0; c < 3; c++)
-            order[t->planar ? 16 * c + j : 3 * j + c] = (uint8_t)(3 * (t->flip ? m - 1 - j : j) + c);
+            order[planar ? 16 * c + j : 3 * j + c] = (uint8_t)(3 * (flip ? m - 1 - j : j) + c);
 }
 
 /* store_line with byte permutes: a mirrored interleaved row and a row split into planes
@@ -521,8 +526,8 @@ VBMI static int vertical_vbmi(const uint8_t *in, size_t in_stride, int cols, int
         return 0;
     const __m512i half = _mm512_set1_epi32(1 << (RESIZE_BITS - 1)), zero = _mm512_setzero_si512();
     uint8_t whole[64], last[64];
-    line_order(t, 16, whole);
-    line_order(t, cols % 16 ? cols % 16 : 16, last);
+    line_order(t->planar, t->flip, 16, whole);
+    line_order(t->planar, t->flip, cols % 16 ? cols % 16 : 16, last);
     /* Each row's pairs of taps: the two rows' offsets and the weights' halves as vpdpwssd
      * takes them (the same for every step along the row). */
     int pairs_max = (ksize + 1) / 2;
@@ -540,9 +545,8 @@ VBMI static int vertical_vbmi(const uint8_t *in, size_t in_stride, int cols, int
             int i = 2 * q;
             int32_t ka = k[i], kb = i + 1 < taps ? k[i + 1] : 0;
             off[2 * q] = (size_t)i * in_stride, off[2 * q + 1] = (size_t)(i + 1 < taps ? i + 1 : i) * in_stride;
-            klo[q] = (int32_t)(((uint32_t)(kb & ((1 << HSPLIT) - 1)) << 16) | (uint32_t)(ka & ((1 << HSPLIT) - 1)));
-            khi[q] = (int32_t)(((uint32_t)(uint16_t)(int16_t)(kb >> HSPLIT) << 16) |
-                               (uint32_t)(uint16_t)(int16_t)(ka >> HSPLIT));
+            klo[q] = int16_pair(weight_lo(ka), weight_lo(kb));
+            khi[q] = int16_pair(weight_hi(ka), weight_hi(kb));
         }
         for (size_t j = 0; j < n; j += 32) {
             __mmask32 m = n - j >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (n - j)) - 1);
@@ -680,7 +684,7 @@ static int16_t *avx2_weights(int out_w, const int *count, const int32_t *w, int 
     for (int x = 0; x < out_w; x++)
         for (int t = 0; t < count[x] && t < 4 * groups; t++) {
             int32_t k = w[(size_t)x * ksize + t];
-            int16_t hi = (int16_t)(k >> HSPLIT), lo = (int16_t)(k & ((1 << HSPLIT) - 1));
+            int16_t hi = weight_hi(k), lo = weight_lo(k);
             int16_t *g = c + ((size_t)x * groups + t / 4) * 32;
             int lane = (t / 2) % 2, odd = t % 2;
             for (int ch = 0; ch < 4; ch++) {
@@ -836,8 +840,8 @@ static int vbmi_plan_make(int out_w, const int *first, const int *count, const i
                 size_t at = (size_t)b * p->pairs + t / 2;
                 int32_t k = w[(size_t)x * ksize + t];
                 p->idx[at * 64 + 4 * i + 2 * (t % 2)] = (uint8_t)rel;
-                p->lo[at * 32 + 2 * i + t % 2] = (int16_t)(k & ((1 << HSPLIT) - 1));
-                p->hi[at * 32 + 2 * i + t % 2] = (int16_t)(k >> HSPLIT);
+                p->lo[at * 32 + 2 * i + t % 2] = weight_lo(k);
+                p->hi[at * 32 + 2 * i + t % 2] = weight_hi(k);
             }
         }
     }
@@ -864,12 +868,10 @@ VBMI static void hplane_vbmi(const uint8_t *plane, int width, const vbmi_plan *p
     }
 }
 
-/* Pixels 0 .. n-1 of an RGB row into three planes. */
-VBMI static void split_rgb_vbmi(const uint8_t *in, int n, uint8_t *r, uint8_t *g, uint8_t *b) {
-    uint8_t order[64] = {0};
-    for (int i = 0; i < 16; i++)
-        order[i] = (uint8_t)(3 * i), order[16 + i] = (uint8_t)(3 * i + 1), order[32 + i] = (uint8_t)(3 * i + 2);
-    const __m512i idx = _mm512_loadu_si512(order);
+/* Pixels 0 .. n-1 of an RGB row into three planes; `split`: line_order's indices for a
+ * block of 16 into planes, unmirrored. */
+VBMI static void split_rgb_vbmi(const uint8_t *in, int n, uint8_t *r, uint8_t *g, uint8_t *b, const uint8_t *split) {
+    const __m512i idx = _mm512_loadu_si512(split);
     for (int x = 0; x < n; x += 16) {
         int m = n - x < 16 ? n - x : 16;
         __m512i v = _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8((1ULL << (3 * m)) - 1, in + 3 * (size_t)x));
@@ -941,11 +943,12 @@ static int horizontal_vbmi(const uint8_t *in, size_t in_stride, int rows, int wi
         free(planes), free(line), vbmi_free(&p);
         return 0;
     }
-    uint8_t whole[64], last[64];
+    uint8_t whole[64], last[64], split[64];
     interleave_order(16, t->flip, whole);
     interleave_order(out_w % 16 ? out_w % 16 : 16, t->flip, last);
+    line_order(1, 0, 16, split);
     for (int y = 0; y < rows; y++) {
-        split_rgb_vbmi(in + (size_t)y * in_stride, width, planes, planes + in_plane, planes + 2 * in_plane);
+        split_rgb_vbmi(in + (size_t)y * in_stride, width, planes, planes + in_plane, planes + 2 * in_plane, split);
         for (int c = 0; c < 3; c++)
             hplane_vbmi(planes + c * in_plane, width, &p, out_w, line + c * out_plane);
         store_planes(t, y, line, line + out_plane, line + 2 * out_plane, out_w, whole, last);

@@ -182,22 +182,13 @@ class PendingMask(PendingImage):
         if found is not None and found[1] in ("L", "P") and found[0].shape[:2] == (top + height, full_w):
             # An 8-bit grey or palette PNG: its samples are what pil_to_tensor gives (uint8),
             # gathered straight from the decoded rows (no copy of the box first).
+            rows, cols = nearest_indices(height, out_h), nearest_indices(width, out_w)
             gather = getattr(current().compiled(), "gather", None)
             if gather is not None:  # the compiled gather: one pass (AVX-512: ~10x the takes)
                 out = np.empty((1, out_h, out_w), np.uint8)
-                gather(
-                    found[0],
-                    full_w,
-                    nearest_indices(height, out_h),
-                    top,
-                    nearest_indices(width, out_w),
-                    left,
-                    flip,
-                    out,
-                )
+                gather(found[0], full_w, rows, top, cols, left, flip, out)
                 return tv_tensors.Mask(torch.from_numpy(out))
-            rows = nearest_indices(height, out_h) + top
-            cols = nearest_indices(width, out_w) + left
+            rows, cols = rows + top, cols + left
             plane = found[0][:, :, 0]
             # take() along one axis, then the other: a contiguous result, as v2's mask (a 2-D
             # fancy index gives a transposed one: the same values in column order).
@@ -514,11 +505,12 @@ class JointPlan:
         #: crop and flip makes of their PIL images (the same values, dtype and strides), so that
         #: no PIL image is made and converted; ``ToImage`` still runs, on the other fields.
         self.to_image = crop is not None and not self.tensors and _starts_with_to_image(self.rest)
-        #: With ``to_image``: the steps after that ``ToImage`` (None: none), run instead of the
-        #: whole rest for a sample in which it has nothing to convert (``_rest``).
+        #: With ``to_image``: that ``ToImage``, and the steps after it (None: none), run instead
+        #: of the whole rest for a sample in which it has nothing to convert (``_rest``).
+        self._to_image_step: Any = None
         self._after_to_image: Any = None
         if self.to_image:
-            after = _steps(self.rest, _v2())[1:]
+            self._to_image_step, *after = _steps(self.rest, _v2())
             self._after_to_image = _v2().Compose(after) if after else None  # type: ignore[union-attr]
         self.read = ReadPlan(decoder, crop=spec, threads=threads, caps=caps)
         self._local = threading.local()  # each thread's batch buffer (_decode_jobs)
@@ -557,7 +549,7 @@ class JointPlan:
     def _rest(self, outputs: tuple[Any, ...], plain: bool) -> Any:
         # As v2.Compose hands one step's outputs to the next.
         rest = self.rest
-        if plain and self.to_image and not _hooked(rest.transforms[0]):  # type: ignore[union-attr]
+        if plain and self.to_image and not _hooked(self._to_image_step):
             # The leading ToImage would convert nothing here: it would only rebuild the
             # sample's containers (a pass over every leaf, ~3% of a fused sample's time).
             rest = self._after_to_image

@@ -44,8 +44,10 @@ one sample at a time (no DataLoader: the CPU of one sample is what is compared):
       ``v2.ToDtype(torch.float32, scale=True)`` (BasicSR's float32 [0, 1] RGB tensors);
     - ``fused-pair-bytes``: the fused pair plan on the files' bytes.
 
-Reported per contestant: samples/s (wall) and CPU ms per sample (this process's CPU
-time), the median of the uncontended rounds, and the CPU other processes used during
+Reported per contestant: samples/s (wall), CPU ms per sample (this process's CPU time)
+and page faults per sample (fresh pages: glibc's heap state, which every row of this one
+process shares, can hand a row's allocations back as new pages, and that costs CPU), the
+median of the uncontended rounds, and the CPU other processes used during
 each round; a round during which other processes used more than ``--max-other`` cores
 is dropped (and said). The target of issue 35: the fused rows at most 1/3 of the CPU
 per sample of the files' rows. Results: a Markdown table on stdout, JSON with
